@@ -1,0 +1,30 @@
+"""attention_jax: Transformer self-attention in JAX and Flax, as pure functions and modules.
+
+Depends only on jax, flax, chex and numpy.
+"""
+
+from attention_jax.attention import IMPLEMENTATIONS
+from attention_jax.attention import dot_product_attention
+from attention_jax.attention import select_implementation
+from attention_jax.encoder import EncoderBlock
+from attention_jax.encoder import EncoderConfig
+from attention_jax.encoder import SequenceClassifier
+from attention_jax.encoder import TransformerEncoder
+from attention_jax.masks import causal_mask
+from attention_jax.masks import combine_masks
+from attention_jax.masks import lengths_to_valid
+from attention_jax.masks import padding_mask
+from attention_jax.masks import tokens_to_valid
+from attention_jax.multihead import SCALES
+from attention_jax.multihead import MultiHeadAttention
+from attention_jax.multihead import multi_head_attention
+from attention_jax.multihead import multi_head_attention_weights
+from attention_jax.multihead import resolve_scale
+from attention_jax.positional import POSITIONAL_ENCODINGS
+from attention_jax.positional import alibi_bias
+from attention_jax.positional import apply_rope
+from attention_jax.positional import positional_encoding
+from attention_jax.positional import sinusoidal_encoding
+from attention_jax.reference import attention_weights
+
+__version__ = "0.1.0"

@@ -1,0 +1,110 @@
+"""dot_product_attention: one contract, several implementations, chosen by name.
+
+Shape letters: T query length, S key/value length, N query heads, K key/value heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+from attention_jax import _checks
+from attention_jax import reference
+from attention_jax import xla
+
+IMPLEMENTATIONS = ("reference", "xla", "chunked")
+_PLANNED = {"chunked": "blockwise attention is not implemented yet (see issue 5)"}
+
+
+def _unsupported_reason(name, query, key, value, *, dropout_rate, return_weights):
+  if name == "xla":
+    return xla.unsupported_reason(query, key, value, dropout_rate=dropout_rate,
+                                  return_weights=return_weights)
+  return _PLANNED.get(name)
+
+
+def select_implementation(query, key, value, *, dropout_rate: float = 0.0,
+                          return_weights: bool = False,
+                          implementation: str | None = None) -> str:
+  """The name of the implementation ``dot_product_attention`` runs for these arguments.
+
+  ``implementation=None`` picks "xla" (jax.nn.dot_product_attention) when it can serve the request
+  and "reference" otherwise (attention dropout, returned weights, value head dim != key head dim).
+  A named implementation that cannot serve the request raises ``ValueError``.
+
+  >>> select_implementation(q, k, v, return_weights=True)
+  'reference'
+  """
+  if implementation is None:
+    for name in ("xla", "reference"):
+      if _unsupported_reason(name, query, key, value, dropout_rate=dropout_rate,
+                             return_weights=return_weights) is None:
+        return name
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}.")
+  reason = _unsupported_reason(implementation, query, key, value, dropout_rate=dropout_rate,
+                               return_weights=return_weights)
+  if reason is not None:
+    raise ValueError(
+        f"implementation={implementation!r} cannot serve this call: {reason}; "
+        "use implementation='reference' or None.")
+  return implementation
+
+
+def dot_product_attention(query, key, value, bias=None, mask=None, *,
+                          scale: float | None = None, is_causal: bool = False,
+                          dropout_rate: float = 0.0, dropout_rng=None,
+                          return_weights: bool = False, implementation: str | None = None):
+  r"""Scaled dot-product attention, softmax(Q K^T * scale + bias) V, per head.
+
+  Args:
+    query: [..., T, N, H].
+    key: [..., S, K, H]; N must be a multiple of K (grouped-query attention: query head n reads
+      key/value head n // (N // K)).
+    value: [..., S, K, H_v].
+    bias: optional additive logits broadcastable to [..., N, T, S]; -inf means "do not attend".
+    mask: optional bool broadcastable to [..., N, T, S], True = attend.
+    scale: multiplies Q K^T; None means 1 / sqrt(H). Any float is allowed.
+    is_causal: query t attends only to keys s <= t (top-left aligned, as jax.nn).
+    dropout_rate: attention dropout on the weights; needs ``dropout_rng``. 0 disables it.
+    dropout_rng: a PRNG key for attention dropout.
+    return_weights: also return the softmax weights [..., N, T, S] (float32, before dropout).
+    implementation: "reference", "xla", "chunked" or None (automatic, see
+      ``select_implementation``).
+
+  Returns:
+    [..., T, N, H_v] in the dtype of ``query``; with ``return_weights`` a pair (output, weights).
+    The softmax runs in float32 (at least) with the row max subtracted; a query row with no key to
+    attend to gives zeros and zero weights, with finite gradients.
+
+  Raises:
+    ValueError: at trace time, for malformed shapes or dtypes, or an implementation that cannot
+      serve the request.
+
+  Example:
+    >>> q = k = v = jnp.ones((2, 16, 4, 8))  # (B, T, N, H)
+    >>> dot_product_attention(q, k, v, is_causal=True).shape
+    (2, 16, 4, 8)
+  """
+  query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+  mask = None if mask is None else jnp.asarray(mask)
+  bias = None if bias is None else jnp.asarray(bias)
+  _checks.check_qkv(query, key, value)
+  q_len, num_heads, head_dim = query.shape[-3:]
+  target = query.shape[:-3] + (num_heads, q_len, key.shape[-3])  # [..., N, T, S]
+  _checks.check_mask_and_bias(mask, bias, target)
+  if not 0.0 <= dropout_rate < 1.0:
+    raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
+  if dropout_rate > 0.0 and dropout_rng is None:
+    raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key).")
+  name = select_implementation(query, key, value, dropout_rate=dropout_rate,
+                               return_weights=return_weights, implementation=implementation)
+
+  scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+  if name == "xla":
+    return xla.xla_attention(query, key, value, bias, mask, scale=scale, is_causal=is_causal)
+  return reference.reference_attention(
+      query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+      dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights)

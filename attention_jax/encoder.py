@@ -1,0 +1,152 @@
+"""The Transformer encoder of Vaswani et al. (2017) and a sequence classifier on top.
+
+  x = Embed(tokens) * sqrt(d_model) + PE
+  per block (post-LN, the paper):  x = LN(x + Dropout(MHA(x)));  x = LN(x + Dropout(FFN(x)))
+  per block (pre-LN option):       x = x + Dropout(MHA(LN(x)));  x = x + Dropout(FFN(LN(x)))
+
+Shape letters: B batch, T tokens, D d_model, N heads, C classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from attention_jax import masks as masks_lib
+from attention_jax import multihead
+from attention_jax import positional
+
+POOLINGS = ("cls", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+  """Hyperparameters of the encoder; invalid combinations raise ValueError when constructed."""
+  vocab_size: int
+  d_model: int = 128
+  num_heads: int = 4
+  num_layers: int = 2
+  mlp_dim: int = 512
+  max_length: int = 512                 # positions of a learned table
+  positional_encoding: str = "sinusoidal"  # a name in positional.POSITIONAL_ENCODINGS
+  attention_scale: float | str = "inv_sqrt"  # a number or a name in multihead.SCALES
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.0
+  pre_layer_norm: bool = False          # False: post-LN as in the paper
+  attention_impl: str | None = None     # see attention.select_implementation
+  pad_id: int = 0                       # token id of padding
+  num_classes: int = 2                  # classifier only
+  pooling: str = "cls"                  # classifier only: "cls" token or masked "mean"
+
+  def __post_init__(self):
+    multihead.head_dim_of(self.d_model, self.num_heads)
+    multihead.resolve_scale(self.attention_scale, self.d_model // self.num_heads)
+    positional.positional_encoding(self.positional_encoding, max_length=1, num_heads=1)
+    if self.pooling not in POOLINGS:
+      raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}.")
+    for name in ("dropout_rate", "attention_dropout_rate"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
+    for name in ("vocab_size", "num_layers", "mlp_dim", "max_length", "num_classes"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+
+
+class FeedForward(nn.Module):
+  """Position-wise FFN(x) = max(0, x W_1 + b_1) W_2 + b_2: [..., D] -> [..., D]."""
+  mlp_dim: int
+  dropout_rate: float
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    y = nn.relu(nn.Dense(self.mlp_dim, name="hidden")(x))  # [..., mlp_dim]
+    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    return nn.Dense(x.shape[-1], name="output")(y)
+
+
+class EncoderBlock(nn.Module):
+  """Self-attention and feed-forward sublayers with residuals and LayerNorm: [B, T, D] -> same."""
+  config: EncoderConfig
+  encoding: positional.NoPositionalEncoding
+
+  @nn.compact
+  def __call__(self, x, mask, attention_bias, deterministic: bool):
+    cfg = self.config
+    attention = multihead.MultiHeadAttention(
+        num_heads=cfg.num_heads, scale=cfg.attention_scale,
+        dropout_rate=cfg.attention_dropout_rate, implementation=cfg.attention_impl,
+        qk_transform=self.encoding.rotate, name="attention")
+    feed_forward = FeedForward(cfg.mlp_dim, cfg.dropout_rate, name="feed_forward")
+    dropout = nn.Dropout(cfg.dropout_rate)
+    sublayers = (
+        lambda y: attention(y, mask=mask, bias=attention_bias, deterministic=deterministic),
+        lambda y: feed_forward(y, deterministic=deterministic))
+    for index, sublayer in enumerate(sublayers):
+      norm = nn.LayerNorm(name=f"norm_{index}")
+      if cfg.pre_layer_norm:
+        x = x + dropout(sublayer(norm(x)), deterministic=deterministic)
+      else:
+        x = norm(x + dropout(sublayer(x), deterministic=deterministic))
+    return x
+
+
+class TransformerEncoder(nn.Module):
+  """Token ids [B, T] -> contextual vectors [B, T', D] (T' = T + 1 with ``cls_token``).
+
+  ``valid`` [B, T] marks real tokens (default: tokens != pad_id); padded keys get no attention.
+
+  >>> config = EncoderConfig(vocab_size=32, d_model=64, num_heads=4, num_layers=2)
+  >>> variables = TransformerEncoder(config).init(jax.random.key(0), tokens)  # tokens [B, T]
+  """
+  config: EncoderConfig
+  cls_token: bool = False
+
+  @nn.compact
+  def __call__(self, tokens, valid=None, *, deterministic: bool = True):
+    cfg = self.config
+    valid = masks_lib.tokens_to_valid(tokens, cfg.pad_id) if valid is None else valid
+    x = nn.Embed(cfg.vocab_size, cfg.d_model, name="embed")(tokens)  # [B, T, D]
+    x = x * math.sqrt(cfg.d_model)
+    if self.cls_token:
+      cls = self.param("cls", nn.initializers.normal(1.0), (cfg.d_model,))
+      x = jnp.concatenate([jnp.broadcast_to(cls, x.shape[:-2] + (1, cfg.d_model)), x],
+                          axis=-2)  # [B, T + 1, D]
+      valid = jnp.concatenate([jnp.ones(valid.shape[:-1] + (1,), bool), valid], axis=-1)
+    length = x.shape[-2]
+    encoding = positional.positional_encoding(
+        cfg.positional_encoding, max_length=cfg.max_length + self.cls_token,
+        num_heads=cfg.num_heads, name="positional")
+    x = encoding.embed(x)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+    mask = masks_lib.padding_mask(valid)  # [B, 1, 1, T]
+    attention_bias = encoding.attention_bias(length, length)  # [N, T, T] or None
+    for layer in range(cfg.num_layers):
+      x = EncoderBlock(cfg, encoding, name=f"block_{layer}")(x, mask, attention_bias,
+                                                              deterministic)
+    if cfg.pre_layer_norm:
+      x = nn.LayerNorm(name="final_norm")(x)
+    return x
+
+
+def masked_mean(x, valid):
+  """Mean over real tokens: x [B, T, D], valid [B, T] -> [B, D]; zeros for an empty sequence."""
+  weights = valid.astype(x.dtype)[..., None]  # [B, T, 1]
+  return jnp.sum(x * weights, axis=-2) / jnp.maximum(jnp.sum(weights, axis=-2), 1.0)
+
+
+class SequenceClassifier(nn.Module):
+  """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token or masked mean."""
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, tokens, valid=None, *, deterministic: bool = True):
+    cfg = self.config
+    valid = masks_lib.tokens_to_valid(tokens, cfg.pad_id) if valid is None else valid
+    use_cls = cfg.pooling == "cls"
+    x = TransformerEncoder(cfg, cls_token=use_cls, name="encoder")(
+        tokens, valid, deterministic=deterministic)  # [B, T(+1), D]
+    pooled = x[..., 0, :] if use_cls else masked_mean(x, valid)  # [B, D]
+    return nn.Dense(cfg.num_classes, name="logits")(pooled)  # [B, C]

@@ -1,0 +1,66 @@
+"""Boolean attention masks, True = attend.
+
+Attention masks broadcast to [..., N, T, S] (heads, query length, key length). Token-level validity
+vectors are [..., L] with True for real tokens and False for padding.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+
+
+def lengths_to_valid(lengths, max_length: int):
+  """Token validity from sequence lengths: [...] int -> [..., max_length] bool.
+
+  >>> lengths_to_valid(jnp.array([2, 3]), 4)  # [[T T F F], [T T T F]]
+  """
+  return jnp.arange(max_length) < jnp.asarray(lengths)[..., None]
+
+
+def tokens_to_valid(tokens, pad_id: int = 0):
+  """Token validity from token ids: [..., L] int -> [..., L] bool, False where tokens == pad_id."""
+  return jnp.asarray(tokens) != pad_id
+
+
+def padding_mask(key_valid, query_valid=None):
+  """Attention mask from token validity.
+
+  Args:
+    key_valid: [..., S] bool, True for real key tokens.
+    query_valid: optional [..., T] bool. When given, padded query rows attend to nothing (they
+      then return zeros); when omitted every query row may attend to every real key.
+
+  Returns:
+    [..., 1, 1, S] bool, or [..., 1, T, S] bool when query_valid is given.
+
+  >>> padding_mask(jnp.array([[True, True, False]])).shape
+  (1, 1, 1, 3)
+  """
+  mask = jnp.asarray(key_valid)[..., None, None, :]  # [..., 1, 1, S]
+  if query_valid is not None:
+    mask = mask & jnp.asarray(query_valid)[..., None, :, None]  # [..., 1, T, S]
+  return mask
+
+
+def causal_mask(q_len: int, kv_len: int | None = None):
+  """Causal mask [q_len, kv_len]: query t attends to keys s <= t (aligned at the top left).
+
+  This is the convention of ``jax.nn.dot_product_attention(is_causal=True)``.
+
+  >>> causal_mask(3).astype(int)  # [[1 0 0], [1 1 0], [1 1 1]]
+  """
+  kv_len = q_len if kv_len is None else kv_len
+  return jnp.tril(jnp.ones((q_len, kv_len), dtype=jnp.bool_))
+
+
+def combine_masks(*masks):
+  """Logical AND of the masks that are not None, broadcast together; None if all are None.
+
+  >>> combine_masks(padding_mask(valid), causal_mask(length))  # [..., 1, T, S]
+  """
+  masks = [jnp.asarray(m, dtype=jnp.bool_) for m in masks if m is not None]
+  if not masks:
+    return None
+  return functools.reduce(jnp.logical_and, masks)

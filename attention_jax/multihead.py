@@ -1,0 +1,228 @@
+"""Multi-head attention: per-head projections W_Q, W_K, W_V, attention per head, concat, W_O.
+
+  head_n = Attention(X_q W_Q^n, X_kv W_K^n, X_kv W_V^n),   MultiHead = Concat(head_1..head_N) W_O
+
+Shape letters: B batch dims, T query length, S key/value length, D_in input width, N heads,
+H = d_model / N head dim (d_k), D_out output width.
+
+Parameters (the layout of ``flax.linen.MultiHeadDotProductAttention``, so weights transfer):
+  query/key/value: {"kernel": [D_in, N, H], "bias": [N, H]}  -- kernel[:, n, :] is W_Q^n
+  out:             {"kernel": [N, H, D_out], "bias": [D_out]}
+  qkv (fused):     {"kernel": [D_in, 3, N, H], "bias": [3, N, H]} replaces query/key/value
+  temperature:     [N], only with scale="learned"
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from attention_jax import attention as attention_lib
+from attention_jax import reference
+
+SCALES = {
+    "inv_sqrt": lambda head_dim: 1.0 / math.sqrt(head_dim),  # the paper
+    "none": lambda head_dim: 1.0,
+    "inv": lambda head_dim: 1.0 / head_dim,
+    "learned": lambda head_dim: 1.0 / math.sqrt(head_dim),  # initial value of the temperature
+}
+
+
+def resolve_scale(scale: float | str, head_dim: int) -> float:
+  """The number a scale name stands for at ``head_dim`` ("learned": its initial value)."""
+  if isinstance(scale, str):
+    if scale not in SCALES:
+      raise ValueError(
+          f"unknown attention scale {scale!r}; use a number or one of {sorted(SCALES)}.")
+    return SCALES[scale](head_dim)
+  if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+    raise ValueError(f"attention scale must be a number or a name in {sorted(SCALES)}, "
+                     f"got {scale!r}.")
+  return float(scale)
+
+
+def head_dim_of(d_model: int, num_heads: int) -> int:
+  """d_k = d_model / h, with a clear error when h does not divide d_model."""
+  if num_heads <= 0 or d_model % num_heads:
+    raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads} "
+                     f"(d_k = d_model / num_heads); choose num_heads among the divisors of "
+                     f"{d_model}.")
+  return d_model // num_heads
+
+
+def _project(x, params):
+  """x [..., L, D_in] with kernel [D_in, *F] -> [..., L, *F]."""
+  kernel = params["kernel"]
+  y = jnp.tensordot(x, kernel.astype(x.dtype), axes=[[-1], [0]])
+  return y + params["bias"].astype(x.dtype) if "bias" in params else y
+
+
+def project_qkv(params, inputs_q, inputs_kv):
+  """Per-head projections: [..., T, D_in], [..., S, D_in] -> query [..., T, N, H], key and value
+  [..., S, N, H]. The fused kernel needs self-attention (inputs_kv is inputs_q)."""
+  if "qkv" in params:
+    if inputs_kv is not inputs_q:
+      raise ValueError("fused qkv projections need self-attention (inputs_kv=None).")
+    qkv = _project(inputs_q, params["qkv"])  # [..., T, 3, N, H]
+    return qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+  return (_project(inputs_q, params["query"]), _project(inputs_kv, params["key"]),
+          _project(inputs_kv, params["value"]))
+
+
+def project_out(params, heads):
+  """Concat(head_1..head_N) W_O: [..., T, N, H] -> [..., T, D_out]."""
+  kernel = params["out"]["kernel"].astype(heads.dtype)
+  output = jnp.einsum("...tnh,nhd->...td", heads, kernel)
+  return output + params["out"]["bias"].astype(heads.dtype) if "bias" in params["out"] else output
+
+
+def attention_inputs(params, inputs_q, inputs_kv=None, *, scale: float | str = "inv_sqrt",
+                     qk_transform: Callable | None = None):
+  """Projected, transformed query/key/value and the scale left to apply to Q K^T.
+
+  [..., T, D_in], [..., S, D_in] -> query [..., T, N, H], key, value [..., S, N, H], scale.
+  """
+  inputs_kv = inputs_q if inputs_kv is None else inputs_kv
+  query, key, value = project_qkv(params, inputs_q, inputs_kv)  # [..., T|S, N, H]
+  if qk_transform is not None:
+    query, key = qk_transform(query, key)
+  if scale == "learned":  # a per-head temperature, folded into the query
+    return query * params["temperature"][:, None].astype(query.dtype), key, value, 1.0
+  return query, key, value, resolve_scale(scale, query.shape[-1])
+
+
+def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
+                         scale: float | str = "inv_sqrt", is_causal: bool = False,
+                         qk_transform: Callable | None = None, dropout_rate: float = 0.0,
+                         dropout_rng=None, implementation: str | None = None,
+                         return_weights: bool = False):
+  """Multi-head attention as a pure function of its parameters (layout in the module docstring).
+
+  Args:
+    params: the parameter dict of ``MultiHeadAttention`` (``variables["params"]``).
+    inputs_q: [..., T, D_in].
+    inputs_kv: [..., S, D_in]; None for self-attention.
+    mask, bias, is_causal: as in ``dot_product_attention``, broadcastable to [..., N, T, S].
+    scale: a number or "inv_sqrt" (1/sqrt(H)), "none" (1), "inv" (1/H), "learned".
+    qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
+    dropout_rate, dropout_rng, implementation, return_weights: as in ``dot_product_attention``.
+
+  Returns:
+    [..., T, D_out]; with ``return_weights`` a pair (output, weights [..., N, T, S]).
+
+  >>> variables = MultiHeadAttention(num_heads=8, d_model=256).init(rng, x)  # x: [B, T, 128]
+  >>> multi_head_attention(variables["params"], x).shape  # [B, T, 128]
+  """
+  query, key, value, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
+                                              qk_transform=qk_transform)
+  result = attention_lib.dot_product_attention(
+      query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+      dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights,
+      implementation=implementation)
+  heads, weights = result if return_weights else (result, None)  # heads [..., T, N, H]
+  output = project_out(params, heads)  # [..., T, D_out]
+  return (output, weights) if return_weights else output
+
+
+def multi_head_attention_weights(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
+                                 scale: float | str = "inv_sqrt", is_causal: bool = False,
+                                 qk_transform: Callable | None = None):
+  """The softmax weights [..., N, T, S] that ``multi_head_attention`` applies (before dropout)."""
+  query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
+                                          qk_transform=qk_transform)
+  return reference.attention_weights(query, key, bias, mask, scale=scale, is_causal=is_causal)
+
+
+class _Weights(nn.Module):
+  """Holds one projection's kernel (and bias) and hands them back as a dict."""
+  kernel_shape: tuple[int, ...]
+  bias_shape: tuple[int, ...]
+  use_bias: bool
+  kernel_init: Callable
+  bias_init: Callable
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self):
+    weights = {"kernel": self.param("kernel", self.kernel_init, self.kernel_shape,
+                                    self.param_dtype)}
+    if self.use_bias:
+      weights["bias"] = self.param("bias", self.bias_init, self.bias_shape, self.param_dtype)
+    return weights
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention (Vaswani et al. 2017, section 3.2.2) as a Flax Linen module.
+
+  Attributes:
+    num_heads: N.
+    d_model: total width of the projected queries/keys/values, N * H; default: input width.
+    out_features: D_out; default: the width of inputs_q.
+    scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (per-head temperature, starting at
+      1/sqrt(H)).
+    dropout_rate: attention dropout; draws from the "dropout" rng when not deterministic.
+    implementation: passed to ``dot_product_attention``.
+    fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
+    qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings.
+
+  When the "intermediates" collection is mutable, the attention weights [..., N, T, S] are sown
+  there as "attention_weights", computed beside the output so the output does not change.
+
+  >>> layer = MultiHeadAttention(num_heads=8, d_model=256)  # embed 128 -> 8 heads of d_k = 32
+  >>> variables = layer.init(jax.random.key(0), x)  # x: [B, T, 128]
+  >>> y, state = layer.apply(variables, x, mutable="intermediates")  # y: [B, T, 128]
+  """
+  num_heads: int
+  d_model: int | None = None
+  out_features: int | None = None
+  scale: float | str = "inv_sqrt"
+  dropout_rate: float = 0.0
+  implementation: str | None = None
+  fused_qkv: bool = False
+  use_bias: bool = True
+  qk_transform: Callable | None = None
+  kernel_init: Callable = nn.initializers.lecun_normal()
+  bias_init: Callable = nn.initializers.zeros_init()
+  param_dtype: Any = jnp.float32
+
+  def _weights(self, name, kernel_shape, bias_shape):
+    return _Weights(kernel_shape, bias_shape, self.use_bias, self.kernel_init, self.bias_init,
+                    self.param_dtype, name=name)()
+
+  def _parameters(self, d_in: int, head_dim: int):
+    heads = (self.num_heads, head_dim)
+    d_out = self.out_features or d_in
+    if self.fused_qkv:
+      params = {"qkv": self._weights("qkv", (d_in, 3) + heads, (3,) + heads)}
+    else:
+      params = {name: self._weights(name, (d_in,) + heads, heads)
+                for name in ("query", "key", "value")}
+    params["out"] = self._weights("out", heads + (d_out,), (d_out,))
+    if self.scale == "learned":
+      params["temperature"] = self.param(
+          "temperature", nn.initializers.constant(resolve_scale("learned", head_dim)),
+          (self.num_heads,), self.param_dtype)
+    return params
+
+  @nn.compact
+  def __call__(self, inputs_q, inputs_kv=None, *, mask=None, bias=None, is_causal=False,
+               deterministic: bool = True):
+    """inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None -> [..., T, D_out]."""
+    head_dim = head_dim_of(self.d_model or inputs_q.shape[-1], self.num_heads)
+    resolve_scale(self.scale, head_dim)  # an unknown name fails before any parameter is made
+    params = self._parameters(inputs_q.shape[-1], head_dim)
+    dropout_rate = 0.0 if deterministic else self.dropout_rate
+    dropout_rng = self.make_rng("dropout") if dropout_rate > 0.0 else None
+    output = multi_head_attention(
+        params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale,
+        is_causal=is_causal, qk_transform=self.qk_transform, dropout_rate=dropout_rate,
+        dropout_rng=dropout_rng, implementation=self.implementation)
+    if self.is_mutable_collection("intermediates"):
+      self.sow("intermediates", "attention_weights",
+               multi_head_attention_weights(params, inputs_q, inputs_kv, mask=mask, bias=bias,
+                             scale=self.scale, is_causal=is_causal,
+                             qk_transform=self.qk_transform))
+    return output

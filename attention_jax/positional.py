@@ -1,0 +1,147 @@
+"""Positional encodings, selected by name: none, sinusoidal, learned, rope, alibi.
+
+Each encoding acts where it belongs: sinusoidal and learned tables are added to the token
+embeddings, RoPE rotates queries and keys, ALiBi adds a distance penalty to the attention logits.
+Every one is a Flax module with the same three methods, so the encoder never asks which it has:
+
+  embed(x)              [B, T, D] -> [B, T, D]       (identity unless added to the embeddings)
+  rotate(query, key)    [B, T, N, H] each -> same    (identity unless rotary)
+  attention_bias(T, S)  -> [N, T, S] or None         (None unless a logit bias)
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+
+def sinusoidal_encoding(length: int, dim: int, *, base: float = 10000.0):
+  """The fixed encoding of Vaswani et al. (2017), [length, dim] float32.
+
+  PE(pos, 2i) = sin(pos / base^(2i/dim)),  PE(pos, 2i+1) = cos(pos / base^(2i/dim)).
+
+  >>> sinusoidal_encoding(50, 128).shape
+  (50, 128)
+  """
+  if dim % 2:
+    raise ValueError(f"sinusoidal encoding needs an even dim, got {dim}.")
+  position = np.arange(length, dtype=np.float64)[:, None]  # [L, 1]
+  frequency = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)  # [D/2]
+  angle = position * frequency  # [L, D/2]
+  encoding = np.empty((length, dim), dtype=np.float64)
+  encoding[:, 0::2], encoding[:, 1::2] = np.sin(angle), np.cos(angle)
+  return jnp.asarray(encoding, dtype=jnp.float32)
+
+
+def apply_rope(x, positions=None, *, base: float = 10000.0):
+  """Rotary position embedding (Su et al. 2021): rotate each pair (x_2i, x_2i+1) by pos * theta_i.
+
+  x: [..., T, N, H] (H even); positions: [..., T] or None for 0..T-1. theta_i = base^(-2i/H).
+  Then q_t . k_s depends on the positions only through t - s.
+  """
+  length, head_dim = x.shape[-3], x.shape[-1]
+  if head_dim % 2:
+    raise ValueError(f"rope needs an even head_dim, got {head_dim}.")
+  positions = jnp.arange(length) if positions is None else jnp.asarray(positions)
+  frequency = base ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)  # [H/2]
+  angle = positions[..., :, None, None].astype(jnp.float32) * frequency  # [..., T, 1, H/2]
+  cos, sin = jnp.cos(angle), jnp.sin(angle)
+  x_even, x_odd = x[..., 0::2].astype(jnp.float32), x[..., 1::2].astype(jnp.float32)
+  rotated = jnp.stack([x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], axis=-1)
+  return rotated.reshape(x.shape).astype(x.dtype)  # [..., T, N, H/2, 2] -> [..., T, N, H]
+
+
+def alibi_slopes(num_heads: int):
+  """Head slopes of ALiBi (Press et al. 2022): 2^(-8/n), 2^(-16/n), ... for n a power of two,
+  interleaved from the next power of two otherwise. [num_heads] float32."""
+  def power_of_two(n):
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (i + 1) for i in range(n)]
+  closest = 2 ** math.floor(math.log2(num_heads))
+  slopes = power_of_two(closest)
+  slopes += power_of_two(2 * closest)[0::2][:num_heads - closest]
+  return jnp.asarray(slopes, dtype=jnp.float32)
+
+
+def alibi_bias(num_heads: int, q_len: int, kv_len: int | None = None):
+  """Symmetric ALiBi logit bias for an encoder: -slope_n * |t - s|, [N, T, S] float32."""
+  kv_len = q_len if kv_len is None else kv_len
+  distance = jnp.abs(jnp.arange(q_len)[:, None] - jnp.arange(kv_len)[None, :])  # [T, S]
+  return -alibi_slopes(num_heads)[:, None, None] * distance  # [N, T, S]
+
+
+class NoPositionalEncoding(nn.Module):
+  """No position information at all: self-attention is then permutation equivariant."""
+  max_length: int
+  num_heads: int
+
+  def __call__(self, x):
+    return self.embed(x)
+
+  def embed(self, x):
+    return x
+
+  def rotate(self, query, key):
+    return query, key
+
+  def attention_bias(self, q_len, kv_len):
+    return None
+
+
+class SinusoidalEncoding(NoPositionalEncoding):
+  """Adds the fixed sinusoidal table to the embeddings; works for any length."""
+
+  def embed(self, x):
+    return x + sinusoidal_encoding(x.shape[-2], x.shape[-1]).astype(x.dtype)
+
+
+class LearnedEncoding(NoPositionalEncoding):
+  """Adds a learned [max_length, D] table, initialised with the RMS of the sinusoidal one."""
+
+  @nn.compact
+  def embed(self, x):
+    length, dim = x.shape[-2:]
+    if length > self.max_length:
+      raise ValueError(
+          f"learned positional encoding has {self.max_length} positions but the input has "
+          f"{length}; raise max_length or use a length-free encoding such as 'sinusoidal'.")
+    table = self.param("table", nn.initializers.normal(stddev=math.sqrt(0.5)),
+                       (self.max_length, dim))
+    return x + table[:length].astype(x.dtype)
+
+
+class RotaryEncoding(NoPositionalEncoding):
+  """Rotates queries and keys by their positions (RoPE)."""
+
+  def rotate(self, query, key):
+    return apply_rope(query), apply_rope(key)
+
+
+class ALiBiEncoding(NoPositionalEncoding):
+  """Adds -slope * |t - s| to the logits of each head (ALiBi)."""
+
+  def attention_bias(self, q_len, kv_len):
+    return alibi_bias(self.num_heads, q_len, kv_len)
+
+
+POSITIONAL_ENCODINGS = {
+    "none": NoPositionalEncoding,
+    "sinusoidal": SinusoidalEncoding,
+    "learned": LearnedEncoding,
+    "rope": RotaryEncoding,
+    "alibi": ALiBiEncoding,
+}
+
+
+def positional_encoding(name: str, /, *, max_length: int, num_heads: int, **kwargs):
+  """The positional-encoding module registered under ``name``.
+
+  >>> encoding = positional_encoding("sinusoidal", max_length=512, num_heads=8)
+  """
+  if name not in POSITIONAL_ENCODINGS:
+    raise ValueError(
+        f"unknown positional encoding {name!r}; known: {sorted(POSITIONAL_ENCODINGS)}.")
+  return POSITIONAL_ENCODINGS[name](max_length=max_length, num_heads=num_heads, **kwargs)

@@ -1,0 +1,92 @@
+"""Reference scaled dot-product attention: softmax(Q K^T * scale + bias) V, as the formula reads.
+
+Shape letters: T query length, S key/value length, N query heads, K key/value heads (N = K * G),
+H head dim. Any number of leading batch dims ``...``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attention_jax import masks as masks_lib
+
+
+def compute_dtype(dtype):
+  """The dtype attention logits and softmax use: at least float32."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def repeat_kv_heads(array, num_heads: int):
+  """Grouped-query attention: key/value head k serves query heads k*G .. k*G+G-1.
+
+  [..., S, K, H] -> [..., S, N, H]
+  """
+  return jnp.repeat(array, num_heads // array.shape[-2], axis=-2)
+
+
+def attention_logits(query, key, *, scale: float):
+  """scale * Q K^T per head: query [..., T, N, H], key [..., S, K, H] -> [..., N, T, S]."""
+  key = repeat_kv_heads(key, query.shape[-2])  # [..., S, N, H]
+  logits = jnp.einsum("...tnh,...snh->...nts", query, key,
+                      preferred_element_type=compute_dtype(query.dtype))
+  return logits * scale
+
+
+def masked_softmax(logits, mask=None):
+  """Softmax over the last axis in float32 (or wider), with the row max subtracted.
+
+  Entries where ``mask`` is False (or the logit is -inf) get weight exactly 0; a row with no entry
+  left gets all-zero weights instead of NaN, and finite gradients.
+  """
+  logits = logits.astype(compute_dtype(logits.dtype))
+  if mask is not None:
+    logits = jnp.where(mask, logits, -jnp.inf)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+  unnormalized = jnp.exp(logits - row_max)  # exp(-inf) = 0 for masked entries
+  row_sum = jnp.sum(unnormalized, axis=-1, keepdims=True)
+  return unnormalized / jnp.where(row_sum == 0.0, 1.0, row_sum)
+
+
+def attention_weights(query, key, bias=None, mask=None, *, scale: float,
+                      is_causal: bool = False):
+  """softmax(Q K^T * scale + bias) with masking: [..., N, T, S], float32 (or wider).
+
+  Args:
+    query: [..., T, N, H].
+    key: [..., S, K, H], N a multiple of K.
+    bias: optional additive logits, broadcastable to [..., N, T, S].
+    mask: optional bool, True = attend, broadcastable to [..., N, T, S].
+    scale: multiplies Q K^T (1/sqrt(H) in the paper).
+    is_causal: query t attends only to keys s <= t.
+  """
+  logits = attention_logits(query, key, scale=scale)  # [..., N, T, S]
+  if bias is not None:
+    logits = logits + bias
+  if is_causal:
+    mask = masks_lib.combine_masks(mask, masks_lib.causal_mask(*logits.shape[-2:]))
+  return masked_softmax(logits, mask)
+
+
+def dropout_weights(weights, rate: float, rng):
+  """Inverted dropout on attention weights: each weight kept with probability 1 - rate."""
+  keep = jax.random.bernoulli(rng, 1.0 - rate, weights.shape)
+  return jnp.where(keep, weights / (1.0 - rate), 0.0)
+
+
+def reference_attention(query, key, value, bias=None, mask=None, *, scale: float,
+                        is_causal: bool = False, dropout_rate: float = 0.0,
+                        dropout_rng=None, return_weights: bool = False):
+  """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V.
+
+  query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> output [..., T, N, H_v]
+  (and the weights [..., N, T, S] if ``return_weights``). Inputs are assumed validated.
+  """
+  weights = attention_weights(query, key, bias, mask, scale=scale, is_causal=is_causal)
+  attended = weights
+  if dropout_rate > 0.0:
+    attended = dropout_weights(weights, dropout_rate, dropout_rng)
+  value = repeat_kv_heads(value, query.shape[-2]).astype(weights.dtype)  # [..., S, N, H_v]
+  output = jnp.einsum("...nts,...snh->...tnh", attended, value).astype(query.dtype)
+  return (output, weights) if return_weights else output
