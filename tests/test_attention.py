@@ -1,0 +1,200 @@
+"""dot_product_attention, every implementation, against the float64 NumPy reference."""
+
+import zlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention_jax as aj
+import numpy_reference
+from conftest import assert_close
+
+IMPLEMENTATIONS = ["reference", "xla", None]
+
+
+def _random_case(seed, batch, q_len, kv_len, num_heads, num_kv_heads, head_dim,
+                 value_dim=None, mask=None, bias=None):
+  rng = np.random.default_rng(seed)
+  query = rng.standard_normal(batch + (q_len, num_heads, head_dim)).astype(np.float32)
+  key = rng.standard_normal(batch + (kv_len, num_kv_heads, head_dim)).astype(np.float32)
+  value = rng.standard_normal(
+      batch + (kv_len, num_kv_heads, value_dim or head_dim)).astype(np.float32)
+  target = batch + (num_heads, q_len, kv_len)
+  if mask == "random":  # about 1 in 4 rows fully masked
+    mask = rng.random(target) < 0.6
+    mask &= (rng.random(target[:-1] + (1,)) < 0.75)
+  elif mask == "padding":  # [B, 1, 1, S]; the last batch element is all padding
+    lengths = rng.integers(1, kv_len + 1, size=batch)
+    lengths.reshape(-1)[-1] = 0
+    mask = (np.arange(kv_len) < lengths[..., None])[..., None, None, :]
+  if bias == "heads":  # [N, T, S], e.g. ALiBi
+    bias = rng.standard_normal((num_heads, q_len, kv_len)).astype(np.float32)
+  elif bias == "full":
+    bias = rng.standard_normal(target).astype(np.float32)
+  elif bias == "neg_inf":  # some -inf entries and one row entirely -inf
+    bias = rng.standard_normal(target).astype(np.float32)
+    bias[rng.random(target) < 0.3] = -np.inf
+    bias[(0,) * len(batch) + (0, 1)] = -np.inf
+  return query, key, value, mask, bias
+
+
+CASES = {
+    # name: (batch, T, S, N, K, H, options)
+    "basic": ((2,), 8, 8, 4, 4, 16, {}),
+    "cross_lengths": ((2,), 5, 9, 2, 2, 8, {}),
+    "no_batch_dims": ((), 6, 7, 2, 2, 8, {}),
+    "two_batch_dims": ((2, 3), 4, 6, 2, 2, 8, {}),
+    "gqa": ((2,), 6, 6, 8, 2, 8, {}),
+    "mqa": ((2,), 6, 6, 4, 1, 8, {}),
+    "padding_mask": ((3,), 7, 7, 2, 2, 8, {"mask": "padding"}),
+    "fully_masked_rows": ((2,), 8, 8, 4, 2, 8, {"mask": "random"}),
+    "bias_per_head": ((2,), 6, 6, 4, 4, 8, {"bias": "heads"}),
+    "bias_full_and_mask": ((2,), 6, 7, 2, 2, 8, {"bias": "full", "mask": "random"}),
+    "bias_neg_inf": ((2,), 6, 6, 2, 2, 8, {"bias": "neg_inf"}),
+    "causal": ((2,), 8, 8, 2, 2, 8, {"is_causal": True}),
+    "causal_cross": ((2,), 5, 8, 2, 2, 8, {"is_causal": True}),
+    "causal_masked_gqa": ((2,), 8, 8, 4, 2, 8, {"is_causal": True, "mask": "random"}),
+    "scale_one": ((2,), 6, 6, 2, 2, 16, {"scale": 1.0}),
+    "scale_small": ((2,), 6, 6, 2, 2, 16, {"scale": 0.01}),
+    "scale_large": ((2,), 6, 6, 2, 2, 16, {"scale": 3.0}),
+}
+
+
+def _run_case(name, implementation):
+  batch, q_len, kv_len, heads, kv_heads, head_dim, options = CASES[name]
+  options = dict(options)
+  scale, is_causal = options.pop("scale", None), options.pop("is_causal", False)
+  query, key, value, mask, bias = _random_case(
+      zlib.crc32(name.encode()) % 1000, batch, q_len, kv_len, heads, kv_heads, head_dim, **options)
+  d_output = np.random.default_rng(7).standard_normal(query.shape).astype(np.float32)
+
+  def loss(q, k, v, b):
+    out = aj.dot_product_attention(q, k, v, b, mask, scale=scale, is_causal=is_causal,
+                                   implementation=implementation)
+    return jnp.sum(out * d_output), out
+
+  grad_args = (0, 1, 2) if bias is None else (0, 1, 2, 3)
+  grads, output = jax.jit(jax.grad(loss, argnums=grad_args, has_aux=True))(
+      query, key, value, bias)
+  expected, _, cache = numpy_reference.attention(query, key, value, bias, mask, scale=scale,
+                                                 is_causal=is_causal)
+  expected_grads = numpy_reference.attention_vjp(cache, d_output)
+  return output, grads, expected, expected_grads
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_values_and_gradients_match_float64_reference(case, implementation):
+  output, grads, expected, expected_grads = _run_case(case, implementation)
+  assert_close(output, expected, 1e-5, "output")
+  for name, grad, expected_grad in zip(("query", "key", "value", "bias"), grads,
+                                       expected_grads):
+    assert_close(grad, expected_grad, 1e-5, f"d_{name}")
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_fully_masked_rows_give_zeros_and_finite_gradients(implementation):
+  query, key, value, _, _ = _random_case(0, (2,), 4, 5, 2, 2, 8)
+  mask = np.ones((2, 2, 4, 5), bool)
+  mask[0, 1, 2] = False  # one row of one head
+  mask[1] = False  # a whole batch element
+  fn = lambda q, k, v: aj.dot_product_attention(q, k, v, mask=mask,
+                                                implementation=implementation)
+  output = fn(query, key, value)
+  np.testing.assert_array_equal(output[0, 2, 1], 0.0)
+  np.testing.assert_array_equal(output[1], 0.0)
+  grads = jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=(0, 1, 2))(query, key, value)
+  for grad in grads:
+    assert np.all(np.isfinite(grad))
+  np.testing.assert_array_equal(grads[0][1], 0.0)  # no gradient reaches a row with no keys
+
+
+@pytest.mark.parametrize("case", ["basic", "gqa", "causal", "bias_per_head", "padding_mask",
+                                  "two_batch_dims"])
+def test_default_equals_jax_nn_where_both_apply(case):
+  batch, q_len, kv_len, heads, kv_heads, head_dim, options = CASES[case]
+  options = dict(options)
+  is_causal = options.pop("is_causal", False)
+  query, key, value, mask, bias = _random_case(3, batch, q_len, kv_len, heads, kv_heads,
+                                               head_dim, **options)
+  if mask is not None:  # jax.nn averages the values of fully masked rows; keep one key
+    mask = mask.copy()
+    mask[..., 0] = True
+  ours = aj.dot_product_attention(query, key, value, bias, mask, is_causal=is_causal)
+  flat = lambda x: None if x is None else x.reshape((-1,) + x.shape[-3:])
+  theirs = jax.nn.dot_product_attention(
+      flat(query), flat(key), flat(value),
+      bias=None if bias is None else bias[None], mask=flat(mask) if mask is not None and
+      mask.ndim > 3 else mask, is_causal=is_causal)
+  assert_close(ours, theirs.reshape(ours.shape), 1e-6)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_value_dim_may_differ_only_where_supported(implementation):
+  query, key, value, _, _ = _random_case(1, (2,), 4, 6, 2, 2, 8, value_dim=12)
+  if implementation == "xla":
+    with pytest.raises(ValueError, match="value.shape == key.shape"):
+      aj.dot_product_attention(query, key, value, implementation=implementation)
+    return
+  output = aj.dot_product_attention(query, key, value, implementation=implementation)
+  assert_close(output, numpy_reference.attention(query, key, value)[0])
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_bfloat16_softmax_in_float32_and_output_dtype(implementation):
+  query, key, value, _, _ = _random_case(2, (2,), 8, 8, 2, 2, 16)
+  query, key, value = (jnp.asarray(x, jnp.bfloat16) for x in (query, key, value))
+  output = aj.dot_product_attention(query, key, value, implementation=implementation)
+  assert output.dtype == jnp.bfloat16
+  expected = numpy_reference.attention(*(np.asarray(x, np.float32)
+                                         for x in (query, key, value)))[0]
+  assert_close(output, expected, 2e-2)
+
+
+def test_return_weights_are_the_softmax_and_match_reference():
+  query, key, value, mask, _ = _random_case(4, (2,), 6, 6, 4, 2, 8, mask="random")
+  output, weights = aj.dot_product_attention(query, key, value, mask=mask, return_weights=True)
+  expected_output, expected_weights, _ = numpy_reference.attention(query, key, value, mask=mask)
+  assert weights.shape == (2, 4, 6, 6) and weights.dtype == jnp.float32
+  assert_close(weights, expected_weights)
+  assert_close(output, expected_output)
+
+
+def test_dropout_is_inverted_dropout_and_reproducible():
+  query, key, value, _, _ = _random_case(5, (2,), 16, 16, 2, 2, 8)
+  rng = jax.random.key(0)
+  run = lambda r: aj.dot_product_attention(query, key, value, dropout_rate=0.5, dropout_rng=r)
+  np.testing.assert_array_equal(run(rng), run(rng))
+  assert not np.allclose(run(rng), run(jax.random.key(1)))
+  # The mean over many dropout draws approaches the output without dropout.
+  mean = jnp.mean(jax.vmap(run)(jax.random.split(rng, 2000)), axis=0)
+  assert_close(mean, aj.dot_product_attention(query, key, value), 0.1)
+
+
+def test_select_implementation_names_the_choice():
+  query, key, value, _, _ = _random_case(6, (1,), 4, 4, 2, 2, 8)
+  assert aj.select_implementation(query, key, value) == "xla"
+  assert aj.select_implementation(query, key, value, return_weights=True) == "reference"
+  assert aj.select_implementation(query, key, value, dropout_rate=0.1) == "reference"
+  assert aj.select_implementation(query, key, value, implementation="reference") == "reference"
+
+
+def test_jit_vmap_grad_compose_and_jit_traces_once():
+  query, key, value, _, _ = _random_case(8, (3, 2), 6, 6, 2, 2, 8)
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def loss(q, k, v):
+    per_example = jax.vmap(lambda a, b, c: aj.dot_product_attention(a, b, c, is_causal=True))
+    return jnp.sum(per_example(q, k, v) ** 2)
+
+  grad_fn = jax.jit(jax.grad(loss))
+  for _ in range(3):
+    loss(query, key, value)
+    loss(query + 1.0, key, value)
+  grads = grad_fn(query, key, value)
+  expected, _, cache = numpy_reference.attention(query, key, value, is_causal=True)
+  assert_close(grads, numpy_reference.attention_vjp(cache, 2 * expected)[0], 1e-5)

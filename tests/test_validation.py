@@ -1,0 +1,101 @@
+"""Malformed calls raise ValueError at trace time, naming the problem."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention_jax as aj
+
+Q = jnp.zeros((2, 4, 4, 8))  # [B, T, N, H]
+KV = jnp.zeros((2, 6, 2, 8))  # [B, S, K, H]
+
+
+def attention(**overrides):
+  args = dict(query=Q, key=KV, value=KV)
+  args.update(overrides)
+  return aj.dot_product_attention(**args)
+
+
+MALFORMED = {
+    "rank_mismatch": (dict(key=jnp.zeros((6, 2, 8))), "same rank"),
+    "rank_too_small": (dict(query=jnp.zeros((4, 8))), r"rank >= 3"),
+    "head_dim_mismatch": (dict(key=jnp.zeros((2, 6, 2, 16))), "same head_dim"),
+    "kv_length_mismatch": (dict(value=jnp.zeros((2, 5, 2, 8))), "same length"),
+    "heads_not_multiple": (dict(key=jnp.zeros((2, 6, 3, 8)), value=jnp.zeros((2, 6, 3, 8))),
+                           "multiple of key/value heads"),
+    "batch_mismatch": (dict(key=jnp.zeros((3, 6, 2, 8)), value=jnp.zeros((3, 6, 2, 8))),
+                       "leading batch dims"),
+    "dtype_mismatch": (dict(key=KV.astype(jnp.bfloat16)), "one dtype"),
+    "integer_inputs": (dict(query=Q.astype(jnp.int32), key=KV.astype(jnp.int32),
+                            value=KV.astype(jnp.int32)), "floating dtype"),
+    "mask_not_broadcastable": (dict(mask=jnp.ones((2, 4, 4, 5), bool)), "mask of shape"),
+    "mask_too_many_dims": (dict(mask=jnp.ones((1, 2, 4, 4, 6), bool)), "mask of shape"),
+    "mask_not_bool": (dict(mask=jnp.ones((2, 1, 1, 6))), "mask must be boolean"),
+    "bias_not_broadcastable": (dict(bias=jnp.zeros((3, 4, 6))), "bias of shape"),
+    "unknown_implementation": (dict(implementation="flash"), "implementation must be one of"),
+    "chunked_not_yet": (dict(implementation="chunked"), "not implemented yet"),
+    "xla_cannot_return_weights": (dict(implementation="xla", return_weights=True),
+                                  "does not return the attention weights"),
+    "dropout_without_rng": (dict(dropout_rate=0.1), "needs a dropout_rng"),
+    "dropout_rate_out_of_range": (dict(dropout_rate=1.0, dropout_rng=jax.random.key(0)),
+                                  r"dropout_rate must be in \[0, 1\)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_call_raises_value_error_naming_the_problem(case):
+  overrides, message = MALFORMED[case]
+  with pytest.raises(ValueError, match=message):
+    attention(**overrides)
+
+
+def test_errors_are_raised_at_trace_time_under_jit():
+  with pytest.raises(ValueError, match="same head_dim"):
+    jax.jit(aj.dot_product_attention).lower(Q, jnp.zeros((2, 6, 2, 16)), jnp.zeros((2, 6, 2, 16)))
+
+
+def test_shape_message_names_expected_and_actual():
+  with pytest.raises(ValueError) as error:
+    attention(mask=jnp.ones((2, 4, 4, 5), bool))
+  assert "(2, 4, 4, 5)" in str(error.value) and "(2, 4, 4, 6)" in str(error.value)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_heads=3, d_model=32), "divisible by num_heads"),
+    (dict(num_heads=4, scale="sqrt"), "unknown attention scale"),
+    (dict(num_heads=4, scale=None), "must be a number or a name"),
+])
+def test_multihead_configuration_errors(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    aj.MultiHeadAttention(**kwargs).init(jax.random.key(0), jnp.zeros((1, 3, 32)))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(d_model=30, num_heads=4), "divisible by num_heads"),
+    (dict(positional_encoding="relative"), "unknown positional encoding"),
+    (dict(attention_scale="huge"), "unknown attention scale"),
+    (dict(pooling="max"), "pooling must be one of"),
+    (dict(dropout_rate=1.5), "dropout_rate must be in"),
+    (dict(num_layers=0), "num_layers must be positive"),
+])
+def test_encoder_config_errors(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    aj.EncoderConfig(vocab_size=16, **kwargs)
+
+
+def test_unknown_positional_encoding_lists_known_names():
+  with pytest.raises(ValueError, match="alibi.*learned.*none.*rope.*sinusoidal"):
+    aj.positional_encoding("absolute", max_length=8, num_heads=2)
+
+
+def test_learned_encoding_too_short_says_what_to_do():
+  config = aj.EncoderConfig(vocab_size=16, d_model=16, num_heads=2, max_length=4,
+                            positional_encoding="learned")
+  with pytest.raises(ValueError, match="raise max_length"):
+    aj.TransformerEncoder(config).init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))
+
+
+def test_sinusoidal_odd_dim():
+  with pytest.raises(ValueError, match="even dim"):
+    aj.sinusoidal_encoding(4, 7)
