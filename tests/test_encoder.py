@@ -1,0 +1,105 @@
+"""The encoder and classifier: permutation equivariance, padding, pooling, composition."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+
+import attention_jax as aj
+
+LENGTH = 8
+TOKENS = jnp.array([[3, 9, 4, 7, 1, 12, 5, 8], [2, 6, 11, 10, 13, 14, 15, 9]])  # distinct, no pad
+
+
+def _encoder(positional_encoding, pre_layer_norm=False, **kwargs):
+  config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, num_layers=2, mlp_dim=64,
+                            max_length=LENGTH, positional_encoding=positional_encoding,
+                            pre_layer_norm=pre_layer_norm, **kwargs)
+  model = aj.TransformerEncoder(config)
+  variables = model.init(jax.random.key(0), TOKENS)
+  return jax.jit(lambda tokens: model.apply(variables, tokens))
+
+
+ENCODERS = {(name, pre_ln): _encoder(name, pre_ln) for name in aj.POSITIONAL_ENCODINGS
+            for pre_ln in (False, True)}
+
+
+def _equivariance_error(encode, permutation):
+  permutation = np.asarray(permutation)
+  return float(jnp.max(jnp.abs(encode(TOKENS[:, permutation]) - encode(TOKENS)[:, permutation])))
+
+
+@settings(max_examples=20, deadline=None)
+@given(permutation=st.permutations(range(LENGTH)), pre_ln=st.booleans())
+def test_without_positional_encoding_the_encoder_is_permutation_equivariant(permutation, pre_ln):
+  assert _equivariance_error(ENCODERS["none", pre_ln], permutation) < 1e-5
+
+
+@settings(max_examples=20, deadline=None)
+@given(permutation=st.permutations(range(LENGTH)), pre_ln=st.booleans(),
+       name=st.sampled_from(["sinusoidal", "learned", "rope", "alibi"]))
+def test_with_any_positional_encoding_it_is_not(permutation, pre_ln, name):
+  assume(list(permutation) != list(range(LENGTH)))
+  if name == "alibi":  # symmetric ALiBi sees only |t - s|, which a reversal preserves
+    assume(list(permutation) != list(range(LENGTH))[::-1])
+  assert _equivariance_error(ENCODERS[name, pre_ln], permutation) > 1e-2
+
+
+def test_symmetric_alibi_is_equivariant_to_reversal_only():
+  reverse = list(range(LENGTH))[::-1]
+  assert _equivariance_error(ENCODERS["alibi", False], reverse) < 1e-5
+  assert _equivariance_error(ENCODERS["rope", False], reverse) > 1e-2
+
+
+def test_padding_tokens_do_not_change_real_token_outputs():
+  config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, num_layers=2,
+                            positional_encoding="sinusoidal")
+  model = aj.TransformerEncoder(config)
+  valid = jnp.arange(LENGTH) < jnp.array([[5], [8]])
+  variables = model.init(jax.random.key(0), TOKENS, valid)
+  changed = TOKENS.at[0, 5:].set(jnp.array([1, 2, 3]))  # different ids at padded positions
+  out, out_changed = model.apply(variables, TOKENS, valid), model.apply(variables, changed, valid)
+  np.testing.assert_allclose(out[0, :5], out_changed[0, :5], atol=1e-6)
+  np.testing.assert_array_equal(out[1], out_changed[1])
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_classifier_pools_only_real_tokens_and_trains(pooling):
+  config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, num_layers=1,
+                            num_classes=3, pooling=pooling, dropout_rate=0.1)
+  model = aj.SequenceClassifier(config)
+  padded = jnp.array([[3, 9, 4, 0, 0, 0], [0, 0, 0, 0, 0, 0]])  # second: all padding
+  variables = model.init(jax.random.key(0), padded)
+  logits = model.apply(variables, padded)
+  assert logits.shape == (2, 3) and np.all(np.isfinite(logits))
+  longer = jnp.pad(padded, ((0, 0), (0, 4)))  # more padding changes nothing
+  if pooling == "mean":  # the CLS row attends to the same keys; mean divides by real tokens
+    np.testing.assert_allclose(model.apply(variables, longer), logits, atol=1e-5)
+  else:
+    np.testing.assert_allclose(model.apply(variables, longer)[0], logits[0], atol=1e-5)
+
+  chex.clear_trace_counter()
+
+  @chex.assert_max_traces(n=1)
+  def loss(params, tokens, labels, rng):
+    logits = model.apply({"params": params}, tokens, deterministic=False,
+                         rngs={"dropout": rng})
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1))
+
+  train_step = jax.jit(jax.value_and_grad(loss))  # traced once, run three times
+  labels = jnp.array([1, 2])
+  for step in range(3):
+    value, grads = train_step(variables["params"], padded, labels, jax.random.key(step))
+    assert np.isfinite(value)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+
+
+def test_post_layer_norm_outputs_are_normalised_and_pre_layer_norm_has_a_final_norm():
+  out = ENCODERS["sinusoidal", False](TOKENS)  # post-LN: the last op is LayerNorm (scale 1)
+  np.testing.assert_allclose(out.mean(-1), 0.0, atol=1e-5)
+  np.testing.assert_allclose(out.var(-1), 1.0, rtol=1e-3)
+  config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, pre_layer_norm=True)
+  params = aj.TransformerEncoder(config).init(jax.random.key(0), TOKENS)["params"]
+  assert "final_norm" in params

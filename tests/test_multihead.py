@@ -1,0 +1,157 @@
+"""Multi-head attention: against flax.linen and a per-head NumPy reference; scale, weights, hooks."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention_jax as aj
+import numpy_reference
+from conftest import assert_close
+
+EMBED, D_MODEL, HEADS = 128, 256, 8  # input width differs from d_model; d_k = 32
+
+
+def _inputs(seed=0, shape=(2, 7, EMBED)):
+  return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def _init(layer, *inputs, **kwargs):
+  variables = layer.init(jax.random.key(1), *inputs, **kwargs)
+  # Non-zero biases so that a misplaced bias cannot hide.
+  return jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(2), p.shape),
+                      variables)
+
+
+def per_head_numpy(params, x_q, x_kv, mask=None, scale=None):
+  """Concat(head_1, ..., head_N) W_O with head_n = Attention(X W_Q^n, X W_K^n, X W_V^n)."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  x_q, x_kv = np.asarray(x_q, np.float64), np.asarray(x_kv, np.float64)
+  heads = []
+  for n in range(p["query"]["kernel"].shape[1]):
+    q = x_q @ p["query"]["kernel"][:, n] + p["query"]["bias"][n]  # [B, T, d_k]
+    k = x_kv @ p["key"]["kernel"][:, n] + p["key"]["bias"][n]
+    v = x_kv @ p["value"]["kernel"][:, n] + p["value"]["bias"][n]
+    head_mask = None if mask is None else mask[:, 0]
+    out, _, _ = numpy_reference.attention(q[:, :, None], k[:, :, None], v[:, :, None],
+                                          mask=None if head_mask is None else head_mask[:, None],
+                                          scale=scale)
+    heads.append(out[:, :, 0])
+  concat = np.concatenate(heads, axis=-1)  # [B, T, N * d_k]
+  w_out = p["out"]["kernel"].reshape(-1, p["out"]["kernel"].shape[-1])  # [N * d_k, D_out]
+  return concat @ w_out + p["out"]["bias"]
+
+
+@pytest.mark.parametrize("implementation", ["reference", "xla"])
+@pytest.mark.parametrize("cross", [False, True])
+def test_equals_flax_multi_head_dot_product_attention_with_the_same_weights(implementation,
+                                                                            cross):
+  x_q = _inputs(0)
+  x_kv = _inputs(1, (2, 9, EMBED)) if cross else x_q
+  valid = jnp.arange(x_kv.shape[1]) < jnp.array([[x_kv.shape[1]], [4]])  # [B, S]
+  mask = aj.padding_mask(valid)  # [B, 1, 1, S]
+  ours = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, implementation=implementation)
+  variables = _init(ours, x_q, x_kv, mask=mask)
+  theirs = nn.MultiHeadDotProductAttention(num_heads=HEADS, qkv_features=D_MODEL,
+                                           out_features=EMBED)
+  expected = theirs.apply(variables, x_q, x_kv, x_kv, mask=mask)
+  actual = ours.apply(variables, x_q, x_kv, mask=mask)
+  assert actual.shape == (2, 7, EMBED)
+  assert_close(actual, expected, 1e-5)
+  assert_close(actual, per_head_numpy(variables["params"], x_q, x_kv, np.asarray(mask)), 1e-5)
+
+
+@pytest.mark.parametrize("scale, value", [("inv_sqrt", 32 ** -0.5), ("none", 1.0),
+                                          ("inv", 1 / 32), (0.3, 0.3)])
+def test_scale_names_mean_what_they_say(scale, value):
+  x = _inputs(2, (2, 5, EMBED)) * 0.2
+  layer = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, scale=scale)
+  variables = _init(layer, x)
+  assert_close(layer.apply(variables, x),
+               per_head_numpy(variables["params"], x, x, scale=value), 1e-5)
+
+
+def test_learned_scale_starts_at_inv_sqrt_and_learns():
+  x = _inputs(3, (2, 5, EMBED))
+  learned = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, scale="learned")
+  variables = learned.init(jax.random.key(0), x)
+  temperature = variables["params"]["temperature"]
+  np.testing.assert_allclose(temperature, np.full(HEADS, 32 ** -0.5), rtol=1e-7)
+  fixed = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL)
+  fixed_params = {k: v for k, v in variables["params"].items() if k != "temperature"}
+  assert_close(learned.apply(variables, x), fixed.apply({"params": fixed_params}, x), 1e-6)
+  grad = jax.grad(lambda v: jnp.sum(learned.apply(v, x) ** 2))(variables)
+  assert np.all(np.abs(grad["params"]["temperature"]) > 0)
+
+
+def test_sown_weights_leave_the_output_bit_identical():
+  x = _inputs(4)
+  mask = aj.padding_mask(jnp.array([[True] * 7, [True] * 3 + [False] * 4]))
+  for implementation in ["xla", "reference"]:
+    layer = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL,
+                                  implementation=implementation)
+    variables = _init(layer, x, mask=mask)
+    plain = layer.apply(variables, x, mask=mask)
+    captured, state = layer.apply(variables, x, mask=mask, mutable="intermediates")
+    np.testing.assert_array_equal(plain, captured)
+    (weights,) = state["intermediates"]["attention_weights"]
+    assert weights.shape == (2, HEADS, 7, 7)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
+    assert np.all(weights[1, :, :, 3:] == 0.0)
+    _, returned = aj.multi_head_attention(variables["params"], x, mask=mask,
+                                          return_weights=True)
+    assert_close(weights, returned, 1e-6)
+
+
+def test_attention_dropout_uses_the_dropout_rng():
+  x = _inputs(5)
+  layer = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, dropout_rate=0.3)
+  variables = _init(layer, x)
+  no_dropout = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL).apply(variables, x)
+  np.testing.assert_array_equal(layer.apply(variables, x), no_dropout)  # deterministic default
+  run = lambda seed: layer.apply(variables, x, deterministic=False,
+                                 rngs={"dropout": jax.random.key(seed)})
+  np.testing.assert_array_equal(run(0), run(0))
+  assert not np.allclose(run(0), run(1))
+  assert not np.allclose(run(0), no_dropout)
+
+
+def test_fused_qkv_equals_separate_projections():
+  x = _inputs(6)
+  separate = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL)
+  variables = _init(separate, x)
+  p = variables["params"]
+  fused_params = {
+      "qkv": {"kernel": jnp.stack([p[n]["kernel"] for n in ("query", "key", "value")], axis=1),
+              "bias": jnp.stack([p[n]["bias"] for n in ("query", "key", "value")], axis=0)},
+      "out": p["out"]}
+  fused = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, fused_qkv=True)
+  assert jax.tree.map(jnp.shape, fused.init(jax.random.key(0), x)["params"]) == \
+      jax.tree.map(jnp.shape, fused_params)
+  assert_close(fused.apply({"params": fused_params}, x), separate.apply(variables, x), 1e-6)
+
+
+def test_qk_transform_hook_acts_on_projected_queries_and_keys():
+  x = _inputs(7)
+  rope = lambda q, k: (aj.apply_rope(q), aj.apply_rope(k))
+  plain = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL)
+  rotary = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, qk_transform=rope)
+  variables = _init(plain, x)
+  out = rotary.apply(variables, x)
+  assert not np.allclose(out, plain.apply(variables, x))
+  q, k, v, scale = aj.multihead.attention_inputs(variables["params"], x)
+  expected = aj.multihead.project_out(
+      variables["params"],
+      aj.dot_product_attention(aj.apply_rope(q), aj.apply_rope(k), v, scale=scale))
+  assert_close(out, expected, 1e-6)
+
+
+def test_pure_function_composes_with_jit_vmap_grad():
+  x = _inputs(8, (3, 2, 5, EMBED))  # an extra leading axis to vmap over
+  layer = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL)
+  params = layer.init(jax.random.key(0), x[0])["params"]
+  fn = jax.jit(jax.vmap(lambda xi: aj.multi_head_attention(params, xi, is_causal=True)))
+  assert_close(fn(x), aj.multi_head_attention(params, x, is_causal=True), 1e-6)
+  grads = jax.grad(lambda p: jnp.sum(aj.multi_head_attention(p, x[0]) ** 2))(params)
+  assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))

@@ -1,0 +1,85 @@
+"""Positional encodings: the paper's formula, the linear-shift property, RoPE and ALiBi."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention_jax as aj
+from attention_jax import positional
+
+
+def test_sinusoidal_matches_the_paper_formula_elementwise():
+  length, dim = 37, 16
+  table = np.asarray(aj.sinusoidal_encoding(length, dim))
+  for pos in (0, 1, 17, 36):
+    for i in range(dim // 2):
+      angle = pos / 10000 ** (2 * i / dim)
+      assert table[pos, 2 * i] == pytest.approx(np.sin(angle), abs=1e-6)
+      assert table[pos, 2 * i + 1] == pytest.approx(np.cos(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize("offset", [1, 5, 40])
+def test_shifted_sinusoid_is_a_fixed_linear_map_of_the_original(offset):
+  """PE(pos + k) = M_k PE(pos) for one matrix M_k, whatever pos (Vaswani et al. 2017, 3.5)."""
+  dim, length = 32, 200
+  table = np.asarray(aj.sinusoidal_encoding(length + offset, dim), np.float64)
+  source, target = table[:length], table[offset:offset + length]  # PE(pos), PE(pos + k)
+  # One matrix fitted by least squares maps all 200 positions (200 equations per output
+  # coordinate, 32 unknowns) with float32 round-off as the only residual.
+  fitted, *_ = np.linalg.lstsq(source, target, rcond=None)
+  np.testing.assert_allclose(source @ fitted, target, atol=2e-6)
+  # The same fit fails for a map that is not linear in PE(pos): PE(2 * pos).
+  doubled = np.asarray(aj.sinusoidal_encoding(2 * length, dim), np.float64)[::2]
+  fitted_doubled, *_ = np.linalg.lstsq(source, doubled, rcond=None)
+  assert np.max(np.abs(source @ fitted_doubled - doubled)) > 1e-2
+  # The closed form: a block-diagonal rotation by offset * frequency_i.
+  frequency = 10000.0 ** (-np.arange(0, dim, 2) / dim)
+  rotation = np.zeros((dim, dim))
+  for i, angle in enumerate(offset * frequency):
+    c, s = np.cos(angle), np.sin(angle)
+    rotation[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[c, -s], [s, c]]
+  np.testing.assert_allclose(source @ rotation, target, atol=1e-5)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.standard_normal((1, 1, 8)), jnp.float32)  # one token, one head
+  k = jnp.asarray(rng.standard_normal((1, 1, 8)), jnp.float32)
+  def score(t, s):
+    rq = aj.apply_rope(q, jnp.array([t]))
+    rk = aj.apply_rope(k, jnp.array([s]))
+    return float(jnp.sum(rq * rk))
+  assert score(3, 1) == pytest.approx(score(10, 8), rel=1e-5)
+  assert score(0, 0) == pytest.approx(float(jnp.sum(q * k)), rel=1e-5)
+  assert score(3, 1) != pytest.approx(score(3, 2), rel=1e-3)
+  # A rotation preserves norms.
+  np.testing.assert_allclose(jnp.linalg.norm(aj.apply_rope(q, jnp.array([7]))),
+                             jnp.linalg.norm(q), rtol=1e-6)
+
+
+def test_alibi_slopes_and_bias():
+  np.testing.assert_allclose(positional.alibi_slopes(8), [2.0 ** -(i + 1) for i in range(8)])
+  six = positional.alibi_slopes(6)  # not a power of two: 4 geometric + 2 interleaved from 8
+  np.testing.assert_allclose(six[:4], [2.0 ** (-2 * (i + 1)) for i in range(4)])
+  np.testing.assert_allclose(six[4:], [2.0 ** -1, 2.0 ** -3])
+  bias = aj.alibi_bias(2, 3, 4)
+  assert bias.shape == (2, 3, 4)
+  np.testing.assert_allclose(bias[0], -(2.0 ** -4) * np.abs(np.arange(3)[:, None] -
+                                                            np.arange(4)[None, :]))
+
+
+@pytest.mark.parametrize("name", sorted(aj.POSITIONAL_ENCODINGS))
+def test_every_registered_encoding_has_the_common_interface(name):
+  module = aj.positional_encoding(name, max_length=8, num_heads=2)
+  x = jnp.ones((1, 6, 4))
+  variables = module.init(jax.random.key(0), x)
+  embedded = module.apply(variables, x, method="embed")
+  assert embedded.shape == x.shape
+  q = jnp.ones((1, 6, 2, 4))
+  rotated = module.apply(variables, q, q, method="rotate")
+  assert rotated[0].shape == q.shape
+  bias = module.apply(variables, 6, 6, method="attention_bias")
+  assert bias is None or bias.shape == (2, 6, 6)
+  changes = [not np.allclose(embedded, x), not np.allclose(rotated[0], q), bias is not None]
+  assert sum(changes) == (0 if name == "none" else 1)
