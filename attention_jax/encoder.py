@@ -24,7 +24,10 @@ POOLINGS = ("cls", "mean")
 
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
-  """Hyperparameters of the encoder; invalid combinations raise ValueError when constructed."""
+  """Hyperparameters of the encoder; invalid combinations raise ValueError when constructed.
+
+  >>> EncoderConfig(vocab_size=32, d_model=128, num_heads=4, positional_encoding="rope")
+  """
   vocab_size: int
   d_model: int = 128
   num_heads: int = 4
@@ -68,7 +71,13 @@ class FeedForward(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-  """Self-attention and feed-forward sublayers with residuals and LayerNorm: [B, T, D] -> same."""
+  """Self-attention and feed-forward sublayers with residuals and LayerNorm: [B, T, D] -> same.
+
+  ``mask`` broadcasts to [B, N, T, T]; ``attention_bias`` to [N, T, T] (or None).
+
+  >>> block = EncoderBlock(config, positional_encoding("none", max_length=64, num_heads=4))
+  >>> y = block.apply(variables, x, mask, None, True)  # x [B, T, D] -> y [B, T, D]
+  """
   config: EncoderConfig
   encoding: positional.NoPositionalEncoding
 
@@ -138,7 +147,11 @@ def masked_mean(x, valid):
 
 
 class SequenceClassifier(nn.Module):
-  """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token or masked mean."""
+  """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token or masked mean.
+
+  >>> model = SequenceClassifier(EncoderConfig(vocab_size=32, num_classes=10, pooling="mean"))
+  >>> logits = model.apply(model.init(jax.random.key(0), tokens), tokens)  # [B, T] -> [B, 10]
+  """
   config: EncoderConfig
 
   @nn.compact

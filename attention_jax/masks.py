@@ -20,7 +20,10 @@ def lengths_to_valid(lengths, max_length: int):
 
 
 def tokens_to_valid(tokens, pad_id: int = 0):
-  """Token validity from token ids: [..., L] int -> [..., L] bool, False where tokens == pad_id."""
+  """Token validity from token ids: [..., L] int -> [..., L] bool, False where tokens == pad_id.
+
+  >>> tokens_to_valid(jnp.array([[5, 3, 0, 0]]))  # [[T T F F]]
+  """
   return jnp.asarray(tokens) != pad_id
 
 

@@ -32,7 +32,11 @@ SCALES = {
 
 
 def resolve_scale(scale: float | str, head_dim: int) -> float:
-  """The number a scale name stands for at ``head_dim`` ("learned": its initial value)."""
+  """The number a scale name stands for at ``head_dim`` ("learned": its initial value).
+
+  >>> resolve_scale("inv_sqrt", 64), resolve_scale("inv", 64), resolve_scale(0.5, 64)
+  (0.125, 0.015625, 0.5)
+  """
   if isinstance(scale, str):
     if scale not in SCALES:
       raise ValueError(
@@ -130,7 +134,10 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
 def multi_head_attention_weights(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
                                  scale: float | str = "inv_sqrt", is_causal: bool = False,
                                  qk_transform: Callable | None = None):
-  """The softmax weights [..., N, T, S] that ``multi_head_attention`` applies (before dropout)."""
+  """The softmax weights [..., N, T, S] that ``multi_head_attention`` applies (before dropout).
+
+  >>> multi_head_attention_weights(params, x).shape  # x [B, T, D_in], 8 heads -> (B, 8, T, T)
+  """
   query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
                                           qk_transform=qk_transform)
   return reference.attention_weights(query, key, bias, mask, scale=scale, is_causal=is_causal)

@@ -41,6 +41,8 @@ def apply_rope(x, positions=None, *, base: float = 10000.0):
 
   x: [..., T, N, H] (H even); positions: [..., T] or None for 0..T-1. theta_i = base^(-2i/H).
   Then q_t . k_s depends on the positions only through t - s.
+
+  >>> query = apply_rope(query)  # [B, T, N, H] -> [B, T, N, H], positions 0..T-1
   """
   length, head_dim = x.shape[-3], x.shape[-1]
   if head_dim % 2:
@@ -67,7 +69,10 @@ def alibi_slopes(num_heads: int):
 
 
 def alibi_bias(num_heads: int, q_len: int, kv_len: int | None = None):
-  """Symmetric ALiBi logit bias for an encoder: -slope_n * |t - s|, [N, T, S] float32."""
+  """Symmetric ALiBi logit bias for an encoder: -slope_n * |t - s|, [N, T, S] float32.
+
+  >>> dot_product_attention(q, k, v, bias=alibi_bias(8, 128))  # q, k, v [B, 128, 8, H]
+  """
   kv_len = q_len if kv_len is None else kv_len
   distance = jnp.abs(jnp.arange(q_len)[:, None] - jnp.arange(kv_len)[None, :])  # [T, S]
   return -alibi_slopes(num_heads)[:, None, None] * distance  # [N, T, S]

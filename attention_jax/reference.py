@@ -60,6 +60,9 @@ def attention_weights(query, key, bias=None, mask=None, *, scale: float,
     mask: optional bool, True = attend, broadcastable to [..., N, T, S].
     scale: multiplies Q K^T (1/sqrt(H) in the paper).
     is_causal: query t attends only to keys s <= t.
+
+  >>> attention_weights(q, k, scale=1 / 8.0).shape  # q [B, T, N, 64], k [B, S, K, 64]
+  (B, N, T, S)
   """
   logits = attention_logits(query, key, scale=scale)  # [..., N, T, S]
   if bias is not None:

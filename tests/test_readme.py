@@ -27,3 +27,13 @@ def test_library_depends_only_on_jax_flax_chex_numpy():
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, check=True)
   assert result.stdout.strip() == "[]", result.stdout
+
+
+def test_every_public_function_and_class_documents_an_example():
+  import inspect
+  import attention_jax
+  for name in dir(attention_jax):
+    obj = getattr(attention_jax, name)
+    if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
+      continue
+    assert ">>>" in (obj.__doc__ or ""), f"attention_jax.{name} has no example in its docstring"
