@@ -1,0 +1,47 @@
+"""Default: a 2-layer encoder learns the `order` task (is marker A before marker B?).
+
+  python -m experiments.train --config=configs/default.py --workdir=/tmp/default
+
+The label depends only on token order, so the positional encoding is what makes it learnable.
+Every other config derives from this one and changes a few fields.
+"""
+
+import ml_collections
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.task = "order"                    # a name in experiments.tasks.TASKS
+  config.task_options = ml_collections.ConfigDict({  # the task's own options (see task_options)
+      "max_length": 32, "num_fillers": 16, "num_train": 20000, "num_test": 2000})
+  config.data_dir = "~/tensorflow_datasets"  # where TFDS caches generated or downloaded data
+
+  config.model = ml_collections.ConfigDict()
+  config.model.d_model = 128               # width of the residual stream
+  config.model.num_heads = 4               # must divide d_model; head_dim = d_model / num_heads
+  config.model.num_layers = 2              # encoder blocks
+  config.model.mlp_dim = 256               # hidden width of the position-wise feed-forward
+  config.model.positional_encoding = "sinusoidal"  # none | sinusoidal | learned | rope | alibi
+  config.model.attention_scale = "inv_sqrt"  # inv_sqrt | none | inv | learned, or a number
+  config.model.attention_impl = ""         # "" = automatic; or reference | xla
+  config.model.dropout_rate = 0.0          # residual and feed-forward dropout
+  config.model.attention_dropout_rate = 0.0  # dropout on attention weights
+  config.model.pre_layer_norm = False      # False = post-LN as in the paper
+  config.model.pooling = "cls"             # cls | mean
+
+  config.batch_size = 64                   # global batch, split over all devices
+  config.learning_rate = 1e-3              # peak learning rate
+  config.schedule = "warmup_cosine"        # constant | warmup_cosine | noam (inverse sqrt)
+  config.warmup_steps = 100                # linear warmup steps
+  config.weight_decay = 0.01               # AdamW decoupled weight decay
+  config.grad_clip_norm = 1.0              # global-norm clipping; 0 disables
+  config.label_smoothing = 0.0             # 0 disables
+  config.num_train_steps = 600             # optimizer steps
+  config.eval_every_steps = 200            # evaluate on the test split this often
+  config.log_every_steps = 50              # write training metrics this often
+  config.checkpoint_every_steps = 200      # save a checkpoint this often (and at the end)
+  config.keep_checkpoints = 3              # how many recent checkpoints to keep
+  config.seed = 0                          # one seed for init, dropout and data order
+  config.compute_dtype = "float32"         # float32 | bfloat16 (parameters stay float32)
+  config.attention_maps = 4                # test examples to draw attention maps for; 0 = none
+  return config

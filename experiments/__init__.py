@@ -1,0 +1,1 @@
+"""Experiments on top of attention_jax: tasks, input pipeline, training, checkpoints."""

@@ -1,0 +1,50 @@
+"""Attention maps: every head of every layer for a few test examples, tokens on the axes."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def attention_weights(model, params, tokens):
+  """Per-layer weights [L][B, N, T', T'] captured from the model's "intermediates"."""
+  _, state = model.apply({"params": params}, tokens, mutable="intermediates")
+  blocks = state["intermediates"]["encoder"]
+  return [blocks[f"block_{i}"]["attention"]["attention_weights"][0]
+          for i in range(len([k for k in blocks if k.startswith("block_")]))]
+
+
+def write(model, params, task, num_examples: int, directory: str) -> list[str]:
+  """One PNG per example: a grid of layers x heads. Returns the paths."""
+  os.makedirs(directory, exist_ok=True)
+  tokens = task.test.tokens[:num_examples]
+  weights = jax.device_get(attention_weights(model, params, tokens))
+  offset = weights[0].shape[-1] - tokens.shape[1]  # 1 with a CLS token
+  paths = []
+  for example in range(len(tokens)):
+    length = int(np.sum(tokens[example] != task.pad_id)) + offset
+    labels = (["CLS"] if offset else []) + [str(t) for t in tokens[example][:length - offset]]
+    layers, heads = len(weights), weights[0].shape[1]
+    figure, axes = plt.subplots(layers, heads, figsize=(2.6 * heads, 2.6 * layers),
+                                squeeze=False)
+    for layer in range(layers):
+      for head in range(heads):
+        axis = axes[layer, head]
+        axis.imshow(weights[layer][example, head, :length, :length], cmap="viridis",
+                    vmin=0.0, vmax=1.0)
+        axis.set_title(f"layer {layer} head {head}", fontsize=8)
+        axis.set_xticks(range(length), labels, fontsize=4, rotation=90)
+        axis.set_yticks(range(length), labels, fontsize=4)
+    figure.suptitle(f"{task.name} test example {example}, label {task.test.labels[example]}")
+    figure.tight_layout()
+    path = os.path.join(directory, f"example_{example}.png")
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    paths.append(path)
+  return paths

@@ -1,0 +1,108 @@
+"""Validation of a run's config before anything is compiled: one line naming field and fix."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import attention_jax as aj
+from experiments import tasks
+
+SCHEDULES = ("constant", "warmup_cosine", "noam")
+COMPUTE_DTYPES = ("float32", "bfloat16")
+IMPLEMENTATIONS = ("",) + aj.IMPLEMENTATIONS
+
+
+class ConfigError(ValueError):
+  """A config value that cannot run; the message names the field and what would be valid."""
+
+
+def default_config():
+  path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "default.py")
+  spec = importlib.util.spec_from_file_location("default_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _check_fields(config, reference, prefix=""):
+  """Unknown fields and wrong types, against configs/default.py (task_options excepted)."""
+  for name in config.keys():
+    field = prefix + name
+    if name not in reference:
+      raise ConfigError(f"unknown config field '{field}'; valid fields here: "
+                        f"{sorted(reference.keys())}.")
+    value, expected = config[name], reference[name]
+    if field == "task_options":
+      continue
+    if hasattr(expected, "keys"):
+      if not hasattr(value, "keys"):
+        raise ConfigError(f"config field '{field}' must be a group of fields, got {value!r}.")
+      _check_fields(value, expected, field + ".")
+    elif field == "model.attention_scale":
+      continue  # a name or a number, checked below
+    elif isinstance(expected, float) and isinstance(value, int) and not isinstance(value, bool):
+      continue
+    elif type(value) is not type(expected):
+      raise ConfigError(f"config field '{field}' must be {type(expected).__name__}, "
+                        f"got {value!r} ({type(value).__name__}).")
+
+
+def attention_scale(value):
+  """A scale name, or a number given as a number or a numeric string."""
+  if isinstance(value, str) and value not in aj.SCALES:
+    try:
+      return float(value)
+    except ValueError:
+      raise ConfigError(f"model.attention_scale must be a number or one of "
+                        f"{sorted(aj.SCALES)}, got {value!r}.") from None
+  return value
+
+
+def validate(config, num_devices: int = 1) -> None:
+  """Raises ConfigError for the first problem found."""
+  _check_fields(config, default_config())
+  if config.task not in tasks.TASKS:
+    raise ConfigError(f"task must be one of {sorted(tasks.TASKS)}, got {config.task!r}.")
+  known = tasks.task_options(config.task)
+  for name, value in config.task_options.items():
+    if name not in known:
+      raise ConfigError(f"task_options.{name} is not an option of task {config.task!r}; "
+                        f"its options: {sorted(known)}.")
+    if not isinstance(value, int) or value <= 0:
+      raise ConfigError(f"task_options.{name} must be a positive integer, got {value!r}.")
+  model = config.model
+  if model.num_heads <= 0 or model.d_model % model.num_heads:
+    raise ConfigError(f"model.num_heads={model.num_heads} must divide model.d_model="
+                      f"{model.d_model}; choose a divisor of {model.d_model}.")
+  if model.positional_encoding not in aj.POSITIONAL_ENCODINGS:
+    raise ConfigError(f"model.positional_encoding must be one of "
+                      f"{sorted(aj.POSITIONAL_ENCODINGS)}, got {model.positional_encoding!r}.")
+  attention_scale(model.attention_scale)
+  choices = {"model.attention_impl": (model.attention_impl, IMPLEMENTATIONS),
+             "model.pooling": (model.pooling, aj.encoder.POOLINGS),
+             "schedule": (config.schedule, SCHEDULES),
+             "compute_dtype": (config.compute_dtype, COMPUTE_DTYPES)}
+  for field, (value, valid) in choices.items():
+    if value not in valid:
+      raise ConfigError(f"{field} must be one of {list(valid)}, got {value!r}.")
+  for field in ("learning_rate", "num_train_steps", "batch_size", "eval_every_steps",
+                "log_every_steps", "checkpoint_every_steps", "keep_checkpoints",
+                "model.d_model", "model.num_layers", "model.mlp_dim"):
+    value = config[field.split(".")[0]] if "." not in field else model[field.split(".")[1]]
+    if value <= 0:
+      raise ConfigError(f"{field} must be positive, got {value}.")
+  for field, value in (("warmup_steps", config.warmup_steps),
+                       ("weight_decay", config.weight_decay),
+                       ("grad_clip_norm", config.grad_clip_norm),
+                       ("attention_maps", config.attention_maps)):
+    if value < 0:
+      raise ConfigError(f"{field} must be >= 0, got {value}.")
+  for field, value in (("model.dropout_rate", model.dropout_rate),
+                       ("model.attention_dropout_rate", model.attention_dropout_rate),
+                       ("label_smoothing", config.label_smoothing)):
+    if not 0.0 <= value < 1.0:
+      raise ConfigError(f"{field} must be in [0, 1), got {value}.")
+  if config.batch_size % num_devices:
+    raise ConfigError(f"batch_size={config.batch_size} must be divisible by the "
+                      f"{num_devices} devices; use a multiple of {num_devices}.")

@@ -1,0 +1,53 @@
+"""Batches from a task's splits, determined by the step alone (so a resumed run sees the same data).
+
+The global batch at step s is a slice of a per-epoch permutation drawn from (seed, epoch); each
+process takes its rows and places them on its devices, sharded along the batch axis.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+
+
+class TrainBatches:
+  """batch(step) -> {"tokens": [B, L] int32, "labels": [B] int32}, B the global batch size."""
+
+  def __init__(self, split, batch_size: int, seed: int):
+    if len(split.labels) < batch_size:
+      raise ValueError(f"batch_size={batch_size} exceeds the {len(split.labels)} training "
+                       "examples; lower batch_size or raise task_options.num_train.")
+    self.split, self.batch_size, self.seed = split, batch_size, seed
+    self.steps_per_epoch = len(split.labels) // batch_size
+
+  @functools.lru_cache(maxsize=2)
+  def _permutation(self, epoch: int):
+    return np.random.default_rng([self.seed, epoch]).permutation(len(self.split.labels))
+
+  def batch(self, step: int) -> dict:
+    epoch, index = divmod(step, self.steps_per_epoch)
+    rows = self._permutation(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+    return {"tokens": self.split.tokens[rows], "labels": self.split.labels[rows]}
+
+
+def eval_batches(split, batch_size: int):
+  """The whole split in batches of ``batch_size``; the last is padded and carries weight 0."""
+  for start in range(0, len(split.labels), batch_size):
+    tokens, labels = split.tokens[start:start + batch_size], split.labels[start:start + batch_size]
+    weight = np.ones(len(labels), np.float32)
+    missing = batch_size - len(labels)
+    if missing:
+      tokens = np.pad(tokens, ((0, missing), (0, 0)))
+      labels, weight = np.pad(labels, (0, missing)), np.pad(weight, (0, missing))
+    yield {"tokens": tokens, "labels": labels, "weight": weight}
+
+
+def shard(batch: dict, sharding) -> dict:
+  """Global NumPy batch -> global jax.Arrays, each process contributing its own rows."""
+  count, index = jax.process_count(), jax.process_index()
+  def local(x):
+    rows = len(x) // count
+    return jax.make_array_from_process_local_data(sharding, x[index * rows:(index + 1) * rows])
+  return {name: local(x) for name, x in batch.items()}

@@ -1,0 +1,93 @@
+"""Tasks by name: built-in synthetic TFDS builders and catalog datasets from the TFDS catalog.
+
+``load_task(name, options, data_dir)`` returns the train and test splits as padded NumPy arrays
+with what the model needs to know (vocabulary size, classes, length, pad id).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from experiments.tasks import listops, order, recall, synthetic
+
+BUILT_IN = {
+    "order": (order.Order, order.OrderConfig),
+    "recall": (recall.Recall, recall.RecallConfig),
+    "listops": (listops.ListOps, listops.ListOpsConfig),
+}
+CATALOG = ("imdb_reviews",)  # byte-level text classification, the LRA "Text" setting
+TASKS = tuple(BUILT_IN) + CATALOG
+BYTE_VOCAB = 256 + 1  # byte b -> token b + 1, 0 = pad
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  tokens: np.ndarray  # [num_examples, max_length] int32, 0 = pad
+  labels: np.ndarray  # [num_examples] int32
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str
+  train: Split
+  test: Split
+  vocab_size: int
+  num_classes: int
+  max_length: int
+  pad_id: int = synthetic.PAD_ID
+
+
+def task_options(name: str) -> dict:
+  """The options a task accepts, with their defaults."""
+  if name in CATALOG:
+    return {"max_length": 1024}
+  if name not in BUILT_IN:
+    raise ValueError(f"unknown task {name!r}; known: {sorted(TASKS)}.")
+  inherited = {field.name for field in dataclasses.fields(tfds.core.BuilderConfig)}
+  return {field.name: field.default for field in dataclasses.fields(BUILT_IN[name][1])
+          if field.name not in inherited}
+
+
+def _pad(sequences, max_length: int) -> np.ndarray:
+  tokens = np.zeros((len(sequences), max_length), np.int32)
+  for row, sequence in enumerate(sequences):
+    sequence = sequence[:max_length]
+    tokens[row, :len(sequence)] = sequence
+  return tokens
+
+
+def _to_split(source, featurize, max_length: int) -> Split:
+  records = [featurize(source[i]) for i in range(len(source))]
+  return Split(_pad([tokens for tokens, _ in records], max_length),
+               np.array([label for _, label in records], np.int32))
+
+
+def load_task(name: str, options: dict | None = None, data_dir: str | None = None) -> Task:
+  """Generates (once, cached under data_dir) and loads a task by name.
+
+  >>> task = load_task("order", {"max_length": 32}, "/tmp/tfds")
+  >>> task.train.tokens.shape  # (20000, 32)
+  """
+  options = {**task_options(name), **(options or {})}
+  data_dir = os.path.expanduser(data_dir or "~/tensorflow_datasets")
+  if name in CATALOG:
+    max_length = options["max_length"]
+    sources = tfds.data_source(name, data_dir=data_dir, split=["train", "test"])
+    featurize = lambda r: (np.frombuffer(r["text"], np.uint8).astype(np.int32) + 1, r["label"])
+    train, test = (_to_split(s, featurize, max_length) for s in sources)
+    return Task(name, train, test, BYTE_VOCAB, 2, max_length)
+
+  builder_class, config_class = BUILT_IN[name]
+  builder = builder_class(config=config_class(name=synthetic.config_name(options), **options),
+                          data_dir=data_dir, file_format="array_record")
+  builder.download_and_prepare()
+  sources = builder.as_data_source()
+  featurize = lambda r: (r["tokens"], r["label"])
+  max_length = builder.max_length()
+  return Task(name, _to_split(sources["train"], featurize, max_length),
+              _to_split(sources["test"], featurize, max_length),
+              builder.vocab_size(), builder.num_classes(), max_length)

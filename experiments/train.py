@@ -1,0 +1,213 @@
+"""Config-driven training of the attention_jax encoder classifier.
+
+  python -m experiments.train --config=configs/default.py --workdir=/tmp/run [--config.seed=1]
+
+``train_and_evaluate(config, workdir)`` is the importable entry (Colab calls it directly). A run
+writes config.json, metrics.jsonl, TensorBoard events and checkpoints to its workdir, and resumes
+from the latest checkpoint when started again with the same command.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tqdm
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import attention_jax as aj
+from experiments import checkpoints as checkpoints_lib
+from experiments import config_check
+from experiments import input_pipeline
+from experiments import logbook
+from experiments import optim
+from experiments import tasks
+
+
+class NonFiniteError(RuntimeError):
+  """A non-finite loss or gradient norm stopped the run."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: dict
+  opt_state: optax.OptState
+  rng: jax.Array  # raw uint32 key; the dropout key of a step is fold_in(rng, step)
+
+
+def encoder_config(config, task: tasks.Task) -> aj.EncoderConfig:
+  model = config.model
+  return aj.EncoderConfig(
+      vocab_size=task.vocab_size, d_model=model.d_model, num_heads=model.num_heads,
+      num_layers=model.num_layers, mlp_dim=model.mlp_dim, max_length=task.max_length,
+      positional_encoding=model.positional_encoding,
+      attention_scale=config_check.attention_scale(model.attention_scale),
+      dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
+      pre_layer_norm=model.pre_layer_norm, attention_impl=model.attention_impl or None,
+      pad_id=task.pad_id, num_classes=task.num_classes, pooling=model.pooling)
+
+
+def _cast(params, dtype):
+  return jax.tree.map(lambda p: p.astype(dtype), params)
+
+
+def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
+  """Per-example loss [B] and correctness [B] from logits [B, C] and labels [B]."""
+  targets = jax.nn.one_hot(labels, num_classes)
+  if label_smoothing:
+    targets = optax.smooth_labels(targets, label_smoothing)
+  loss = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
+  return loss, (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+
+
+def train_step(state, batch, *, model, tx, config, num_classes):
+  """One optimizer step: (state, batch) -> (state, metrics). Pure; jitted once."""
+  dropout_rng = jax.random.fold_in(state.rng, state.step)
+  dtype = jnp.dtype(config.compute_dtype)
+
+  def loss_fn(params):
+    logits = model.apply({"params": _cast(params, dtype)}, batch["tokens"],
+                         deterministic=False, rngs={"dropout": dropout_rng})
+    loss, correct = cross_entropy(logits, batch["labels"], num_classes, config.label_smoothing)
+    return jnp.mean(loss), jnp.mean(correct)
+
+  (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                            opt_state=opt_state)
+  return new_state, {"loss": loss, "accuracy": accuracy, "grad_norm": optax.global_norm(grads)}
+
+
+def eval_step(params, batch, *, model, config, num_classes):
+  """Sums of loss, correct predictions and weight over a (padded) batch."""
+  logits = model.apply({"params": _cast(params, jnp.dtype(config.compute_dtype))},
+                       batch["tokens"])
+  loss, correct = cross_entropy(logits, batch["labels"], num_classes)
+  weight = batch["weight"]
+  return {"loss": jnp.sum(loss * weight), "correct": jnp.sum(correct * weight),
+          "count": jnp.sum(weight)}
+
+
+def evaluate(eval_fn, params, split, batch_size, sharding) -> dict:
+  totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
+  for batch in input_pipeline.eval_batches(split, batch_size):
+    sums = jax.device_get(eval_fn(params, input_pipeline.shard(batch, sharding)))
+    totals = {name: totals[name] + float(sums[name]) for name in totals}
+  return {"eval_loss": totals["loss"] / totals["count"],
+          "eval_accuracy": totals["correct"] / totals["count"]}
+
+
+def initial_state(model, tx, task, config) -> TrainState:
+  rng = jax.random.PRNGKey(config.seed)
+  init_rng, dropout_rng = jax.random.split(rng)
+  tokens = jnp.zeros((1, task.max_length), jnp.int32)
+  params = model.init(init_rng, tokens)["params"]
+  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
+                    rng=dropout_rng)
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains and evaluates the model that ``config`` describes; returns the final eval metrics."""
+  config_check.validate(config, jax.device_count())
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))
+
+  task = tasks.load_task(config.task, dict(config.task_options), config.data_dir)
+  model = aj.SequenceClassifier(encoder_config(config, task))
+  tx, schedule = optim.optimizer(config)
+
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  replicated = NamedSharding(mesh, PartitionSpec())
+  data_sharding = NamedSharding(mesh, PartitionSpec("data"))
+  state = jax.device_put(initial_state(model, tx, task, config), replicated)
+  checkpoints = checkpoints_lib.Checkpoints(workdir, config.keep_checkpoints)
+  restored = checkpoints.restore(state)
+  state = state if restored is None else restored
+  start_step = int(state.step)
+
+  step_fn = jax.jit(functools.partial(train_step, model=model, tx=tx, config=config,
+                                      num_classes=task.num_classes),
+                    out_shardings=(replicated, replicated), donate_argnums=0)
+  eval_fn = jax.jit(functools.partial(eval_step, model=model, config=config,
+                                      num_classes=task.num_classes), out_shardings=replicated)
+  batches = input_pipeline.TrainBatches(task.train, config.batch_size, config.seed)
+  log = logbook.Logbook(workdir, resume_step=start_step)
+  tokens_per_step = config.batch_size * task.max_length
+  progress = tqdm.tqdm(total=config.num_train_steps, initial=start_step, mininterval=2.0,
+                       desc=os.path.basename(os.path.normpath(workdir)), file=sys.stdout)
+  last_saved, eval_metrics = checkpoints.latest_step(), {}
+  started = time.perf_counter()
+  for step in range(start_step + 1, config.num_train_steps + 1):
+    state, metrics = step_fn(state, input_pipeline.shard(batches.batch(step - 1), data_sharding))
+    metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
+    if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])):
+      log.close()
+      raise NonFiniteError(
+          f"non-finite loss ({metrics['loss']}) or gradient norm ({metrics['grad_norm']}) at "
+          f"step {step}; the last good checkpoint is step {last_saved}. Try a lower "
+          "learning_rate, grad_clip_norm > 0, or compute_dtype='float32'.")
+    progress.update(1)
+    if step % config.log_every_steps == 0 or step == config.num_train_steps:
+      throughput = tokens_per_step * (step - start_step) / (time.perf_counter() - started)
+      log.write(step, {**metrics, "learning_rate": float(schedule(step - 1))},
+                extra={"tokens_per_second": throughput})
+      progress.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}",
+                           tok_s=f"{throughput:.0f}", refresh=False)
+    if step % config.eval_every_steps == 0 or step == config.num_train_steps:
+      eval_metrics = evaluate(eval_fn, state.params, task.test, config.batch_size, data_sharding)
+      log.write(step, eval_metrics)
+      progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in
+                                                  eval_metrics.items()))
+    if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
+      checkpoints.save(step, state)
+      last_saved = step
+  progress.close()
+  checkpoints.close()
+  log.close()
+  if not eval_metrics:  # resumed a finished run
+    eval_metrics = evaluate(eval_fn, state.params, task.test, config.batch_size, data_sharding)
+  if config.attention_maps:
+    from experiments import attention_maps  # matplotlib only when maps are asked for
+    attention_maps.write(model, state.params, task, config.attention_maps,
+                         os.path.join(workdir, "attention_maps"))
+  print("final: " + json.dumps({"step": int(state.step), **eval_metrics}))
+  return eval_metrics
+
+
+def main():
+  from absl import app, flags, logging
+  from ml_collections import config_flags
+
+  config_flags.DEFINE_config_file("config", "configs/default.py", "Path to a config file.",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and figures.",
+                      required=True)
+  flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host).")
+
+  def run(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+    if flags.FLAGS.distributed:
+      jax.distributed.initialize()
+    try:
+      train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+    except config_check.ConfigError as error:
+      sys.exit(f"config error: {error}")
+    except NonFiniteError as error:
+      sys.exit(f"training stopped: {error}")
+
+  app.run(run)
+
+
+if __name__ == "__main__":
+  main()
