@@ -84,7 +84,7 @@ def train_step(state, batch, *, model, tx, config, num_classes):
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                             opt_state=opt_state)
-  return new_state, {"loss": loss, "accuracy": accuracy, "grad_norm": optax.global_norm(grads)}
+  return new_state, {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads)}
 
 
 def eval_step(params, batch, *, model, config, num_classes):

@@ -52,6 +52,12 @@ def task_options(name: str) -> dict:
           if field.name not in inherited}
 
 
+def byte_tokens(text) -> np.ndarray:
+  """UTF-8 bytes as tokens 1..256 (0 is padding), as in the LRA byte-level Text task."""
+  data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+  return np.frombuffer(data, np.uint8).astype(np.int32) + 1
+
+
 def _pad(sequences, max_length: int) -> np.ndarray:
   tokens = np.zeros((len(sequences), max_length), np.int32)
   for row, sequence in enumerate(sequences):
@@ -77,7 +83,7 @@ def load_task(name: str, options: dict | None = None, data_dir: str | None = Non
   if name in CATALOG:
     max_length = options["max_length"]
     sources = tfds.data_source(name, data_dir=data_dir, split=["train", "test"])
-    featurize = lambda r: (np.frombuffer(r["text"], np.uint8).astype(np.int32) + 1, r["label"])
+    featurize = lambda r: (byte_tokens(r["text"]), r["label"])
     train, test = (_to_split(s, featurize, max_length) for s in sources)
     return Task(name, train, test, BYTE_VOCAB, 2, max_length)
 
