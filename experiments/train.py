@@ -194,8 +194,11 @@ def main():
                       required=True)
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host).")
 
+  started = []
+
   def run(argv):
     del argv
+    started.append(True)
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     if flags.FLAGS.distributed:
       jax.distributed.initialize()
@@ -206,7 +209,14 @@ def main():
     except NonFiniteError as error:
       sys.exit(f"training stopped: {error}")
 
-  app.run(run)
+  try:
+    app.run(run)
+  except (AttributeError, KeyError) as error:
+    if started:  # a bug past flag parsing, not a config problem
+      raise
+    detail = " ".join(str(error).encode().decode("unicode_escape").replace("'", "").split())
+    sys.exit(f"config error: an --config override names a field the config does not have: "
+             f"{detail}")
 
 
 if __name__ == "__main__":

@@ -163,3 +163,14 @@ def test_non_finite_loss_stops_with_step_and_advice(data_dir, tmp_path):
                        num_train_steps=50)
   with pytest.raises(train.NonFiniteError, match=r"at step \d+; the last good checkpoint"):
     train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_train_step_is_traced_once_and_bfloat16_compute_trains(monkeypatch, data_dir, tmp_path):
+  import chex
+  chex.clear_trace_counter()
+  monkeypatch.setattr(train, "train_step", chex.assert_max_traces(train.train_step, n=1))
+  final = train.train_and_evaluate(tiny_config(data_dir, compute_dtype="bfloat16"),
+                                   str(tmp_path))
+  assert np.isfinite(final["eval_loss"])
+  losses = [line["loss"] for line in logbook.read(str(tmp_path)) if "loss" in line]
+  assert len(losses) == 8 and np.all(np.isfinite(losses))
