@@ -1,4 +1,4 @@
-"""Multi-query associative recall: 8 key-value pairs, 2 queried keys, label = sum of values mod 10.
+"""Multi-query associative recall: 8 key-value pairs, 2 keys queried at once, 4^2 = 16 classes.
 
   python -m experiments.train --config=configs/recall.py --workdir=workdir/recall
 
@@ -15,7 +15,8 @@ def get_config():
   config = default.get_config()
   config.task = "recall"
   config.task_options = ml_collections.ConfigDict({
-      "num_pairs": 8, "num_queries": 2, "num_keys": 16, "num_train": 20000, "num_test": 2000})
+      "num_pairs": 8, "num_queries": 2, "num_keys": 16, "num_values": 4, "num_train": 20000,
+      "num_test": 2000})
   config.model.num_layers = 2
   config.num_train_steps = 3000
   config.eval_every_steps = 500

@@ -29,7 +29,8 @@ def write(model, params, task, num_examples: int, directory: str) -> list[str]:
   paths = []
   for example in range(len(tokens)):
     length = int(np.sum(tokens[example] != task.pad_id)) + offset
-    labels = (["CLS"] if offset else []) + [str(t) for t in tokens[example][:length - offset]]
+    labels = (["CLS"] if offset else []) + [task.token_names[t]
+                                            for t in tokens[example][:length - offset]]
     layers, heads = len(weights), weights[0].shape[1]
     figure, axes = plt.subplots(layers, heads, figsize=(2.6 * heads, 2.6 * layers),
                                 squeeze=False)

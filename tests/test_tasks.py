@@ -29,13 +29,15 @@ def test_order_labels_follow_marker_order_and_bags_do_not_tell(data_dir):
   assert 0.4 < task.train.labels.mean() < 0.6
 
 
-def test_recall_label_is_the_sum_of_the_queried_values(data_dir):
-  task = tasks.load_task("recall", {**SMALL, "num_pairs": 4, "num_queries": 2}, data_dir)
+def test_recall_label_lists_the_queried_values(data_dir):
+  task = tasks.load_task("recall", {**SMALL, "num_pairs": 4, "num_queries": 2, "num_values": 3},
+                         data_dir)
+  assert task.num_classes == 9
   first_value = recall.FIRST_KEY + 16
   for tokens, label in zip(task.train.tokens, task.train.labels):
     pairs = dict(zip(tokens[0:8:2], tokens[1:8:2] - first_value))
     assert tokens[8] == recall.SEPARATOR
-    assert label == sum(pairs[q] for q in tokens[9:11]) % 10
+    assert label == 3 * pairs[tokens[9]] + pairs[tokens[10]]
 
 
 def _evaluate(tokens):
@@ -85,3 +87,10 @@ def test_imdb_reviews_byte_level_under_mock_data(tmp_path):
 def test_unknown_task_and_option():
   with pytest.raises(ValueError, match="unknown task 'sort'"):
     tasks.task_options("sort")
+
+
+@pytest.mark.parametrize("name", sorted(tasks.BUILT_IN))
+def test_every_token_id_has_a_name(name, data_dir):
+  task = tasks.load_task(name, SMALL, data_dir)
+  assert len(task.token_names) == task.vocab_size and task.token_names[0] == "<pad>"
+  assert task.train.tokens.max() < task.vocab_size

@@ -21,14 +21,19 @@ TINY = {
 }
 
 
+def set_field(config, field, value):
+  """config["a.b"] = value for a dotted field name; returns the group that holds the field."""
+  *parents, name = field.split(".")
+  for parent in parents:
+    config = config[parent]
+  config[name] = value
+  return config
+
+
 def tiny_config(data_dir, **overrides):
   config = config_check.default_config()
   for field, value in {**TINY, "data_dir": data_dir, **overrides}.items():
-    *parents, name = field.split(".")
-    node = config
-    for parent in parents:
-      node = node[parent]
-    node[name] = value
+    set_field(config, field, value)
   return config
 
 
@@ -132,12 +137,8 @@ def test_validation_in_process(field, value, message, data_dir):
   config = tiny_config(data_dir)
   if field.startswith("task_options."):
     config.task_options.unlock()
-  *parents, name = field.split(".")
-  node = config
-  for parent in parents:
-    node = node[parent]
-  with node.ignore_type():
-    node[name] = value
+  with config.ignore_type():
+    set_field(config, field, value)
   with pytest.raises(config_check.ConfigError, match=message):
     config_check.validate(config)
 

@@ -38,6 +38,7 @@ class Task:
   vocab_size: int
   num_classes: int
   max_length: int
+  token_names: tuple[str, ...]  # printable name of each token id
   pad_id: int = synthetic.PAD_ID
 
 
@@ -85,7 +86,8 @@ def load_task(name: str, options: dict | None = None, data_dir: str | None = Non
     sources = tfds.data_source(name, data_dir=data_dir, split=["train", "test"])
     featurize = lambda r: (byte_tokens(r["text"]), r["label"])
     train, test = (_to_split(s, featurize, max_length) for s in sources)
-    return Task(name, train, test, BYTE_VOCAB, 2, max_length)
+    names = ("<pad>",) + tuple(chr(b) if 32 < b < 127 else f"x{b:02x}" for b in range(256))
+    return Task(name, train, test, BYTE_VOCAB, 2, max_length, names)
 
   builder_class, config_class = BUILT_IN[name]
   builder = builder_class(config=config_class(name=synthetic.config_name(options), **options),
@@ -96,4 +98,5 @@ def load_task(name: str, options: dict | None = None, data_dir: str | None = Non
   max_length = builder.max_length()
   return Task(name, _to_split(sources["train"], featurize, max_length),
               _to_split(sources["test"], featurize, max_length),
-              builder.vocab_size(), builder.num_classes(), max_length)
+              builder.vocab_size(), builder.num_classes(), max_length,
+              tuple(builder.token_names()))

@@ -42,6 +42,9 @@ class ListOps(synthetic.SyntheticTask):
   def vocab_size(self):
     return len(VOCAB)
 
+  def token_names(self):
+    return list(VOCAB)
+
   def num_classes(self):
     return 10
 

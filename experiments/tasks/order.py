@@ -29,6 +29,9 @@ class Order(synthetic.SyntheticTask):
   def vocab_size(self):
     return FIRST_FILLER + self.options.num_fillers
 
+  def token_names(self):
+    return ["<pad>", "A", "B"] + [f"f{i}" for i in range(self.options.num_fillers)]
+
   def num_classes(self):
     return 2
 

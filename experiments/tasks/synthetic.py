@@ -41,6 +41,10 @@ class SyntheticTask(tfds.core.GeneratorBasedBuilder):
   def max_length(self) -> int:
     raise NotImplementedError
 
+  def token_names(self) -> list[str]:
+    """A printable name per token id, for attention maps."""
+    return ["<pad>"] + [str(i) for i in range(1, self.vocab_size())]
+
   def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
     """One example: tokens [length <= max_length] int32 without padding, and its label."""
     raise NotImplementedError
