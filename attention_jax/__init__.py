@@ -6,6 +6,7 @@ Depends only on jax, flax, chex and numpy.
 from attention_jax.attention import IMPLEMENTATIONS
 from attention_jax.attention import dot_product_attention
 from attention_jax.attention import select_implementation
+from attention_jax.chunked import chunked_attention
 from attention_jax.encoder import EncoderBlock
 from attention_jax.encoder import EncoderConfig
 from attention_jax.encoder import SequenceClassifier

@@ -10,22 +10,29 @@ import math
 import jax.numpy as jnp
 
 from attention_jax import _checks
+from attention_jax import chunked
 from attention_jax import reference
 from attention_jax import xla
 
 IMPLEMENTATIONS = ("reference", "xla", "chunked")
-_PLANNED = {"chunked": "blockwise attention is not implemented yet (see issue 5)"}
 
 
-def _unsupported_reason(name, query, key, value, *, dropout_rate, return_weights):
+def _unsupported_reason(name, query, key, value, *, dropout_rate, return_weights, scale=None):
   if name == "xla":
     return xla.unsupported_reason(query, key, value, dropout_rate=dropout_rate,
                                   return_weights=return_weights)
-  return _PLANNED.get(name)
+  if name == "chunked":
+    if dropout_rate > 0.0:
+      return "chunked attention has no attention dropout"
+    if return_weights:
+      return "chunked attention never forms the weights, so it cannot return them"
+    if scale is not None and not isinstance(scale, (int, float)):
+      return "chunked attention needs scale as a Python number, not an array"
+  return None
 
 
 def select_implementation(query, key, value, *, dropout_rate: float = 0.0,
-                          return_weights: bool = False,
+                          return_weights: bool = False, scale=None,
                           implementation: str | None = None) -> str:
   """The name of the implementation ``dot_product_attention`` runs for these arguments.
 
@@ -45,7 +52,7 @@ def select_implementation(query, key, value, *, dropout_rate: float = 0.0,
     raise ValueError(
         f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}.")
   reason = _unsupported_reason(implementation, query, key, value, dropout_rate=dropout_rate,
-                               return_weights=return_weights)
+                               return_weights=return_weights, scale=scale)
   if reason is not None:
     raise ValueError(
         f"implementation={implementation!r} cannot serve this call: {reason}; "
@@ -71,8 +78,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
     dropout_rate: attention dropout on the weights; needs ``dropout_rng``. 0 disables it.
     dropout_rng: a PRNG key for attention dropout.
     return_weights: also return the softmax weights [..., N, T, S] (float32, before dropout).
-    implementation: "reference", "xla", "chunked" or None (automatic, see
-      ``select_implementation``).
+    implementation: "reference" (the formula), "xla" (jax.nn.dot_product_attention), "chunked"
+      (blockwise, memory linear in T and S; block sizes via ``chunked_attention``) or None
+      (automatic, see ``select_implementation``).
 
   Returns:
     [..., T, N, H_v] in the dtype of ``query``; with ``return_weights`` a pair (output, weights).
@@ -100,11 +108,15 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   if dropout_rate > 0.0 and dropout_rng is None:
     raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key).")
   name = select_implementation(query, key, value, dropout_rate=dropout_rate,
-                               return_weights=return_weights, implementation=implementation)
+                               return_weights=return_weights, scale=scale,
+                               implementation=implementation)
 
   scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
   if name == "xla":
     return xla.xla_attention(query, key, value, bias, mask, scale=scale, is_causal=is_causal)
+  if name == "chunked":
+    return chunked.chunked_attention(query, key, value, bias, mask, scale=scale,
+                                     is_causal=is_causal)
   return reference.reference_attention(
       query, key, value, bias, mask, scale=scale, is_causal=is_causal,
       dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights)

@@ -3,7 +3,8 @@
   python -m experiments.train --config=configs/listops.py --workdir=workdir/listops
 
 Sequences up to 128 tokens and depth 6 (LRA uses 2000 tokens and depth 10; raise
---config.task_options.max_length for that). Result on the 2-core CPU: see RESULT below.
+--config.task_options.max_length for that). Not yet run to completion on the 2-core CPU; the
+Long Range Arena reports about 0.36-0.38 test accuracy for vanilla Transformers at length 2000.
 """
 
 import ml_collections

@@ -12,7 +12,16 @@ import attention_jax as aj
 import numpy_reference
 from conftest import assert_close
 
-IMPLEMENTATIONS = ["reference", "xla", None]
+IMPLEMENTATIONS = ["reference", "xla", "chunked", "chunked_small_blocks", None]
+
+
+def attention(*args, implementation=None, scale=None, **kwargs):
+  """dot_product_attention, or chunked attention with tiny blocks so that every path runs."""
+  if implementation == "chunked_small_blocks":
+    head_dim = args[0].shape[-1]
+    scale = head_dim ** -0.5 if scale is None else scale
+    return aj.chunked_attention(*args, scale=scale, block_q=4, block_k=3, **kwargs)
+  return aj.dot_product_attention(*args, scale=scale, implementation=implementation, **kwargs)
 
 
 def _random_case(seed, batch, q_len, kv_len, num_heads, num_kv_heads, head_dim,
@@ -72,8 +81,8 @@ def _run_case(name, implementation):
   d_output = np.random.default_rng(7).standard_normal(query.shape).astype(np.float32)
 
   def loss(q, k, v, b):
-    out = aj.dot_product_attention(q, k, v, b, mask, scale=scale, is_causal=is_causal,
-                                   implementation=implementation)
+    out = attention(q, k, v, b, mask, scale=scale, is_causal=is_causal,
+                    implementation=implementation)
     return jnp.sum(out * d_output), out
 
   grad_args = (0, 1, 2) if bias is None else (0, 1, 2, 3)
@@ -101,8 +110,7 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients(implementation):
   mask = np.ones((2, 2, 4, 5), bool)
   mask[0, 1, 2] = False  # one row of one head
   mask[1] = False  # a whole batch element
-  fn = lambda q, k, v: aj.dot_product_attention(q, k, v, mask=mask,
-                                                implementation=implementation)
+  fn = lambda q, k, v: attention(q, k, v, mask=mask, implementation=implementation)
   output = fn(query, key, value)
   np.testing.assert_array_equal(output[0, 2, 1], 0.0)
   np.testing.assert_array_equal(output[1], 0.0)
@@ -139,7 +147,7 @@ def test_value_dim_may_differ_only_where_supported(implementation):
     with pytest.raises(ValueError, match="value.shape == key.shape"):
       aj.dot_product_attention(query, key, value, implementation=implementation)
     return
-  output = aj.dot_product_attention(query, key, value, implementation=implementation)
+  output = attention(query, key, value, implementation=implementation)
   assert_close(output, numpy_reference.attention(query, key, value)[0])
 
 
@@ -147,7 +155,7 @@ def test_value_dim_may_differ_only_where_supported(implementation):
 def test_bfloat16_softmax_in_float32_and_output_dtype(implementation):
   query, key, value, _, _ = _random_case(2, (2,), 8, 8, 2, 2, 16)
   query, key, value = (jnp.asarray(x, jnp.bfloat16) for x in (query, key, value))
-  output = aj.dot_product_attention(query, key, value, implementation=implementation)
+  output = attention(query, key, value, implementation=implementation)
   assert output.dtype == jnp.bfloat16
   expected = numpy_reference.attention(*(np.asarray(x, np.float32)
                                          for x in (query, key, value)))[0]
@@ -180,6 +188,7 @@ def test_select_implementation_names_the_choice():
   assert aj.select_implementation(query, key, value, return_weights=True) == "reference"
   assert aj.select_implementation(query, key, value, dropout_rate=0.1) == "reference"
   assert aj.select_implementation(query, key, value, implementation="reference") == "reference"
+  assert aj.select_implementation(query, key, value, implementation="chunked") == "chunked"
 
 
 def test_jit_vmap_grad_compose_and_jit_traces_once():

@@ -32,7 +32,7 @@ def test_weight_rows_sum_to_one_or_zero_and_masked_keys_get_exactly_zero(query, 
 
 @SETTINGS
 @given(query=floats, key=floats, value=floats, mask=masks,
-       implementation=st.sampled_from(["reference", "xla"]))
+       implementation=st.sampled_from(["reference", "xla", "chunked"]))
 def test_output_is_a_convex_combination_of_the_values(query, key, value, mask, implementation):
   output = np.asarray(aj.dot_product_attention(query, key, value, mask=mask,
                                                implementation=implementation))
@@ -46,7 +46,7 @@ def test_output_is_a_convex_combination_of_the_values(query, key, value, mask, i
 
 @SETTINGS
 @given(magnitude=st.floats(1e3, 3e4), seed=st.integers(0, 2**16),
-       implementation=st.sampled_from(["reference", "xla"]))
+       implementation=st.sampled_from(["reference", "xla", "chunked"]))
 def test_bfloat16_huge_logits_with_unit_scale_stay_finite(magnitude, seed, implementation):
   rng = np.random.default_rng(seed)
   # q.k ~ magnitude: logits ~1e4 with scale=1, far beyond exp's float32 range.

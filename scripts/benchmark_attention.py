@@ -1,0 +1,154 @@
+"""Attention speed and memory: this project's implementations against jax.nn, flax and torch.
+
+  python scripts/benchmark_attention.py [--rounds 5] [--json out.json] [--long] [--shapes B,T,N,H ...]
+
+Forward and forward+backward (gradients of sum(out * cotangent) w.r.t. q, k, v), float32. Each
+round calls every method once per shape, in turn, so that drifts on a shared machine hit all of
+them alike; the table gives the median over rounds after a warm-up call, GFLOP/s (forward FLOPs
+4*B*N*T*S*H, forward+backward 3x that), XLA's peak temporary memory for the compiled JAX
+functions, and the time ratio against jax.nn.dot_product_attention. torch's
+scaled_dot_product_attention joins when torch is installed (it is not a dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import flax.linen as nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import attention_jax as aj  # noqa: E402
+
+SHAPES = [(8, 128, 8, 64), (4, 512, 8, 64), (1, 2048, 8, 64), (1, 4096, 8, 64), (1, 8192, 8, 64)]
+LONG_SHAPES = [(1, 32768, 8, 64), (1, 65536, 8, 64)]
+MEMORY_EFFICIENT = ("chunked", "torch_sdpa")
+
+
+def jax_methods():
+  ours = {name: (lambda q, k, v, name=name: aj.dot_product_attention(q, k, v, implementation=name))
+          for name in aj.IMPLEMENTATIONS}
+  ours["default"] = lambda q, k, v: aj.dot_product_attention(q, k, v)
+  return {**ours,
+          "jax.nn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v),
+          "flax.linen": lambda q, k, v: nn.dot_product_attention(q, k, v)}
+
+
+def jax_runner(fn, shape, backward):
+  """A zero-argument callable that runs fn once and blocks, plus XLA's temp memory in bytes."""
+  rng = np.random.default_rng(0)
+  q, k, v, cotangent = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in range(4))
+  if backward:
+    def loss(q, k, v):
+      return jnp.sum(fn(q, k, v) * cotangent)
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()
+  else:
+    compiled = jax.jit(fn).lower(q, k, v).compile()
+  memory = compiled.memory_analysis()
+  temp = getattr(memory, "temp_size_in_bytes", None) if memory is not None else None
+  return (lambda: jax.block_until_ready(compiled(q, k, v))), temp
+
+
+def torch_runner(shape, backward):
+  import torch
+  import torch.nn.functional as F
+  torch.manual_seed(0)
+  b, t, n, h = shape  # torch wants [B, N, T, H]
+  q, k, v = (torch.randn(b, n, t, h, requires_grad=backward) for _ in range(3))
+  cotangent = torch.randn(b, n, t, h)
+
+  def run():
+    out = F.scaled_dot_product_attention(q, k, v)
+    if backward:
+      torch.autograd.grad(out, (q, k, v), cotangent)
+  return run, None
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--long", action="store_true", help="add T = 32768 and 65536 (forward, "
+                      "memory-efficient methods only)")
+  parser.add_argument("--shapes", nargs="*", help="B,T,N,H tuples instead of the default rows")
+  parser.add_argument("--methods", nargs="*", help="a subset of the method names")
+  parser.add_argument("--json", help="write the measurements to this file")
+  args = parser.parse_args()
+
+  shapes = ([tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes
+            else list(SHAPES))
+  methods = {name: fn for name, fn in jax_methods().items()}
+  try:
+    import torch  # noqa: F401
+    methods["torch_sdpa"] = None
+    torch.set_num_threads(os.cpu_count())
+  except ImportError:
+    pass
+  if args.methods:
+    methods = {name: fn for name, fn in methods.items() if name in args.methods}
+
+  cases = [(shape, backward) for shape in shapes for backward in (False, True)]
+  if args.long:
+    cases += [(shape, False) for shape in LONG_SHAPES]
+  results = []
+  for shape, backward in cases:
+    long_row = shape in LONG_SHAPES
+    runners = {}
+    for name, fn in methods.items():
+      if (long_row and name not in MEMORY_EFFICIENT) or (name == "reference" and shape[1] > 8192):
+        continue
+      try:
+        runners[name] = (torch_runner(shape, backward) if fn is None
+                         else jax_runner(fn, shape, backward))
+        runners[name][0]()  # warm-up
+      except Exception as error:  # an implementation that cannot run this size is reported
+        results.append({"shape": shape, "backward": backward, "method": name,
+                        "error": f"{type(error).__name__}: {str(error)[:120]}"})
+        runners.pop(name, None)
+    times = {name: [] for name in runners}
+    for _ in range(args.rounds):
+      for name, (run, _) in runners.items():
+        started = time.perf_counter()
+        run()
+        times[name].append(time.perf_counter() - started)
+    b, t, n, h = shape
+    flops = 4 * b * n * t * t * h * (3 if backward else 1)
+    baseline = statistics.median(times["jax.nn"]) if "jax.nn" in times else None
+    for name, (_, temp) in runners.items():
+      median = statistics.median(times[name])
+      results.append({"shape": shape, "backward": backward, "method": name, "median_s": median,
+                      "gflops": flops / median / 1e9, "temp_bytes": temp,
+                      "time_vs_jax_nn": median / baseline if baseline else None})
+    print_rows([r for r in results if r["shape"] == shape and r["backward"] == backward])
+
+  machine = {"platform": platform.platform(), "processor": platform.processor(),
+             "cpus": os.cpu_count(), "jax": jax.__version__, "device": str(jax.devices()[0]),
+             "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", "")}
+  print(json.dumps(machine))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"machine": machine, "rounds": args.rounds, "results": results}, f, indent=1)
+
+
+def print_rows(rows):
+  for row in rows:
+    b, t, n, h = row["shape"]
+    label = f"({b}, {t}, {n}, {h}) {'fwd+bwd' if row['backward'] else 'fwd':7}"
+    if "error" in row:
+      print(f"{label} {row['method']:>11}  failed: {row['error']}")
+      continue
+    temp = "" if row["temp_bytes"] is None else f"{row['temp_bytes'] / 2**20:9.1f} MiB"
+    ratio = "" if row["time_vs_jax_nn"] is None else f"{row['time_vs_jax_nn']:6.2f}x"
+    print(f"{label} {row['method']:>11} {row['median_s'] * 1e3:10.2f} ms "
+          f"{row['gflops']:7.1f} GFLOP/s {ratio:>8} {temp:>13}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
