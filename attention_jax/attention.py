@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 
 from attention_jax import _checks
@@ -17,7 +18,7 @@ from attention_jax import xla
 IMPLEMENTATIONS = ("reference", "xla", "chunked")
 
 
-def _unsupported_reason(name, query, key, value, *, dropout_rate, return_weights, scale=None):
+def _unsupported_reason(name, query, key, value, *, dropout_rate, return_weights):
   if name == "xla":
     return xla.unsupported_reason(query, key, value, dropout_rate=dropout_rate,
                                   return_weights=return_weights)
@@ -26,25 +27,39 @@ def _unsupported_reason(name, query, key, value, *, dropout_rate, return_weights
       return "chunked attention has no attention dropout"
     if return_weights:
       return "chunked attention never forms the weights, so it cannot return them"
-    if scale is not None and not isinstance(scale, (int, float)):
-      return "chunked attention needs scale as a Python number, not an array"
   return None
 
 
+# On CPU, blockwise attention beats jax.nn from about this length on, forward and backward
+# (scripts/benchmark_attention.py, 2-core CPU, 2026-11-22: at T = 1024 forward 0.38x and
+# forward+backward 0.79x the time of jax.nn; at T = 512 forward+backward was 1.18x, so not there).
+CHUNKED_MIN_LENGTH_CPU = 1024
+
+
+def _automatic_order(query, key) -> tuple[str, ...]:
+  """Implementations to try, fastest first, for this backend and shape."""
+  longest = max(query.shape[-3], key.shape[-3])
+  if jax.default_backend() == "cpu" and longest >= CHUNKED_MIN_LENGTH_CPU:
+    return ("chunked", "reference")
+  return ("xla", "reference")
+
+
 def select_implementation(query, key, value, *, dropout_rate: float = 0.0,
-                          return_weights: bool = False, scale=None,
+                          return_weights: bool = False,
                           implementation: str | None = None) -> str:
   """The name of the implementation ``dot_product_attention`` runs for these arguments.
 
-  ``implementation=None`` picks "xla" (jax.nn.dot_product_attention) when it can serve the request
-  and "reference" otherwise (attention dropout, returned weights, value head dim != key head dim).
-  A named implementation that cannot serve the request raises ``ValueError``.
+  ``implementation=None`` picks, among the implementations that can serve the request: on CPU,
+  "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU and "xla" (jax.nn.dot_product_attention)
+  below; elsewhere "xla"; and "reference" when the others cannot (attention dropout, returned
+  weights, or for "xla" a value head dim that differs from the key's). A named implementation
+  that cannot serve the request raises ``ValueError``.
 
   >>> select_implementation(q, k, v, return_weights=True)
   'reference'
   """
   if implementation is None:
-    for name in ("xla", "reference"):
+    for name in _automatic_order(query, key):
       if _unsupported_reason(name, query, key, value, dropout_rate=dropout_rate,
                              return_weights=return_weights) is None:
         return name
@@ -52,7 +67,7 @@ def select_implementation(query, key, value, *, dropout_rate: float = 0.0,
     raise ValueError(
         f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}.")
   reason = _unsupported_reason(implementation, query, key, value, dropout_rate=dropout_rate,
-                               return_weights=return_weights, scale=scale)
+                               return_weights=return_weights)
   if reason is not None:
     raise ValueError(
         f"implementation={implementation!r} cannot serve this call: {reason}; "
@@ -108,8 +123,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   if dropout_rate > 0.0 and dropout_rng is None:
     raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key).")
   name = select_implementation(query, key, value, dropout_rate=dropout_rate,
-                               return_weights=return_weights, scale=scale,
-                               implementation=implementation)
+                               return_weights=return_weights, implementation=implementation)
 
   scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
   if name == "xla":

@@ -4,9 +4,9 @@ Neither direction materialises the T x S matrix: the forward pass walks key bloc
 row max m, row sum l and output accumulator, and keeps only the log-sum-exp per query row; the
 backward pass (a custom VJP) recomputes each block's probabilities from it:
 
-  P_ij = exp(Q_i K_j^T * scale + bias_ij - lse_i)
+  P_ij = exp(Q_i K_j^T + bias_ij - lse_i)          (Q already multiplied by the scale)
   dV_j += P_ij^T dO_i,   dP_ij = dO_i V_j^T,   dS_ij = P_ij * (dP_ij - rowsum(dO_i * O_i))
-  dQ_i += scale * dS_ij K_j,   dK_j += scale * dS_ij^T Q_i,   dbias_ij = dS_ij
+  dQ_i += dS_ij K_j,   dK_j += dS_ij^T Q_i,   dbias_ij = dS_ij
 
 Internally tensors are head-major, [B, N, L, H], B the flattened batch dims. Memory is linear in
 T and S (plus the mask and bias, at whatever size the caller gives them).
@@ -77,7 +77,10 @@ class _Blocks:
     return array
 
   def allowed(self, mask, i, j, is_causal):
-    """Boolean [.., bq or 1, bk] of keys a query block may attend to in key block j."""
+    """Boolean [.., bq or 1, bk] of keys a query block may attend to in key block j; None when
+    every key may be attended to (no mask, not causal, no padded keys)."""
+    if mask is None and not is_causal and self.kv_len % self.block_k == 0:
+      return None
     key_index = j * self.block_k + jnp.arange(self.block_k)
     allowed = (key_index < self.kv_len)[None, None, None, :]  # padded keys never
     if is_causal:
@@ -94,13 +97,14 @@ class _Blocks:
     return jnp.minimum(last_query // self.block_k + 1, self.num_k)
 
 
-def _logits(q_block, k_block, bias_block, scale, dtype):
+def _logits(q_block, k_block, bias_block, allowed, dtype):
+  """Q_i K_j^T + bias_ij, -inf where not allowed: [B, N, bq, bk]."""
   logits = jnp.einsum("bnqh,bnkh->bnqk", q_block, k_block, preferred_element_type=dtype)
-  logits = logits * scale
-  return logits if bias_block is None else logits + bias_block
+  logits = logits if bias_block is None else logits + bias_block
+  return logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
 
 
-def _forward(q, k, v, bias, mask, scale, is_causal, geometry):
+def _forward(q, k, v, bias, mask, is_causal, geometry):
   """q [B, N, Tp, H], k [B, N, Sp, H], v [B, N, Sp, Hv] -> out [B, N, Tp, Hv], lse [B, N, Tp]."""
   dtype = reference.compute_dtype(q.dtype)
   g = geometry
@@ -113,8 +117,8 @@ def _forward(q, k, v, bias, mask, scale, is_causal, geometry):
       row_max, row_sum, acc = carry
       k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k, axis=2)
       v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k, axis=2)
-      logits = _logits(q_block, k_block, g.cut(bias, i, j), scale, dtype)
-      logits = jnp.where(g.allowed(mask, i, j, is_causal), logits, -jnp.inf)
+      logits = _logits(q_block, k_block, g.cut(bias, i, j), g.allowed(mask, i, j, is_causal),
+                       dtype)
       new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))
       safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
       correction = jnp.exp(row_max - safe_max)  # 0 while the row had nothing
@@ -139,12 +143,7 @@ def _forward(q, k, v, bias, mask, scale, is_causal, geometry):
   return out.astype(q.dtype), lse
 
 
-def _probs(q_block, k_block, bias_block, allowed, lse_block, scale, dtype):
-  logits = _logits(q_block, k_block, bias_block, scale, dtype)
-  return jnp.where(allowed, jnp.exp(logits - lse_block[..., None]), 0.0)
-
-
-def _backward(q, k, v, bias, mask, scale, is_causal, geometry, out, lse, d_out):
+def _backward(q, k, v, bias, mask, is_causal, geometry, out, lse, d_out):
   dtype = reference.compute_dtype(q.dtype)
   g = geometry
   delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # rowsum(dO * O) [B, N, Tp]
@@ -157,50 +156,42 @@ def _backward(q, k, v, bias, mask, scale, is_causal, geometry, out, lse, d_out):
     do_block = lax.dynamic_slice_in_dim(d_out, i * g.block_q, g.block_q, axis=2)
     lse_block = lax.dynamic_slice_in_dim(lse, i * g.block_q, g.block_q, axis=2)
     delta_block = lax.dynamic_slice_in_dim(delta, i * g.block_q, g.block_q, axis=2)
-    probs = _probs(q_block, k_block, g.cut(bias, i, j), g.allowed(mask, i, j, is_causal),
-                   lse_block, scale, dtype)
+    logits = _logits(q_block, k_block, g.cut(bias, i, j), g.allowed(mask, i, j, is_causal),
+                     dtype)
+    probs = jnp.exp(logits - lse_block[..., None])  # 0 where masked, and on empty rows
     d_probs = jnp.einsum("bnqh,bnkh->bnqk", do_block, v_block, preferred_element_type=dtype)
     d_logits = probs * (d_probs - delta_block[..., None])
     return q_block, k_block, do_block, probs, d_logits
 
-  # dQ (and dbias): query blocks outside, key blocks inside.
-  def dq_block(i, d_bias):
-    def key_step(j, carry):
-      d_q, d_bias = carry
-      _, k_block, _, _, d_logits = block_grads(i, j)
-      d_q = d_q + scale * jnp.einsum("bnqk,bnkh->bnqh", d_logits.astype(k.dtype), k_block,
-                                     preferred_element_type=dtype)
-      if d_bias is not None:
-        d_bias = _accumulate_bias(d_bias, d_logits, i, j, g)
-      return d_q, d_bias
-    d_q = jnp.zeros(q.shape[:2] + (g.block_q, q.shape[3]), dtype)
-    return lax.fori_loop(0, g.key_blocks(i, is_causal), key_step, (d_q, d_bias))
-
-  d_bias = None if bias is None else jnp.zeros(bias.shape, dtype)
-
-  def dq_scan(d_bias, i):
-    d_q, d_bias = dq_block(i, d_bias)
-    return d_bias, d_q
-  d_bias, d_q_blocks = lax.scan(dq_scan, d_bias, jnp.arange(g.num_q))
-  d_q = jnp.moveaxis(d_q_blocks, 0, 2).reshape(q.shape)
-
-  # dK, dV: key blocks outside, query blocks inside (from the first that can see the block).
-  def dkv_block(j):
-    def query_step(i, carry):
-      d_k, d_v = carry
-      q_block, _, do_block, probs, d_logits = block_grads(i, j)
+  # One pass: key blocks outside (dK_j, dV_j accumulate locally), query blocks inside (dQ_i and
+  # dbias accumulate in place in carried buffers), so each P_ij is computed once.
+  def key_block(carry, j):
+    def query_step(i, inner):
+      d_k, d_v, d_q, d_bias = inner
+      q_block, k_block, do_block, probs, d_logits = block_grads(i, j)
       d_v = d_v + jnp.einsum("bnqk,bnqh->bnkh", probs.astype(do_block.dtype), do_block,
                              preferred_element_type=dtype)
-      d_k = d_k + scale * jnp.einsum("bnqk,bnqh->bnkh", d_logits.astype(q.dtype), q_block,
-                                     preferred_element_type=dtype)
-      return d_k, d_v
-    first = (j * g.block_k) // g.block_q if is_causal else 0
-    init = (jnp.zeros(k.shape[:2] + (g.block_k, k.shape[3]), dtype),
-            jnp.zeros(v.shape[:2] + (g.block_k, v.shape[3]), dtype))
-    return lax.fori_loop(first, g.num_q, query_step, init)
+      d_k = d_k + jnp.einsum("bnqk,bnqh->bnkh", d_logits.astype(q.dtype), q_block,
+                             preferred_element_type=dtype)
+      d_q_block = lax.dynamic_slice_in_dim(d_q, i * g.block_q, g.block_q, axis=2)
+      d_q_block = d_q_block + jnp.einsum(
+          "bnqk,bnkh->bnqh", d_logits.astype(k.dtype), k_block, preferred_element_type=dtype)
+      d_q = lax.dynamic_update_slice_in_dim(d_q, d_q_block, i * g.block_q, axis=2)
+      if d_bias is not None:
+        d_bias = _accumulate_bias(d_bias, d_logits, i, j, g)
+      return d_k, d_v, d_q, d_bias
 
-  d_k, d_v = lax.map(dkv_block, jnp.arange(g.num_k))
-  d_k = jnp.moveaxis(d_k, 0, 2).reshape(k.shape)
+    d_q, d_bias = carry
+    first = (j * g.block_k) // g.block_q if is_causal else 0  # the first block that sees j
+    init = (jnp.zeros(k.shape[:2] + (g.block_k, k.shape[3]), dtype),
+            jnp.zeros(v.shape[:2] + (g.block_k, v.shape[3]), dtype), d_q, d_bias)
+    d_k, d_v, d_q, d_bias = lax.fori_loop(first, g.num_q, query_step, init)
+    return (d_q, d_bias), (d_k, d_v)
+
+  d_bias = None if bias is None else jnp.zeros(bias.shape, dtype)
+  (d_q, d_bias), (d_k, d_v) = lax.scan(key_block, (jnp.zeros(q.shape, dtype), d_bias),
+                                       jnp.arange(g.num_k))
+  d_k = jnp.moveaxis(d_k, 0, 2).reshape(k.shape)  # [K blocks, B, N, bk, H] -> [B, N, Sp, H]
   d_v = jnp.moveaxis(d_v, 0, 2).reshape(v.shape)
   return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias
 
@@ -215,20 +206,19 @@ def _accumulate_bias(d_bias, d_logits, i, j, g):
   return lax.dynamic_update_slice(d_bias, current + block.astype(d_bias.dtype), start)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _attention(q, k, v, bias, mask, scale, is_causal, geometry):
-  return _forward(q, k, v, bias, mask, scale, is_causal, geometry)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attention(q, k, v, bias, mask, is_causal, geometry):
+  return _forward(q, k, v, bias, mask, is_causal, geometry)[0]
 
 
-def _attention_fwd(q, k, v, bias, mask, scale, is_causal, geometry):
-  out, lse = _forward(q, k, v, bias, mask, scale, is_causal, geometry)
+def _attention_fwd(q, k, v, bias, mask, is_causal, geometry):
+  out, lse = _forward(q, k, v, bias, mask, is_causal, geometry)
   return out, (q, k, v, bias, mask, out, lse)
 
 
-def _attention_bwd(scale, is_causal, geometry, residuals, d_out):
+def _attention_bwd(is_causal, geometry, residuals, d_out):
   q, k, v, bias, mask, out, lse = residuals
-  d_q, d_k, d_v, d_bias = _backward(q, k, v, bias, mask, scale, is_causal, geometry, out, lse,
-                                    d_out)
+  d_q, d_k, d_v, d_bias = _backward(q, k, v, bias, mask, is_causal, geometry, out, lse, d_out)
   return d_q, d_k, d_v, d_bias, None
 
 
@@ -251,7 +241,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
 
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> [..., T, N, H_v]. Blocks of
   ``block_q`` queries and ``block_k`` keys (default 512, at most the padded length). Inputs are
-  assumed validated; ``scale`` must be a Python number.
+  assumed validated.
 
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256)
   """
@@ -264,11 +254,10 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
     x = jnp.reshape(x, (-1,) + x.shape[-3:]).transpose(0, 2, 1, 3)
     return _pad_axis(x, 2, length)
 
-  q = head_major(query, padded_q)
+  q = head_major(query * jnp.asarray(scale, query.dtype), padded_q)  # autodiff applies the scale
   k = head_major(reference.repeat_kv_heads(key, num_heads), padded_k)
   v = head_major(reference.repeat_kv_heads(value, num_heads), padded_k)
   pad_logits = lambda x: _pad_axis(_pad_axis(_to_4d(x, batch_shape), 2, padded_q), 3, padded_k)
-  out = _attention(q, k, v, pad_logits(bias), pad_logits(mask), float(scale), bool(is_causal),
-                   geometry)  # [B, N, T_padded, H_v]
+  out = _attention(q, k, v, pad_logits(bias), pad_logits(mask), bool(is_causal), geometry)  # [B, N, T_padded, H_v]
   out = out[:, :, :q_len].transpose(0, 2, 1, 3)  # [B, T, N, H_v]
   return jnp.reshape(out, batch_shape + out.shape[1:])

@@ -189,6 +189,9 @@ def test_select_implementation_names_the_choice():
   assert aj.select_implementation(query, key, value, dropout_rate=0.1) == "reference"
   assert aj.select_implementation(query, key, value, implementation="reference") == "reference"
   assert aj.select_implementation(query, key, value, implementation="chunked") == "chunked"
+  long_query = jnp.zeros((1, aj.attention.CHUNKED_MIN_LENGTH_CPU, 2, 8))
+  assert aj.select_implementation(long_query, key, value) == "chunked"  # this suite runs on CPU
+  assert aj.select_implementation(long_query, key, value, return_weights=True) == "reference"
 
 
 def test_jit_vmap_grad_compose_and_jit_traces_once():
@@ -207,3 +210,21 @@ def test_jit_vmap_grad_compose_and_jit_traces_once():
   grads = grad_fn(query, key, value)
   expected, _, cache = numpy_reference.attention(query, key, value, is_causal=True)
   assert_close(grads, numpy_reference.attention_vjp(cache, 2 * expected)[0], 1e-5)
+
+
+def test_long_sequences_default_to_chunked_with_several_blocks_and_stay_exact():
+  q_len = aj.attention.CHUNKED_MIN_LENGTH_CPU + 40  # three query and key blocks of 512
+  query, key, value, _, _ = _random_case(9, (1,), q_len, q_len, 2, 1, 16)
+  mask = np.ones((1, 1, 1, q_len), bool)
+  mask[..., -100:] = False  # padded keys at the end
+  d_output = np.random.default_rng(1).standard_normal(query.shape).astype(np.float32)
+  assert aj.select_implementation(query, key, value) == "chunked"
+  loss = lambda q, k, v: jnp.sum(aj.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+                                 * d_output)
+  output = aj.dot_product_attention(query, key, value, mask=mask, is_causal=True)
+  grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(query, key, value)
+  expected, _, cache = numpy_reference.attention(query, key, value, mask=mask, is_causal=True)
+  assert np.abs(expected).max() > 0.1
+  assert_close(output, expected, 1e-5)
+  for grad, expected_grad in zip(grads, numpy_reference.attention_vjp(cache, d_output)):
+    assert_close(grad, expected_grad, 1e-5)
