@@ -30,10 +30,11 @@ def _unsupported_reason(name, query, key, value, *, dropout_rate, return_weights
   return None
 
 
-# On CPU, blockwise attention beats jax.nn from about this length on, forward and backward
-# (scripts/benchmark_attention.py, 2-core CPU, 2026-11-22: at T = 1024 forward 0.38x and
-# forward+backward 0.79x the time of jax.nn; at T = 512 forward+backward was 1.18x, so not there).
-CHUNKED_MIN_LENGTH_CPU = 1024
+# On CPU, blockwise attention beats jax.nn from about this length on, forward and backward.
+# Measured on the 2-core CPU (2026-11-22, medians of 3 interleaved runs, B*T = 2048..4096, 8 heads
+# of 64), time relative to jax.nn forward / forward+backward: T = 128: 0.9 / 2.3; T = 256:
+# 0.56 / 1.07; T = 512: 0.50 / 0.75; T = 1024: 0.35 / 0.71; T = 4096: 0.34 / 0.61.
+CHUNKED_MIN_LENGTH_CPU = 512
 
 
 def _automatic_order(query, key) -> tuple[str, ...]:

@@ -258,6 +258,24 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   k = head_major(reference.repeat_kv_heads(key, num_heads), padded_k)
   v = head_major(reference.repeat_kv_heads(value, num_heads), padded_k)
   pad_logits = lambda x: _pad_axis(_pad_axis(_to_4d(x, batch_shape), 2, padded_q), 3, padded_k)
-  out = _attention(q, k, v, pad_logits(bias), pad_logits(mask), bool(is_causal), geometry)  # [B, N, T_padded, H_v]
+  bias, mask = pad_logits(bias), pad_logits(mask)  # [B or 1, N or 1, T or 1, S or 1]
+  batch = q.shape[0]
+
+  def one_head(inputs):
+    """One (batch, head) at a time keeps each block's [bq, bk] arrays in cache."""
+    q_head, k_head, v_head, index = inputs  # [L_padded, H] each
+    b, n = index // num_heads, index % num_heads
+    def pick(x):  # this head's [1, 1, T or 1, S or 1] slice of a mask or bias
+      if x is None:
+        return None
+      x = lax.dynamic_index_in_dim(x, b if x.shape[0] > 1 else 0, 0)
+      return lax.dynamic_index_in_dim(x, n if x.shape[1] > 1 else 0, 1)
+    out = _attention(q_head[None, None], k_head[None, None], v_head[None, None], pick(bias),
+                     pick(mask), bool(is_causal), geometry)
+    return out[0, 0]  # [T_padded, H_v]
+
+  flat = lambda x: jnp.reshape(x, (batch * num_heads,) + x.shape[2:])  # [B * N, L, H]
+  out = lax.map(one_head, (flat(q), flat(k), flat(v), jnp.arange(batch * num_heads)))
+  out = jnp.reshape(out, (batch, num_heads) + out.shape[1:])  # [B, N, T_padded, H_v]
   out = out[:, :, :q_len].transpose(0, 2, 1, 3)  # [B, T, N, H_v]
   return jnp.reshape(out, batch_shape + out.shape[1:])
