@@ -8,8 +8,9 @@ backward pass (a custom VJP) recomputes each block's probabilities from it:
   dV_j += P_ij^T dO_i,   dP_ij = dO_i V_j^T,   dS_ij = P_ij * (dP_ij - rowsum(dO_i * O_i))
   dQ_i += dS_ij K_j,   dK_j += dS_ij^T Q_i,   dbias_ij = dS_ij
 
-Internally tensors are head-major, [B, N, L, H], B the flattened batch dims. Memory is linear in
-T and S (plus the mask and bias, at whatever size the caller gives them).
+Internally tensors are head-major, [B, N, L, H] with B the flattened batch dims, and one
+(batch, head) pair is processed at a time so that each block's [bq, bk] arrays stay in cache.
+Memory is linear in T and S (plus the mask and bias, at whatever size the caller gives them).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from attention_jax import masks as masks_lib
 from attention_jax import reference
 
 DEFAULT_BLOCK = 512
@@ -33,17 +35,6 @@ def _round_up(length: int, block: int) -> int:
 def _block_size(length: int, requested: int | None) -> int:
   block = requested or DEFAULT_BLOCK
   return min(block, _round_up(length, 8))
-
-
-def _to_4d(array, batch_shape):
-  """[..., N', T', S'] broadcastable to [*batch, N, T, S] -> [B or 1, N', T', S'] (no T x S copy)."""
-  if array is None:
-    return None
-  array = jnp.reshape(array, (1,) * (len(batch_shape) + 3 - array.ndim) + array.shape)
-  if all(dim == 1 for dim in array.shape[:-3]):
-    return jnp.reshape(array, (1,) + array.shape[-3:])
-  array = jnp.broadcast_to(array, tuple(batch_shape) + array.shape[-3:])
-  return jnp.reshape(array, (-1,) + array.shape[-3:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,8 +248,10 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   q = head_major(query * jnp.asarray(scale, query.dtype), padded_q)  # autodiff applies the scale
   k = head_major(reference.repeat_kv_heads(key, num_heads), padded_k)
   v = head_major(reference.repeat_kv_heads(value, num_heads), padded_k)
-  pad_logits = lambda x: _pad_axis(_pad_axis(_to_4d(x, batch_shape), 2, padded_q), 3, padded_k)
-  bias, mask = pad_logits(bias), pad_logits(mask)  # [B or 1, N or 1, T or 1, S or 1]
+  def pad_logits(x):  # a mask or bias -> [B or 1, N or 1, T_padded or 1, S_padded or 1]
+    return _pad_axis(_pad_axis(masks_lib.flatten_batch(x, batch_shape), 2, padded_q), 3, padded_k)
+
+  bias, mask = pad_logits(bias), pad_logits(mask)
   batch = q.shape[0]
 
   def one_head(inputs):

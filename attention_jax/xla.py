@@ -25,17 +25,6 @@ def unsupported_reason(query, key, value, *, dropout_rate: float,
   return None
 
 
-def _to_4d(array, batch_shape):
-  """[..., N', T', S'] broadcastable to [*batch, N, T, S] -> [B or 1, N', T', S']."""
-  if array is None:
-    return None
-  array = jnp.reshape(array, (1,) * (len(batch_shape) + 3 - array.ndim) + array.shape)
-  if all(dim == 1 for dim in array.shape[:-3]):
-    return jnp.reshape(array, (1,) + array.shape[-3:])
-  array = jnp.broadcast_to(array, tuple(batch_shape) + array.shape[-3:])
-  return jnp.reshape(array, (-1,) + array.shape[-3:])
-
-
 def xla_attention(query, key, value, bias=None, mask=None, *, scale: float,
                   is_causal: bool = False):
   """jax.nn.dot_product_attention with any leading batch dims and zeros for empty rows.
@@ -52,7 +41,8 @@ def xla_attention(query, key, value, bias=None, mask=None, *, scale: float,
   flat = lambda x: jnp.reshape(x, (-1,) + x.shape[-3:])  # [..., L, N, H] -> [B, L, N, H]
   output = jax.nn.dot_product_attention(
       flat(query), flat(key), flat(value),
-      bias=_to_4d(bias, batch_shape), mask=_to_4d(mask, batch_shape),
+      bias=masks_lib.flatten_batch(bias, batch_shape),
+      mask=masks_lib.flatten_batch(mask, batch_shape),
       scale=scale, is_causal=is_causal, implementation="xla")
   output = jnp.reshape(output, query.shape)
 

@@ -1,6 +1,6 @@
 """Attention speed and memory: this project's implementations against jax.nn, flax and torch.
 
-  python scripts/benchmark_attention.py [--rounds 5] [--json out.json] [--long] [--shapes B,T,N,H ...]
+  python scripts/benchmark_attention.py [--rounds 5] [--json FILE] [--long] [--shapes B,T,N,H ...]
 
 Forward and forward+backward (gradients of sum(out * cotangent) w.r.t. q, k, v), float32. Each
 round calls every method once per shape, in turn, so that drifts on a shared machine hit all of

@@ -1,4 +1,4 @@
-"""Multi-head attention: against flax.linen and a per-head NumPy reference; scale, weights, hooks."""
+"""Multi-head attention vs flax.linen and a per-head NumPy reference; scale, weights, hooks."""
 
 import flax.linen as nn
 import jax
