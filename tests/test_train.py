@@ -175,3 +175,11 @@ def test_train_step_is_traced_once_and_bfloat16_compute_trains(monkeypatch, data
   assert np.isfinite(final["eval_loss"])
   losses = [line["loss"] for line in logbook.read(str(tmp_path)) if "loss" in line]
   assert len(losses) == 8 and np.all(np.isfinite(losses))
+
+
+def test_a_single_step_run_trains_evaluates_and_checkpoints(data_dir, tmp_path):
+  final = train.train_and_evaluate(tiny_config(data_dir, num_train_steps=1), str(tmp_path))
+  lines = logbook.read(str(tmp_path))
+  assert [line["step"] for line in lines] == [1, 1]
+  assert lines[1]["eval_accuracy"] == final["eval_accuracy"]
+  assert os.listdir(tmp_path / "checkpoints") == ["1"]
