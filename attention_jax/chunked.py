@@ -25,16 +25,18 @@ from jax import lax
 from attention_jax import masks as masks_lib
 from attention_jax import reference
 
-DEFAULT_BLOCK = 512
+# Query and key block sizes; on the 2-core CPU (512, 256) ran forward+backward 13-15% faster than
+# (512, 512) at T = 2048 and 4096, and smaller blocks lose to loop overhead.
+DEFAULT_BLOCK_Q = 512
+DEFAULT_BLOCK_K = 256
 
 
 def _round_up(length: int, block: int) -> int:
   return -(-length // block) * block
 
 
-def _block_size(length: int, requested: int | None) -> int:
-  block = requested or DEFAULT_BLOCK
-  return min(block, _round_up(length, 8))
+def _block_size(length: int, requested: int | None, default: int) -> int:
+  return min(requested or default, _round_up(length, 8))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +49,8 @@ class _Blocks:
 
   @classmethod
   def create(cls, q_len, kv_len, block_q=None, block_k=None):
-    return cls(q_len, kv_len, _block_size(q_len, block_q), _block_size(kv_len, block_k))
+    return cls(q_len, kv_len, _block_size(q_len, block_q, DEFAULT_BLOCK_Q),
+               _block_size(kv_len, block_k, DEFAULT_BLOCK_K))
 
   @property
   def num_q(self):
@@ -231,7 +234,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   """Memory-efficient attention, blockwise in both directions; same contract as the reference.
 
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> [..., T, N, H_v]. Blocks of
-  ``block_q`` queries and ``block_k`` keys (default 512, at most the padded length). Inputs are
+  ``block_q`` queries and ``block_k`` keys (default 512 and 256, at most the padded length). Inputs are
   assumed validated.
 
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256)

@@ -213,7 +213,7 @@ def test_jit_vmap_grad_compose_and_jit_traces_once():
 
 
 def test_long_sequences_default_to_chunked_with_several_blocks_and_stay_exact():
-  q_len = 1064  # three query and key blocks of 512
+  q_len = 1064  # several query and key blocks (3 x 512 queries, 5 x 256 keys)
   query, key, value, _, _ = _random_case(9, (1,), q_len, q_len, 2, 1, 16)
   mask = np.ones((1, 1, 1, q_len), bool)
   mask[..., -100:] = False  # padded keys at the end
