@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -43,6 +44,10 @@ class EncoderConfig:
   pad_id: int = 0                       # token id of padding
   num_classes: int = 2                  # classifier only
   pooling: str = "cls"                  # classifier only: "cls" token or masked "mean"
+  # The self-attention module class; None = MultiHeadAttention. Another class must take the same
+  # constructor fields (num_heads, scale, dropout_rate, implementation, qk_transform) and call
+  # signature (x, mask=, bias=, deterministic=), e.g. a wrapper of flax's attention.
+  attention_module: Any = None
 
   def __post_init__(self):
     multihead.head_dim_of(self.d_model, self.num_heads)
@@ -84,7 +89,8 @@ class EncoderBlock(nn.Module):
   @nn.compact
   def __call__(self, x, mask, attention_bias, deterministic: bool):
     cfg = self.config
-    attention = multihead.MultiHeadAttention(
+    attention_module = cfg.attention_module or multihead.MultiHeadAttention
+    attention = attention_module(
         num_heads=cfg.num_heads, scale=cfg.attention_scale,
         dropout_rate=cfg.attention_dropout_rate, implementation=cfg.attention_impl,
         qk_transform=self.encoding.rotate, name="attention")

@@ -103,3 +103,26 @@ def test_post_layer_norm_outputs_are_normalised_and_pre_layer_norm_has_a_final_n
   config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, pre_layer_norm=True)
   params = aj.TransformerEncoder(config).init(jax.random.key(0), TOKENS)["params"]
   assert "final_norm" in params
+
+
+def test_the_attention_module_can_be_swapped():
+  import flax.linen as nn
+
+  class Silent(nn.Module):  # same constructor fields and call signature, attends to nothing
+    num_heads: int
+    scale: object = "inv_sqrt"
+    dropout_rate: float = 0.0
+    implementation: object = None
+    qk_transform: object = None
+
+    def __call__(self, x, *, mask=None, bias=None, deterministic=True):
+      return jnp.zeros_like(x)
+
+  config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, num_layers=1,
+                            positional_encoding="none", attention_module=Silent)
+  model = aj.TransformerEncoder(config)
+  variables = model.init(jax.random.key(0), TOKENS)
+  assert "attention" not in variables["params"]["block_0"]
+  # Without attention (and position) every token is processed alone: equal tokens, equal rows.
+  out = model.apply(variables, jnp.array([[3, 3, 5]]))
+  np.testing.assert_allclose(out[0, 0], out[0, 1], atol=1e-6)
