@@ -31,8 +31,7 @@ def xla_attention(query, key, value, bias=None, mask=None, *, scale: float,
 
   query [..., T, N, H], key/value [..., S, K, H] -> [..., T, N, H]. Inputs are assumed validated.
   """
-  batch_shape, (q_len, num_heads, _) = query.shape[:-3], query.shape[-3:]
-  kv_len = key.shape[-3]
+  batch_shape, q_len, kv_len = query.shape[:-3], query.shape[-3], key.shape[-3]
   if bias is not None:  # a -inf bias means "do not attend": move it into the mask.
     attendable = bias > -jnp.inf
     mask = masks_lib.combine_masks(mask, attendable)
