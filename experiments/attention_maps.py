@@ -17,7 +17,7 @@ def attention_weights(model, params, tokens):
   _, state = model.apply({"params": params}, tokens, mutable="intermediates")
   blocks = state["intermediates"]["encoder"]
   return [blocks[f"block_{i}"]["attention"]["attention_weights"][0]
-          for i in range(len([k for k in blocks if k.startswith("block_")]))]
+          for i in range(model.config.num_layers)]
 
 
 def write(model, params, task, num_examples: int, directory: str) -> list[str]:

@@ -94,3 +94,8 @@ def test_every_token_id_has_a_name(name, data_dir):
   task = tasks.load_task(name, SMALL, data_dir)
   assert len(task.token_names) == task.vocab_size and task.token_names[0] == "<pad>"
   assert task.train.tokens.max() < task.vocab_size
+
+
+def test_recall_rejects_impossible_options(tmp_path):
+  with pytest.raises(ValueError, match="num_queries <= num_pairs <= num_keys"):
+    tasks.load_task("recall", {**SMALL, "num_pairs": 20, "num_keys": 16}, str(tmp_path))

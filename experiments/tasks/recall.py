@@ -46,11 +46,14 @@ class Recall(synthetic.SyntheticTask):
   def max_length(self):
     return 2 * self.options.num_pairs + 1 + self.options.num_queries
 
-  def sample(self, rng):
+  def check_options(self):
     opts = self.options
     if not opts.num_queries <= opts.num_pairs <= opts.num_keys:
       raise ValueError("recall needs num_queries <= num_pairs <= num_keys, got "
                        f"{opts.num_queries}, {opts.num_pairs}, {opts.num_keys}.")
+
+  def sample(self, rng):
+    opts = self.options
     keys = rng.choice(opts.num_keys, size=opts.num_pairs, replace=False) + FIRST_KEY
     values = rng.integers(opts.num_values, size=opts.num_pairs)
     queried = rng.choice(opts.num_pairs, size=opts.num_queries, replace=False)

@@ -45,6 +45,9 @@ class SyntheticTask(tfds.core.GeneratorBasedBuilder):
     """A printable name per token id, for attention maps."""
     return ["<pad>"] + [str(i) for i in range(1, self.vocab_size())]
 
+  def check_options(self) -> None:
+    """Raises ValueError for options that cannot generate examples; called once per split."""
+
   def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
     """One example: tokens [length <= max_length] int32 without padding, and its label."""
     raise NotImplementedError
@@ -68,6 +71,7 @@ class SyntheticTask(tfds.core.GeneratorBasedBuilder):
             "test": self._generate_examples(1, self.options.num_test)}
 
   def _generate_examples(self, split_index: int, num_examples: int):
+    self.check_options()
     rng = np.random.default_rng([self.options.seed, split_index])
     for index in range(num_examples):
       tokens, label = self.sample(rng)
