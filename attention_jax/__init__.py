@@ -3,6 +3,7 @@
 Depends only on jax, flax, chex and numpy.
 """
 
+from attention_jax import diagnostics
 from attention_jax.attention import IMPLEMENTATIONS
 from attention_jax.attention import dot_product_attention
 from attention_jax.attention import select_implementation
@@ -19,6 +20,7 @@ from attention_jax.masks import tokens_to_valid
 from attention_jax.multihead import SCALES
 from attention_jax.multihead import MultiHeadAttention
 from attention_jax.multihead import multi_head_attention
+from attention_jax.multihead import multi_head_attention_logits
 from attention_jax.multihead import multi_head_attention_weights
 from attention_jax.multihead import resolve_scale
 from attention_jax.positional import POSITIONAL_ENCODINGS

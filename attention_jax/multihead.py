@@ -131,6 +131,19 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
   return (output, weights) if return_weights else output
 
 
+def multi_head_attention_logits(params, inputs_q, inputs_kv=None, *, bias=None,
+                                scale: float | str = "inv_sqrt",
+                                qk_transform: Callable | None = None):
+  """The logits Q K^T * scale + bias [..., N, T, S] that the softmax of each head sees.
+
+  >>> multi_head_attention_logits(params, x).shape  # x [B, T, D_in], 8 heads -> (B, 8, T, T)
+  """
+  query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
+                                          qk_transform=qk_transform)
+  logits = reference.attention_logits(query, key, scale=scale)  # [..., N, T, S]
+  return logits if bias is None else logits + bias
+
+
 def multi_head_attention_weights(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
                                  scale: float | str = "inv_sqrt", is_causal: bool = False,
                                  qk_transform: Callable | None = None):
@@ -138,23 +151,33 @@ def multi_head_attention_weights(params, inputs_q, inputs_kv=None, *, mask=None,
 
   >>> multi_head_attention_weights(params, x).shape  # x [B, T, D_in], 8 heads -> (B, 8, T, T)
   """
-  query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
-                                          qk_transform=qk_transform)
-  return reference.attention_weights(query, key, bias, mask, scale=scale, is_causal=is_causal)
+  logits = multi_head_attention_logits(params, inputs_q, inputs_kv, bias=bias, scale=scale,
+                                       qk_transform=qk_transform)
+  return reference.logits_to_weights(logits, mask, is_causal=is_causal)
 
 
 class _Weights(nn.Module):
-  """Holds one projection's kernel (and bias) and hands them back as a dict."""
+  """Holds one projection's kernel (and bias) and hands them back as a dict.
+
+  The kernel is drawn as the matrix [prod(input dims), prod(output dims)] and reshaped, as
+  ``flax.linen.DenseGeneral`` does, so fan-in and fan-out (and the initial scale of q . k) do not
+  depend on how the output is split into heads.
+  """
   kernel_shape: tuple[int, ...]
+  input_dims: int  # how many leading kernel dims are contracted with the input
   bias_shape: tuple[int, ...]
   use_bias: bool
   kernel_init: Callable
   bias_init: Callable
   param_dtype: Any
 
+  def _init_kernel(self, rng, shape, dtype):
+    matrix = (math.prod(shape[:self.input_dims]), math.prod(shape[self.input_dims:]))
+    return jnp.reshape(self.kernel_init(rng, matrix, dtype), shape)
+
   @nn.compact
   def __call__(self):
-    weights = {"kernel": self.param("kernel", self.kernel_init, self.kernel_shape,
+    weights = {"kernel": self.param("kernel", self._init_kernel, self.kernel_shape,
                                     self.param_dtype)}
     if self.use_bias:
       weights["bias"] = self.param("bias", self.bias_init, self.bias_shape, self.param_dtype)
@@ -175,8 +198,9 @@ class MultiHeadAttention(nn.Module):
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
     qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings.
 
-  When the "intermediates" collection is mutable, the attention weights [..., N, T, S] are sown
-  there as "attention_weights", computed beside the output so the output does not change.
+  When the "intermediates" collection is mutable, the logits and the weights [..., N, T, S] are
+  sown there as "attention_logits" and "attention_weights", computed beside the output so the
+  output does not change.
 
   >>> layer = MultiHeadAttention(num_heads=8, d_model=256)  # embed 128 -> 8 heads of d_k = 32
   >>> variables = layer.init(jax.random.key(0), x)  # x: [B, T, 128]
@@ -195,9 +219,9 @@ class MultiHeadAttention(nn.Module):
   bias_init: Callable = nn.initializers.zeros_init()
   param_dtype: Any = jnp.float32
 
-  def _weights(self, name, kernel_shape, bias_shape):
-    return _Weights(kernel_shape, bias_shape, self.use_bias, self.kernel_init, self.bias_init,
-                    self.param_dtype, name=name)()
+  def _weights(self, name, kernel_shape, bias_shape, input_dims=1):
+    return _Weights(kernel_shape, input_dims, bias_shape, self.use_bias, self.kernel_init,
+                    self.bias_init, self.param_dtype, name=name)()
 
   def _parameters(self, d_in: int, head_dim: int):
     heads = (self.num_heads, head_dim)
@@ -207,7 +231,7 @@ class MultiHeadAttention(nn.Module):
     else:
       params = {name: self._weights(name, (d_in,) + heads, heads)
                 for name in ("query", "key", "value")}
-    params["out"] = self._weights("out", heads + (d_out,), (d_out,))
+    params["out"] = self._weights("out", heads + (d_out,), (d_out,), input_dims=2)
     if self.scale == "learned":
       params["temperature"] = self.param(
           "temperature", nn.initializers.constant(resolve_scale("learned", head_dim)),
@@ -228,8 +252,9 @@ class MultiHeadAttention(nn.Module):
         is_causal=is_causal, qk_transform=self.qk_transform, dropout_rate=dropout_rate,
         dropout_rng=dropout_rng, implementation=self.implementation)
     if self.is_mutable_collection("intermediates"):
+      logits = multi_head_attention_logits(params, inputs_q, inputs_kv, bias=bias,
+                                           scale=self.scale, qk_transform=self.qk_transform)
+      self.sow("intermediates", "attention_logits", logits)
       self.sow("intermediates", "attention_weights",
-               multi_head_attention_weights(params, inputs_q, inputs_kv, mask=mask, bias=bias,
-                             scale=self.scale, is_causal=is_causal,
-                             qk_transform=self.qk_transform))
+               reference.logits_to_weights(logits, mask, is_causal=is_causal))
     return output

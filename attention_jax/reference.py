@@ -67,6 +67,11 @@ def attention_weights(query, key, bias=None, mask=None, *, scale: float,
   logits = attention_logits(query, key, scale=scale)  # [..., N, T, S]
   if bias is not None:
     logits = logits + bias
+  return logits_to_weights(logits, mask, is_causal=is_causal)
+
+
+def logits_to_weights(logits, mask=None, *, is_causal: bool = False):
+  """The masked (and optionally causal) softmax of logits [..., N, T, S] -> weights, same shape."""
   if is_causal:
     mask = masks_lib.combine_masks(mask, masks_lib.causal_mask(*logits.shape[-2:]))
   return masked_softmax(logits, mask)

@@ -21,6 +21,7 @@ def get_config():
   config.model.num_heads = 4               # must divide d_model; head_dim = d_model / num_heads
   config.model.num_layers = 2              # encoder blocks
   config.model.mlp_dim = 256               # hidden width of the position-wise feed-forward
+  config.model.max_length = 0             # positions the model supports; 0 = the task's length
   config.model.positional_encoding = "sinusoidal"  # none | sinusoidal | learned | rope | alibi
   config.model.attention_scale = "inv_sqrt"  # inv_sqrt | none | inv | learned, or a number
   config.model.attention_impl = ""         # "" = automatic; or reference | xla

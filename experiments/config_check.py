@@ -93,6 +93,7 @@ def validate(config, num_devices: int = 1) -> None:
     if value <= 0:
       raise ConfigError(f"{field} must be positive, got {value}.")
   for field, value in (("warmup_steps", config.warmup_steps),
+                       ("model.max_length", model.max_length),
                        ("weight_decay", config.weight_decay),
                        ("grad_clip_norm", config.grad_clip_norm),
                        ("attention_maps", config.attention_maps)):

@@ -15,6 +15,7 @@ from tensorboardX import SummaryWriter
 class Logbook:
 
   def __init__(self, workdir: str, resume_step: int = 0):
+    os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
     kept = []
     if os.path.exists(self.path):

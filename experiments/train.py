@@ -48,7 +48,8 @@ def encoder_config(config, task: tasks.Task) -> aj.EncoderConfig:
   model = config.model
   return aj.EncoderConfig(
       vocab_size=task.vocab_size, d_model=model.d_model, num_heads=model.num_heads,
-      num_layers=model.num_layers, mlp_dim=model.mlp_dim, max_length=task.max_length,
+      num_layers=model.num_layers, mlp_dim=model.mlp_dim,
+      max_length=max(model.max_length, task.max_length),
       positional_encoding=model.positional_encoding,
       attention_scale=config_check.attention_scale(model.attention_scale),
       dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
@@ -97,17 +98,21 @@ def eval_step(params, batch, *, model, config, num_classes):
           "count": jnp.sum(weight)}
 
 
-def evaluate(eval_fn, params, split, batch_size, sharding) -> dict:
+def evaluate(eval_fn, params, split, batch_size, sharding=None, prefix="eval") -> dict:
+  """Mean loss and accuracy over a split; arrays [S] when ``eval_fn`` is vmapped over S seeds."""
   totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
   for batch in input_pipeline.eval_batches(split, batch_size):
-    sums = jax.device_get(eval_fn(params, input_pipeline.shard(batch, sharding)))
-    totals = {name: totals[name] + float(sums[name]) for name in totals}
-  return {"eval_loss": totals["loss"] / totals["count"],
-          "eval_accuracy": totals["correct"] / totals["count"]}
+    batch = input_pipeline.shard(batch, sharding) if sharding is not None else batch
+    sums = jax.device_get(eval_fn(params, batch))
+    totals = {name: totals[name] + np.asarray(sums[name], np.float64) for name in totals}
+  metrics = {f"{prefix}_loss": totals["loss"] / totals["count"],
+             f"{prefix}_accuracy": totals["correct"] / totals["count"]}
+  return {name: value.tolist() for name, value in metrics.items()}  # floats or lists
 
 
-def initial_state(model, tx, task, config) -> TrainState:
-  rng = jax.random.PRNGKey(config.seed)
+def initial_state(model, tx, task, seed) -> TrainState:
+  """The step-0 state of seed ``seed`` (an int, or a traced one under vmap)."""
+  rng = jax.random.PRNGKey(seed)
   init_rng, dropout_rng = jax.random.split(rng)
   tokens = jnp.zeros((1, task.max_length), jnp.int32)
   params = model.init(init_rng, tokens)["params"]
@@ -129,7 +134,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   mesh = Mesh(np.array(jax.devices()), ("data",))
   replicated = NamedSharding(mesh, PartitionSpec())
   data_sharding = NamedSharding(mesh, PartitionSpec("data"))
-  state = jax.device_put(initial_state(model, tx, task, config), replicated)
+  state = jax.device_put(initial_state(model, tx, task, config.seed), replicated)
   checkpoints = checkpoints_lib.Checkpoints(workdir, config.keep_checkpoints)
   restored = checkpoints.restore(state)
   state = state if restored is None else restored

@@ -102,6 +102,18 @@ def test_sown_weights_leave_the_output_bit_identical():
     _, returned = aj.multi_head_attention(variables["params"], x, mask=mask,
                                           return_weights=True)
     assert_close(weights, returned, 1e-6)
+    (logits,) = state["intermediates"]["attention_logits"]  # what the softmax saw
+    assert_close(jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), -1), weights, 1e-6)
+
+
+@pytest.mark.parametrize("num_heads", [1, 4, 16])
+def test_initialisation_equals_flax_for_any_head_count(num_heads):
+  """Kernels are drawn as [D_in, N*H] matrices like flax's DenseGeneral, so the initial scale of
+  q . k does not shrink as the heads get more numerous (fan-in is D_in, not N * D_in)."""
+  x = _inputs(5, (2, 5, 64))
+  ours = aj.MultiHeadAttention(num_heads=num_heads).init(jax.random.key(3), x)["params"]
+  theirs = nn.MultiHeadDotProductAttention(num_heads=num_heads).init(jax.random.key(3), x)
+  jax.tree.map(np.testing.assert_array_equal, ours, theirs["params"])
 
 
 def test_attention_dropout_uses_the_dropout_rng():

@@ -1,0 +1,44 @@
+"""Heads ablation: num_heads in {1, 2, 4, 8, 16, 32} at d_model = 64 (d_k = 64 .. 2).
+
+  python -m experiments.sweep --config=configs/ablations/heads.py --workdir=workdir/ablations/heads
+  python -m experiments.sweep --config=configs/ablations/heads.py:quick --workdir=/tmp/heads
+
+Task: `order` (is marker A before marker B?) with a one-layer encoder that reads out through its
+CLS token. The CLS token has to find both markers in a single attention layer. One head can only
+return a weighted average of A's and B's vectors, and an even-weighted average is the same
+whichever marker comes first, so a single head cannot state the order cleanly; two heads can
+each fetch one marker. The question is row (A) of Vaswani et al. (2017) Table 3: are several
+heads better than one at the same width, and do too many (d_k = 2) hurt?
+
+Expected runtime of the full sweep (6 variants x 3 seeds): about 6 minutes on 2 CPU cores.
+Result: see the README's Results section (filled from the run of this config).
+"""
+
+import ml_collections
+
+from configs import default
+
+
+def get_config(mode=None):
+  quick = mode == "quick"
+  train = default.get_config()
+  train.model.d_model = 64
+  train.model.mlp_dim = 128
+  train.model.num_layers = 1
+  train.num_train_steps = 60 if quick else 600
+  train.eval_every_steps = 30 if quick else 100
+  train.checkpoint_every_steps = train.eval_every_steps
+  train.warmup_steps = 10 if quick else 100
+  train.attention_maps = 0
+  if quick:
+    train.task_options.num_train = 2000
+    train.task_options.num_test = 256
+
+  sweep = ml_collections.ConfigDict()
+  sweep.train = train
+  sweep.num_seeds = 2 if quick else 3
+  sweep.vmap_seeds = True  # seeds of a variant train in one vmapped program
+  sweep.extra_evals = ml_collections.ConfigDict()
+  sweep.variants = tuple((f"heads_{n}", {"model": {"num_heads": n}})
+                         for n in (1, 2, 4, 8, 16, 32))
+  return sweep

@@ -1,0 +1,79 @@
+"""Looking inside a classifier: attention statistics per head, gradients reaching W_Q and W_K, and
+head importance (the accuracy lost when one head is switched off at evaluation).
+
+The statistics are those the arguments about attention are made of: the variance of the logits
+the softmax sees, the softmax entropy and largest weight, the mean attention distance, and how
+often a query's own key has the largest logit (the "diagonal fallacy").
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import attention_jax as aj
+from experiments import train as train_lib
+
+STATISTICS = ("logit_variance", "entropy", "max_weight", "distance", "diagonal_max")
+
+
+def capture(model, params, tokens):
+  """Per-layer logits and weights [L][B, N, T', T'] and the valid pairs [B, 1, T', T']."""
+  _, state = model.apply({"params": params}, tokens, mutable="intermediates")
+  blocks = state["intermediates"]["encoder"]
+  layers = [blocks[f"block_{i}"]["attention"] for i in range(model.config.num_layers)]
+  logits = [layer["attention_logits"][0] for layer in layers]
+  weights = [layer["attention_weights"][0] for layer in layers]
+  valid = aj.tokens_to_valid(tokens, model.config.pad_id)  # [B, T]
+  extra = logits[0].shape[-1] - tokens.shape[-1]  # 1 with a CLS token
+  valid = jnp.concatenate([jnp.ones(valid.shape[:-1] + (extra,), bool), valid], axis=-1)
+  pairs = (valid[:, :, None] & valid[:, None, :])[:, None]  # [B, 1, T', T']
+  return logits, weights, pairs
+
+
+def head_statistics(model, params, tokens) -> dict:
+  """Each statistic per layer and head, {name: [L, N]}."""
+  logits, weights, pairs = capture(model, params, tokens)
+  per_layer = [aj.diagnostics.head_statistics(l, w, pairs) for l, w in zip(logits, weights)]
+  return {name: jnp.stack([layer[name] for layer in per_layer]) for name in STATISTICS}
+
+
+def _projection_grad_norm(grads, name):
+  leaves = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(grads)
+            if any(getattr(entry, "key", None) == name for entry in path)]
+  return jnp.sqrt(sum(jnp.sum(leaf ** 2) for leaf in leaves))
+
+
+def summary(model, params, tokens, labels, num_classes) -> dict:
+  """Scalars for a sweep's table: each statistic averaged over layers and heads, and the norms of
+  the loss gradient reaching the query and key projections (all layers), on one batch."""
+  def loss_fn(params):
+    logits = model.apply({"params": params}, tokens)
+    return jnp.mean(train_lib.cross_entropy(logits, labels, num_classes)[0])
+  grads = jax.grad(loss_fn)(params)
+  stats = {name: jnp.mean(value) for name, value in head_statistics(model, params, tokens).items()}
+  return {**stats, "query_grad_norm": _projection_grad_norm(grads, "query"),
+          "key_grad_norm": _projection_grad_norm(grads, "key")}
+
+
+def without_head(params, layer: int, head: int):
+  """Parameters with head ``head`` of layer ``layer`` switched off: its rows of W_O set to zero,
+  so Concat(head_1..head_N) W_O no longer sees it."""
+  attention = params["encoder"][f"block_{layer}"]["attention"]
+  kernel = attention["out"]["kernel"].at[head].set(0.0)  # [N, H, D]
+  attention = {**attention, "out": {**attention["out"], "kernel": kernel}}
+  block = {**params["encoder"][f"block_{layer}"], "attention": attention}
+  return {**params, "encoder": {**params["encoder"], f"block_{layer}": block}}
+
+
+def head_importance(model, params, split, config, num_classes) -> np.ndarray:
+  """Accuracy drop [L, N] on ``split`` when each head alone is switched off (config: the run's)."""
+  eval_fn = jax.jit(lambda p, batch: train_lib.eval_step(
+      p, batch, model=model, config=config, num_classes=num_classes))
+  def accuracy(p):
+    return train_lib.evaluate(eval_fn, p, split, config.batch_size)["eval_accuracy"]
+  baseline = accuracy(params)
+  return np.array([[baseline - accuracy(without_head(params, layer, head))
+                    for head in range(model.config.num_heads)]
+                   for layer in range(model.config.num_layers)])
