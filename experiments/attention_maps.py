@@ -11,13 +11,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from experiments import probes  # noqa: E402
+
 
 def attention_weights(model, params, tokens):
   """Per-layer weights [L][B, N, T', T'] captured from the model's "intermediates"."""
-  _, state = model.apply({"params": params}, tokens, mutable="intermediates")
-  blocks = state["intermediates"]["encoder"]
-  return [blocks[f"block_{i}"]["attention"]["attention_weights"][0]
-          for i in range(model.config.num_layers)]
+  return probes.capture(model, params, tokens)[1]
 
 
 def write(model, params, task, num_examples: int, directory: str) -> list[str]:

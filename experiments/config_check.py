@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import attention_jax as aj
 from experiments import tasks
@@ -107,3 +108,23 @@ def validate(config, num_devices: int = 1) -> None:
   if config.batch_size % num_devices:
     raise ConfigError(f"batch_size={config.batch_size} must be divisible by the "
                       f"{num_devices} devices; use a multiple of {num_devices}.")
+
+
+def run_app(run) -> None:
+  """absl's app.run(run), with a one-line error when a --config override names a field the
+  config does not have (config_flags raises AttributeError or KeyError while parsing flags)."""
+  from absl import app
+  started = []
+
+  def tracked(argv):
+    started.append(True)
+    run(argv)
+
+  try:
+    app.run(tracked)
+  except (AttributeError, KeyError) as error:
+    if started:  # a bug past flag parsing, not a config problem
+      raise
+    detail = " ".join(str(error).encode().decode("unicode_escape").replace("'", "").split())
+    sys.exit(f"config error: an --config override names a field the config does not have: "
+             f"{detail}")

@@ -2,6 +2,7 @@
 
   python -m experiments.sweep --config=configs/ablations/heads.py --workdir=workdir/heads
   python -m experiments.sweep --config=configs/ablations/heads.py:quick --workdir=/tmp/heads
+  python -m experiments.sweep --config=... --workdir=... --variants=heads_1,heads_4  # a subset
 
 A sweep config (see configs/ablations/) holds ``train`` (a training config), ``variants`` (a tuple
 of (name, overrides of ``train`` as a nested dict) pairs, run in that order), ``num_seeds``,
@@ -63,11 +64,18 @@ def train_variant(sweep, config, directory: str) -> dict:
   return merged
 
 
-def run_sweep(sweep, workdir: str) -> list[dict]:
-  """Runs (or resumes) every variant; returns one record per variant as saved in result.json."""
+def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
+  """Runs (or resumes) every variant, or those named in ``only``; returns one record per variant
+  as saved in its result.json."""
   check(sweep)
+  unknown = sorted(set(only or ()) - {name for name, _ in sweep.variants})
+  if unknown:
+    raise config_check.ConfigError(f"no variants named {unknown}; this sweep has "
+                                   f"{[name for name, _ in sweep.variants]}.")
   records = []
   for name, overrides in sweep.variants:
+    if only and name not in only:
+      continue
     directory = os.path.join(workdir, "variants", name)
     path = os.path.join(directory, "result.json")
     if os.path.exists(path):
@@ -96,12 +104,13 @@ def run_sweep(sweep, workdir: str) -> list[dict]:
 
 
 def main():
-  from absl import app, flags, logging
+  from absl import flags, logging
   from ml_collections import config_flags
 
   config_flags.DEFINE_config_file("config", None, "Path to a sweep config (configs/ablations/).",
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "Directory for the runs, tables and plots.", required=True)
+  flags.DEFINE_list("variants", None, "Run only these variants (default: all).")
 
   def run(argv):
     del argv
@@ -109,7 +118,7 @@ def main():
     from experiments import sweep_report  # matplotlib only here
     workdir = flags.FLAGS.workdir
     try:
-      records = run_sweep(flags.FLAGS.config, workdir)
+      records = run_sweep(flags.FLAGS.config, workdir, flags.FLAGS.variants)
     except config_check.ConfigError as error:
       sys.exit(f"config error: {error}")
     paths = sweep_report.write(records, workdir)
@@ -120,7 +129,7 @@ def main():
       sys.exit(f"[sweep] {len(failed)} variant(s) failed: {failed}; see "
                f"{workdir}/variants/<name>/error.txt and run the same command again to retry.")
 
-  app.run(run)
+  config_check.run_app(run)
 
 
 if __name__ == "__main__":

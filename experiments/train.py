@@ -190,7 +190,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 
 def main():
-  from absl import app, flags, logging
+  from absl import flags, logging
   from ml_collections import config_flags
 
   config_flags.DEFINE_config_file("config", "configs/default.py", "Path to a config file.",
@@ -199,11 +199,8 @@ def main():
                       required=True)
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host).")
 
-  started = []
-
   def run(argv):
     del argv
-    started.append(True)
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     if flags.FLAGS.distributed:
       jax.distributed.initialize()
@@ -214,14 +211,7 @@ def main():
     except NonFiniteError as error:
       sys.exit(f"training stopped: {error}")
 
-  try:
-    app.run(run)
-  except (AttributeError, KeyError) as error:
-    if started:  # a bug past flag parsing, not a config problem
-      raise
-    detail = " ".join(str(error).encode().decode("unicode_escape").replace("'", "").split())
-    sys.exit(f"config error: an --config override names a field the config does not have: "
-             f"{detail}")
+  config_check.run_app(run)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
   python scripts/benchmark_attention.py [--rounds 5] [--json FILE] [--long] [--shapes B,T,N,H ...]
 
 Forward and forward+backward (gradients of sum(out * cotangent) w.r.t. q, k, v), float32. Each
-round calls every method once per shape, in turn, so that drifts on a shared machine hit all of
-them alike; the table gives the median over rounds after a warm-up call, GFLOP/s (forward FLOPs
+round calls every method once per shape, in an order shuffled per round, so that drifts on a
+shared machine and the after-effects of one method on the next hit all of them alike; the table gives the median over rounds after a warm-up call, GFLOP/s (forward FLOPs
 4*B*N*T*S*H, forward+backward 3x that), XLA's peak temporary memory for the compiled JAX
 functions, and the time ratio against jax.nn.dot_product_attention. torch's
 scaled_dot_product_attention joins when torch is installed (it is not a dependency).
@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -113,8 +114,12 @@ def main():
                         "error": f"{type(error).__name__}: {str(error)[:120]}"})
         runners.pop(name, None)
     times = {name: [] for name in runners}
+    order = random.Random(0)
     for _ in range(args.rounds):
-      for name, (run, _) in runners.items():
+      names = list(runners)
+      order.shuffle(names)  # a fresh order each round, so no method always follows another
+      for name in names:
+        run = runners[name][0]
         started = time.perf_counter()
         run()
         times[name].append(time.perf_counter() - started)

@@ -37,3 +37,9 @@ def test_every_public_function_and_class_documents_an_example():
     if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
       continue
     assert ">>>" in (obj.__doc__ or ""), f"attention_jax.{name} has no example in its docstring"
+
+
+def test_api_reference_is_current():
+  result = subprocess.run([sys.executable, "scripts/api_reference.py", "--check"], cwd=ROOT,
+                          capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr

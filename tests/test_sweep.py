@@ -138,3 +138,17 @@ def test_quick_sweep_from_the_command_line(data_dir, tmp_path):
     assert len(list(csv.DictReader(f))) == 5 * 2
   again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
   assert again.stdout.count("finished earlier, skipped") == 5
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--variants=heads_3", "no variants named ['heads_3']"),
+    ("--config.train.model.num_layerz=2", "num_layerz"),
+    ("--config.num_seeds=0", "num_seeds must be positive"),
+])
+def test_sweep_command_line_errors_are_one_line(flag, message, tmp_path):
+  result = subprocess.run([sys.executable, "-m", "experiments.sweep",
+                           "--config=configs/ablations/heads.py", f"--workdir={tmp_path}", flag],
+                          cwd=ROOT, capture_output=True, text=True)
+  assert result.returncode != 0
+  assert message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "variants")

@@ -4,10 +4,10 @@
   python -m experiments.sweep --config=configs/ablations/heads.py:quick --workdir=/tmp/heads
 
 Task: `order` (is marker A before marker B?) with a one-layer encoder that reads out through its
-CLS token. The CLS token has to find both markers in a single attention layer. One head can only
-return a weighted average of A's and B's vectors, and an even-weighted average is the same
-whichever marker comes first, so a single head cannot state the order cleanly; two heads can
-each fetch one marker. The question is row (A) of Vaswani et al. (2017) Table 3: are several
+CLS token, which has to find both markers in its single attention layer. One head returns one
+weighted average of the vectors it attends to; with equal weight on A and B that average is the
+same whichever marker comes first, so a single head must learn an unequal weighting to tell the
+order, while two heads can each fetch one marker. The question is row (A) of Vaswani et al. (2017) Table 3: are several
 heads better than one at the same width, and do too many (d_k = 2) hurt?
 
 Expected runtime of the full sweep (6 variants x 3 seeds): about 6 minutes on 2 CPU cores.

@@ -1,0 +1,64 @@
+"""Another JAX project using attention_jax: needs only `pip install .` (jax, flax, chex, numpy).
+
+  python examples/use_in_your_project.py
+
+1. dot_product_attention inside your own jit and vmap (and grad);
+2. MultiHeadAttention dropped into your own Flax model, the positional encoding chosen by name;
+3. the attention weights of that model, captured without changing its output.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+import attention_jax as aj
+
+
+# 1. A function of your own that calls the attention kernel; jit, vmap and grad compose with it.
+def pooled_attention(query, key, value, lengths):
+  """query [T, N, H], key/value [S, N, H], lengths [] -> [N, H]: attend, then average over T."""
+  valid = jnp.arange(key.shape[0]) < lengths  # [S]: the first `lengths` keys are real
+  mask = aj.padding_mask(valid)  # [1, 1, S], broadcasts to [N, T, S]
+  attended = aj.dot_product_attention(query, key, value, mask=mask)  # [T, N, H]
+  return attended.mean(axis=0)
+
+
+batched = jax.jit(jax.vmap(pooled_attention))  # over a batch axis you add yourself
+q, k, v = jax.random.normal(jax.random.key(0), (3, 4, 16, 8, 32))  # [B=4, T=16, N=8, H=32] each
+lengths = jnp.array([16, 9, 3, 12])
+print("1. vmapped attention:", batched(q, k, v, lengths).shape)  # (4, 8, 32)
+grad_q = jax.grad(lambda q: batched(q, k, v, lengths).sum())(q)
+print("   gradient w.r.t. the queries:", grad_q.shape)
+
+
+# 2. Your own model with attention_jax's multi-head attention and a positional encoding by name.
+class TinyTagger(nn.Module):
+  """Token ids [B, T] -> per-token logits [B, T, C]."""
+  vocab_size: int = 100
+  d_model: int = 64
+  num_heads: int = 4
+  num_classes: int = 5
+  encoding: str = "rope"  # any name in aj.POSITIONAL_ENCODINGS
+
+  @nn.compact
+  def __call__(self, tokens):
+    position = aj.positional_encoding(self.encoding, max_length=tokens.shape[-1],
+                                      num_heads=self.num_heads)
+    x = position.embed(nn.Embed(self.vocab_size, self.d_model)(tokens))  # [B, T, D]
+    length = tokens.shape[-1]
+    attention = aj.MultiHeadAttention(num_heads=self.num_heads, qk_transform=position.rotate)
+    x = x + attention(x, mask=aj.padding_mask(tokens != 0),
+                      bias=position.attention_bias(length, length))
+    return nn.Dense(self.num_classes)(nn.LayerNorm()(x))
+
+
+tokens = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
+for encoding in ("sinusoidal", "rope", "alibi"):
+  model = TinyTagger(encoding=encoding)
+  variables = model.init(jax.random.key(1), tokens)
+  print(f"2. TinyTagger with {encoding}:", jax.jit(model.apply)(variables, tokens).shape)
+
+# 3. The weights every head applied, sown into "intermediates"; the output is unchanged.
+logits, state = model.apply(variables, tokens, mutable="intermediates")
+(weights,) = state["intermediates"]["MultiHeadAttention_0"]["attention_weights"]
+print("3. attention weights [B, N, T, S]:", weights.shape)
