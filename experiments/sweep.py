@@ -61,6 +61,7 @@ def train_variant(sweep, config, directory: str) -> dict:
                                    extra_evals)
     for name, values in result.items():
       merged.setdefault(name, []).extend(values)
+  merged["seconds"] = [sum(merged["seconds"])] * sweep.num_seeds  # the variant's wall time
   return merged
 
 

@@ -49,7 +49,15 @@ def table(stats) -> str:
 def heat_maps(stats, path: str) -> None:
   figure, axes = plt.subplots(1, len(COLUMNS), figsize=(4 * len(COLUMNS), 2.8), squeeze=False)
   for axis, name in zip(axes[0], COLUMNS):
-    image = axis.imshow(stats[name], cmap="magma", aspect="auto")
+    values = stats[name]
+    image = axis.imshow(values, cmap="magma", aspect="auto")
+    layers, heads = values.shape
+    axis.set_xticks(range(heads))
+    axis.set_yticks(range(layers))
+    for layer in range(layers):
+      for head in range(heads):
+        axis.text(head, layer, f"{values[layer, head]:.2f}", ha="center", va="center",
+                  fontsize=7, color="gray")
     axis.set_title(name)
     axis.set_xlabel("head")
     axis.set_ylabel("layer")

@@ -129,15 +129,16 @@ def test_quick_sweep_from_the_command_line(data_dir, tmp_path):
   shrink.update({"train.data_dir": data_dir, "train.model.max_length": 64,
                  "train.num_train_steps": 4, "train.eval_every_steps": 2})
   command = [sys.executable, "-m", "experiments.sweep",
-             "--config=configs/ablations/positional.py:quick", f"--workdir={tmp_path}"]
+             "--config=configs/ablations/positional.py:quick", f"--workdir={tmp_path}",
+             "--variants=none,rope"]
   command += [f"--config.{k}={v}" for k, v in shrink.items()]
   result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "| alibi |" in result.stdout and "long_accuracy" in result.stdout
+  assert "| rope |" in result.stdout and "long_accuracy" in result.stdout
   with open(tmp_path / "results.csv") as f:
-    assert len(list(csv.DictReader(f))) == 5 * 2
+    assert [row["variant"] for row in csv.DictReader(f)] == ["none"] * 2 + ["rope"] * 2
   again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-  assert again.stdout.count("finished earlier, skipped") == 5
+  assert again.stdout.count("finished earlier, skipped") == 2
 
 
 @pytest.mark.parametrize("flag, message", [
@@ -152,3 +153,28 @@ def test_sweep_command_line_errors_are_one_line(flag, message, tmp_path):
   assert result.returncode != 0
   assert message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
   assert not os.path.exists(tmp_path / "variants")
+
+
+def test_a_trained_seed_loads_back_for_head_diagnostics(group, tmp_path):
+  import functools
+  import importlib.util
+  import jax
+  from experiments import trained
+  workdir, result = group
+  run = trained.load(workdir, seed_index=1)
+  eval_fn = jax.jit(functools.partial(train.eval_step, model=run.model, config=run.config,
+                                      num_classes=run.task.num_classes))
+  metrics = train.evaluate(eval_fn, run.params, run.task.test, run.config.batch_size)
+  assert metrics["eval_accuracy"] == result["eval_accuracy"][1]
+  spec = importlib.util.spec_from_file_location(
+      "head_diagnostics", os.path.join(ROOT, "scripts", "head_diagnostics.py"))
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  stats = script.diagnose(run, 32)
+  layers, heads = run.config.model.num_layers, run.config.model.num_heads
+  for name in script.COLUMNS:
+    assert stats[name].shape == (layers, heads)
+  assert np.all((stats["diagonal_max"] >= 0) & (stats["diagonal_max"] <= 1))
+  assert script.table(stats).count("\n") == 2 + layers * heads
+  script.heat_maps(stats, str(tmp_path / "heads.png"))
+  assert os.path.getsize(tmp_path / "heads.png") > 5000

@@ -10,8 +10,10 @@ same whichever marker comes first, so a single head must learn an unequal weight
 order, while two heads can each fetch one marker. The question is row (A) of Vaswani et al. (2017) Table 3: are several
 heads better than one at the same width, and do too many (d_k = 2) hurt?
 
-Expected runtime of the full sweep (6 variants x 3 seeds): about 6 minutes on 2 CPU cores.
-Result: see the README's Results section (filled from the run of this config).
+Runtime of the full sweep (6 variants x 3 seeds): 6.5 minutes on the 2-core CPU (2026-11-22).
+Result (test accuracy, mean +- std over 3 seeds): 1 head 0.914 +- 0.148 (one seed of three stuck
+at 0.744), 2 heads 0.998, 4 to 32 heads 0.999-1.000; with 4 or more heads every seed passes 0.99
+by step 200, with 2 heads by step 500. Details and plots: README, Results.
 """
 
 import ml_collections

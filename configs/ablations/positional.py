@@ -11,8 +11,10 @@ checks the claim that sinusoids let a model extrapolate to sequences longer than
 on. The model supports 64 positions (model.max_length); a learned table's rows past 32 are never
 trained.
 
-Expected runtime of the full sweep (5 variants x 3 seeds): about 6 minutes on 2 CPU cores.
-Result: see the README's Results section (filled from the run of this config).
+Runtime of the full sweep (5 variants x 3 seeds): 7.7 minutes on the 2-core CPU (2026-11-22).
+Result (test accuracy on training lengths / on lengths 32..64, mean over 3 seeds): none
+0.492 / 0.497 (chance), sinusoidal 0.999 / 0.759, learned 0.999 / 0.733, rope 1.000 / 0.868,
+alibi 1.000 / 0.978. Details and plots: README, Results.
 """
 
 import ml_collections

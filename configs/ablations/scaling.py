@@ -11,8 +11,12 @@ and the attention near uniform. Besides accuracy, the table records at initialis
 training the variance of the logits, the softmax entropy and largest weight, and the gradient
 norms reaching the query and key projections.
 
-Expected runtime of the full sweep (12 variants x 3 seeds): about 15 minutes on 2 CPU cores.
-Result: see the README's Results section (filled from the run of this config).
+Runtime of the full sweep (12 variants x 3 seeds): 11.5 minutes on the 2-core CPU (2026-11-22).
+Result (test accuracy after 400 steps, mean over 3 seeds): without scaling accuracy falls as d_k
+grows (d_k = 16: 0.850, 64: 0.835, 256: 0.666) while 1/sqrt(d_k) gives 0.845, 0.999, 0.999;
+1/d_k hurts where d_k is small (0.629 at d_k = 16); the learned temperature matches 1/sqrt(d_k).
+At initialisation the unscaled logits have variance 25, 110 and 353 and the softmax puts 0.60,
+0.78 and 0.89 of its weight on one key. Details and plots: README, Results.
 """
 
 import ml_collections
