@@ -1,0 +1,33 @@
+"""Sweep configs for experiments.sweep; ``sweep_config`` holds what they share."""
+
+import ml_collections
+
+from configs import default
+
+
+def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants,
+                 extra_evals=None) -> ml_collections.ConfigDict:
+  """A sweep over ``variants`` of the default training config, trained for ``steps`` steps
+  (3 seeds), or with mode "quick" for a tenth of them on a smaller dataset (2 seeds, two
+  evaluations).
+
+  The caller adjusts ``sweep.train`` (the shared training config) afterwards.
+  """
+  quick = mode == "quick"
+  train = default.get_config()
+  train.num_train_steps = steps // 10 if quick else steps
+  train.eval_every_steps = train.num_train_steps // 2 if quick else eval_every
+  train.checkpoint_every_steps = train.eval_every_steps
+  train.warmup_steps = 10 if quick else warmup
+  train.attention_maps = 0
+  if quick:
+    train.task_options.num_train = 2000
+    train.task_options.num_test = 256
+
+  sweep = ml_collections.ConfigDict()
+  sweep.train = train
+  sweep.num_seeds = 2 if quick else 3
+  sweep.vmap_seeds = True  # the seeds of a variant train in one vmapped program
+  sweep.extra_evals = ml_collections.ConfigDict(extra_evals or {})
+  sweep.variants = tuple(variants)
+  return sweep

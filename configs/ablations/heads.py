@@ -16,31 +16,13 @@ at 0.744), 2 heads 0.998, 4 to 32 heads 0.999-1.000; with 4 or more heads every 
 by step 200, with 2 heads by step 500. Details and plots: README, Results.
 """
 
-import ml_collections
-
-from configs import default
+from configs.ablations import sweep_config
 
 
 def get_config(mode=None):
-  quick = mode == "quick"
-  train = default.get_config()
-  train.model.d_model = 64
-  train.model.mlp_dim = 128
-  train.model.num_layers = 1
-  train.num_train_steps = 60 if quick else 600
-  train.eval_every_steps = 30 if quick else 100
-  train.checkpoint_every_steps = train.eval_every_steps
-  train.warmup_steps = 10 if quick else 100
-  train.attention_maps = 0
-  if quick:
-    train.task_options.num_train = 2000
-    train.task_options.num_test = 256
-
-  sweep = ml_collections.ConfigDict()
-  sweep.train = train
-  sweep.num_seeds = 2 if quick else 3
-  sweep.vmap_seeds = True  # seeds of a variant train in one vmapped program
-  sweep.extra_evals = ml_collections.ConfigDict()
-  sweep.variants = tuple((f"heads_{n}", {"model": {"num_heads": n}})
-                         for n in (1, 2, 4, 8, 16, 32))
+  sweep = sweep_config(mode, steps=600, eval_every=100, warmup=100, variants=(
+      (f"heads_{n}", {"model": {"num_heads": n}}) for n in (1, 2, 4, 8, 16, 32)))
+  sweep.train.model.d_model = 64
+  sweep.train.model.mlp_dim = 128
+  sweep.train.model.num_layers = 1
   return sweep

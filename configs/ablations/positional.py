@@ -17,31 +17,16 @@ Result (test accuracy on training lengths / on lengths 32..64, mean over 3 seeds
 alibi 1.000 / 0.978. Details and plots: README, Results.
 """
 
-import ml_collections
-
-from configs import default
+from configs.ablations import sweep_config
 
 
 def get_config(mode=None):
-  quick = mode == "quick"
-  train = default.get_config()
-  train.model.d_model = 64
-  train.model.mlp_dim = 128
-  train.model.max_length = 64
-  train.num_train_steps = 60 if quick else 600
-  train.eval_every_steps = 30 if quick else 100
-  train.checkpoint_every_steps = train.eval_every_steps
-  train.warmup_steps = 10 if quick else 100
-  train.attention_maps = 0
-  if quick:
-    train.task_options.num_train = 2000
-    train.task_options.num_test = 256
-
-  sweep = ml_collections.ConfigDict()
-  sweep.train = train
-  sweep.num_seeds = 2 if quick else 3
-  sweep.vmap_seeds = True
-  sweep.extra_evals = ml_collections.ConfigDict({"long": {"max_length": 64}})
-  sweep.variants = tuple((name, {"model": {"positional_encoding": name}})
-                         for name in ("none", "sinusoidal", "learned", "rope", "alibi"))
+  sweep = sweep_config(
+      mode, steps=600, eval_every=100, warmup=100,
+      variants=((name, {"model": {"positional_encoding": name}})
+                for name in ("none", "sinusoidal", "learned", "rope", "alibi")),
+      extra_evals={"long": {"max_length": 64}})
+  sweep.train.model.d_model = 64
+  sweep.train.model.mlp_dim = 128
+  sweep.train.model.max_length = 64
   return sweep

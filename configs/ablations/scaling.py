@@ -19,37 +19,19 @@ At initialisation the unscaled logits have variance 25, 110 and 353 and the soft
 0.78 and 0.89 of its weight on one key. Details and plots: README, Results.
 """
 
-import ml_collections
-
-from configs import default
+from configs.ablations import sweep_config
 
 HEAD_DIMS = (16, 64, 256)
 SCALES = ("inv_sqrt", "none", "inv", "learned")
 
 
 def get_config(mode=None):
-  quick = mode == "quick"
-  train = default.get_config()
-  train.model.num_heads = 1
-  train.model.num_layers = 2
-  train.batch_size = 32  # d_k = 256 means d_model = 256: keep the sweep within its time budget
-  train.num_train_steps = 40 if quick else 400
-  train.eval_every_steps = 20 if quick else 100
-  train.checkpoint_every_steps = train.eval_every_steps
-  train.warmup_steps = 10 if quick else 50
-  train.attention_maps = 0
-  if quick:
-    train.task_options.num_train = 2000
-    train.task_options.num_test = 256
-
-  sweep = ml_collections.ConfigDict()
-  sweep.train = train
-  sweep.num_seeds = 2 if quick else 3
-  sweep.vmap_seeds = True
-  sweep.extra_evals = ml_collections.ConfigDict()
-  head_dims = HEAD_DIMS[:2] if quick else HEAD_DIMS
-  sweep.variants = tuple(
+  head_dims = HEAD_DIMS[:2] if mode == "quick" else HEAD_DIMS
+  sweep = sweep_config(mode, steps=400, eval_every=100, warmup=50, variants=(
       (f"dk{head_dim}_{scale}", {"model": {"d_model": head_dim, "mlp_dim": 2 * head_dim,
                                            "attention_scale": scale}})
-      for head_dim in head_dims for scale in SCALES)
+      for head_dim in head_dims for scale in SCALES))
+  sweep.train.model.num_heads = 1
+  sweep.train.model.num_layers = 2
+  sweep.train.batch_size = 32  # d_k = 256 means d_model = 256: keep the sweep in its time budget
   return sweep
