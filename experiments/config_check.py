@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 
@@ -128,3 +129,46 @@ def run_app(run) -> None:
     detail = " ".join(str(error).encode().decode("unicode_escape").replace("'", "").split())
     sys.exit(f"config error: an --config override names a field the config does not have: "
              f"{detail}")
+
+
+# Fields a run may change between a start and a resume: they do not change what is trained.
+BOOKKEEPING = ("eval_every_steps", "log_every_steps", "checkpoint_every_steps",
+               "keep_checkpoints", "attention_maps", "data_dir")
+# A single run (or group of seeds) may also be resumed with more steps: it continues where it
+# stopped. A sweep holds its variants to exactly their config.
+RESUMABLE = BOOKKEEPING + ("num_train_steps",)
+
+
+def _flat(tree, prefix=""):
+  flat = {}
+  for name, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flat(value, f"{prefix}{name}."))
+    else:
+      flat[prefix + name] = value
+  return flat
+
+
+def changed_fields(config, workdir: str, allowed=BOOKKEEPING) -> list[str]:
+  """Fields (outside ``allowed``) whose value differs from the config.json already in
+  ``workdir``; [] when there is none."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    before = _flat(json.load(f))
+  now = _flat(json.loads(config.to_json_best_effort()))
+  return sorted(name for name in set(before) | set(now)
+                if before.get(name) != now.get(name) and name not in allowed)
+
+
+def claim_workdir(config, workdir: str, allowed=BOOKKEEPING) -> None:
+  """Writes config.json to ``workdir``, refusing (ConfigError) when the workdir already holds a
+  run of a different config, so a resume never mixes two configs."""
+  changed = changed_fields(config, workdir, allowed)
+  if changed:
+    raise ConfigError(f"{workdir} holds a run of a different config ({', '.join(changed)} "
+                      "changed); use a new workdir, or restore those values to resume it.")
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2))

@@ -45,9 +45,7 @@ def train_seeds(config, workdir: str, num_seeds: int, extra_evals: dict | None =
   """
   config_check.validate(config, 1)
   started = time.perf_counter()
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  config_check.claim_workdir(config, workdir, config_check.RESUMABLE)
   task = tasks.load_task(config.task, dict(config.task_options), config.data_dir)
   extra_tests = {}
   for name, overrides in (extra_evals or {}).items():

@@ -65,18 +65,42 @@ def train_variant(sweep, config, directory: str) -> dict:
   return merged
 
 
+def _check_existing(sweep, name, config, directory) -> None:
+  """A variant directory from an earlier run may be resumed or reused only if it was trained
+  with the config the sweep asks for now (bookkeeping fields aside)."""
+  changed = config_check.changed_fields(config, directory)
+  result = os.path.join(directory, "result.json")
+  if os.path.exists(result):
+    with open(result) as f:
+      record = json.load(f)
+    if record["status"] == "ok":
+      if len(record["metrics"]["seed"]) != sweep.num_seeds:
+        changed.append("num_seeds")
+      changed += [f"extra_evals.{extra}" for extra in sweep.extra_evals
+                  if f"{extra}_accuracy" not in record["metrics"]]
+  if changed:
+    raise config_check.ConfigError(
+        f"variant '{name}' in {directory} was trained with a different config "
+        f"({', '.join(changed)} changed); use a new workdir, or delete that variant's directory "
+        "to train it again.")
+
+
 def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
   """Runs (or resumes) every variant, or those named in ``only``; returns one record per variant
-  as saved in its result.json."""
+  as saved in its result.json. Refuses (ConfigError), before training anything, to resume or
+  reuse a variant directory that holds a different config."""
   check(sweep)
   unknown = sorted(set(only or ()) - {name for name, _ in sweep.variants})
   if unknown:
     raise config_check.ConfigError(f"no variants named {unknown}; this sweep has "
                                    f"{[name for name, _ in sweep.variants]}.")
+  selected = [(name, overrides) for name, overrides in sweep.variants
+              if not only or name in only]
+  for name, overrides in selected:
+    _check_existing(sweep, name, variant_config(sweep, overrides),
+                    os.path.join(workdir, "variants", name))
   records = []
-  for name, overrides in sweep.variants:
-    if only and name not in only:
-      continue
+  for name, overrides in selected:
     directory = os.path.join(workdir, "variants", name)
     path = os.path.join(directory, "result.json")
     if os.path.exists(path):
@@ -86,12 +110,12 @@ def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
         print(f"[sweep] {name}: finished earlier, skipped", flush=True)
         records.append(record)
         continue
-    os.makedirs(directory, exist_ok=True)
+    config = variant_config(sweep, overrides)
+    config_check.claim_workdir(config, directory)
     print(f"[sweep] {name}: training {sweep.num_seeds} seeds", flush=True)
     record = {"variant": name, "overrides": overrides}
     try:
-      record.update(status="ok", metrics=train_variant(sweep, variant_config(sweep, overrides),
-                                                       directory))
+      record.update(status="ok", metrics=train_variant(sweep, config, directory))
       print(f"[sweep] {name}: eval_accuracy {record['metrics']['eval_accuracy']}", flush=True)
     except Exception as error:  # noqa: BLE001 -- recorded; the other variants still run
       record.update(status="failed", error=f"{type(error).__name__}: {error}")

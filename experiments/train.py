@@ -123,9 +123,7 @@ def initial_state(model, tx, task, seed) -> TrainState:
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains and evaluates the model that ``config`` describes; returns the final eval metrics."""
   config_check.validate(config, jax.device_count())
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))
+  config_check.claim_workdir(config, workdir, config_check.RESUMABLE)
 
   task = tasks.load_task(config.task, dict(config.task_options), config.data_dir)
   model = aj.SequenceClassifier(encoder_config(config, task))

@@ -92,6 +92,15 @@ def test_sweep_writes_tables_and_plots_then_skips_finished_variants(data_dir, tm
   again = sweep.run_sweep(config, str(tmp_path))
   assert again == records
 
+  changed = tiny_sweep(data_dir, TWO_VARIANTS)
+  changed.train.num_train_steps = 16  # finished variants must not be reused for another config
+  with pytest.raises(sweep.config_check.ConfigError,
+                     match="variant 'sinusoidal' .* different config \\(num_train_steps changed"):
+    sweep.run_sweep(changed, str(tmp_path))
+  more_seeds = tiny_sweep(data_dir, TWO_VARIANTS, num_seeds=3)
+  with pytest.raises(sweep.config_check.ConfigError, match="num_seeds changed"):
+    sweep.run_sweep(more_seeds, str(tmp_path))
+
 
 def test_a_failing_variant_is_recorded_and_the_others_still_run(data_dir, tmp_path):
   broken = ("tiny_data", {"task_options": {"num_train": 8}})  # fewer examples than one batch

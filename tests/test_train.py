@@ -183,3 +183,14 @@ def test_a_single_step_run_trains_evaluates_and_checkpoints(data_dir, tmp_path):
   assert [line["step"] for line in lines] == [1, 1]
   assert lines[1]["eval_accuracy"] == final["eval_accuracy"]
   assert os.listdir(tmp_path / "checkpoints") == ["1"]
+
+
+def test_resuming_a_workdir_with_another_model_is_refused_and_loses_nothing(reference_run,
+                                                                           data_dir):
+  workdir, _ = reference_run
+  before = open(os.path.join(workdir, "config.json")).read()
+  with pytest.raises(config_check.ConfigError,
+                     match=r"holds a run of a different config \(model.d_model changed\)"):
+    train.train_and_evaluate(tiny_config(data_dir, **{"model.d_model": 32}), workdir)
+  assert open(os.path.join(workdir, "config.json")).read() == before
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4", "6", "8"]
