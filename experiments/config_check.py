@@ -139,11 +139,12 @@ BOOKKEEPING = ("eval_every_steps", "log_every_steps", "checkpoint_every_steps",
 RESUMABLE = BOOKKEEPING + ("num_train_steps",)
 
 
-def _flat(tree, prefix=""):
+def flatten(tree, prefix=""):
+  """{"model": {"d_model": 64}} -> {"model.d_model": 64}."""
   flat = {}
   for name, value in tree.items():
     if isinstance(value, dict):
-      flat.update(_flat(value, f"{prefix}{name}."))
+      flat.update(flatten(value, f"{prefix}{name}."))
     else:
       flat[prefix + name] = value
   return flat
@@ -156,8 +157,8 @@ def changed_fields(config, workdir: str, allowed=BOOKKEEPING) -> list[str]:
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    before = _flat(json.load(f))
-  now = _flat(json.loads(config.to_json_best_effort()))
+    before = flatten(json.load(f))
+  now = flatten(json.loads(config.to_json_best_effort()))
   return sorted(name for name in set(before) | set(now)
                 if before.get(name) != now.get(name) and name not in allowed)
 

@@ -13,27 +13,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import logbook  # noqa: E402
+from experiments import config_check, logbook  # noqa: E402
 
 LEADING = ("eval_accuracy", "eval_loss")
 PROBES = ("logit_variance", "entropy", "max_weight", "query_grad_norm", "key_grad_norm")
-
-
-def _flatten(overrides, prefix=""):
-  flat = {}
-  for name, value in overrides.items():
-    if isinstance(value, dict):
-      flat.update(_flatten(value, f"{prefix}{name}."))
-    else:
-      flat[prefix + name] = value
-  return flat
 
 
 def rows(records) -> list[dict]:
   """One dict per (variant, seed); a failed variant gives one row with its error."""
   table = []
   for record in records:
-    settings = _flatten(record["overrides"])
+    settings = config_check.flatten(record["overrides"])
     if record["status"] != "ok":
       table.append({"variant": record["variant"], "seed": "", "status": record["status"],
                     **settings, "error": record["error"]})
@@ -57,7 +47,7 @@ def metric_names(records) -> list[str]:
 
 def write_csv(records, path):
   table = rows(records)
-  settings = sorted({k for record in records for k in _flatten(record["overrides"])})
+  settings = sorted({k for record in records for k in config_check.flatten(record["overrides"])})
   columns = ["variant", "seed", "status"] + settings + metric_names(records) + ["error"]
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, columns, restval="")
