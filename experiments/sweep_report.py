@@ -57,7 +57,8 @@ def write_csv(records, path):
 
 def _mean_std(values, digits=3):
   values = np.asarray(values, np.float64)
-  return f"{values.mean():.{digits}f} ± {values.std(ddof=1) if len(values) > 1 else 0.0:.{digits}f}"
+  spread = values.std(ddof=1) if len(values) > 1 else 0.0
+  return f"{values.mean():.{digits}f} ± {spread:.{digits}f}"
 
 
 def _accuracy_columns(records):

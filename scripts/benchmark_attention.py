@@ -4,9 +4,10 @@
 
 Forward and forward+backward (gradients of sum(out * cotangent) w.r.t. q, k, v), float32. Each
 round calls every method once per shape, in an order shuffled per round, so that drifts on a
-shared machine and the after-effects of one method on the next hit all of them alike; the table gives the median over rounds after a warm-up call, GFLOP/s (forward FLOPs
-4*B*N*T*S*H, forward+backward 3x that), XLA's peak temporary memory for the compiled JAX
-functions, and the time ratio against jax.nn.dot_product_attention. torch's
+shared machine and the after-effects of one method on the next hit all of them alike. The table
+gives the median over rounds after a warm-up call, GFLOP/s (forward FLOPs 4*B*N*T*S*H,
+forward+backward 3x that), XLA's peak temporary memory for the compiled JAX functions, and the
+time ratio against jax.nn.dot_product_attention. torch's
 scaled_dot_product_attention joins when torch is installed (it is not a dependency).
 """
 

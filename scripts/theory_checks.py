@@ -109,8 +109,8 @@ def report(samples, trained_dirs) -> tuple[str, dict]:
             "|---|---|---|"]
   lines += [f"| {k} | {a:.2e} | {b:.2e} |" for k, (a, b) in sinusoid_shift().items()]
   equivariance = permutation_equivariance()
-  lines += ["", "4. Encoder (2 layers, d_model 64, 4 heads), 16 tokens: max |f(P x) - P f(x)| for a "
-            "random permutation P", "", "| encoding | error |", "|---|---|"]
+  lines += ["", "4. Encoder (2 layers, d_model 64, 4 heads), 16 tokens: max |f(P x) - P f(x)| for "
+            "a random permutation P", "", "| encoding | error |", "|---|---|"]
   lines += [f"| {name} | {error:.2e} |" for name, error in equivariance.items()]
   fallacy = diagonal_fallacy(trained_dirs) if trained_dirs else {}
   if fallacy:

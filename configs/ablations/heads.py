@@ -7,8 +7,9 @@ Task: `order` (is marker A before marker B?) with a one-layer encoder that reads
 CLS token, which has to find both markers in its single attention layer. One head returns one
 weighted average of the vectors it attends to; with equal weight on A and B that average is the
 same whichever marker comes first, so a single head must learn an unequal weighting to tell the
-order, while two heads can each fetch one marker. The question is row (A) of Vaswani et al. (2017) Table 3: are several
-heads better than one at the same width, and do too many (d_k = 2) hurt?
+order, while two heads can each fetch one marker. The question is row (A) of Vaswani et al.
+(2017) Table 3: are several heads better than one at the same width, and do too many (d_k = 2)
+hurt?
 
 Runtime of the full sweep (6 variants x 3 seeds): 6.5 minutes on the 2-core CPU (2026-11-22).
 Result (test accuracy, mean +- std over 3 seeds): 1 head 0.914 +- 0.148 (one seed of three stuck
