@@ -32,5 +32,11 @@ class Checkpoints:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
+  def restore_as_saved(self):
+    """(step, state) of the latest checkpoint as saved, without a template; None when there is
+    none. For reading a run back when its exact structure is not known in advance."""
+    step = self.latest_step()
+    return None if step is None else (step, self.manager.restore(step))
+
   def close(self):
     self.manager.close()

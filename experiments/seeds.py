@@ -47,22 +47,29 @@ def train_seeds(config, workdir: str, num_seeds: int, extra_evals: dict | None =
   started = time.perf_counter()
   config_check.claim_workdir(config, workdir, config_check.RESUMABLE)
   task = tasks.load_task(config.task, dict(config.task_options), config.data_dir)
+  model = aj.SequenceClassifier(train_lib.encoder_config(config, task))
   extra_tests = {}
   for name, overrides in (extra_evals or {}).items():
     extra = tasks.load_task(config.task, {**dict(config.task_options), **dict(overrides)},
                             config.data_dir)
-    if extra.max_length > max(config.model.max_length, task.max_length):
+    if extra.max_length > model.config.max_length:
       raise config_check.ConfigError(
           f"the '{name}' evaluation has sequences of length {extra.max_length} but the model "
-          f"supports {max(config.model.max_length, task.max_length)}; set model.max_length >= "
-          f"{extra.max_length}.")
+          f"supports {model.config.max_length}; set model.max_length >= {extra.max_length}.")
     extra_tests[name] = extra.test
-  model = aj.SequenceClassifier(train_lib.encoder_config(config, task))
   tx, _ = optim.optimizer(config)
   seeds = [config.seed + i for i in range(num_seeds)]
 
+  probe_batch = next(input_pipeline.eval_batches(task.test, config.batch_size))
+  probe_fn = jax.jit(jax.vmap(lambda params: probes.summary(
+      model, params, probe_batch["tokens"], probe_batch["labels"], task.num_classes)))
+  def probe(prefix, params):
+    return {f"{prefix}_{name}": np.asarray(value).tolist()
+            for name, value in jax.device_get(probe_fn(params)).items()}
+
   init_fn = jax.jit(jax.vmap(lambda seed: train_lib.initial_state(model, tx, task, seed)))
   state = init_fn(jnp.array(seeds))
+  init_probes = probe("init", state.params)  # recomputed the same way after a resume
   checkpoints = checkpoints_lib.Checkpoints(workdir, config.keep_checkpoints)
   restored = checkpoints.restore(state)
   state = state if restored is None else restored
@@ -74,14 +81,6 @@ def train_seeds(config, workdir: str, num_seeds: int, extra_evals: dict | None =
   eval_fn = jax.jit(jax.vmap(functools.partial(
       train_lib.eval_step, model=model, config=config, num_classes=task.num_classes),
       in_axes=(0, None)))
-  probe_batch = next(input_pipeline.eval_batches(task.test, config.batch_size))
-  probe_fn = jax.jit(jax.vmap(lambda params: probes.summary(
-      model, params, probe_batch["tokens"], probe_batch["labels"], task.num_classes)))
-  def probe(prefix, params):
-    return {f"{prefix}_{name}": np.asarray(value).tolist()
-            for name, value in jax.device_get(probe_fn(params)).items()}
-
-  init_probes = probe("init", init_fn(jnp.array(seeds)).params)
   batches = [input_pipeline.TrainBatches(task.train, config.batch_size, seed) for seed in seeds]
   logs = [logbook.Logbook(seed_dir(workdir, seed), resume_step=start_step) for seed in seeds]
   def evaluate_all(params):

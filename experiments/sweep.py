@@ -147,7 +147,8 @@ def main():
     except config_check.ConfigError as error:
       sys.exit(f"config error: {error}")
     paths = sweep_report.write(records, workdir)
-    print(open(paths["markdown"]).read())
+    with open(paths["markdown"]) as f:
+      print(f.read())
     print("[sweep] wrote " + ", ".join(sorted(paths.values())))
     failed = [record["variant"] for record in records if record["status"] != "ok"]
     if failed:

@@ -40,21 +40,25 @@ def load(workdir: str, seed_index: int = 0) -> Trained:
     config = ml_collections.ConfigDict(json.load(f))
   task = tasks.load_task(config.task, dict(config.task_options), config.data_dir)
   model = aj.SequenceClassifier(train_lib.encoder_config(config, task))
-  template = model.init(jax.random.key(0), jnp.zeros((1, task.max_length), jnp.int32))["params"]
-  manager = checkpoints_lib.Checkpoints(workdir, config.keep_checkpoints).manager
-  step = manager.latest_step()
-  if step is None:
+  tokens = jnp.zeros((1, task.max_length), jnp.int32)
+  template = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
+  checkpoints = checkpoints_lib.Checkpoints(workdir, config.keep_checkpoints)
+  saved = checkpoints.restore_as_saved()
+  checkpoints.close()
+  if saved is None:
     raise FileNotFoundError(f"no checkpoint under {workdir}/checkpoints; train it first.")
-  restored = manager.restore(step)
-  manager.close()
-  params = restored["params"]
-  stacked = np.ndim(jax.tree.leaves(params)[0]) == np.ndim(jax.tree.leaves(template)[0]) + 1
-  if stacked:
+  step, state = saved
+  params = state["params"]
+  if np.ndim(jax.tree.leaves(params)[0]) == len(jax.tree.leaves(template)[0].shape) + 1:
+    num_seeds = len(jax.tree.leaves(params)[0])
+    if not 0 <= seed_index < num_seeds:
+      raise ValueError(f"seed_index={seed_index}, but {workdir} holds {num_seeds} seeds; use "
+                       f"0..{num_seeds - 1}.")
     params = jax.tree.map(lambda leaf: leaf[seed_index], params)
-  jax.tree.map(lambda a, b: np.shape(a) == np.shape(b) or _mismatch(workdir), params, template)
+  fits = (jax.tree.structure(params) == jax.tree.structure(template) and
+          all(np.shape(a) == b.shape for a, b in zip(jax.tree.leaves(params),
+                                                     jax.tree.leaves(template))))
+  if not fits:
+    raise ValueError(f"the checkpoint in {workdir} does not fit the model its config.json "
+                     "describes; was the config edited after training?")
   return Trained(config, task, model, jax.tree.map(jnp.asarray, params), step)
-
-
-def _mismatch(workdir):
-  raise ValueError(f"the checkpoint in {workdir} does not fit the model its config.json "
-                   "describes; was the config edited after training?")
