@@ -12,22 +12,42 @@ import jax.numpy as jnp
 
 from attention_jax import _checks
 from attention_jax import chunked
+from attention_jax import cudnn
+from attention_jax import pallas_tpu
 from attention_jax import reference
 from attention_jax import xla
 
-IMPLEMENTATIONS = ("reference", "xla", "chunked")
+IMPLEMENTATIONS = ("reference", "xla", "chunked", "cudnn", "pallas_tpu")
+
+# Accelerator kernels run on one backend only; the other implementations run everywhere.
+REQUIRED_BACKEND = {"cudnn": "gpu", "pallas_tpu": "tpu"}
 
 
-def _unsupported_reason(name, query, key, value, *, dropout_rate, return_weights):
-  if name == "xla":
-    return xla.unsupported_reason(query, key, value, dropout_rate=dropout_rate,
-                                  return_weights=return_weights)
-  if name == "chunked":
-    if dropout_rate > 0.0:
-      return "chunked attention has no attention dropout"
-    if return_weights:
-      return "chunked attention never forms the weights, so it cannot return them"
+def _chunked_unsupported_reason(query, key, value, *, dropout_rate, return_weights,
+                                has_bias_or_mask):
+  del query, key, value, has_bias_or_mask
+  if dropout_rate > 0.0:
+    return "chunked attention has no attention dropout"
+  if return_weights:
+    return "chunked attention never forms the weights, so it cannot return them"
   return None
+
+
+_UNSUPPORTED_REASON = {
+    "reference": lambda *args, **kwargs: None,  # the formula serves every request
+    "xla": xla.unsupported_reason,
+    "chunked": _chunked_unsupported_reason,
+    "cudnn": cudnn.unsupported_reason,
+    "pallas_tpu": pallas_tpu.unsupported_reason,
+}
+
+
+def unsupported_reason(name, query, key, value, *, backend: str, **request) -> str | None:
+  """Why implementation ``name`` cannot serve this request on ``backend``, or None if it can."""
+  required = REQUIRED_BACKEND.get(name)
+  if required is not None and backend != required:
+    return f"{name!r} runs only on the {required} backend, and this one is {backend}"
+  return _UNSUPPORTED_REASON[name](query, key, value, **request)
 
 
 # On CPU, blockwise attention beats jax.nn from about this length on, forward and backward.
@@ -36,44 +56,74 @@ def _unsupported_reason(name, query, key, value, *, dropout_rate, return_weights
 # 0.56 / 1.07; T = 512: 0.50 / 0.75; T = 1024: 0.35 / 0.71; T = 4096: 0.34 / 0.61.
 CHUNKED_MIN_LENGTH_CPU = 512
 
+# On TPU, the Pallas flash kernel from this length on. NOT measured (no TPU has run this code
+# yet): the kernel's blocks are 128 wide, and XLA's fused attention is hard to beat while the
+# T x S logits fit comfortably. Calibrate with scripts/benchmark_attention.py on a TPU.
+PALLAS_MIN_LENGTH_TPU = 1024
 
-def _automatic_order(query, key) -> tuple[str, ...]:
+
+def _automatic_order(query, key, backend: str) -> tuple[str, ...]:
   """Implementations to try, fastest first, for this backend and shape."""
   longest = max(query.shape[-3], key.shape[-3])
-  if jax.default_backend() == "cpu" and longest >= CHUNKED_MIN_LENGTH_CPU:
+  if backend == "cpu" and longest >= CHUNKED_MIN_LENGTH_CPU:
     return ("chunked", "reference")
+  if backend == "gpu":
+    return ("cudnn", "xla", "reference")
+  if backend == "tpu" and longest >= PALLAS_MIN_LENGTH_TPU:
+    return ("pallas_tpu", "xla", "reference")
   return ("xla", "reference")
 
 
-def select_implementation(query, key, value, *, dropout_rate: float = 0.0,
-                          return_weights: bool = False,
-                          implementation: str | None = None) -> str:
+def select_implementation(query, key, value, bias=None, mask=None, *, dropout_rate: float = 0.0,
+                          return_weights: bool = False, implementation: str | None = None,
+                          backend: str | None = None) -> str:
   """The name of the implementation ``dot_product_attention`` runs for these arguments.
 
-  ``implementation=None`` picks, among the implementations that can serve the request: on CPU,
-  "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU and "xla" (jax.nn.dot_product_attention)
-  below; elsewhere "xla"; and "reference" when the others cannot (attention dropout, returned
-  weights, or for "xla" a value head dim that differs from the key's). A named implementation
-  that cannot serve the request raises ``ValueError``.
+  ``implementation=None`` picks the first implementation that can serve the request from a list
+  per backend (``backend`` defaults to ``jax.default_backend()``):
+
+  - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU (measured), else "xla";
+  - gpu: "cudnn" (float16/bfloat16, head_dim a multiple of 8 up to 128, value shaped like key),
+    else "xla";
+  - tpu: "pallas_tpu" when T or S >= PALLAS_MIN_LENGTH_TPU and both are multiples of 128, else
+    "xla";
+  - and "reference" when none of these can (attention dropout, returned weights).
+
+  A named implementation that cannot serve the request raises ``ValueError`` with the reason;
+  nothing falls back silently. Shapes are enough: pass ``jax.ShapeDtypeStruct``s to ask what a
+  call would run, and ``backend="tpu"`` to ask what it would run there.
 
   >>> select_implementation(q, k, v, return_weights=True)
   'reference'
+  >>> select_implementation(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16),
+  ...                       v.astype(jnp.bfloat16), backend="gpu")
+  'cudnn'
   """
+  backend = jax.default_backend() if backend is None else backend
+  request = dict(dropout_rate=dropout_rate, return_weights=return_weights,
+                 has_bias_or_mask=bias is not None or mask is not None)
   if implementation is None:
-    for name in _automatic_order(query, key):
-      if _unsupported_reason(name, query, key, value, dropout_rate=dropout_rate,
-                             return_weights=return_weights) is None:
+    for name in _automatic_order(query, key, backend):
+      if unsupported_reason(name, query, key, value, backend=backend, **request) is None:
         return name
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
         f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}.")
-  reason = _unsupported_reason(implementation, query, key, value, dropout_rate=dropout_rate,
-                               return_weights=return_weights)
+  reason = unsupported_reason(implementation, query, key, value, backend=backend, **request)
   if reason is not None:
     raise ValueError(
         f"implementation={implementation!r} cannot serve this call: {reason}; "
-        "use implementation='reference' or None.")
+        "use implementation=None to pick one that can.")
   return implementation
+
+
+# The implementations that take (query, key, value, bias, mask, *, scale, is_causal).
+_KERNELS = {
+    "xla": xla.xla_attention,
+    "chunked": chunked.chunked_attention,
+    "cudnn": cudnn.cudnn_attention,
+    "pallas_tpu": pallas_tpu.pallas_tpu_attention,
+}
 
 
 def dot_product_attention(query, key, value, bias=None, mask=None, *,
@@ -95,8 +145,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
     dropout_rng: a PRNG key for attention dropout.
     return_weights: also return the softmax weights [..., N, T, S] (float32, before dropout).
     implementation: "reference" (the formula), "xla" (jax.nn.dot_product_attention), "chunked"
-      (blockwise, memory linear in T and S; block sizes via ``chunked_attention``) or None
-      (automatic, see ``select_implementation``).
+      (blockwise, memory linear in T and S; block sizes via ``chunked_attention``), "cudnn"
+      (cuDNN flash attention on NVIDIA GPUs), "pallas_tpu" (the Pallas flash kernel on TPU) or
+      None (automatic, see ``select_implementation``).
 
   Returns:
     [..., T, N, H_v] in the dtype of ``query``; with ``return_weights`` a pair (output, weights).
@@ -123,15 +174,12 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
     raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
   if dropout_rate > 0.0 and dropout_rng is None:
     raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key).")
-  name = select_implementation(query, key, value, dropout_rate=dropout_rate,
+  name = select_implementation(query, key, value, bias, mask, dropout_rate=dropout_rate,
                                return_weights=return_weights, implementation=implementation)
 
   scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-  if name == "xla":
-    return xla.xla_attention(query, key, value, bias, mask, scale=scale, is_causal=is_causal)
-  if name == "chunked":
-    return chunked.chunked_attention(query, key, value, bias, mask, scale=scale,
-                                     is_causal=is_causal)
+  if name in _KERNELS:
+    return _KERNELS[name](query, key, value, bias, mask, scale=scale, is_causal=is_causal)
   return reference.reference_attention(
       query, key, value, bias, mask, scale=scale, is_causal=is_causal,
       dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights)

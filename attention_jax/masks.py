@@ -82,3 +82,33 @@ def flatten_batch(array, batch_shape):
     return jnp.reshape(array, (1,) + array.shape[-3:])
   array = jnp.broadcast_to(array, tuple(batch_shape) + array.shape[-3:])
   return jnp.reshape(array, (-1,) + array.shape[-3:])
+
+
+def fold_infinite_bias(bias, mask):
+  """Moves the -inf entries of an additive bias into the boolean mask: (finite bias, mask).
+
+  Kernels that add a large negative number for masked logits turn a row of -inf biases into NaN;
+  with the -inf entries as mask entries they see only finite biases. None stays None.
+  """
+  if bias is None:
+    return None, mask
+  attendable = bias > -jnp.inf
+  return jnp.where(attendable, bias, 0.0), combine_masks(mask, attendable)
+
+
+def zero_empty_rows(output, mask, kv_len: int, *, is_causal: bool):
+  """Zeros the query rows of ``output`` [..., T, N, H] that ``mask`` (and causality) leave empty.
+
+  For kernels that give a row with no attendable key the mean of the values (jax.nn, cuDNN, the
+  Pallas kernels) rather than the zeros our contract asks for. ``mask`` broadcasts to
+  [..., N, T, S] with S = kv_len; the gradient of a zeroed row is zero.
+  """
+  if mask is None:  # causal alone never empties a row.
+    return output
+  q_len = output.shape[-3]
+  if is_causal:
+    mask = combine_masks(mask, causal_mask(q_len, kv_len))
+  mask = jnp.reshape(mask, (1,) * (3 - mask.ndim) + mask.shape)  # at least [N', T', S']
+  row_has_key = jnp.any(mask, axis=-1)  # [..., N or 1, T or 1]
+  row_has_key = jnp.swapaxes(row_has_key, -1, -2)[..., None]  # [..., T or 1, N or 1, 1]
+  return jnp.where(row_has_key, output, jnp.zeros((), output.dtype))

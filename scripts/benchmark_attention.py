@@ -2,7 +2,8 @@
 
   python scripts/benchmark_attention.py [--rounds 5] [--json FILE] [--long] [--shapes B,T,N,H ...]
 
-Forward and forward+backward (gradients of sum(out * cotangent) w.r.t. q, k, v), float32. Each
+Forward and forward+backward (gradients of sum(out * cotangent) w.r.t. q, k, v), float32 unless
+--dtype says otherwise; the accelerator kernels ("cudnn", "pallas_tpu") join on their backend. Each
 round calls every method once per shape, in an order shuffled per round, so that drifts on a
 shared machine and the after-effects of one method on the next hit all of them alike. The table
 gives the median over rounds after a warm-up call, GFLOP/s (forward FLOPs 4*B*N*T*S*H,
@@ -32,22 +33,25 @@ import attention_jax as aj  # noqa: E402
 
 SHAPES = [(8, 128, 8, 64), (4, 512, 8, 64), (1, 2048, 8, 64), (1, 4096, 8, 64), (1, 8192, 8, 64)]
 LONG_SHAPES = [(1, 32768, 8, 64), (1, 65536, 8, 64)]
-MEMORY_EFFICIENT = ("chunked", "torch_sdpa")
+MEMORY_EFFICIENT = ("chunked", "cudnn", "pallas_tpu", "torch_sdpa")
 
 
 def jax_methods():
+  """This project's implementations that run on this backend, plus the jax and flax peers."""
+  backend = jax.default_backend()
   ours = {name: (lambda q, k, v, name=name: aj.dot_product_attention(q, k, v, implementation=name))
-          for name in aj.IMPLEMENTATIONS}
+          for name in aj.IMPLEMENTATIONS
+          if aj.attention.REQUIRED_BACKEND.get(name, backend) == backend}
   ours["default"] = lambda q, k, v: aj.dot_product_attention(q, k, v)
   return {**ours,
           "jax.nn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v),
           "flax.linen": lambda q, k, v: nn.dot_product_attention(q, k, v)}
 
 
-def jax_runner(fn, shape, backward):
+def jax_runner(fn, shape, backward, dtype):
   """A zero-argument callable that runs fn once and blocks, plus XLA's temp memory in bytes."""
   rng = np.random.default_rng(0)
-  q, k, v, cotangent = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for _ in range(4))
+  q, k, v, cotangent = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(4))
   if backward:
     def loss(q, k, v):
       return jnp.sum(fn(q, k, v) * cotangent)
@@ -59,13 +63,14 @@ def jax_runner(fn, shape, backward):
   return (lambda: jax.block_until_ready(compiled(q, k, v))), temp
 
 
-def torch_runner(shape, backward):
+def torch_runner(shape, backward, dtype):
   import torch
   import torch.nn.functional as F
   torch.manual_seed(0)
   b, t, n, h = shape  # torch wants [B, N, T, H]
-  q, k, v = (torch.randn(b, n, t, h, requires_grad=backward) for _ in range(3))
-  cotangent = torch.randn(b, n, t, h)
+  dtype = getattr(torch, dtype)
+  q, k, v = (torch.randn(b, n, t, h, dtype=dtype, requires_grad=backward) for _ in range(3))
+  cotangent = torch.randn(b, n, t, h, dtype=dtype)
 
   def run():
     out = F.scaled_dot_product_attention(q, k, v)
@@ -82,6 +87,8 @@ def main():
   parser.add_argument("--shapes", nargs="*", help="B,T,N,H tuples instead of the default rows")
   parser.add_argument("--methods", nargs="*", help="a subset of the method names")
   parser.add_argument("--json", help="write the measurements to this file")
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                      help="input dtype (cuDNN flash attention needs bfloat16 or float16)")
   args = parser.parse_args()
 
   shapes = ([tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes
@@ -107,8 +114,8 @@ def main():
       if (long_row and name not in MEMORY_EFFICIENT) or (name == "reference" and shape[1] > 8192):
         continue
       try:
-        runners[name] = (torch_runner(shape, backward) if fn is None
-                         else jax_runner(fn, shape, backward))
+        runners[name] = (torch_runner(shape, backward, args.dtype) if fn is None
+                         else jax_runner(fn, shape, backward, args.dtype))
         runners[name][0]()  # warm-up
       except Exception as error:  # an implementation that cannot run this size is reported
         results.append({"shape": shape, "backward": backward, "method": name,
@@ -136,6 +143,7 @@ def main():
 
   machine = {"platform": platform.platform(), "processor": platform.processor(),
              "cpus": os.cpu_count(), "jax": jax.__version__, "device": str(jax.devices()[0]),
+             "dtype": args.dtype,
              "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", "")}
   print(json.dumps(machine))
   if args.json:

@@ -1,5 +1,6 @@
 """dot_product_attention, every implementation, against the float64 NumPy reference."""
 
+import functools
 import zlib
 
 import chex
@@ -72,17 +73,20 @@ CASES = {
 }
 
 
-def _run_case(name, implementation):
-  batch, q_len, kv_len, heads, kv_heads, head_dim, options = CASES[name]
+def run_case(case, attention_fn, seed=0, dtype=np.float32):
+  """Output and gradients of attention_fn(q, k, v, bias, mask, scale=, is_causal=) on a case of
+  CASES' form, with the float64 reference's. The inputs are rounded to ``dtype`` first."""
+  batch, q_len, kv_len, heads, kv_heads, head_dim, options = case
   options = dict(options)
   scale, is_causal = options.pop("scale", None), options.pop("is_causal", False)
   query, key, value, mask, bias = _random_case(
-      zlib.crc32(name.encode()) % 1000, batch, q_len, kv_len, heads, kv_heads, head_dim, **options)
+      seed, batch, q_len, kv_len, heads, kv_heads, head_dim, **options)
+  query, key, value = (np.asarray(jnp.asarray(x, dtype), np.float32) for x in (query, key, value))
   d_output = np.random.default_rng(7).standard_normal(query.shape).astype(np.float32)
 
   def loss(q, k, v, b):
-    out = attention(q, k, v, b, mask, scale=scale, is_causal=is_causal,
-                    implementation=implementation)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    out = attention_fn(q, k, v, b, mask, scale=scale, is_causal=is_causal).astype(np.float32)
     return jnp.sum(out * d_output), out
 
   grad_args = (0, 1, 2) if bias is None else (0, 1, 2, 3)
@@ -94,14 +98,19 @@ def _run_case(name, implementation):
   return output, grads, expected, expected_grads
 
 
+def assert_case_matches(results, tolerance):
+  output, grads, expected, expected_grads = results
+  assert_close(output, expected, tolerance, "output")
+  for name, grad, expected_grad in zip(("query", "key", "value", "bias"), grads,
+                                       expected_grads):
+    assert_close(grad, expected_grad, tolerance, f"d_{name}")
+
+
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_values_and_gradients_match_float64_reference(case, implementation):
-  output, grads, expected, expected_grads = _run_case(case, implementation)
-  assert_close(output, expected, 1e-5, "output")
-  for name, grad, expected_grad in zip(("query", "key", "value", "bias"), grads,
-                                       expected_grads):
-    assert_close(grad, expected_grad, 1e-5, f"d_{name}")
+  fn = functools.partial(attention, implementation=implementation)
+  assert_case_matches(run_case(CASES[case], fn, seed=zlib.crc32(case.encode()) % 1000), 1e-5)
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)

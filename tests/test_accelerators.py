@@ -1,0 +1,129 @@
+"""The GPU (cuDNN) and TPU (Pallas) paths and the automatic choice between implementations.
+
+No accelerator is needed: the Pallas TPU kernel runs in Pallas' interpret mode on the CPU, and the
+cuDNN wrapper is checked twice, with the same prepared inputs going through jax.nn's XLA path
+(values and gradients against the float64 reference) and through jax's cuDNN front end up to
+the kernel call (jax checks shapes, dtypes and layout there while tracing).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+import attention_jax as aj
+from attention_jax import cudnn
+from attention_jax import pallas_tpu
+from test_attention import CASES
+from test_attention import assert_case_matches
+from test_attention import run_case
+
+
+def _default_scale(kernel):
+  """The kernel with scale=None meaning 1/sqrt(head_dim), as dot_product_attention resolves it."""
+  def attention(query, key, value, bias, mask, *, scale, is_causal):
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    return kernel(query, key, value, bias, mask, scale=scale, is_causal=is_causal)
+  return attention
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cudnn_inputs_through_xla_match_float64_reference(case, monkeypatch):
+  monkeypatch.setattr(cudnn, "KERNEL", "xla")
+  assert_case_matches(run_case(CASES[case], _default_scale(cudnn.cudnn_attention)), 1e-5)
+
+
+@pytest.mark.parametrize("case", ["basic", "gqa", "fully_masked_rows", "bias_per_head",
+                                  "bias_neg_inf", "causal_masked_gqa", "two_batch_dims"])
+def test_cudnn_inputs_pass_jax_cudnn_checks_forward_and_backward(case, monkeypatch):
+  from jax._src.cudnn import fused_attention_stablehlo
+  monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: 90800)
+  batch, q_len, kv_len, heads, kv_heads, head_dim, options = CASES[case]
+  assert q_len % 2 == 0 and kv_len % 2 == 0 and head_dim % 8 == 0
+  shape = lambda length, n: jax.ShapeDtypeStruct(batch + (length, n, head_dim), jnp.bfloat16)
+  query, key = shape(q_len, heads), shape(kv_len, kv_heads)
+  target = batch + (heads, q_len, kv_len)
+  mask = jax.ShapeDtypeStruct(target, jnp.bool_) if "mask" in options else None
+  bias = jax.ShapeDtypeStruct(target, jnp.float32) if "bias" in options else None
+  is_causal = options.get("is_causal", False)
+  assert aj.select_implementation(query, key, key, bias, mask, backend="gpu") == "cudnn"
+
+  def loss(q, k, v, b, m):
+    out = cudnn.cudnn_attention(q, k, v, b, m, scale=0.3, is_causal=is_causal)
+    return jnp.sum(out.astype(jnp.float32))
+
+  jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(query, key, key, bias, mask)
+  names = {equation.primitive.name for equation in jaxpr.eqns}
+  assert {"dot_product_attention_fwd_wrapper", "dot_product_attention_bwd_wrapper"} <= names
+
+
+PALLAS_CASES = {
+    # name: (batch, T, S, N, K, H, options), lengths multiples of the kernel's 128
+    "causal_gqa": ((2,), 128, 128, 4, 2, 16, {"is_causal": True}),
+    "padding_cross_lengths": ((2,), 128, 256, 2, 2, 16, {"mask": "padding"}),  # segment ids
+    "bias_and_mask_empty_rows": ((1,), 128, 128, 2, 2, 16, {"bias": "full", "mask": "random"}),
+    "neg_inf_bias_causal_mqa": ((1,), 128, 128, 2, 1, 16, {"bias": "neg_inf", "is_causal": True}),
+    "two_batch_dims_head_bias_scale": ((2, 1), 128, 128, 2, 2, 16,
+                                       {"bias": "heads", "scale": 3.0}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PALLAS_CASES))
+def test_pallas_tpu_kernel_matches_float64_reference_in_interpret_mode(case):
+  with pltpu.force_tpu_interpret_mode():
+    results = run_case(PALLAS_CASES[case], _default_scale(pallas_tpu.pallas_tpu_attention), seed=len(case))
+  assert_case_matches(results, 1e-5)
+
+
+def test_pallas_tpu_kernel_bfloat16_in_interpret_mode():
+  with pltpu.force_tpu_interpret_mode():
+    results = run_case(PALLAS_CASES["causal_gqa"], _default_scale(pallas_tpu.pallas_tpu_attention),
+                       dtype=jnp.bfloat16)
+  assert_case_matches(results, 3e-2)
+
+
+def _shapes(q_len, head_dim=64, dtype=jnp.float32, kv_len=None):
+  query = jax.ShapeDtypeStruct((2, q_len, 8, head_dim), dtype)
+  key = jax.ShapeDtypeStruct((2, kv_len or q_len, 8, head_dim), dtype)
+  return query, key, key
+
+
+@pytest.mark.parametrize("backend, shapes, options, expected", [
+    ("cpu", _shapes(64), {}, "xla"),
+    ("cpu", _shapes(64, kv_len=aj.attention.CHUNKED_MIN_LENGTH_CPU), {}, "chunked"),
+    ("cpu", _shapes(1024), {"dropout_rate": 0.1}, "reference"),
+    ("gpu", _shapes(100, dtype=jnp.bfloat16), {}, "cudnn"),
+    ("gpu", _shapes(64, dtype=jnp.float16), {"mask": np.ones((64, 64), bool)}, "cudnn"),
+    ("gpu", _shapes(64), {}, "xla"),  # float32: cuDNN's flash kernel takes 16-bit floats only
+    ("gpu", _shapes(64, head_dim=12, dtype=jnp.bfloat16), {}, "xla"),
+    ("gpu", _shapes(63, dtype=jnp.bfloat16), {"bias": np.zeros((63, 63))}, "xla"),
+    ("gpu", _shapes(64, dtype=jnp.bfloat16), {"return_weights": True}, "reference"),
+    ("tpu", _shapes(aj.attention.PALLAS_MIN_LENGTH_TPU), {}, "pallas_tpu"),
+    ("tpu", _shapes(1000), {}, "xla"),  # not a multiple of 128
+    ("tpu", _shapes(256), {}, "xla"),
+    ("tpu", _shapes(2048, head_dim=192), {}, "xla"),
+])
+def test_automatic_choice_per_backend(backend, shapes, options, expected):
+  options = dict(options)
+  bias, mask = options.pop("bias", None), options.pop("mask", None)
+  assert aj.select_implementation(*shapes, bias, mask, backend=backend, **options) == expected
+
+
+@pytest.mark.parametrize("implementation, backend, shapes, match", [
+    ("cudnn", "cpu", _shapes(64, dtype=jnp.bfloat16), "only on the gpu backend"),
+    ("pallas_tpu", "gpu", _shapes(1024), "only on the tpu backend"),
+    ("cudnn", "gpu", _shapes(64), "float16 or bfloat16"),
+    ("pallas_tpu", "tpu", _shapes(100), "multiples of 128"),
+])
+def test_named_accelerator_kernel_that_cannot_serve_raises(implementation, backend, shapes,
+                                                           match):
+  with pytest.raises(ValueError, match=match):
+    aj.select_implementation(*shapes, implementation=implementation, backend=backend)
+
+
+def test_dot_product_attention_refuses_accelerator_kernel_on_cpu():
+  query = jnp.zeros((1, 128, 2, 16), jnp.bfloat16)
+  for implementation in aj.attention.REQUIRED_BACKEND:
+    with pytest.raises(ValueError, match="cannot serve this call"):
+      aj.dot_product_attention(query, query, query, implementation=implementation)
