@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import jax
+
 import attention_jax as aj
 from experiments import tasks
 
@@ -88,6 +90,11 @@ def validate(config, num_devices: int = 1) -> None:
   for field, (value, valid) in choices.items():
     if value not in valid:
       raise ConfigError(f"{field} must be one of {list(valid)}, got {value!r}.")
+  required = aj.attention.REQUIRED_BACKEND.get(model.attention_impl)
+  if required is not None and required != jax.default_backend():
+    raise ConfigError(f"model.attention_impl={model.attention_impl!r} runs only on {required}, "
+                      f"and this machine's backend is {jax.default_backend()}; use '' "
+                      "(automatic) to let each machine pick its kernel.")
   for field in ("learning_rate", "num_train_steps", "batch_size", "eval_every_steps",
                 "log_every_steps", "checkpoint_every_steps", "keep_checkpoints",
                 "model.d_model", "model.num_layers", "model.mlp_dim"):

@@ -221,8 +221,22 @@ def test_jit_vmap_grad_compose_and_jit_traces_once():
   assert_close(grads, numpy_reference.attention_vjp(cache, 2 * expected)[0], 1e-5)
 
 
+@pytest.mark.parametrize("length, requested, block, count", [
+    (1100, None, 552, 2),   # equal blocks: 1104 padded, not 2048
+    (1024, None, 1024, 1),
+    (3000, None, 1000, 3),
+    (33, None, 40, 1),      # a multiple of 8
+    (1100, 256, 256, 5),    # a requested block is kept
+    (100, 256, 104, 1),     # but never beyond the padded length
+])
+def test_chunked_block_sizes(length, requested, block, count):
+  geometry = aj.chunked._Blocks.create(length, length, requested, requested)
+  assert (geometry.block_q, geometry.num_q) == (block, count)
+  assert (geometry.block_k, geometry.num_k) == (block, count)
+
+
 def test_long_sequences_default_to_chunked_with_several_blocks_and_stay_exact():
-  q_len = 1064  # several query and key blocks (3 x 512 queries, 5 x 256 keys)
+  q_len = 1064  # default blocks: 2 x 536 queries and keys, the last 8 of them padding
   query, key, value, _, _ = _random_case(9, (1,), q_len, q_len, 2, 1, 16)
   mask = np.ones((1, 1, 1, q_len), bool)
   mask[..., -100:] = False  # padded keys at the end

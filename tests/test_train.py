@@ -132,6 +132,7 @@ def test_bad_config_exits_nonzero_within_seconds_naming_the_field(override, mess
     ("schedule", "linear", "schedule must be one of"),
     ("model.dropout_rate", 1.0, r"model.dropout_rate must be in \[0, 1\)"),
     ("num_train_steps", 2.5, "must be int"),
+    ("model.attention_impl", "cudnn", "runs only on gpu, and this machine's backend is cpu"),
 ])
 def test_validation_in_process(field, value, message, data_dir):
   config = tiny_config(data_dir)
