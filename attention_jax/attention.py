@@ -50,10 +50,12 @@ def unsupported_reason(name, query, key, value, *, backend: str, **request) -> s
   return _UNSUPPORTED_REASON[name](query, key, value, **request)
 
 
-# On CPU, blockwise attention beats jax.nn from about this length on, forward and backward.
-# Measured on the 2-core CPU (2026-11-22, medians of 3 interleaved runs, B*T = 2048..4096, 8 heads
-# of 64), time relative to jax.nn forward / forward+backward: T = 128: 0.9 / 2.3; T = 256:
-# 0.56 / 1.07; T = 512: 0.50 / 0.75; T = 1024: 0.35 / 0.71; T = 4096: 0.34 / 0.61.
+# On CPU, blockwise attention from this length on; below it the reference formula, whose
+# head-major einsums beat jax.nn's [B, T, N, H] ones. Measured on the 2-core CPU (2026-11-22,
+# `scripts/benchmark_attention.py --rounds 11`, 8 heads), time relative to jax.nn forward /
+# forward+backward: T = 33: reference 0.67 / 0.82, chunked 1.70 / 2.50; T = 128: 0.68 / 0.70 and
+# 0.98 / 1.32; T = 256: 0.79 / 0.87 and 0.65 / 1.05; T = 512: 0.74 / 0.60 and 0.43 / 0.63;
+# T = 1024: 0.70 / 0.57 and 0.29 / 0.48.
 CHUNKED_MIN_LENGTH_CPU = 512
 
 # On TPU, the Pallas flash kernel from this length on. NOT measured (no TPU has run this code
@@ -65,8 +67,8 @@ PALLAS_MIN_LENGTH_TPU = 1024
 def _automatic_order(query, key, backend: str) -> tuple[str, ...]:
   """Implementations to try, fastest first, for this backend and shape."""
   longest = max(query.shape[-3], key.shape[-3])
-  if backend == "cpu" and longest >= CHUNKED_MIN_LENGTH_CPU:
-    return ("chunked", "reference")
+  if backend == "cpu":
+    return ("chunked", "reference") if longest >= CHUNKED_MIN_LENGTH_CPU else ("reference",)
   if backend == "gpu":
     return ("cudnn", "xla", "reference")
   if backend == "tpu" and longest >= PALLAS_MIN_LENGTH_TPU:
@@ -82,7 +84,8 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   ``implementation=None`` picks the first implementation that can serve the request from a list
   per backend (``backend`` defaults to ``jax.default_backend()``):
 
-  - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU (measured), else "xla";
+  - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference" (both measured
+    faster than jax.nn here);
   - gpu: "cudnn" (float16/bfloat16, head_dim a multiple of 8 up to 128, value shaped like key),
     else "xla";
   - tpu: "pallas_tpu" when T or S >= PALLAS_MIN_LENGTH_TPU and both are multiples of 128, else

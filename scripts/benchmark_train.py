@@ -5,7 +5,8 @@
 Both models are the same SequenceClassifier (sinusoidal encoding, post-LN, AdamW step), except
 that one uses attention_jax.MultiHeadAttention (whose default implementation is chosen per
 backend and length) and the other flax.linen.MultiHeadDotProductAttention. Each round runs one
-jitted train step of each in turn; the table gives median tokens/s and the ratio.
+jitted train step of each, in an order shuffled per round; the table gives median tokens/s and
+the ratio.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -95,10 +97,12 @@ def main():
     for run in runners.values():
       run()  # compile and warm up
     times = {method: [] for method in runners}
+    order, methods = random.Random(0), list(runners)
     for _ in range(args.rounds):
-      for method, run in runners.items():
+      order.shuffle(methods)  # neither model always runs right after the other
+      for method in methods:
         started = time.perf_counter()
-        run()
+        runners[method]()
         times[method].append(time.perf_counter() - started)
     rates = {m: batch * length / statistics.median(t) for m, t in times.items()}
     ratio = rates["attention_jax"] / rates["flax.linen"]

@@ -90,7 +90,7 @@ def _shapes(q_len, head_dim=64, dtype=jnp.float32, kv_len=None):
 
 
 @pytest.mark.parametrize("backend, shapes, options, expected", [
-    ("cpu", _shapes(64), {}, "xla"),
+    ("cpu", _shapes(64), {}, "reference"),
     ("cpu", _shapes(64, kv_len=aj.attention.CHUNKED_MIN_LENGTH_CPU), {}, "chunked"),
     ("cpu", _shapes(1024), {"dropout_rate": 0.1}, "reference"),
     ("gpu", _shapes(100, dtype=jnp.bfloat16), {}, "cudnn"),
