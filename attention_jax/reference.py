@@ -32,14 +32,11 @@ def heads_first(array):
 
 
 def attention_logits(query, key, *, scale: float):
-  """(Q * scale) K^T per head: query [..., T, N, H], key [..., S, K, H] -> [..., N, T, S].
-
-  The scale multiplies Q (T x H numbers) rather than Q K^T (T x S), which is the same product.
-  """
-  query = heads_first(query * jnp.asarray(scale, query.dtype))  # [..., N, T, H]
-  key = heads_first(repeat_kv_heads(key, query.shape[-3]))  # [..., N, S, H]
-  return jnp.einsum("...nth,...nsh->...nts", query, key,
-                    preferred_element_type=compute_dtype(query.dtype))
+  """scale * Q K^T per head: query [..., T, N, H], key [..., S, K, H] -> [..., N, T, S]."""
+  key = repeat_kv_heads(key, query.shape[-2])  # [..., S, N, H]
+  logits = jnp.einsum("...nth,...nsh->...nts", heads_first(query), heads_first(key),
+                      preferred_element_type=compute_dtype(query.dtype))
+  return logits * scale  # in float32 (or wider), so a bfloat16 query loses nothing to the scale
 
 
 @jax.custom_jvp
