@@ -53,9 +53,9 @@ def unsupported_reason(name, query, key, value, *, backend: str, **request) -> s
 # On CPU, blockwise attention from this length on; below it the reference formula, whose
 # head-major einsums beat jax.nn's [B, T, N, H] ones. Measured on the 2-core CPU (2026-11-22,
 # `scripts/benchmark_attention.py --rounds 11`, 8 heads), time relative to jax.nn forward /
-# forward+backward: T = 33: reference 0.67 / 0.82, chunked 1.70 / 2.50; T = 128: 0.68 / 0.70 and
-# 0.98 / 1.32; T = 256: 0.79 / 0.87 and 0.65 / 1.05; T = 512: 0.74 / 0.60 and 0.43 / 0.63;
-# T = 1024: 0.70 / 0.57 and 0.29 / 0.48.
+# forward+backward: T = 33: reference 0.67 / 0.84, chunked 1.88 / 2.67; T = 128: 0.73 / 0.88 and
+# 0.95 / 1.73; T = 256: 0.72 / 0.82 and 0.59 / 1.13; T = 512: 0.73 / 0.74 and 0.39 / 0.66;
+# T = 1024: 0.71 / 0.60 and 0.31 / 0.46.
 CHUNKED_MIN_LENGTH_CPU = 512
 
 # On TPU, the Pallas flash kernel from this length on. NOT measured (no TPU has run this code
