@@ -3,17 +3,16 @@
 ``jax.nn.dot_product_attention(implementation="cudnn")`` runs on NVIDIA GPUs for float16 and
 bfloat16 inputs with one batch axis, value.shape == key.shape, head dims that are multiples of 8 up
 to 128, and a bias (a boolean mask becomes one) that spans the full query and key lengths, which
-must be even when a bias is trained through. This wrapper flattens the batch dims, broadcasts mask
-and bias to full length, folds -inf biases into the mask and zeros the rows with nothing to attend
-to (cuDNN averages their values).
+must be even when a bias is trained through. This wrapper broadcasts mask and bias to full
+length and hands them to ``xla.xla_attention``, which flattens the batch dims, folds -inf biases
+into the mask and zeros the rows with nothing to attend to (cuDNN averages their values).
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
-from attention_jax import masks as masks_lib
+from attention_jax import xla
 
 MAX_HEAD_DIM = 128  # 256 from Hopper on; 128 holds on every GPU cuDNN's flash kernel supports
 
@@ -48,19 +47,11 @@ def cudnn_attention(query, key, value, bias=None, mask=None, *, scale: float,
 
   Inputs are assumed validated and servable (see ``unsupported_reason``).
   """
-  batch_shape, q_len, kv_len = query.shape[:-3], query.shape[-3], key.shape[-3]
-  bias, mask = masks_lib.fold_infinite_bias(bias, mask)
+  q_len, kv_len = query.shape[-3], key.shape[-3]
 
-  def full_length(x, dtype):  # [..., N', T', S'] -> [B or 1, N', T, S] in dtype
-    if x is None:
-      return None
-    x = masks_lib.flatten_batch(x, batch_shape)
-    return jnp.broadcast_to(x, x.shape[:2] + (q_len, kv_len)).astype(dtype)
+  def full_length(x, dtype):  # [..., T' or 1, S' or 1] -> [..., T, S] in dtype
+    return None if x is None else jnp.broadcast_to(x, x.shape[:-2] + (q_len, kv_len)).astype(dtype)
 
-  flat = lambda x: jnp.reshape(x, (-1,) + x.shape[-3:])  # [..., L, N, H] -> [B, L, N, H]
-  output = jax.nn.dot_product_attention(
-      flat(query), flat(key), flat(value),
-      bias=full_length(bias, query.dtype), mask=full_length(mask, jnp.bool_),
-      scale=scale, is_causal=is_causal, implementation=KERNEL)
-  output = jnp.reshape(output, query.shape)
-  return masks_lib.zero_empty_rows(output, mask, kv_len, is_causal=is_causal)
+  return xla.xla_attention(query, key, value, full_length(bias, query.dtype),
+                           full_length(mask, jnp.bool_), scale=scale, is_causal=is_causal,
+                           implementation=KERNEL)

@@ -27,10 +27,11 @@ def unsupported_reason(query, key, value, *, dropout_rate: float, return_weights
 
 
 def xla_attention(query, key, value, bias=None, mask=None, *, scale: float,
-                  is_causal: bool = False):
+                  is_causal: bool = False, implementation: str = "xla"):
   """jax.nn.dot_product_attention with any leading batch dims and zeros for empty rows.
 
-  query [..., T, N, H], key/value [..., S, K, H] -> [..., T, N, H]. Inputs are assumed validated.
+  query [..., T, N, H], key/value [..., S, K, H] -> [..., T, N, H]. ``implementation`` is passed
+  on to jax.nn (the cuDNN wrapper passes "cudnn"). Inputs are assumed validated.
   """
   batch_shape = query.shape[:-3]
   bias, mask = masks_lib.fold_infinite_bias(bias, mask)
@@ -39,6 +40,6 @@ def xla_attention(query, key, value, bias=None, mask=None, *, scale: float,
       flat(query), flat(key), flat(value),
       bias=masks_lib.flatten_batch(bias, batch_shape),
       mask=masks_lib.flatten_batch(mask, batch_shape),
-      scale=scale, is_causal=is_causal, implementation="xla")
+      scale=scale, is_causal=is_causal, implementation=implementation)
   output = jnp.reshape(output, query.shape)
   return masks_lib.zero_empty_rows(output, mask, key.shape[-3], is_causal=is_causal)
