@@ -25,12 +25,17 @@ from jax import lax
 from attention_jax import masks as masks_lib
 from attention_jax import reference
 
-# The largest query and key blocks by default. On the 2-core CPU (2026-11-22, B = 1, N = 8, H = 64,
-# medians of 5-7 shuffled rounds) forward+backward took, relative to jax.nn: T = 2048: 0.60 with
-# (512, 256), 0.51 with (1024, 512), 0.48-0.49 with (1024, 1024), 0.47 with (2048, 1024);
-# T = 4096: 0.28, 0.24, 0.22, 0.22. Fewer loop iterations win; past 1024 the gain is noise.
+# The largest query and key blocks by default, measured on the 2-core CPU (B = 1, N = 8, H = 64;
+# `scripts/benchmark_attention.py --rounds 7 --shapes 1,2048,8,64 1,4096,8,64 --blocks 1024x1024
+# 1024x2048 1024x4096 512x4096`, and `--causal --rounds 5 --shapes 1,4096,8,64 --blocks ...`).
+# Without a causal mask long key blocks win: forward at T = 4096 took 222 / 215 / 204 / 231 ms with
+# those four, forward+backward 910 / 859 / 862 / 867 ms (T = 2048: 55 / 56 / 52 / 60 forward).
+# Causal attention wants short key blocks, so that whole blocks above the diagonal are skipped:
+# forward 163 ms with (1024, 1024), 183 with (1024, 2048), 233 with (1024, 4096), 182 with
+# (512, 1024); forward+backward 588 / 649 / 830 / 616 ms.
 DEFAULT_BLOCK_Q = 1024
-DEFAULT_BLOCK_K = 1024
+DEFAULT_BLOCK_K = 4096
+DEFAULT_BLOCK_K_CAUSAL = 1024
 
 
 def _round_up(length: int, block: int) -> int:
@@ -57,9 +62,10 @@ class _Blocks:
   block_k: int
 
   @classmethod
-  def create(cls, q_len, kv_len, block_q=None, block_k=None):
+  def create(cls, q_len, kv_len, block_q=None, block_k=None, is_causal=False):
+    default_k = DEFAULT_BLOCK_K_CAUSAL if is_causal else DEFAULT_BLOCK_K
     return cls(q_len, kv_len, _block_size(q_len, block_q, DEFAULT_BLOCK_Q),
-               _block_size(kv_len, block_k, DEFAULT_BLOCK_K))
+               _block_size(kv_len, block_k, default_k))
 
   @property
   def num_q(self):
@@ -243,14 +249,15 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   """Memory-efficient attention, blockwise in both directions; same contract as the reference.
 
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> [..., T, N, H_v]. Blocks of
-  ``block_q`` queries and ``block_k`` keys (default: equal blocks of at most 1024, a multiple of 8).
+  ``block_q`` queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most 1024
+  queries and 4096 keys, or 1024 keys when causal).
   Inputs are assumed validated.
 
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256)
   """
   batch_shape, (q_len, num_heads, _) = query.shape[:-3], query.shape[-3:]
   kv_len = key.shape[-3]
-  geometry = _Blocks.create(q_len, kv_len, block_q, block_k)
+  geometry = _Blocks.create(q_len, kv_len, block_q, block_k, is_causal)
   padded_q, padded_k = geometry.num_q * geometry.block_q, geometry.num_k * geometry.block_k
 
   def head_major(x, length):  # [..., L, N, H] -> [B, N, L_padded, H]

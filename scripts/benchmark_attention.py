@@ -1,6 +1,7 @@
 """Attention speed and memory: this project's implementations against jax.nn, flax and torch.
 
   python scripts/benchmark_attention.py [--rounds 5] [--json FILE] [--long] [--shapes B,T,N,H ...]
+      [--methods NAME ...] [--causal] [--blocks BQxBK ...]
 
 Forward and forward+backward (gradients of sum(out * cotangent) w.r.t. q, k, v), float32 unless
 --dtype says otherwise; the accelerator kernels ("cudnn", "pallas_tpu") join on their backend. Each
@@ -9,7 +10,9 @@ shared machine and the after-effects of one method on the next hit all of them a
 gives the median over rounds after a warm-up call, GFLOP/s (forward FLOPs 4*B*N*T*S*H,
 forward+backward 3x that), XLA's peak temporary memory for the compiled JAX functions, and the
 time ratio against jax.nn.dot_product_attention. torch's
-scaled_dot_product_attention joins when torch is installed (it is not a dependency).
+scaled_dot_product_attention joins when torch is installed (it is not a dependency). --causal
+masks future keys in every method (GFLOP/s still counts all T x S logits); --blocks adds chunked attention with the given query x key
+block sizes (methods "chunked:1024x4096", ...), to compare block shapes side by side.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import os
 import platform
 import random
+import re
 import statistics
 import sys
 import time
@@ -36,16 +40,26 @@ LONG_SHAPES = [(1, 32768, 8, 64), (1, 65536, 8, 64)]
 MEMORY_EFFICIENT = ("chunked", "cudnn", "pallas_tpu", "torch_sdpa")
 
 
-def jax_methods():
+def jax_methods(is_causal=False, blocks=()):
   """This project's implementations that run on this backend, plus the jax and flax peers."""
   backend = jax.default_backend()
-  ours = {name: (lambda q, k, v, name=name: aj.dot_product_attention(q, k, v, implementation=name))
+  ours = {name: (lambda q, k, v, name=name: aj.dot_product_attention(
+              q, k, v, implementation=name, is_causal=is_causal))
           for name in aj.IMPLEMENTATIONS
           if aj.attention.REQUIRED_BACKEND.get(name, backend) == backend}
-  ours["default"] = lambda q, k, v: aj.dot_product_attention(q, k, v)
+  ours["default"] = lambda q, k, v: aj.dot_product_attention(q, k, v, is_causal=is_causal)
+  for block in blocks:
+    block_q, block_k = (int(size) for size in block.split("x"))
+    ours[f"chunked:{block}"] = lambda q, k, v, block_q=block_q, block_k=block_k: (
+        aj.chunked_attention(q, k, v, scale=q.shape[-1] ** -0.5, is_causal=is_causal,
+                             block_q=block_q, block_k=block_k))
+
+  def flax_attention(q, k, v):
+    causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool)) if is_causal else None
+    return nn.dot_product_attention(q, k, v, mask=causal)
   return {**ours,
-          "jax.nn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v),
-          "flax.linen": lambda q, k, v: nn.dot_product_attention(q, k, v)}
+          "jax.nn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=is_causal),
+          "flax.linen": flax_attention}
 
 
 def jax_runner(fn, shape, backward, dtype):
@@ -63,7 +77,7 @@ def jax_runner(fn, shape, backward, dtype):
   return (lambda: jax.block_until_ready(compiled(q, k, v))), temp
 
 
-def torch_runner(shape, backward, dtype):
+def torch_runner(shape, backward, dtype, is_causal=False):
   import torch
   import torch.nn.functional as F
   torch.manual_seed(0)
@@ -73,7 +87,7 @@ def torch_runner(shape, backward, dtype):
   cotangent = torch.randn(b, n, t, h, dtype=dtype)
 
   def run():
-    out = F.scaled_dot_product_attention(q, k, v)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
     if backward:
       torch.autograd.grad(out, (q, k, v), cotangent)
   return run, None
@@ -89,11 +103,17 @@ def main():
   parser.add_argument("--json", help="write the measurements to this file")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                       help="input dtype (cuDNN flash attention needs bfloat16 or float16)")
+  parser.add_argument("--causal", action="store_true", help="causal attention in every method")
+  parser.add_argument("--blocks", nargs="*", default=[], help="BQxBK chunked block sizes to add")
   args = parser.parse_args()
 
   shapes = ([tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes
             else list(SHAPES))
-  methods = {name: fn for name, fn in jax_methods().items()}
+  for block in args.blocks:
+    if not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", block):
+      parser.error(f"--blocks {block!r} is not BQxBK; write the query and key block sizes as "
+                   "positive integers joined by x, e.g. 1024x4096")
+  methods = dict(jax_methods(args.causal, args.blocks))
   try:
     import torch  # noqa: F401
     methods["torch_sdpa"] = None
@@ -101,7 +121,8 @@ def main():
   except ImportError:
     pass
   if args.methods:
-    methods = {name: fn for name, fn in methods.items() if name in args.methods}
+    methods = {name: fn for name, fn in methods.items()
+               if name in args.methods or name.startswith("chunked:")}
 
   cases = [(shape, backward) for shape in shapes for backward in (False, True)]
   if args.long:
@@ -111,10 +132,10 @@ def main():
     long_row = shape in LONG_SHAPES
     runners = {}
     for name, fn in methods.items():
-      if (long_row and name not in MEMORY_EFFICIENT) or (name == "reference" and shape[1] > 8192):
+      if (long_row and name.split(":")[0] not in MEMORY_EFFICIENT) or (name == "reference" and shape[1] > 8192):
         continue
       try:
-        runners[name] = (torch_runner(shape, backward, args.dtype) if fn is None
+        runners[name] = (torch_runner(shape, backward, args.dtype, args.causal) if fn is None
                          else jax_runner(fn, shape, backward, args.dtype))
         runners[name][0]()  # warm-up
       except Exception as error:  # an implementation that cannot run this size is reported
@@ -143,7 +164,7 @@ def main():
 
   machine = {"platform": platform.platform(), "processor": platform.processor(),
              "cpus": os.cpu_count(), "jax": jax.__version__, "device": str(jax.devices()[0]),
-             "dtype": args.dtype,
+             "dtype": args.dtype, "causal": args.causal,
              "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", "")}
   print(json.dumps(machine))
   if args.json:

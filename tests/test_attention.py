@@ -222,6 +222,23 @@ def test_jit_vmap_grad_compose_and_jit_traces_once():
   assert_close(grads, numpy_reference.attention_vjp(cache, 2 * expected)[0], 1e-5)
 
 
+@pytest.mark.parametrize("q_len, kv_len, block_q, block_k", [
+    (16, 16, 4, 3), (16, 16, 3, 8), (16, 16, 8, 2),  # blocks below, across and above the diagonal
+    (12, 20, 4, 4), (20, 12, 8, 4), (13, 13, 16, 16)])  # fewer or more keys; a single block
+def test_chunked_causal_block_skipping_at_every_block_shape(q_len, kv_len, block_q, block_k):
+  """Causal chunked attention skips the blocks above the diagonal; no split loses a key."""
+  query, key, value, _, _ = _random_case(11, (2,), q_len, kv_len, 2, 2, 8)
+  d_output = np.random.default_rng(2).standard_normal(query.shape).astype(np.float32)
+  attend = functools.partial(aj.chunked_attention, scale=8 ** -0.5, is_causal=True,
+                             block_q=block_q, block_k=block_k)
+  grads = jax.grad(lambda *qkv: jnp.sum(attend(*qkv) * d_output), argnums=(0, 1, 2))(
+      query, key, value)
+  expected, _, cache = numpy_reference.attention(query, key, value, is_causal=True)
+  assert_close(attend(query, key, value), expected, 1e-5)
+  for grad, expected_grad in zip(grads, numpy_reference.attention_vjp(cache, d_output)):
+    assert_close(grad, expected_grad, 1e-5)
+
+
 @pytest.mark.parametrize("length, requested, block, count", [
     (1100, None, 552, 2),   # equal blocks: 1104 padded, not 2048
     (1024, None, 1024, 1),
@@ -231,23 +248,32 @@ def test_jit_vmap_grad_compose_and_jit_traces_once():
     (100, 256, 104, 1),     # but never beyond the padded length
 ])
 def test_chunked_block_sizes(length, requested, block, count):
-  geometry = aj.chunked._Blocks.create(length, length, requested, requested)
+  geometry = aj.chunked._Blocks.create(length, length, requested, requested, is_causal=True)
   assert (geometry.block_q, geometry.num_q) == (block, count)
   assert (geometry.block_k, geometry.num_k) == (block, count)
 
 
-def test_long_sequences_default_to_chunked_with_several_blocks_and_stay_exact():
-  q_len = 1064  # default blocks: 2 x 536 queries and keys, the last 8 of them padding
+@pytest.mark.parametrize("length, block, count", [(3000, 3000, 1), (4096, 4096, 1),
+                                                  (5000, 2504, 2), (8200, 2736, 3)])
+def test_chunked_key_blocks_are_longer_without_a_causal_mask(length, block, count):
+  geometry = aj.chunked._Blocks.create(length, length)
+  assert (geometry.block_k, geometry.num_k) == (block, count)
+  assert geometry.block_q <= aj.chunked.DEFAULT_BLOCK_Q
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_long_sequences_default_to_chunked_with_several_blocks_and_stay_exact(is_causal):
+  q_len = 1064  # default blocks: 2 x 536 queries; keys 2 x 536 when causal, else one block
   query, key, value, _, _ = _random_case(9, (1,), q_len, q_len, 2, 1, 16)
   mask = np.ones((1, 1, 1, q_len), bool)
   mask[..., -100:] = False  # padded keys at the end
   d_output = np.random.default_rng(1).standard_normal(query.shape).astype(np.float32)
   assert aj.select_implementation(query, key, value) == "chunked"
-  loss = lambda q, k, v: jnp.sum(aj.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+  loss = lambda q, k, v: jnp.sum(aj.dot_product_attention(q, k, v, mask=mask, is_causal=is_causal)
                                  * d_output)
-  output = aj.dot_product_attention(query, key, value, mask=mask, is_causal=True)
+  output = aj.dot_product_attention(query, key, value, mask=mask, is_causal=is_causal)
   grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(query, key, value)
-  expected, _, cache = numpy_reference.attention(query, key, value, mask=mask, is_causal=True)
+  expected, _, cache = numpy_reference.attention(query, key, value, mask=mask, is_causal=is_causal)
   assert np.abs(expected).max() > 0.1
   assert_close(output, expected, 1e-5)
   for grad, expected_grad in zip(grads, numpy_reference.attention_vjp(cache, d_output)):

@@ -1,0 +1,34 @@
+"""The benchmark scripts run end to end on a tiny shape and report what they were asked for."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _benchmark(*arguments):
+  return subprocess.run([sys.executable, "scripts/benchmark_attention.py", *arguments], cwd=ROOT,
+                        capture_output=True, text=True)
+
+
+def test_benchmark_attention_times_causal_methods_and_requested_blocks(tmp_path):
+  output = tmp_path / "bench.json"
+  result = _benchmark("--rounds", "2", "--shapes", "1,24,2,8", "--causal", "--blocks", "8x16",
+                      "--methods", "default", "jax.nn", "flax.linen", "--json", str(output))
+  assert result.returncode == 0, result.stderr
+  report = json.loads(output.read_text())
+  assert report["machine"]["causal"] is True
+  timed = {(row["method"], row["backward"]): row for row in report["results"]}
+  expected = {"default", "jax.nn", "flax.linen", "chunked:8x16"}
+  assert set(timed) == {(method, backward) for method in expected for backward in (False, True)}
+  for row in timed.values():
+    assert row["median_s"] > 0 and "error" not in row
+  assert timed[("jax.nn", False)]["time_vs_jax_nn"] == 1.0
+
+
+def test_benchmark_attention_names_a_malformed_block_size():
+  result = _benchmark("--blocks", "1024by4096")
+  assert result.returncode != 0
+  assert "'1024by4096' is not BQxBK" in result.stderr
