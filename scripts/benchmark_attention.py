@@ -1,7 +1,7 @@
 """Attention speed and memory: this project's implementations against jax.nn, flax and torch.
 
   python scripts/benchmark_attention.py [--rounds 5] [--json FILE] [--long] [--shapes B,T,N,H ...]
-      [--methods NAME ...] [--causal] [--blocks BQxBK ...]
+      [--methods NAME ...] [--causal] [--blocks BQxBK ...] [--floor]
 
 Forward and forward+backward (gradients of sum(out * cotangent) w.r.t. q, k, v), float32 unless
 --dtype says otherwise; the accelerator kernels ("cudnn", "pallas_tpu") join on their backend. Each
@@ -12,7 +12,9 @@ forward+backward 3x that), XLA's peak temporary memory for the compiled JAX func
 time ratio against jax.nn.dot_product_attention. torch's
 scaled_dot_product_attention joins when torch is installed (it is not a dependency). --causal
 masks future keys in every method (GFLOP/s still counts all T x S logits); --blocks adds chunked attention with the given query x key
-block sizes (methods "chunked:1024x4096", ...), to compare block shapes side by side.
+block sizes (methods "chunked:1024x4096", ...), to compare block shapes side by side. --floor
+adds "floor": the block math alone, a lower bound on what any pure-JAX blockwise kernel costs on
+this backend (see block_math_floor).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 import flax.linen as nn
 
@@ -60,6 +63,33 @@ def jax_methods(is_causal=False, blocks=()):
   return {**ours,
           "jax.nn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=is_causal),
           "flax.linen": flax_attention}
+
+
+def block_math_floor(query, key, value, block_q=1024):
+  """Attention as the least work a blockwise kernel in plain JAX ops can do: not a usable kernel.
+
+  The operations are the ones every implementation must do. The inputs are moved to head-major
+  order and scaled. Then, per head and block of ``block_q`` queries, it computes logits = Q K^T,
+  their row max, exp, the row sum, and P V / sum, and moves the output back to [1, T, N, H].
+
+  Everything else is left out: no masks or padding, no online softmax (all S keys form one block,
+  so there is no running max, sum or correction), no log-sum-exp for a backward pass. It needs
+  B = 1, non-causal attention, and T a multiple of ``block_q``.
+  """
+  heads_first = lambda x: x[0].transpose(1, 0, 2)  # [1, T, N, H] -> [N, T, H]
+
+  def one_head(inputs):
+    q, k, v = inputs
+
+    def query_block(i):
+      logits = lax.dynamic_slice_in_dim(q, i * block_q, block_q) @ k.T  # [bq, S]
+      probs = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+      return probs @ v / jnp.sum(probs, axis=-1, keepdims=True)  # [bq, H]
+    return lax.map(query_block, jnp.arange(q.shape[0] // block_q)).reshape(q.shape)
+
+  scaled = query * jnp.asarray(query.shape[-1] ** -0.5, query.dtype)
+  out = lax.map(one_head, (heads_first(scaled), heads_first(key), heads_first(value)))
+  return out.transpose(1, 0, 2)[None]  # [N, T, H] -> [1, T, N, H]
 
 
 def jax_runner(fn, shape, backward, dtype):
@@ -105,6 +135,8 @@ def main():
                       help="input dtype (cuDNN flash attention needs bfloat16 or float16)")
   parser.add_argument("--causal", action="store_true", help="causal attention in every method")
   parser.add_argument("--blocks", nargs="*", default=[], help="BQxBK chunked block sizes to add")
+  parser.add_argument("--floor", action="store_true", help="add the block-math floor (forward, "
+                      "B = 1, T a multiple of 1024, not causal)")
   args = parser.parse_args()
 
   shapes = ([tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes
@@ -120,9 +152,11 @@ def main():
     torch.set_num_threads(os.cpu_count())
   except ImportError:
     pass
+  if args.floor:
+    methods["floor"] = block_math_floor
   if args.methods:
     methods = {name: fn for name, fn in methods.items()
-               if name in args.methods or name.startswith("chunked:")}
+               if name in args.methods or name.startswith("chunked:") or name == "floor"}
 
   cases = [(shape, backward) for shape in shapes for backward in (False, True)]
   if args.long:
@@ -132,7 +166,11 @@ def main():
     long_row = shape in LONG_SHAPES
     runners = {}
     for name, fn in methods.items():
-      if (long_row and name.split(":")[0] not in MEMORY_EFFICIENT) or (name == "reference" and shape[1] > 8192):
+      if long_row and name.split(":")[0] not in MEMORY_EFFICIENT:
+        continue
+      if name == "reference" and shape[1] > 8192:
+        continue
+      if name == "floor" and (backward or args.causal or shape[0] != 1 or shape[1] % 1024):
         continue
       try:
         runners[name] = (torch_runner(shape, backward, args.dtype, args.causal) if fn is None

@@ -1,9 +1,15 @@
 """The benchmark scripts run end to end on a tiny shape and report what they were asked for."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+
+import numpy as np
+
+import numpy_reference
+from conftest import assert_close
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,3 +38,14 @@ def test_benchmark_attention_names_a_malformed_block_size():
   result = _benchmark("--blocks", "1024by4096")
   assert result.returncode != 0
   assert "'1024by4096' is not BQxBK" in result.stderr
+
+
+def test_block_math_floor_computes_attention():
+  spec = importlib.util.spec_from_file_location(
+      "benchmark_attention", os.path.join(ROOT, "scripts", "benchmark_attention.py"))
+  benchmark = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(benchmark)
+  rng = np.random.default_rng(0)
+  query, key, value = (rng.standard_normal((1, 24, 2, 8)).astype(np.float32) for _ in range(3))
+  expected = numpy_reference.attention(query, key, value)[0]
+  assert_close(benchmark.block_math_floor(query, key, value, block_q=8), expected, 1e-5)
