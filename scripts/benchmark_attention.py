@@ -9,12 +9,13 @@ round calls every method once per shape, in an order shuffled per round, so that
 shared machine and the after-effects of one method on the next hit all of them alike. The table
 gives the median over rounds after a warm-up call, GFLOP/s (forward FLOPs 4*B*N*T*S*H,
 forward+backward 3x that), XLA's peak temporary memory for the compiled JAX functions, and the
-time ratio against jax.nn.dot_product_attention. torch's
-scaled_dot_product_attention joins when torch is installed (it is not a dependency). --causal
-masks future keys in every method (GFLOP/s still counts all T x S logits); --blocks adds chunked attention with the given query x key
-block sizes (methods "chunked:1024x4096", ...), to compare block shapes side by side. --floor
-adds "floor": the block math alone, a lower bound on what any pure-JAX blockwise kernel costs on
-this backend (see block_math_floor).
+time ratio against jax.nn.dot_product_attention. torch's scaled_dot_product_attention joins when
+torch is installed (it is not a dependency).
+
+--causal masks future keys in every method (GFLOP/s still counts all T x S logits). --blocks adds
+chunked attention with the given query x key block sizes (methods "chunked:1024x4096", ...), to
+compare block shapes side by side. --floor adds "floor": the block math alone, the least that a
+blockwise kernel written in plain JAX ops does on this backend (see block_math_floor).
 """
 
 from __future__ import annotations
