@@ -261,8 +261,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   padded_q, padded_k = geometry.num_q * geometry.block_q, geometry.num_k * geometry.block_k
 
   def head_major(x, length):  # [..., L, N, H] -> [B, N, L_padded, H]
-    x = jnp.reshape(x, (-1,) + x.shape[-3:]).transpose(0, 2, 1, 3)
-    return _pad_axis(x, 2, length)
+    return _pad_axis(reference.flat_heads_first(x), 2, length)
 
   q = head_major(query * jnp.asarray(scale, query.dtype), padded_q)  # autodiff applies the scale
   k = head_major(reference.repeat_kv_heads(key, num_heads), padded_k)
@@ -289,5 +288,5 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   flat = lambda x: jnp.reshape(x, (batch * num_heads,) + x.shape[2:])  # [B * N, L, H]
   out = lax.map(one_head, (flat(q), flat(k), flat(v), jnp.arange(batch * num_heads)))
   out = jnp.reshape(out, (batch, num_heads) + out.shape[1:])  # [B, N, T_padded, H_v]
-  out = out[:, :, :q_len].transpose(0, 2, 1, 3)  # [B, T, N, H_v]
+  out = reference.heads_first(out[:, :, :q_len])  # [B, T, N, H_v]
   return jnp.reshape(out, batch_shape + out.shape[1:])

@@ -58,9 +58,7 @@ def pallas_tpu_attention(query, key, value, bias=None, mask=None, *, scale: floa
   batch_shape, (q_len, num_heads, _), kv_len = query.shape[:-3], query.shape[-3:], key.shape[-3]
   bias, mask = masks_lib.fold_infinite_bias(bias, mask)
 
-  def head_major(x):  # [..., L, N, H] -> [B, N, L, H]
-    return jnp.reshape(x, (-1,) + x.shape[-3:]).transpose(0, 2, 1, 3)
-
+  head_major = reference.flat_heads_first  # [..., L, N, H] -> [B, N, L, H]
   q = head_major(query * jnp.asarray(scale, query.dtype))  # the kernel would scale the bias too
   k = head_major(reference.repeat_kv_heads(key, num_heads))
   v = head_major(reference.repeat_kv_heads(value, num_heads))
@@ -82,5 +80,5 @@ def pallas_tpu_attention(query, key, value, bias=None, mask=None, *, scale: floa
   output = flash_attention.flash_attention(
       q, k, v, logits_bias, segment_ids, causal=bool(is_causal), sm_scale=1.0,
       block_sizes=block_sizes)  # [B, N, T, H]
-  output = jnp.reshape(output.transpose(0, 2, 1, 3), query.shape)
+  output = jnp.reshape(reference.heads_first(output), query.shape)  # [B, T, N, H] -> [..., T, N, H]
   return masks_lib.zero_empty_rows(output, mask, kv_len, is_causal=is_causal)

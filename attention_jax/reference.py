@@ -31,6 +31,11 @@ def heads_first(array):
   return jnp.swapaxes(array, -3, -2)
 
 
+def flat_heads_first(array):
+  """[..., L, N, H] -> [B, N, L, H], B the flattened batch dims: the blockwise kernels' layout."""
+  return heads_first(jnp.reshape(array, (-1,) + array.shape[-3:]))
+
+
 def attention_logits(query, key, *, scale: float):
   """scale * Q K^T per head: query [..., T, N, H], key [..., S, K, H] -> [..., N, T, S]."""
   key = repeat_kv_heads(key, query.shape[-2])  # [..., S, N, H]
