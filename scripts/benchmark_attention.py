@@ -44,7 +44,7 @@ LONG_SHAPES = [(1, 32768, 8, 64), (1, 65536, 8, 64)]
 MEMORY_EFFICIENT = ("chunked", "cudnn", "pallas_tpu", "torch_sdpa")
 
 
-def jax_methods(is_causal=False, blocks=()):
+def jax_methods(is_causal=False):
   """This project's implementations that run on this backend, plus the jax and flax peers."""
   backend = jax.default_backend()
   ours = {name: (lambda q, k, v, name=name: aj.dot_product_attention(
@@ -52,11 +52,6 @@ def jax_methods(is_causal=False, blocks=()):
           for name in aj.IMPLEMENTATIONS
           if aj.attention.REQUIRED_BACKEND.get(name, backend) == backend}
   ours["default"] = lambda q, k, v: aj.dot_product_attention(q, k, v, is_causal=is_causal)
-  for block in blocks:
-    block_q, block_k = (int(size) for size in block.split("x"))
-    ours[f"chunked:{block}"] = lambda q, k, v, block_q=block_q, block_k=block_k: (
-        aj.chunked_attention(q, k, v, scale=q.shape[-1] ** -0.5, is_causal=is_causal,
-                             block_q=block_q, block_k=block_k))
 
   def flax_attention(q, k, v):
     causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool)) if is_causal else None
@@ -64,6 +59,14 @@ def jax_methods(is_causal=False, blocks=()):
   return {**ours,
           "jax.nn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=is_causal),
           "flax.linen": flax_attention}
+
+
+def chunked_with_blocks(block, is_causal=False):
+  """Chunked attention with the query x key block sizes of ``block`` ("1024x4096")."""
+  block_q, block_k = (int(size) for size in block.split("x"))
+  return lambda q, k, v: aj.chunked_attention(q, k, v, scale=q.shape[-1] ** -0.5,
+                                              is_causal=is_causal, block_q=block_q,
+                                              block_k=block_k)
 
 
 def block_math_floor(query, key, value, block_q=1024):
@@ -146,18 +149,20 @@ def main():
     if not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", block):
       parser.error(f"--blocks {block!r} is not BQxBK; write the query and key block sizes as "
                    "positive integers joined by x, e.g. 1024x4096")
-  methods = dict(jax_methods(args.causal, args.blocks))
+  methods = jax_methods(args.causal)
   try:
     import torch  # noqa: F401
     methods["torch_sdpa"] = None
     torch.set_num_threads(os.cpu_count())
   except ImportError:
     pass
+  if args.methods:
+    methods = {name: fn for name, fn in methods.items() if name in args.methods}
+  # Asked for by their own flags, so --methods does not filter them out.
+  methods.update({f"chunked:{block}": chunked_with_blocks(block, args.causal)
+                  for block in args.blocks})
   if args.floor:
     methods["floor"] = block_math_floor
-  if args.methods:
-    methods = {name: fn for name, fn in methods.items()
-               if name in args.methods or name.startswith("chunked:") or name == "floor"}
 
   cases = [(shape, backward) for shape in shapes for backward in (False, True)]
   if args.long:

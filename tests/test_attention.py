@@ -16,12 +16,12 @@ from conftest import assert_close
 IMPLEMENTATIONS = ["reference", "xla", "chunked", "chunked_small_blocks", None]
 
 
-def attention(*args, implementation=None, scale=None, **kwargs):
+def attention(*args, implementation=None, scale=None, block_q=4, block_k=3, **kwargs):
   """dot_product_attention, or chunked attention with tiny blocks so that every path runs."""
   if implementation == "chunked_small_blocks":
     head_dim = args[0].shape[-1]
     scale = head_dim ** -0.5 if scale is None else scale
-    return aj.chunked_attention(*args, scale=scale, block_q=4, block_k=3, **kwargs)
+    return aj.chunked_attention(*args, scale=scale, block_q=block_q, block_k=block_k, **kwargs)
   return aj.dot_product_attention(*args, scale=scale, implementation=implementation, **kwargs)
 
 
@@ -227,16 +227,10 @@ def test_jit_vmap_grad_compose_and_jit_traces_once():
     (12, 20, 4, 4), (20, 12, 8, 4), (13, 13, 16, 16)])  # fewer or more keys; a single block
 def test_chunked_causal_block_skipping_at_every_block_shape(q_len, kv_len, block_q, block_k):
   """Causal chunked attention skips the blocks above the diagonal; no split loses a key."""
-  query, key, value, _, _ = _random_case(11, (2,), q_len, kv_len, 2, 2, 8)
-  d_output = np.random.default_rng(2).standard_normal(query.shape).astype(np.float32)
-  attend = functools.partial(aj.chunked_attention, scale=8 ** -0.5, is_causal=True,
-                             block_q=block_q, block_k=block_k)
-  grads = jax.grad(lambda *qkv: jnp.sum(attend(*qkv) * d_output), argnums=(0, 1, 2))(
-      query, key, value)
-  expected, _, cache = numpy_reference.attention(query, key, value, is_causal=True)
-  assert_close(attend(query, key, value), expected, 1e-5)
-  for grad, expected_grad in zip(grads, numpy_reference.attention_vjp(cache, d_output)):
-    assert_close(grad, expected_grad, 1e-5)
+  case = ((2,), q_len, kv_len, 2, 2, 8, {"is_causal": True})
+  fn = functools.partial(attention, implementation="chunked_small_blocks", block_q=block_q,
+                         block_k=block_k)
+  assert_case_matches(run_case(case, fn, seed=11), 1e-5)
 
 
 @pytest.mark.parametrize("length, requested, block, count", [
