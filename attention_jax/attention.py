@@ -64,13 +64,23 @@ CHUNKED_MIN_LENGTH_CPU = 512
 PALLAS_MIN_LENGTH_TPU = 1024
 
 
+# On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's
+# attention is 2-3x faster than the chunked kernel's loops but materialises the [..., N, T, S]
+# logits and probabilities: its forward+backward held 2.5x the float32 logits' bytes in temporary
+# memory on an H100 (10 GiB at B = 1, N = 16, T = S = 8192), per attention call and layer. Above
+# this many bytes of float32 logits the chunked kernel (memory linear in T) takes over, which
+# keeps a 16 GB GPU (Colab's T4) clear of the cliff. README "GPU" has the measurements.
+XLA_MAX_LOGITS_BYTES_GPU = 2 ** 31
+
+
 def _automatic_order(query, key, backend: str) -> tuple[str, ...]:
   """Implementations to try, fastest first, for this backend and shape."""
   longest = max(query.shape[-3], key.shape[-3])
   if backend == "cpu":
     return ("chunked", "reference") if longest >= CHUNKED_MIN_LENGTH_CPU else ("reference",)
   if backend == "gpu":
-    return ("cudnn", "xla", "reference")
+    logits_bytes = 4 * math.prod(query.shape[:-1]) * key.shape[-3]  # [..., T, N] x S float32
+    return ("cudnn", "chunked" if logits_bytes > XLA_MAX_LOGITS_BYTES_GPU else "xla", "reference")
   if backend == "tpu" and longest >= PALLAS_MIN_LENGTH_TPU:
     return ("pallas_tpu", "xla", "reference")
   return ("xla", "reference")
@@ -87,7 +97,8 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference" (both measured
     faster than jax.nn here);
   - gpu: "cudnn" (float16/bfloat16, head_dim a multiple of 8 up to 128, value shaped like key),
-    else "xla";
+    else "xla" while the float32 logits would take at most XLA_MAX_LOGITS_BYTES_GPU, else
+    "chunked";
   - tpu: "pallas_tpu" when T or S >= PALLAS_MIN_LENGTH_TPU and both are multiples of 128, else
     "xla";
   - and "reference" when none of these can (attention dropout, returned weights).

@@ -2,10 +2,15 @@
 
 ``jax.nn.dot_product_attention(implementation="cudnn")`` runs on NVIDIA GPUs for float16 and
 bfloat16 inputs with one batch axis, value.shape == key.shape, head dims that are multiples of 8 up
-to 128, and a bias (a boolean mask becomes one) that spans the full query and key lengths, which
-must be even when a bias is trained through. This wrapper broadcasts mask and bias to full
-length and hands them to ``xla.xla_attention``, which flattens the batch dims, folds -inf biases
-into the mask and zeros the rows with nothing to attend to (cuDNN averages their values).
+to 128, and a bias (a boolean mask becomes one) that spans the full query and key lengths. Its
+backward pass also needs even query and key lengths: jax's front end hands the backward a
+placeholder bias when there is none, so its rule for trained biases ("even lengths") applies to
+every gradient (found on an H100, jax 0.11.2; a classifier's CLS token makes T odd).
+
+This wrapper pads an odd length by one (an extra query row, dropped from the output, and an extra
+key that nothing attends to), broadcasts mask and bias to full length and hands them to
+``xla.xla_attention``, which flattens the batch dims, folds -inf biases into the mask and zeros
+the rows with nothing to attend to (cuDNN averages their values).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ KERNEL = "cudnn"
 def unsupported_reason(query, key, value, *, dropout_rate: float, return_weights: bool,
                        has_bias_or_mask: bool) -> str | None:
   """Why cuDNN flash attention cannot serve this request, or None if it can."""
+  del has_bias_or_mask  # cudnn_attention brings any mask, bias and length into the kernel's form
   if dropout_rate > 0.0:
     return "cuDNN attention through jax.nn has no attention dropout"
   if return_weights:
@@ -35,9 +41,6 @@ def unsupported_reason(query, key, value, *, dropout_rate: float, return_weights
   head_dim = query.shape[-1]
   if head_dim % 8 or head_dim > MAX_HEAD_DIM:
     return f"cuDNN flash attention needs head_dim a multiple of 8 up to {MAX_HEAD_DIM}, got {head_dim}"
-  q_len, kv_len = query.shape[-3], key.shape[-3]
-  if has_bias_or_mask and (q_len % 2 or kv_len % 2):
-    return f"cuDNN flash attention with a mask or bias needs even lengths, got T={q_len}, S={kv_len}"
   return None
 
 
@@ -48,10 +51,21 @@ def cudnn_attention(query, key, value, bias=None, mask=None, *, scale: float,
   Inputs are assumed validated and servable (see ``unsupported_reason``).
   """
   q_len, kv_len = query.shape[-3], key.shape[-3]
+  pad_q, pad_k = q_len % 2, kv_len % 2  # to even lengths, for the kernel's backward pass
+  if pad_k and mask is None:
+    mask = jnp.ones((1, 1), jnp.bool_)  # so that the extra key can be masked out
 
-  def full_length(x, dtype):  # [..., T' or 1, S' or 1] -> [..., T, S] in dtype
-    return None if x is None else jnp.broadcast_to(x, x.shape[:-2] + (q_len, kv_len)).astype(dtype)
+  def even_length(x, pad):  # [..., L, N, H] -> [..., L + pad, N, H]
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 3) + [(0, pad), (0, 0), (0, 0)])
 
-  return xla.xla_attention(query, key, value, full_length(bias, query.dtype),
-                           full_length(mask, jnp.bool_), scale=scale, is_causal=is_causal,
-                           implementation=KERNEL)
+  def full_length(x, dtype):  # [..., T' or 1, S' or 1] -> [..., T + pad_q, S + pad_k] in dtype
+    if x is None:
+      return None
+    x = jnp.broadcast_to(x, x.shape[:-2] + (q_len, kv_len)).astype(dtype)
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, pad_q), (0, pad_k)])  # bias 0, mask False
+
+  output = xla.xla_attention(even_length(query, pad_q), even_length(key, pad_k),
+                             even_length(value, pad_k),
+                             full_length(bias, query.dtype), full_length(mask, jnp.bool_),
+                             scale=scale, is_causal=is_causal, implementation=KERNEL)
+  return output[..., :q_len, :, :]

@@ -93,23 +93,28 @@ def train_seeds(config, workdir: str, num_seeds: int, extra_evals: dict | None =
       seed_log.write(step, {name: float(values[index]) for name, values in metrics.items()})
 
   eval_metrics = {}
+  first_bad = jnp.zeros((num_seeds,), jnp.int32)  # per seed; see train_lib.first_non_finite
+  total = config.num_train_steps
   try:
-    for step in range(start_step + 1, config.num_train_steps + 1):
+    for step in range(start_step + 1, total + 1):
       state, metrics = step_fn(state, _stack([b.batch(step - 1) for b in batches]))
-      metrics = {name: np.asarray(value) for name, value in jax.device_get(metrics).items()}
-      bad = [seed for seed, loss, norm in zip(seeds, metrics["loss"], metrics["grad_norm"])
-             if not (np.isfinite(loss) and np.isfinite(norm))]
-      if bad:
-        raise train_lib.NonFiniteError(
-            f"non-finite loss or gradient norm at step {step} for seeds {bad}; the last "
-            f"checkpoint is step {checkpoints.latest_step()}. Try a lower learning_rate or "
-            "grad_clip_norm > 0.")
-      if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        log(step, metrics)
-      if step % config.eval_every_steps == 0 or step == config.num_train_steps:
+      first_bad = train_lib.first_non_finite(first_bad, metrics, state.step)
+      log_now = train_lib.itstime(step, config.log_every_steps, total)
+      eval_now = train_lib.itstime(step, config.eval_every_steps, total)
+      save_now = train_lib.itstime(step, config.checkpoint_every_steps, total)
+      if log_now or eval_now or save_now:  # the only steps that wait for the device
+        bad = {seed: int(at) for seed, at in zip(seeds, jax.device_get(first_bad)) if at}
+        if bad:
+          raise train_lib.NonFiniteError(
+              f"non-finite loss or gradient norm at step {min(bad.values())} for seeds "
+              f"{sorted(bad)}; the last checkpoint is step {checkpoints.latest_step()}. Try a "
+              "lower learning_rate or grad_clip_norm > 0.")
+      if log_now:
+        log(step, {name: np.asarray(value) for name, value in jax.device_get(metrics).items()})
+      if eval_now:
         eval_metrics = evaluate_all(state.params)
         log(step, eval_metrics)
-      if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
+      if save_now:
         checkpoints.save(step, state)
   finally:
     checkpoints.close()

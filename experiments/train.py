@@ -110,6 +110,21 @@ def evaluate(eval_fn, params, split, batch_size, sharding=None, prefix="eval") -
   return {name: value.tolist() for name, value in metrics.items()}  # floats or lists
 
 
+def itstime(step: int, every: int, total: int) -> bool:
+  """Whether something done every ``every`` steps (and at the last step) is due at ``step``."""
+  return step % every == 0 or step == total
+
+
+@jax.jit
+def first_non_finite(first_bad, metrics, step):
+  """The first step whose loss or gradient norm was not finite, 0 while there is none.
+
+  Runs on the device, so that the loop needs the metrics on the host only when it logs.
+  """
+  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+  return jnp.where((first_bad == 0) & ~finite, step, first_bad)
+
+
 def initial_state(model, tx, task, seed) -> TrainState:
   """The step-0 state of seed ``seed`` (an int, or a traced one under vmap)."""
   rng = jax.random.PRNGKey(seed)
@@ -149,29 +164,37 @@ def train_and_evaluate(config, workdir: str) -> dict:
   progress = tqdm.tqdm(total=config.num_train_steps, initial=start_step, mininterval=2.0,
                        desc=os.path.basename(os.path.normpath(workdir)), file=sys.stdout)
   last_saved, eval_metrics = checkpoints.latest_step(), {}
+  first_bad = jax.device_put(jnp.zeros((), jnp.int32), replicated)
+  total = config.num_train_steps
   started = time.perf_counter()
-  for step in range(start_step + 1, config.num_train_steps + 1):
+  for step in range(start_step + 1, total + 1):
+    # Nothing in this loop waits for the device except at log, eval and checkpoint steps: the
+    # host prepares the next batch while the step runs.
     state, metrics = step_fn(state, input_pipeline.shard(batches.batch(step - 1), data_sharding))
-    metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
-    if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])):
+    first_bad = first_non_finite(first_bad, metrics, state.step)
+    progress.update(1)
+    log_now = itstime(step, config.log_every_steps, total)
+    eval_now = itstime(step, config.eval_every_steps, total)
+    save_now = itstime(step, config.checkpoint_every_steps, total)
+    if (log_now or eval_now or save_now) and int(first_bad):
       log.close()
       raise NonFiniteError(
-          f"non-finite loss ({metrics['loss']}) or gradient norm ({metrics['grad_norm']}) at "
-          f"step {step}; the last good checkpoint is step {last_saved}. Try a lower "
-          "learning_rate, grad_clip_norm > 0, or compute_dtype='float32'.")
-    progress.update(1)
-    if step % config.log_every_steps == 0 or step == config.num_train_steps:
+          f"non-finite loss or gradient norm at step {int(first_bad)}; the last good checkpoint "
+          f"is step {last_saved}. Try a lower learning_rate, grad_clip_norm > 0, or "
+          "compute_dtype='float32'.")
+    if log_now:
+      metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
       throughput = tokens_per_step * (step - start_step) / (time.perf_counter() - started)
       log.write(step, {**metrics, "learning_rate": float(schedule(step - 1))},
                 extra={"tokens_per_second": throughput})
       progress.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}",
                            tok_s=f"{throughput:.0f}", refresh=False)
-    if step % config.eval_every_steps == 0 or step == config.num_train_steps:
+    if eval_now:
       eval_metrics = evaluate(eval_fn, state.params, task.test, config.batch_size, data_sharding)
       log.write(step, eval_metrics)
       progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in
                                                   eval_metrics.items()))
-    if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
+    if save_now:
       checkpoints.save(step, state)
       last_saved = step
   progress.close()

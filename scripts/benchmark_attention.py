@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -56,9 +57,11 @@ def jax_methods(is_causal=False):
   def flax_attention(q, k, v):
     causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool)) if is_causal else None
     return nn.dot_product_attention(q, k, v, mask=causal)
-  return {**ours,
-          "jax.nn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=is_causal),
-          "flax.linen": flax_attention}
+  peers = {"jax.nn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=is_causal)}
+  if backend == "gpu":  # jax.nn's own choice, and each of its two kernels by name
+    peers.update({f"jax.nn:{kernel}": (lambda q, k, v, kernel=kernel: jax.nn.dot_product_attention(
+        q, k, v, is_causal=is_causal, implementation=kernel)) for kernel in ("xla", "cudnn")})
+  return {**ours, **peers, "flax.linen": flax_attention}
 
 
 def chunked_with_blocks(block, is_causal=False):
@@ -112,19 +115,31 @@ def jax_runner(fn, shape, backward, dtype):
 
 
 def torch_runner(shape, backward, dtype, is_causal=False):
+  """torch's scaled_dot_product_attention on the GPU when JAX runs on one, else on the CPU."""
   import torch
   import torch.nn.functional as F
   torch.manual_seed(0)
+  device = "cuda" if jax.default_backend() == "gpu" else "cpu"
   b, t, n, h = shape  # torch wants [B, N, T, H]
   dtype = getattr(torch, dtype)
-  q, k, v = (torch.randn(b, n, t, h, dtype=dtype, requires_grad=backward) for _ in range(3))
-  cotangent = torch.randn(b, n, t, h, dtype=dtype)
+  q, k, v = (torch.randn(b, n, t, h, dtype=dtype, device=device, requires_grad=backward)
+             for _ in range(3))
+  cotangent = torch.randn(b, n, t, h, dtype=dtype, device=device)
 
   def run():
     out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
     if backward:
       torch.autograd.grad(out, (q, k, v), cotangent)
+    if device == "cuda":
+      torch.cuda.synchronize()
   return run, None
+
+
+def calls_per_sample(run, minimum_seconds):
+  """How many calls of ``run`` one timed sample takes, so that a sample lasts minimum_seconds."""
+  started = time.perf_counter()
+  run()
+  return max(1, math.ceil(minimum_seconds / max(time.perf_counter() - started, 1e-9)))
 
 
 def main():
@@ -139,6 +154,8 @@ def main():
                       help="input dtype (cuDNN flash attention needs bfloat16 or float16)")
   parser.add_argument("--causal", action="store_true", help="causal attention in every method")
   parser.add_argument("--blocks", nargs="*", default=[], help="BQxBK chunked block sizes to add")
+  parser.add_argument("--min-sample-ms", type=float, default=20.0, help="on an accelerator, "
+                      "repeat a call within one timed sample until it lasts this long")
   parser.add_argument("--floor", action="store_true", help="add the block-math floor (forward, "
                       "B = 1, T a multiple of 1024, not causal)")
   args = parser.parse_args()
@@ -186,6 +203,10 @@ def main():
         results.append({"shape": shape, "backward": backward, "method": name,
                         "error": f"{type(error).__name__}: {str(error)[:120]}"})
         runners.pop(name, None)
+    # On an accelerator one call can be shorter than the host's dispatch overhead is noisy, so a
+    # sample there repeats the call for at least --min-sample-ms and reports the mean per call.
+    minimum = args.min_sample_ms / 1e3 if jax.default_backend() != "cpu" else 0.0
+    repeats = {name: calls_per_sample(runner[0], minimum) for name, runner in runners.items()}
     times = {name: [] for name in runners}
     order = random.Random(0)
     for _ in range(args.rounds):
@@ -194,8 +215,9 @@ def main():
       for name in names:
         run = runners[name][0]
         started = time.perf_counter()
-        run()
-        times[name].append(time.perf_counter() - started)
+        for _ in range(repeats[name]):
+          run()
+        times[name].append((time.perf_counter() - started) / repeats[name])
     b, t, n, h = shape
     flops = 4 * b * n * t * t * h * (3 if backward else 1)
     baseline = statistics.median(times["jax.nn"]) if "jax.nn" in times else None
@@ -208,6 +230,8 @@ def main():
 
   machine = {"platform": platform.platform(), "processor": platform.processor(),
              "cpus": os.cpu_count(), "jax": jax.__version__, "device": str(jax.devices()[0]),
+             "device_kind": jax.devices()[0].device_kind,
+             "torch": sys.modules["torch"].__version__ if "torch" in sys.modules else None,
              "dtype": args.dtype, "causal": args.causal,
              "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", "")}
   print(json.dumps(machine))

@@ -1,12 +1,14 @@
 """Training-step throughput of the encoder classifier: this project's attention vs flax.linen's.
 
-  python scripts/benchmark_train.py [--rounds 5] [--json FILE]
+  python scripts/benchmark_train.py [--rounds 5] [--json FILE] [--dtype bfloat16]
+      [--accelerator-sizes] [--peak-tflops 989]
 
 Both models are the same SequenceClassifier (sinusoidal encoding, post-LN, AdamW step), except
 that one uses attention_jax.MultiHeadAttention (whose default implementation is chosen per
 backend and length) and the other flax.linen.MultiHeadDotProductAttention. Each round runs one
-jitted train step of each, in an order shuffled per round; the table gives median tokens/s and
-the ratio.
+jitted train step of each, in an order shuffled per round; the table gives median tokens/s, the
+step time, the model's matrix-multiply TFLOP/s (and its utilisation of --peak-tflops) and the
+ratio. --dtype bfloat16 computes in bfloat16 with float32 parameters, as the trainer does.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ SETTINGS = [
     ("PERF_NOTES model", 32, 256, 256, 8, 4, 1024),
     ("long sequences", 8, 1024, 256, 8, 4, 1024),
 ]
+# Sizes that give a GPU or TPU enough work per step to be measured (--accelerator-sizes).
+ACCELERATOR_SETTINGS = [
+    ("accelerator base", 64, 512, 512, 8, 6, 2048),
+    ("accelerator long", 8, 4096, 512, 8, 6, 2048),
+    ("accelerator wide", 32, 1024, 1024, 16, 8, 4096),
+]
 
 
 class FlaxAttention(nn.Module):
@@ -54,7 +62,15 @@ class FlaxAttention(nn.Module):
                                                              deterministic=deterministic)
 
 
-def train_step_fn(config, batch, length):
+def model_flops_per_step(batch, length, d_model, layers, mlp):
+  """Matrix-multiply FLOPs of one training step (forward and backward, 3x the forward), as
+  model FLOPs utilisation counts them: per layer and token, the Q, K, V and output projections
+  (8 d^2), the feed-forward (4 d mlp) and the attention products Q K^T and P V (4 T d)."""
+  per_token = layers * (8 * d_model ** 2 + 4 * d_model * mlp + 4 * length * d_model)
+  return 3 * batch * length * per_token
+
+
+def train_step_fn(config, batch, length, dtype=jnp.float32):
   model = aj.SequenceClassifier(config)
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(1, config.vocab_size, (batch, length)), jnp.int32)
@@ -62,10 +78,12 @@ def train_step_fn(config, batch, length):
   params = model.init(jax.random.key(0), tokens)["params"]
   tx = optax.adamw(1e-3)
 
-  def loss_fn(params, dropout_rng):
+  def loss_fn(params, dropout_rng):  # parameters stay float32; compute in dtype, as the trainer
+    params = jax.tree.map(lambda p: p.astype(dtype), params)
     logits = model.apply({"params": params}, tokens, deterministic=False,
                          rngs={"dropout": dropout_rng})
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
+                                                           labels).mean()
 
   @jax.jit
   def step(params, opt_state, dropout_rng):
@@ -85,15 +103,23 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--json", help="write the measurements to this file")
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="compute dtype (parameters and optimizer stay float32)")
+  parser.add_argument("--accelerator-sizes", action="store_true",
+                      help="add models sized for a GPU or TPU (longer sequences, wider layers)")
+  parser.add_argument("--peak-tflops", type=float, help="the device's peak for --dtype, to "
+                      "report model FLOPs utilisation (e.g. 989 for an H100 SXM in bfloat16)")
   args = parser.parse_args()
+  dtype = jnp.dtype(args.dtype)
   results = []
-  for name, batch, length, d_model, heads, layers, mlp in SETTINGS:
+  for name, batch, length, d_model, heads, layers, mlp in SETTINGS + (
+      ACCELERATOR_SETTINGS if args.accelerator_sizes else []):
     base = dict(vocab_size=64, d_model=d_model, num_heads=heads, num_layers=layers, mlp_dim=mlp,
                 max_length=length, positional_encoding="sinusoidal", num_classes=10,
                 pooling="mean", dropout_rate=0.1)
-    runners = {"attention_jax": train_step_fn(aj.EncoderConfig(**base), batch, length),
+    runners = {"attention_jax": train_step_fn(aj.EncoderConfig(**base), batch, length, dtype),
                "flax.linen": train_step_fn(aj.EncoderConfig(**base, attention_module=FlaxAttention),
-                                           batch, length)}
+                                           batch, length, dtype)}
     for run in runners.values():
       run()  # compile and warm up
     times = {method: [] for method in runners}
@@ -104,14 +130,22 @@ def main():
         started = time.perf_counter()
         runners[method]()
         times[method].append(time.perf_counter() - started)
-    rates = {m: batch * length / statistics.median(t) for m, t in times.items()}
+    step_seconds = {m: statistics.median(t) for m, t in times.items()}
+    rates = {m: batch * length / seconds for m, seconds in step_seconds.items()}
     ratio = rates["attention_jax"] / rates["flax.linen"]
+    tflops = model_flops_per_step(batch, length, d_model, layers, mlp) / step_seconds[
+        "attention_jax"] / 1e12
+    mfu = f", MFU {tflops / args.peak_tflops:.1%}" if args.peak_tflops else ""
     print(f"{name:>26} B={batch} T={length} D={d_model} N={heads} L={layers}: "
-          f"attention_jax {rates['attention_jax']:8.0f} tok/s, flax.linen "
-          f"{rates['flax.linen']:8.0f} tok/s, ratio {ratio:.2f}", flush=True)
-    results.append({"setting": name, "batch": batch, "length": length, "tokens_per_second": rates,
-                    "ratio": ratio})
-  print(json.dumps({"jax": jax.__version__, "device": str(jax.devices()[0]), "cpus": os.cpu_count()}))
+          f"attention_jax {rates['attention_jax']:8.0f} tok/s "
+          f"({step_seconds['attention_jax'] * 1e3:.2f} ms/step, {tflops:.1f} model TFLOP/s{mfu}), "
+          f"flax.linen {rates['flax.linen']:8.0f} tok/s, ratio {ratio:.2f}", flush=True)
+    results.append({"setting": name, "batch": batch, "length": length, "d_model": d_model,
+                    "heads": heads, "layers": layers, "mlp": mlp, "tokens_per_second": rates,
+                    "step_seconds": step_seconds, "model_tflops": tflops, "ratio": ratio})
+  print(json.dumps({"jax": jax.__version__, "device": str(jax.devices()[0]),
+                    "device_kind": jax.devices()[0].device_kind, "dtype": args.dtype,
+                    "cpus": os.cpu_count()}))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=1)

@@ -1,4 +1,17 @@
-import numpy as np
+import os
+
+# Before jax is imported, and in the environment, so that the runs the tests start as
+# subprocesses compute as the in-process ones do.
+os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+# The tests check the mathematics against float64 references at float32 tolerances, so float32
+# matrix products must be float32 on every backend. JAX's default on NVIDIA GPUs (and TPUs)
+# rounds their inputs to TF32 (bfloat16 passes on TPU), whose errors are about 3e-4 relative;
+# tests/test_gpu.py checks the default precision separately, at its own tolerance.
+jax.config.update("jax_default_matmul_precision", "highest")  # if jax was imported before
 
 
 def assert_close(actual, expected, rtol=1e-5, name=""):

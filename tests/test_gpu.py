@@ -1,0 +1,81 @@
+"""On an NVIDIA GPU: cuDNN flash attention itself, and float32 at JAX's default matmul precision.
+
+Skipped unless JAX's default backend is a GPU. test_accelerators.py checks the cuDNN wrapper's
+inputs on any machine; here the kernel runs, forward and backward, against the float64 reference.
+"""
+
+import functools
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention_jax as aj
+from test_attention import CASES
+from test_attention import _random_case
+from test_attention import assert_case_matches
+from test_attention import attention
+from test_attention import run_case
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs an NVIDIA GPU")
+
+# bfloat16 keeps 8 significant bits, float16 11: the probabilities and the output are rounded to
+# them inside the kernel (the inputs are rounded before the reference sees them).
+TOLERANCE = {jnp.bfloat16: 3e-2, jnp.float16: 1e-2}
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cudnn_kernel_matches_float64_reference(case, dtype):
+  """Every case of the contract, odd lengths (padded by the wrapper) included."""
+  kernel = functools.partial(attention, implementation="cudnn")
+  results = run_case(CASES[case], kernel, seed=zlib.crc32(case.encode()) % 1000, dtype=dtype)
+  assert_case_matches(results, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("q_len, kv_len, heads, kv_heads, head_dim, options", [
+    (1024, 1024, 8, 8, 64, {"is_causal": True}),
+    (512, 768, 8, 2, 128, {"mask": "padding"}),  # GQA, padded keys, the largest head dim
+    (256, 256, 4, 1, 32, {"bias": "heads", "is_causal": True}),  # MQA with an ALiBi-like bias
+    (130, 130, 4, 4, 8, {"mask": "random"}),  # lengths off the kernel's tiles, empty rows
+])
+def test_cudnn_kernel_at_model_sizes(q_len, kv_len, heads, kv_heads, head_dim, options):
+  case = ((2,), q_len, kv_len, heads, kv_heads, head_dim, options)
+  kernel = functools.partial(attention, implementation="cudnn")
+  assert_case_matches(run_case(case, kernel, seed=q_len, dtype=jnp.bfloat16), 3e-2)
+
+
+def test_fully_masked_rows_are_zero_with_finite_gradients_through_cudnn():
+  query, key, value, _, _ = _random_case(0, (2,), 8, 8, 2, 2, 16)
+  query, key, value = (jnp.asarray(x, jnp.bfloat16) for x in (query, key, value))
+  mask = np.ones((2, 2, 8, 8), bool)
+  mask[0, 1, 2] = False
+  mask[1] = False
+  fn = lambda q, k, v: aj.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")
+  output = fn(query, key, value)
+  np.testing.assert_array_equal(np.asarray(output[0, 2, 1], np.float32), 0.0)
+  np.testing.assert_array_equal(np.asarray(output[1], np.float32), 0.0)
+  grads = jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32) ** 2), argnums=(0, 1, 2))(
+      query, key, value)
+  for grad in grads:
+    assert np.all(np.isfinite(np.asarray(grad, np.float32)))
+  np.testing.assert_array_equal(np.asarray(grads[0][1], np.float32), 0.0)
+
+
+def test_automatic_choice_on_this_gpu_runs():
+  query = jnp.zeros((2, 128, 4, 64), jnp.bfloat16)
+  assert aj.select_implementation(query, query, query) == "cudnn"
+  assert aj.select_implementation(query.astype(jnp.float32), query, query) == "xla"
+  assert aj.dot_product_attention(query, query, query).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("implementation", ["reference", "xla", "chunked"])
+def test_float32_at_default_precision_is_within_tf32_error(implementation):
+  """JAX's default precision on NVIDIA GPUs rounds float32 matmul inputs to TF32 (10-bit
+  mantissa): about 3e-4 relative error, not float32's 1e-6 (conftest sets "highest")."""
+  case = CASES["causal_masked_gqa"]
+  fn = functools.partial(attention, implementation=implementation)
+  with jax.default_matmul_precision("default"):
+    assert_case_matches(run_case(case, fn, seed=3), 3e-3)
