@@ -203,7 +203,7 @@ def main():
         results.append({"shape": shape, "backward": backward, "method": name,
                         "error": f"{type(error).__name__}: {str(error)[:120]}"})
         runners.pop(name, None)
-    # On an accelerator one call can be shorter than the host's dispatch overhead is noisy, so a
+    # On an accelerator a call can take less time than the jitter of the host's dispatch, so a
     # sample there repeats the call for at least --min-sample-ms and reports the mean per call.
     minimum = args.min_sample_ms / 1e3 if jax.default_backend() != "cpu" else 0.0
     repeats = {name: calls_per_sample(runner[0], minimum) for name, runner in runners.items()}
