@@ -173,6 +173,9 @@ def changed_fields(config, workdir: str, allowed=BOOKKEEPING) -> list[str]:
 def claim_workdir(config, workdir: str, allowed=BOOKKEEPING) -> None:
   """Writes config.json to ``workdir``, refusing (ConfigError) when the workdir already holds a
   run of a different config, so a resume never mixes two configs."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ConfigError(f"workdir {workdir} is a file, not a directory; pass a directory (a new "
+                      "path starts a new run).")
   changed = changed_fields(config, workdir, allowed)
   if changed:
     raise ConfigError(f"{workdir} holds a run of a different config ({', '.join(changed)} "

@@ -11,13 +11,15 @@ import functools
 import jax
 import numpy as np
 
+from experiments import config_check
+
 
 class TrainBatches:
   """batch(step) -> {"tokens": [B, L] int32, "labels": [B] int32}, B the global batch size."""
 
   def __init__(self, split, batch_size: int, seed: int):
     if len(split.labels) < batch_size:
-      raise ValueError(f"batch_size={batch_size} exceeds the {len(split.labels)} training "
+      raise config_check.ConfigError(f"batch_size={batch_size} exceeds the {len(split.labels)} training "
                        "examples; lower batch_size or raise task_options.num_train.")
     self.split, self.batch_size, self.seed = split, batch_size, seed
     self.steps_per_epoch = len(split.labels) // batch_size

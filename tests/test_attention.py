@@ -183,7 +183,8 @@ def test_return_weights_are_the_softmax_and_match_reference():
 def test_dropout_is_inverted_dropout_and_reproducible():
   query, key, value, _, _ = _random_case(5, (2,), 16, 16, 2, 2, 8)
   rng = jax.random.key(0)
-  run = lambda r: aj.dot_product_attention(query, key, value, dropout_rate=0.5, dropout_rng=r)
+  run = jax.jit(lambda r: aj.dot_product_attention(query, key, value, dropout_rate=0.5,
+                                                   dropout_rng=r))
   np.testing.assert_array_equal(run(rng), run(rng))
   assert not np.allclose(run(rng), run(jax.random.key(1)))
   # The mean over many dropout draws approaches the output without dropout.

@@ -110,7 +110,7 @@ def test_a_failing_variant_is_recorded_and_the_others_still_run(data_dir, tmp_pa
   assert "batch_size=16 exceeds the 8 training examples" in records[0]["error"]
   assert os.path.exists(tmp_path / "variants" / "tiny_data" / "error.txt")
   markdown = sweep_report.markdown("t", records)
-  assert "- tiny_data: ValueError: batch_size=16 exceeds" in markdown
+  assert "- tiny_data: ConfigError: batch_size=16 exceeds" in markdown
   with open(sweep_report.write(records, str(tmp_path))["csv"]) as f:
     assert [row["status"] for row in csv.DictReader(f)] == ["failed", "ok"]
 

@@ -169,6 +169,18 @@ def test_eight_simulated_devices_follow_the_one_device_trajectory(reference_run,
       np.testing.assert_allclose(b[name], a[name], rtol=2e-4, atol=1e-6, err_msg=name)
 
 
+def test_a_workdir_that_is_a_file_or_too_few_examples_is_a_config_error(data_dir, tmp_path):
+  """Both end as one line from the command (config errors), and the file is left as it was."""
+  path = tmp_path / "a_file"
+  path.write_text("notes")
+  with pytest.raises(config_check.ConfigError, match="is a file, not a directory"):
+    train.train_and_evaluate(tiny_config(data_dir), str(path))
+  assert path.read_text() == "notes"
+  with pytest.raises(config_check.ConfigError,
+                     match="batch_size=1024 exceeds the 512 training examples"):
+    train.train_and_evaluate(tiny_config(data_dir, batch_size=1024), str(tmp_path / "run"))
+
+
 def test_non_finite_loss_stops_with_step_and_advice(data_dir, tmp_path):
   config = tiny_config(data_dir, learning_rate=1e30, grad_clip_norm=0.0, schedule="constant",
                        num_train_steps=50)
