@@ -64,12 +64,13 @@ CHUNKED_MIN_LENGTH_CPU = 512
 PALLAS_MIN_LENGTH_TPU = 1024
 
 
-# On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's
-# attention is 2-3x faster than the chunked kernel's loops but materialises the [..., N, T, S]
+# On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's attention ran
+# 2-9x faster than the chunked kernel's loops on an H100 but materialises the [..., N, T, S]
 # logits and probabilities: its forward+backward held 2.5x the float32 logits' bytes in temporary
-# memory on an H100 (10 GiB at B = 1, N = 16, T = S = 8192), per attention call and layer. Above
-# this many bytes of float32 logits the chunked kernel (memory linear in T) takes over, which
-# keeps a 16 GB GPU (Colab's T4) clear of the cliff. README "GPU" has the measurements.
+# memory (10 GiB at B = 1, N = 16, T = S = 8192), per attention call and layer. Above this many
+# bytes of float32 logits the chunked kernel (memory linear in T) takes over, so that one call
+# holds about 5 GiB at most, within a 16 GB GPU such as Colab's T4 (not measured on one). README
+# "On an NVIDIA H100" has the measurements.
 XLA_MAX_LOGITS_BYTES_GPU = 2 ** 31
 
 

@@ -19,8 +19,9 @@ class TrainBatches:
 
   def __init__(self, split, batch_size: int, seed: int):
     if len(split.labels) < batch_size:
-      raise config_check.ConfigError(f"batch_size={batch_size} exceeds the {len(split.labels)} training "
-                       "examples; lower batch_size or raise task_options.num_train.")
+      raise config_check.ConfigError(
+          f"batch_size={batch_size} exceeds the {len(split.labels)} training examples; lower "
+          "batch_size or raise task_options.num_train.")
     self.split, self.batch_size, self.seed = split, batch_size, seed
     self.steps_per_epoch = len(split.labels) // batch_size
 

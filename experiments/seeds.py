@@ -94,14 +94,11 @@ def train_seeds(config, workdir: str, num_seeds: int, extra_evals: dict | None =
 
   eval_metrics = {}
   first_bad = jnp.zeros((num_seeds,), jnp.int32)  # per seed; see train_lib.first_non_finite
-  total = config.num_train_steps
   try:
-    for step in range(start_step + 1, total + 1):
+    for step in range(start_step + 1, config.num_train_steps + 1):
       state, metrics = step_fn(state, _stack([b.batch(step - 1) for b in batches]))
       first_bad = train_lib.first_non_finite(first_bad, metrics, state.step)
-      log_now = train_lib.itstime(step, config.log_every_steps, total)
-      eval_now = train_lib.itstime(step, config.eval_every_steps, total)
-      save_now = train_lib.itstime(step, config.checkpoint_every_steps, total)
+      log_now, eval_now, save_now = train_lib.due(step, config)
       if log_now or eval_now or save_now:  # the only steps that wait for the device
         bad = {seed: int(at) for seed, at in zip(seeds, jax.device_get(first_bad)) if at}
         if bad:

@@ -115,6 +115,12 @@ def itstime(step: int, every: int, total: int) -> bool:
   return step % every == 0 or step == total
 
 
+def due(step: int, config) -> tuple[bool, bool, bool]:
+  """(log, evaluate, checkpoint): which of the config's periodic tasks fall on ``step``."""
+  return tuple(itstime(step, every, config.num_train_steps) for every in (
+      config.log_every_steps, config.eval_every_steps, config.checkpoint_every_steps))
+
+
 @jax.jit
 def first_non_finite(first_bad, metrics, step):
   """The first step whose loss or gradient norm was not finite, 0 while there is none.
@@ -165,21 +171,19 @@ def train_and_evaluate(config, workdir: str) -> dict:
                        desc=os.path.basename(os.path.normpath(workdir)), file=sys.stdout)
   last_saved, eval_metrics = checkpoints.latest_step(), {}
   first_bad = jax.device_put(jnp.zeros((), jnp.int32), replicated)
-  total = config.num_train_steps
   started = time.perf_counter()
-  for step in range(start_step + 1, total + 1):
+  for step in range(start_step + 1, config.num_train_steps + 1):
     # Nothing in this loop waits for the device except at log, eval and checkpoint steps: the
     # host prepares the next batch while the step runs.
     state, metrics = step_fn(state, input_pipeline.shard(batches.batch(step - 1), data_sharding))
     first_bad = first_non_finite(first_bad, metrics, state.step)
     progress.update(1)
-    log_now = itstime(step, config.log_every_steps, total)
-    eval_now = itstime(step, config.eval_every_steps, total)
-    save_now = itstime(step, config.checkpoint_every_steps, total)
-    if (log_now or eval_now or save_now) and int(first_bad):
+    log_now, eval_now, save_now = due(step, config)
+    bad_step = int(first_bad) if log_now or eval_now or save_now else 0  # waits for the device
+    if bad_step:
       log.close()
       raise NonFiniteError(
-          f"non-finite loss or gradient norm at step {int(first_bad)}; the last good checkpoint "
+          f"non-finite loss or gradient norm at step {bad_step}; the last good checkpoint "
           f"is step {last_saved}. Try a lower learning_rate, grad_clip_norm > 0, or "
           "compute_dtype='float32'.")
     if log_now:
