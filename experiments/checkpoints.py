@@ -1,42 +1,72 @@
-"""Step-numbered orbax checkpoints of the training state in <workdir>/checkpoints/."""
+"""Step-numbered orbax checkpoints of the training state in <workdir>/checkpoints/.
+
+Orbax writes each checkpoint to a temporary directory and renames it when complete, so a save cut
+short (a kill, a full disk) never looks like a checkpoint. A checkpoint that was complete but is
+unreadable now (truncated files) is moved to <workdir>/checkpoints_unreadable/<step> with a
+warning, and the newest readable one is restored instead.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 
 import jax
 import orbax.checkpoint as ocp
 
+from experiments import workdir as workdir_lib
+
+MARGIN = 1 << 20  # bytes of metadata and file-system overhead allowed for on top of the arrays
+
 
 class Checkpoints:
-  """Saves the state every few steps, keeps the last few, restores the latest."""
+  """Saves the state every few steps, keeps the last few, restores the newest readable one."""
 
   def __init__(self, workdir: str, keep: int):
+    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
     self.manager = ocp.CheckpointManager(
-        os.path.abspath(os.path.join(workdir, "checkpoints")),
+        self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                             cleanup_tmp_directories=True,
                                              enable_async_checkpointing=False))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def save(self, step: int, state) -> None:
+    """Saves ``state`` as step ``step``; a WorkdirError, before anything is written, when the
+    disk has less free space than the state's size (orbax would fail half-way, noisily)."""
+    needed = sum(leaf.nbytes for leaf in jax.tree.leaves(state)) + MARGIN
+    free = shutil.disk_usage(self.directory).free
+    if free < needed:
+      raise workdir_lib.WorkdirError(
+          f"no space for checkpoint {step} in {self.directory}: it needs about "
+          f"{needed / 2**20:.1f} MiB and the disk has {free / 2**20:.1f} MiB free; free space "
+          "or pass a workdir on a larger disk, and run the same command again (it resumes from "
+          f"step {self.latest_step() or 0}).")
     self.manager.save(step, args=ocp.args.StandardSave(state))
     self.manager.wait_until_finished()
 
   def restore(self, template):
-    """The latest state, shaped and sharded like ``template``; None when there is none."""
-    step = self.latest_step()
-    if step is None:
-      return None
+    """The newest readable state, shaped and sharded like ``template``; None when there is none."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-    return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    while (step := self.latest_step()) is not None:
+      try:
+        return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+      except Exception as error:  # noqa: BLE001 -- any damage; the next older one is tried
+        self._set_aside(step, error)
+    return None
 
-  def restore_as_saved(self):
-    """(step, state) of the latest checkpoint as saved, without a template; None when there is
-    none. For reading a run back when its exact structure is not known in advance."""
-    step = self.latest_step()
-    return None if step is None else (step, self.manager.restore(step))
+  def _set_aside(self, step: int, error: Exception) -> None:
+    aside = os.path.join(os.path.dirname(self.directory), "checkpoints_unreadable", str(step))
+    os.makedirs(os.path.dirname(aside), exist_ok=True)
+    shutil.rmtree(aside, ignore_errors=True)
+    shutil.move(os.path.join(self.directory, str(step)), aside)
+    self.manager.reload()
+    reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+    print(f"warning: checkpoint {step} in {self.directory} is unreadable ({reason}); moved it to "
+          f"{aside} and resuming from step {self.latest_step() or 0}.", file=sys.stderr)
 
   def close(self):
     self.manager.close()

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 
 import jax
 
 import attention_jax as aj
+from experiments import optim
 from experiments import tasks
 
-SCHEDULES = ("constant", "warmup_cosine", "noam")
 COMPUTE_DTYPES = ("float32", "bfloat16")
 IMPLEMENTATIONS = ("",) + aj.IMPLEMENTATIONS
 
@@ -85,7 +84,7 @@ def validate(config, num_devices: int = 1) -> None:
   attention_scale(model.attention_scale)
   choices = {"model.attention_impl": (model.attention_impl, IMPLEMENTATIONS),
              "model.pooling": (model.pooling, aj.encoder.POOLINGS),
-             "schedule": (config.schedule, SCHEDULES),
+             "schedule": (config.schedule, optim.SCHEDULES),
              "compute_dtype": (config.compute_dtype, COMPUTE_DTYPES)}
   for field, (value, valid) in choices.items():
     if value not in valid:
@@ -136,50 +135,3 @@ def run_app(run) -> None:
     detail = " ".join(str(error).encode().decode("unicode_escape").replace("'", "").split())
     sys.exit(f"config error: an --config override names a field the config does not have: "
              f"{detail}")
-
-
-# Fields a run may change between a start and a resume: they do not change what is trained.
-BOOKKEEPING = ("eval_every_steps", "log_every_steps", "checkpoint_every_steps",
-               "keep_checkpoints", "attention_maps", "data_dir")
-# A single run (or group of seeds) may also be resumed with more steps: it continues where it
-# stopped. A sweep holds its variants to exactly their config.
-RESUMABLE = BOOKKEEPING + ("num_train_steps",)
-
-
-def flatten(tree, prefix=""):
-  """{"model": {"d_model": 64}} -> {"model.d_model": 64}."""
-  flat = {}
-  for name, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(flatten(value, f"{prefix}{name}."))
-    else:
-      flat[prefix + name] = value
-  return flat
-
-
-def changed_fields(config, workdir: str, allowed=BOOKKEEPING) -> list[str]:
-  """Fields (outside ``allowed``) whose value differs from the config.json already in
-  ``workdir``; [] when there is none."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    before = flatten(json.load(f))
-  now = flatten(json.loads(config.to_json_best_effort()))
-  return sorted(name for name in set(before) | set(now)
-                if before.get(name) != now.get(name) and name not in allowed)
-
-
-def claim_workdir(config, workdir: str, allowed=BOOKKEEPING) -> None:
-  """Writes config.json to ``workdir``, refusing (ConfigError) when the workdir already holds a
-  run of a different config, so a resume never mixes two configs."""
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise ConfigError(f"workdir {workdir} is a file, not a directory; pass a directory (a new "
-                      "path starts a new run).")
-  changed = changed_fields(config, workdir, allowed)
-  if changed:
-    raise ConfigError(f"{workdir} holds a run of a different config ({', '.join(changed)} "
-                      "changed); use a new workdir, or restore those values to resume it.")
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(config.to_json_best_effort(indent=2))

@@ -47,10 +47,13 @@ def eval_batches(split, batch_size: int):
     yield {"tokens": tokens, "labels": labels, "weight": weight}
 
 
-def shard(batch: dict, sharding) -> dict:
-  """Global NumPy batch -> global jax.Arrays, each process contributing its own rows."""
+def shard(batch: dict, sharding, batch_axis: int = 0) -> dict:
+  """Global NumPy batch -> global jax.Arrays, each process contributing its own rows (its slice
+  of ``batch_axis``)."""
   count, index = jax.process_count(), jax.process_index()
   def local(x):
-    rows = len(x) // count
-    return jax.make_array_from_process_local_data(sharding, x[index * rows:(index + 1) * rows])
+    rows = x.shape[batch_axis] // count
+    return jax.make_array_from_process_local_data(
+        sharding, np.take(x, np.arange(index * rows, (index + 1) * rows), axis=batch_axis),
+        x.shape)
   return {name: local(x) for name, x in batch.items()}

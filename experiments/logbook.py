@@ -1,7 +1,9 @@
-"""Metrics to <workdir>/metrics.jsonl (one JSON object per line, each with "step") and TensorBoard.
+"""Metrics of one replica to <replica dir>/metrics.jsonl (a JSON object per line, each with "step")
+and TensorBoard.
 
-On resume the lines after the restored step are dropped, so a resumed run ends with exactly the
-lines of an uninterrupted one. Timing goes to TensorBoard only, never to metrics.jsonl.
+On resume the lines after the restored step are dropped (and a line cut short by a kill or a full
+disk), so a resumed run ends with exactly the lines of an uninterrupted one. Timing goes to
+TensorBoard only, never to metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -11,19 +13,30 @@ import os
 
 from tensorboardX import SummaryWriter
 
+from experiments import workdir as workdir_lib
+
+
+def lines(path: str) -> list[dict]:
+  """The records of a metrics.jsonl file, up to a last line cut short."""
+  records = []
+  with open(path) as f:
+    for text in f:
+      try:
+        records.append(json.loads(text))
+      except json.JSONDecodeError:  # a line whose write was cut short; always the last
+        break
+  return records
+
 
 class Logbook:
 
-  def __init__(self, workdir: str, resume_step: int = 0):
-    os.makedirs(workdir, exist_ok=True)
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    kept = []
-    if os.path.exists(self.path):
-      with open(self.path) as f:
-        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= resume_step]
-    with open(self.path, "w") as f:
-      f.writelines(kept)
-    self.writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
+  def __init__(self, directory: str, resume_step: int = 0):
+    os.makedirs(directory, exist_ok=True)
+    self.path = os.path.join(directory, "metrics.jsonl")
+    kept = lines(self.path) if os.path.exists(self.path) else []
+    workdir_lib.write_atomically(self.path, "".join(
+        json.dumps(line) + "\n" for line in kept if line["step"] <= resume_step))
+    self.writer = SummaryWriter(os.path.join(directory, "tensorboard"))
 
   def write(self, step: int, metrics: dict, extra: dict | None = None) -> None:
     with open(self.path, "a") as f:
@@ -35,6 +48,7 @@ class Logbook:
     self.writer.close()
 
 
-def read(workdir: str) -> list[dict]:
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+def read(workdir: str, replica: int = 0) -> list[dict]:
+  """The metrics.jsonl lines of replica ``replica`` (its index on the replica axis) of a run."""
+  name = workdir_lib.read_replicas(workdir)[replica]["name"]
+  return lines(os.path.join(workdir_lib.replica_dir(workdir, name), "metrics.jsonl"))

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import attention_jax as aj
-from experiments import train as train_lib
+from experiments import input_pipeline
+from experiments import steps as steps_lib
 
 STATISTICS = ("logit_variance", "entropy", "max_weight", "distance", "diagonal_max")
 
@@ -50,7 +51,7 @@ def summary(model, params, tokens, labels, num_classes) -> dict:
   the loss gradient reaching the query and key projections (all layers), on one batch."""
   def loss_fn(params):
     logits = model.apply({"params": params}, tokens)
-    return jnp.mean(train_lib.cross_entropy(logits, labels, num_classes)[0])
+    return jnp.mean(steps_lib.cross_entropy(logits, labels, num_classes)[0])
   grads = jax.grad(loss_fn)(params)
   stats = {name: jnp.mean(value) for name, value in head_statistics(model, params, tokens).items()}
   return {**stats, "query_grad_norm": _projection_grad_norm(grads, "query"),
@@ -69,10 +70,12 @@ def without_head(params, layer: int, head: int):
 
 def head_importance(model, params, split, config, num_classes) -> np.ndarray:
   """Accuracy drop [L, N] on ``split`` when each head alone is switched off (config: the run's)."""
-  eval_fn = jax.jit(lambda p, batch: train_lib.eval_step(
-      p, batch, model=model, config=config, num_classes=num_classes))
+  eval_fn = jax.jit(lambda p, batch: steps_lib.eval_step(
+      p, batch, model=model, compute_dtype=jnp.dtype(config.compute_dtype),
+      num_classes=num_classes))
   def accuracy(p):
-    return train_lib.evaluate(eval_fn, p, split, config.batch_size)["eval_accuracy"]
+    batches = input_pipeline.eval_batches(split, config.batch_size)
+    return steps_lib.evaluate(eval_fn, p, batches)["eval_accuracy"]
   baseline = accuracy(params)
   return np.array([[baseline - accuracy(without_head(params, layer, head))
                     for head in range(model.config.num_heads)]

@@ -6,24 +6,28 @@
 
 A sweep config (see configs/ablations/) holds ``train`` (a training config), ``variants`` (a tuple
 of (name, overrides of ``train`` as a nested dict) pairs, run in that order), ``num_seeds``,
-``vmap_seeds`` and ``extra_evals`` (name -> task-option overrides of an additional test set, e.g.
-longer sequences). Each variant trains in
-<workdir>/variants/<name>/ and leaves result.json there; a second run of the same command skips
-the variants that finished and resumes the one that was interrupted from its checkpoint. A variant
-that fails is recorded with its error and the sweep goes on. At the end <workdir> holds
-results.csv, results.md and the plots (experiments/sweep_report.py).
+``grid`` (hyperparameter -> values, e.g. {"learning_rate": (1e-3, 3e-3)}; may be empty),
+``vmap_replicas`` and ``extra_evals`` (name -> task-option overrides of an additional test set,
+e.g. longer sequences). A variant's replicas are its seeds times the grid; with vmap_replicas they
+train as one compiled, vmapped program (experiments/train.py), else one after the other.
+
+Each variant trains in <workdir>/variants/<name>/ and leaves result.json there; a second run of
+the same command skips the variants that finished and resumes the one that was interrupted from
+its checkpoint. A variant that fails is recorded with its error and the sweep goes on (a full
+disk, a busy workdir and SIGTERM/SIGINT stop the sweep instead, as they stop a run). At the end
+<workdir> holds results.csv, results.md and the plots (experiments/sweep_report.py).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import sys
 import traceback
 
 from experiments import config_check
-from experiments import seeds as seeds_lib
+from experiments import train as train_lib
+from experiments import workdir as workdir_lib
 
 
 def variant_config(sweep, overrides):
@@ -41,6 +45,7 @@ def check(sweep) -> None:
   names = [name for name, _ in sweep.variants]
   if not names or len(set(names)) != len(names):
     raise config_check.ConfigError(f"the sweep needs variants with distinct names, got {names}.")
+  train_lib.replicas_of(sweep.train, sweep.num_seeds, grid(sweep))  # a bad grid is refused here
   for name, overrides in sweep.variants:
     try:
       config_check.validate(variant_config(sweep, overrides))
@@ -48,36 +53,40 @@ def check(sweep) -> None:
       raise config_check.ConfigError(f"variant '{name}': {error}") from None
 
 
+def grid(sweep) -> dict:
+  return {name: tuple(values) for name, values in sweep.get("grid", {}).items()}
+
+
 def train_variant(sweep, config, directory: str) -> dict:
-  """All seeds of one variant: one vmapped group, or (vmap_seeds=False) one group per seed."""
+  """All replicas (seeds x grid) of one variant: one vmapped program, or (vmap_replicas=False)
+  one run per replica in <directory>/alone/<replica>. Returns lists over replicas."""
   extra_evals = {name: dict(options) for name, options in sweep.extra_evals.items()}
-  if sweep.vmap_seeds:
-    return seeds_lib.train_seeds(config, directory, sweep.num_seeds, extra_evals)
+  replicas = train_lib.replicas_of(config, sweep.num_seeds, grid(sweep))
+  if sweep.vmap_replicas:
+    return train_lib.train(config, directory, replicas, extra_evals=extra_evals, probes=True)
   merged = {}
-  for index in range(sweep.num_seeds):
+  for replica in replicas:
     alone = copy.deepcopy(config)
-    alone.seed = config.seed + index
-    result = seeds_lib.train_seeds(alone, os.path.join(directory, f"alone_{alone.seed}"), 1,
-                                   extra_evals)
+    alone.update({name: replica[name] for name in ("seed", *grid(sweep))})
+    result = train_lib.train(alone, os.path.join(directory, "alone", replica["name"]),
+                             [replica], extra_evals=extra_evals, probes=True)
     for name, values in result.items():
       merged.setdefault(name, []).extend(values)
-  merged["seconds"] = [sum(merged["seconds"])] * sweep.num_seeds  # the variant's wall time
+  merged["seconds"] = [sum(merged["seconds"])] * len(replicas)  # the variant's wall time
   return merged
 
 
 def _check_existing(sweep, name, config, directory) -> None:
   """A variant directory from an earlier run may be resumed or reused only if it was trained
   with the config the sweep asks for now (bookkeeping fields aside)."""
-  changed = config_check.changed_fields(config, directory)
-  result = os.path.join(directory, "result.json")
-  if os.path.exists(result):
-    with open(result) as f:
-      record = json.load(f)
-    if record["status"] == "ok":
-      if len(record["metrics"]["seed"]) != sweep.num_seeds:
-        changed.append("num_seeds")
-      changed += [f"extra_evals.{extra}" for extra in sweep.extra_evals
-                  if f"{extra}_accuracy" not in record["metrics"]]
+  changed = workdir_lib.changed_fields(config, directory)
+  record = workdir_lib.read_result(directory)
+  if record is not None and record["status"] == "ok":
+    if record["metrics"]["name"] != [r["name"] for r in train_lib.replicas_of(
+        config, sweep.num_seeds, grid(sweep))]:
+      changed.append("num_seeds or grid")
+    changed += [f"extra_evals.{extra}" for extra in sweep.extra_evals
+                if f"{extra}_accuracy" not in record["metrics"]]
   if changed:
     raise config_check.ConfigError(
         f"variant '{name}' in {directory} was trained with a different config "
@@ -99,33 +108,34 @@ def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
   for name, overrides in selected:
     _check_existing(sweep, name, variant_config(sweep, overrides),
                     os.path.join(workdir, "variants", name))
-  records = []
-  for name, overrides in selected:
-    directory = os.path.join(workdir, "variants", name)
-    path = os.path.join(directory, "result.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        record = json.load(f)
-      if record["status"] == "ok":
-        print(f"[sweep] {name}: finished earlier, skipped", flush=True)
-        records.append(record)
-        continue
-    config = variant_config(sweep, overrides)
-    config_check.claim_workdir(config, directory)
-    print(f"[sweep] {name}: training {sweep.num_seeds} seeds", flush=True)
-    record = {"variant": name, "overrides": overrides}
-    try:
-      record.update(status="ok", metrics=train_variant(sweep, config, directory))
-      print(f"[sweep] {name}: eval_accuracy {record['metrics']['eval_accuracy']}", flush=True)
-    except Exception as error:  # noqa: BLE001 -- recorded; the other variants still run
-      record.update(status="failed", error=f"{type(error).__name__}: {error}")
-      with open(os.path.join(directory, "error.txt"), "w") as f:
-        f.write(traceback.format_exc())
-      print(f"[sweep] {name}: FAILED, {record['error']}", flush=True)
-    with open(path, "w") as f:
-      json.dump(record, f, indent=1)
-    records.append(record)
-  return records
+  with workdir_lib.owned(workdir):
+    return [_run_variant(sweep, name, overrides, os.path.join(workdir, "variants", name))
+            for name, overrides in selected]
+
+
+def _run_variant(sweep, name, overrides, directory) -> dict:
+  """The record of one variant: trained now, or as it finished earlier."""
+  record = workdir_lib.read_result(directory)
+  if record is not None and record["status"] == "ok":
+    print(f"[sweep] {name}: finished earlier, skipped", flush=True)
+    return record
+  config = variant_config(sweep, overrides)
+  workdir_lib.claim(config, directory)
+  count = len(train_lib.replicas_of(config, sweep.num_seeds, grid(sweep)))
+  print(f"[sweep] {name}: training {count} replicas (seeds x grid)", flush=True)
+  record = {"variant": name, "overrides": overrides}
+  try:
+    record.update(status="ok", metrics=train_variant(sweep, config, directory))
+    print(f"[sweep] {name}: eval_accuracy {record['metrics']['eval_accuracy']}", flush=True)
+  except (workdir_lib.WorkdirError, train_lib.Interrupted):
+    raise  # the sweep cannot go on either; the same command resumes it
+  except Exception as error:  # noqa: BLE001 -- recorded; the other variants still run
+    record.update(status="failed", error=f"{type(error).__name__}: {error}")
+    with workdir_lib.writing(directory):
+      workdir_lib.write_atomically(os.path.join(directory, "error.txt"), traceback.format_exc())
+    print(f"[sweep] {name}: FAILED, {record['error']}", flush=True)
+  workdir_lib.write_result(directory, record)
+  return record
 
 
 def main():
@@ -142,10 +152,9 @@ def main():
     logging.set_verbosity(logging.ERROR)  # TFDS warns about every custom task config
     from experiments import sweep_report  # matplotlib only here
     workdir = flags.FLAGS.workdir
-    try:
-      records = run_sweep(flags.FLAGS.config, workdir, flags.FLAGS.variants)
-    except config_check.ConfigError as error:
-      sys.exit(f"config error: {error}")
+    records = []
+    train_lib.run_command(lambda: records.extend(
+        run_sweep(flags.FLAGS.config, workdir, flags.FLAGS.variants)))
     paths = sweep_report.write(records, workdir)
     with open(paths["markdown"]) as f:
       print(f.read())

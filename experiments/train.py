@@ -1,25 +1,31 @@
-"""Config-driven training of the attention_jax encoder classifier.
+"""The one training loop: a stack of replicas (seeds x hyperparameters) trained by one compiled step.
 
   python -m experiments.train --config=configs/default.py --workdir=/tmp/run [--config.seed=1]
 
-``train_and_evaluate(config, workdir)`` is the importable entry (Colab calls it directly). A run
-writes config.json, metrics.jsonl, TensorBoard events and checkpoints to its workdir, and resumes
-from the latest checkpoint when started again with the same command.
+``train_and_evaluate(config, workdir)`` trains one replica (Colab calls it directly);
+``train(config, workdir, replicas)`` trains several at once, as a sweep variant does. The state
+has a leading replica axis in every mode; replicas and batch shard over all devices (mesh axes
+"replica" and "data"). The workdir's layout is described in experiments/workdir.py. A run resumes
+from its newest readable checkpoint when started again with the same command; SIGTERM or SIGINT
+finishes the step, saves a checkpoint and stops with the command that resumes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import json
+import math
 import os
+import signal
 import sys
+import threading
 import time
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import tqdm
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -29,19 +35,23 @@ from experiments import config_check
 from experiments import input_pipeline
 from experiments import logbook
 from experiments import optim
+from experiments import probes as probes_lib
+from experiments import steps as steps_lib
 from experiments import tasks
+from experiments import workdir as workdir_lib
 
 
 class NonFiniteError(RuntimeError):
   """A non-finite loss or gradient norm stopped the run."""
 
 
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: dict
-  opt_state: optax.OptState
-  rng: jax.Array  # raw uint32 key; the dropout key of a step is fold_in(rng, step)
+class Interrupted(RuntimeError):
+  """SIGTERM or SIGINT stopped the run after a checkpoint of its last step."""
+
+  def __init__(self, signum: int, step: int):
+    self.signum, self.step = signum, step
+    super().__init__(f"{signal.Signals(signum).name} at step {step}: checkpoint saved; resume "
+                     f"with: {workdir_lib.command_line()}")
 
 
 def encoder_config(config, task: tasks.Task) -> aj.EncoderConfig:
@@ -57,161 +67,243 @@ def encoder_config(config, task: tasks.Task) -> aj.EncoderConfig:
       pad_id=task.pad_id, num_classes=task.num_classes, pooling=model.pooling)
 
 
-def _cast(params, dtype):
-  return jax.tree.map(lambda p: p.astype(dtype), params)
+def replicas_of(config, num_seeds: int = 1, grid: dict | None = None) -> list[dict]:
+  """The replicas of a run: seeds config.seed .. + num_seeds - 1 for every combination of the
+  ``grid`` ({hyperparameter: values}); the rest of the hyperparameters come from ``config``.
+  Each is {"name", "seed", <every name in steps.HYPERPARAMETERS>}, seeds innermost."""
+  grid = {name: tuple(values) for name, values in (grid or {}).items()}
+  for name, values in grid.items():
+    if name not in steps_lib.HYPERPARAMETERS or not values:
+      raise config_check.ConfigError(
+          f"grid.{name}: a grid holds non-empty tuples of {list(steps_lib.HYPERPARAMETERS)}.")
+  replicas = []
+  for values in itertools.product(*grid.values()):
+    chosen = dict(zip(grid, values))
+    for seed in range(config.seed, config.seed + num_seeds):
+      name = "-".join([f"seed_{seed}"] + [f"{k}_{v:g}" for k, v in chosen.items()])
+      hparams = {k: float(chosen.get(k, config[k])) for k in steps_lib.HYPERPARAMETERS}
+      replicas.append({"name": name, "seed": seed, **hparams})
+  return replicas
 
 
-def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
-  """Per-example loss [B] and correctness [B] from logits [B, C] and labels [B]."""
-  targets = jax.nn.one_hot(labels, num_classes)
-  if label_smoothing:
-    targets = optax.smooth_labels(targets, label_smoothing)
-  loss = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
-  return loss, (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+def device_mesh(num_replicas: int) -> Mesh:
+  """Devices as ("replica", "data"): as many replica shards as divide both counts (one when
+  several processes share the run), the rest split the batch."""
+  devices = jax.devices()
+  across = math.gcd(num_replicas, len(devices)) if jax.process_count() == 1 else 1
+  return Mesh(np.array(devices).reshape(across, len(devices) // across), ("replica", "data"))
 
 
-def train_step(state, batch, *, model, tx, config, num_classes):
-  """One optimizer step: (state, batch) -> (state, metrics). Pure; jitted once."""
-  dropout_rng = jax.random.fold_in(state.rng, state.step)
-  dtype = jnp.dtype(config.compute_dtype)
-
-  def loss_fn(params):
-    logits = model.apply({"params": _cast(params, dtype)}, batch["tokens"],
-                         deterministic=False, rngs={"dropout": dropout_rng})
-    loss, correct = cross_entropy(logits, batch["labels"], num_classes, config.label_smoothing)
-    return jnp.mean(loss), jnp.mean(correct)
-
-  (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                            opt_state=opt_state)
-  return new_state, {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads)}
-
-
-def eval_step(params, batch, *, model, config, num_classes):
-  """Sums of loss, correct predictions and weight over a (padded) batch."""
-  logits = model.apply({"params": _cast(params, jnp.dtype(config.compute_dtype))},
-                       batch["tokens"])
-  loss, correct = cross_entropy(logits, batch["labels"], num_classes)
-  weight = batch["weight"]
-  return {"loss": jnp.sum(loss * weight), "correct": jnp.sum(correct * weight),
-          "count": jnp.sum(weight)}
-
-
-def evaluate(eval_fn, params, split, batch_size, sharding=None, prefix="eval") -> dict:
-  """Mean loss and accuracy over a split; arrays [S] when ``eval_fn`` is vmapped over S seeds."""
-  totals = {"loss": 0.0, "correct": 0.0, "count": 0.0}
-  for batch in input_pipeline.eval_batches(split, batch_size):
-    batch = input_pipeline.shard(batch, sharding) if sharding is not None else batch
-    sums = jax.device_get(eval_fn(params, batch))
-    totals = {name: totals[name] + np.asarray(sums[name], np.float64) for name in totals}
-  metrics = {f"{prefix}_loss": totals["loss"] / totals["count"],
-             f"{prefix}_accuracy": totals["correct"] / totals["count"]}
-  return {name: value.tolist() for name, value in metrics.items()}  # floats or lists
-
-
-def itstime(step: int, every: int, total: int) -> bool:
-  """Whether something done every ``every`` steps (and at the last step) is due at ``step``."""
-  return step % every == 0 or step == total
-
-
-def due(step: int, config) -> tuple[bool, bool, bool]:
-  """(log, evaluate, checkpoint): which of the config's periodic tasks fall on ``step``."""
-  return tuple(itstime(step, every, config.num_train_steps) for every in (
-      config.log_every_steps, config.eval_every_steps, config.checkpoint_every_steps))
-
-
-@jax.jit
-def first_non_finite(first_bad, metrics, step):
-  """The first step whose loss or gradient norm was not finite, 0 while there is none.
-
-  Runs on the device, so that the loop needs the metrics on the host only when it logs.
-  """
-  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-  return jnp.where((first_bad == 0) & ~finite, step, first_bad)
-
-
-def initial_state(model, tx, task, seed) -> TrainState:
-  """The step-0 state of seed ``seed`` (an int, or a traced one under vmap)."""
-  rng = jax.random.PRNGKey(seed)
-  init_rng, dropout_rng = jax.random.split(rng)
-  tokens = jnp.zeros((1, task.max_length), jnp.int32)
-  params = model.init(init_rng, tokens)["params"]
-  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
-                    rng=dropout_rng)
-
-
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Trains and evaluates the model that ``config`` describes; returns the final eval metrics."""
-  config_check.validate(config, jax.device_count())
-  config_check.claim_workdir(config, workdir, config_check.RESUMABLE)
-
+def setup(config, replicas: list[dict]):
+  """(task, model, tx, init) of a run; init() -> the stacked step-0 state, jitted."""
   task = tasks.load_task(config.task, dict(config.task_options), config.data_dir)
   model = aj.SequenceClassifier(encoder_config(config, task))
-  tx, schedule = optim.optimizer(config)
+  tx = optim.optimizer(config)
+  seeds = jnp.array([replica["seed"] for replica in replicas])
+  hparams = {name: jnp.array([replica[name] for replica in replicas], jnp.float32)
+             for name in steps_lib.HYPERPARAMETERS}
+  initial = jax.vmap(functools.partial(steps_lib.initial_state, model, tx, task.max_length))
+  return task, model, tx, lambda sharding=None: jax.jit(
+      initial, out_shardings=sharding)(seeds, hparams)
 
-  mesh = Mesh(np.array(jax.devices()), ("data",))
-  replicated = NamedSharding(mesh, PartitionSpec())
-  data_sharding = NamedSharding(mesh, PartitionSpec("data"))
-  state = jax.device_put(initial_state(model, tx, task, config.seed), replicated)
+
+@contextlib.contextmanager
+def stop_requests():
+  """SIGTERM and SIGINT received during the block, collected in the yielded list instead of
+  killing the process (a second SIGINT interrupts at once). Only the main thread gets signals."""
+  received = []
+  if threading.current_thread() is not threading.main_thread():
+    yield received
+    return
+
+  def handler(signum, frame):
+    if received and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    received.append(signum)
+  previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    yield received
+  finally:
+    for s, h in previous.items():
+      signal.signal(s, h)
+
+
+def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | None = None,
+          probes: bool = False, allowed=workdir_lib.RESUMABLE) -> dict:
+  """Trains ``replicas`` (see replicas_of) of ``config`` together, in ``workdir``.
+
+  Returns lists over replicas: "name", "seed", the hyperparameters, eval_loss and eval_accuracy
+  (and <name>_loss/_accuracy for each of ``extra_evals``, name -> task-option overrides of an
+  extra test set), with ``probes`` the probe summaries at initialisation ("init_*") and at the end
+  ("final_*"), and "seconds", the wall time of the whole run.
+  """
+  mesh = device_mesh(len(replicas))
+  config_check.validate(config, mesh.shape["data"])
+  started = time.perf_counter()
+  with workdir_lib.owned(workdir), workdir_lib.writing(workdir):
+    workdir_lib.claim(config, workdir, allowed)
+    if os.path.exists(os.path.join(workdir, "replicas.json")):
+      before = [r["name"] for r in workdir_lib.read_replicas(workdir)]
+      if before != [r["name"] for r in replicas]:
+        raise config_check.ConfigError(
+            f"{workdir} holds replicas {before}, not {[r['name'] for r in replicas]}; use a new "
+            "workdir, or the seeds and grid it was started with.")
+    workdir_lib.write_replicas(workdir, replicas)
+    return _loop(config, workdir, replicas, mesh, extra_evals or {}, probes, started)
+
+
+def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict:
+  task, model, tx, init = setup(config, replicas)
+  extra_tests = {}
+  for name, overrides in extra_evals.items():
+    extra = tasks.load_task(config.task, {**dict(config.task_options), **dict(overrides)},
+                            config.data_dir)
+    if extra.max_length > model.config.max_length:
+      raise config_check.ConfigError(
+          f"the '{name}' evaluation has sequences of length {extra.max_length} but the model "
+          f"supports {model.config.max_length}; set model.max_length >= {extra.max_length}.")
+    extra_tests[name] = extra.test
+  by_replica = NamedSharding(mesh, PartitionSpec("replica"))
+  by_data = NamedSharding(mesh, PartitionSpec("data"))
+  by_both = NamedSharding(mesh, PartitionSpec("replica", "data"))
+  state = init(by_replica)
+  probe = _prober(model, task, config) if probes else None
+  init_probes = probe("init", state.params) if probes else {}  # recomputed after a resume
   checkpoints = checkpoints_lib.Checkpoints(workdir, config.keep_checkpoints)
   restored = checkpoints.restore(state)
   state = state if restored is None else restored
-  start_step = int(state.step)
+  start_step = int(state.step[0])
 
-  step_fn = jax.jit(functools.partial(train_step, model=model, tx=tx, config=config,
-                                      num_classes=task.num_classes),
-                    out_shardings=(replicated, replicated), donate_argnums=0)
-  eval_fn = jax.jit(functools.partial(eval_step, model=model, config=config,
-                                      num_classes=task.num_classes), out_shardings=replicated)
-  batches = input_pipeline.TrainBatches(task.train, config.batch_size, config.seed)
-  log = logbook.Logbook(workdir, resume_step=start_step)
-  tokens_per_step = config.batch_size * task.max_length
+  compute_dtype = jnp.dtype(config.compute_dtype)
+  step_fn = jax.jit(jax.vmap(functools.partial(
+      steps_lib.train_step, model=model, tx=tx, learning_rate=optim.learning_rate(config),
+      compute_dtype=compute_dtype, label_smoothing=config.label_smoothing,
+      num_classes=task.num_classes)), out_shardings=(by_replica, by_replica), donate_argnums=0)
+  eval_fn = jax.jit(jax.vmap(functools.partial(
+      steps_lib.eval_step, model=model, compute_dtype=compute_dtype,
+      num_classes=task.num_classes), in_axes=(0, None)), out_shardings=by_replica)
+  sources = {seed: input_pipeline.TrainBatches(task.train, config.batch_size, seed)
+             for seed in sorted({replica["seed"] for replica in replicas})}
+
+  def next_batch(step):  # {"tokens": [R, B, T], "labels": [R, B]}, replica r from its seed
+    per_replica = [sources[replica["seed"]].batch(step) for replica in replicas]
+    stacked = {name: np.stack([batch[name] for batch in per_replica]) for name in per_replica[0]}
+    return input_pipeline.shard(stacked, by_both, batch_axis=1)
+
+  def evaluate(params):
+    metrics = {}
+    for prefix, split in {"eval": task.test, **extra_tests}.items():
+      batches = (input_pipeline.shard(batch, by_data)
+                 for batch in input_pipeline.eval_batches(split, config.batch_size))
+      metrics.update(steps_lib.evaluate(eval_fn, params, batches, prefix))
+    return metrics
+
+  logs = [logbook.Logbook(workdir_lib.replica_dir(workdir, replica["name"]), start_step)
+          for replica in replicas]
+  def log(step, metrics, extra=None):
+    for index, replica_log in enumerate(logs):
+      replica_log.write(step, {name: float(values[index]) for name, values in metrics.items()},
+                        extra)
+
+  tokens_per_step = len(replicas) * config.batch_size * task.max_length
   progress = tqdm.tqdm(total=config.num_train_steps, initial=start_step, mininterval=2.0,
                        desc=os.path.basename(os.path.normpath(workdir)), file=sys.stdout)
-  last_saved, eval_metrics = checkpoints.latest_step(), {}
-  first_bad = jax.device_put(jnp.zeros((), jnp.int32), replicated)
-  started = time.perf_counter()
-  for step in range(start_step + 1, config.num_train_steps + 1):
-    # Nothing in this loop waits for the device except at log, eval and checkpoint steps: the
-    # host prepares the next batch while the step runs.
-    state, metrics = step_fn(state, input_pipeline.shard(batches.batch(step - 1), data_sharding))
-    first_bad = first_non_finite(first_bad, metrics, state.step)
-    progress.update(1)
-    log_now, eval_now, save_now = due(step, config)
-    bad_step = int(first_bad) if log_now or eval_now or save_now else 0  # waits for the device
-    if bad_step:
-      log.close()
-      raise NonFiniteError(
-          f"non-finite loss or gradient norm at step {bad_step}; the last good checkpoint "
-          f"is step {last_saved}. Try a lower learning_rate, grad_clip_norm > 0, or "
-          "compute_dtype='float32'.")
-    if log_now:
-      metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
-      throughput = tokens_per_step * (step - start_step) / (time.perf_counter() - started)
-      log.write(step, {**metrics, "learning_rate": float(schedule(step - 1))},
-                extra={"tokens_per_second": throughput})
-      progress.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}",
-                           tok_s=f"{throughput:.0f}", refresh=False)
-    if eval_now:
-      eval_metrics = evaluate(eval_fn, state.params, task.test, config.batch_size, data_sharding)
-      log.write(step, eval_metrics)
-      progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in
-                                                  eval_metrics.items()))
-    if save_now:
-      checkpoints.save(step, state)
-      last_saved = step
-  progress.close()
-  checkpoints.close()
-  log.close()
+  eval_metrics = {}
+  first_bad = jax.device_put(jnp.zeros((len(replicas),), jnp.int32), by_replica)
+  clock = time.perf_counter()
+  try:
+    with stop_requests() as received:
+      for step in range(start_step + 1, config.num_train_steps + 1):
+        # Nothing here waits for the device except at log, eval and checkpoint steps: the host
+        # prepares the next batch while the step runs.
+        state, metrics = step_fn(state, next_batch(step - 1))
+        first_bad = steps_lib.first_non_finite(first_bad, metrics, state.step)
+        progress.update(1)
+        log_now, eval_now, save_now = steps_lib.due(step, config)
+        if log_now or eval_now or save_now:
+          _check_finite(first_bad, replicas, checkpoints.latest_step())
+        if log_now:
+          metrics = {name: np.asarray(value) for name, value in jax.device_get(metrics).items()}
+          throughput = tokens_per_step * (step - start_step) / (time.perf_counter() - clock)
+          log(step, metrics, {"tokens_per_second": throughput})
+          progress.set_postfix(loss=f"{np.mean(metrics['loss']):.3f}",
+                               acc=f"{np.mean(metrics['accuracy']):.3f}",
+                               tok_s=f"{throughput:.0f}", refresh=False)
+        if eval_now:
+          eval_metrics = evaluate(state.params)
+          log(step, eval_metrics)
+          progress.write(f"step {step}: " + ", ".join(
+              f"{name} {np.mean(value):.4f}" for name, value in eval_metrics.items()))
+        if save_now or received:
+          checkpoints.save(step, state)
+        if received:
+          raise Interrupted(received[0], step)
+  finally:
+    progress.close()
+    checkpoints.close()
+    for replica_log in logs:
+      replica_log.close()
   if not eval_metrics:  # resumed a finished run
-    eval_metrics = evaluate(eval_fn, state.params, task.test, config.batch_size, data_sharding)
+    eval_metrics = evaluate(state.params)
   if config.attention_maps:
     from experiments import attention_maps  # matplotlib only when maps are asked for
-    attention_maps.write(model, state.params, task, config.attention_maps,
-                         os.path.join(workdir, "attention_maps"))
-  print("final: " + json.dumps({"step": int(state.step), **eval_metrics}))
-  return eval_metrics
+    for index, replica in enumerate(replicas):
+      attention_maps.write(model, jax.tree.map(lambda leaf: leaf[index], state.params), task,
+                           config.attention_maps, os.path.join(workdir_lib.replica_dir(
+                               workdir, replica["name"]), "attention_maps"))
+  final_probes = probe("final", state.params) if probes else {}
+  columns = {key: [replica[key] for replica in replicas] for key in replicas[0]}
+  return {**columns, **eval_metrics, **init_probes, **final_probes,
+          "seconds": [time.perf_counter() - started] * len(replicas)}
+
+
+def _check_finite(first_bad, replicas, last_saved):
+  """Raises NonFiniteError when a replica's loss or gradient norm was not finite (waits for the
+  device)."""
+  bad = {replica["name"]: int(at) for replica, at in zip(replicas, jax.device_get(first_bad))
+         if at}
+  if bad:
+    raise NonFiniteError(
+        f"non-finite loss or gradient norm at step {min(bad.values())} (replicas "
+        f"{sorted(bad)}); the last good checkpoint is step {last_saved}. Try a lower "
+        "learning_rate, grad_clip_norm > 0, or compute_dtype='float32'.")
+
+
+def _prober(model, task, config):
+  """prefix, params [R, ...] -> {prefix_<probe>: [R] list} on one test batch."""
+  batch = next(input_pipeline.eval_batches(task.test, config.batch_size))
+  probe_fn = jax.jit(jax.vmap(lambda params: probes_lib.summary(
+      model, params, batch["tokens"], batch["labels"], task.num_classes)))
+  def probe(prefix, params):
+    return {f"{prefix}_{name}": np.asarray(value).tolist()
+            for name, value in jax.device_get(probe_fn(params)).items()}
+  return probe
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Trains and evaluates the one replica that ``config`` describes; returns its final eval
+  metrics ({"eval_loss", "eval_accuracy"})."""
+  result = train(config, workdir, replicas_of(config))
+  final = {name: result[name][0] for name in ("eval_loss", "eval_accuracy")}
+  print("final: " + json.dumps({"step": config.num_train_steps, **final}))
+  return final
+
+
+def run_command(main_function, *args) -> None:
+  """Runs ``main_function(*args)``, turning the expected failures into one line and an exit
+  status: a config error, a busy or full workdir, a non-finite loss (1), SIGTERM/SIGINT
+  (128 + the signal, after the checkpoint)."""
+  try:
+    main_function(*args)
+  except config_check.ConfigError as error:
+    sys.exit(f"config error: {error}")
+  except workdir_lib.WorkdirError as error:
+    sys.exit(f"workdir error: {error}")
+  except NonFiniteError as error:
+    sys.exit(f"training stopped: {error}")
+  except Interrupted as error:
+    print(f"stopped by {error}", file=sys.stderr, flush=True)
+    sys.exit(128 + error.signum)
 
 
 def main():
@@ -229,12 +321,7 @@ def main():
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     if flags.FLAGS.distributed:
       jax.distributed.initialize()
-    try:
-      train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
-    except config_check.ConfigError as error:
-      sys.exit(f"config error: {error}")
-    except NonFiniteError as error:
-      sys.exit(f"training stopped: {error}")
+    run_command(train_and_evaluate, flags.FLAGS.config, flags.FLAGS.workdir)
 
   config_check.run_app(run)
 

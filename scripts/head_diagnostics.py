@@ -70,16 +70,17 @@ def heat_maps(stats, path: str) -> None:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", required=True, help="a training run or a sweep variant")
-  parser.add_argument("--seed_index", type=int, default=0, help="which seed of a sweep variant")
+  parser.add_argument("--replica", type=int, default=0,
+                      help="which replica (seed x hyperparameters) of the run, by index")
   parser.add_argument("--examples", type=int, default=512, help="test examples for statistics")
   parser.add_argument("--maps", type=int, default=2, help="examples to draw attention maps for")
   parser.add_argument("--out", default=None, help="output directory (default: the workdir)")
   args = parser.parse_args()
   out = args.out or args.workdir
   os.makedirs(out, exist_ok=True)
-  run = trained.load(args.workdir, args.seed_index)
+  run = trained.load(args.workdir, args.replica)
   stats = diagnose(run, args.examples)
-  text = (f"Heads of {args.workdir} (step {run.step}, seed index {args.seed_index}), "
+  text = (f"Heads of {args.workdir} (step {run.step}, replica {run.replica['name']}), "
           f"{run.task.name} test data\n\n" + table(stats))
   with open(os.path.join(out, "head_diagnostics.md"), "w") as f:
     f.write(text)

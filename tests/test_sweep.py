@@ -1,8 +1,10 @@
-"""Ablation sweeps: vmapped seeds equal single runs, resume, failures recorded, reports, configs."""
+"""Replicas and sweeps: vmapped seeds x hyperparameters equal single runs, on 1 and 8 devices; resume,
+SIGTERM, failures recorded, reports, configs."""
 
 import csv
 import importlib
 import os
+import signal
 import subprocess
 import sys
 
@@ -10,20 +12,18 @@ import ml_collections
 import numpy as np
 import pytest
 
-from experiments import logbook, seeds, sweep, sweep_report, train
-from test_train import ROOT, TINY, tiny_config
+from experiments import input_pipeline, logbook, steps, sweep, sweep_report, train
+from experiments import workdir as workdir_lib
+from training_helpers import EIGHT_CPU_DEVICES, GRID, ROOT, TINY, tiny_config
 
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("tfds"))
 
 
 def tiny_sweep(data_dir, variants, num_seeds=2):
   config = ml_collections.ConfigDict()
   config.train = tiny_config(data_dir)
   config.num_seeds = num_seeds
-  config.vmap_seeds = True
+  config.vmap_replicas = True
+  config.grid = ml_collections.ConfigDict()
   config.extra_evals = ml_collections.ConfigDict({"long": {"max_length": 16}})
   config.train.model.max_length = 16
   config.variants = variants
@@ -36,35 +36,87 @@ TWO_VARIANTS = (("sinusoidal", {"model": {"positional_encoding": "sinusoidal"}})
 
 @pytest.fixture(scope="module")
 def group(data_dir, tmp_path_factory):
-  """Seeds 0 and 1 of the tiny config, trained together."""
+  """Seeds 0 and 1 of the tiny config at two learning rates: four replicas trained together."""
   workdir = str(tmp_path_factory.mktemp("group"))
-  return workdir, seeds.train_seeds(tiny_config(data_dir), workdir, 2)
+  config = tiny_config(data_dir)
+  return workdir, train.train(config, workdir, train.replicas_of(config, 2, GRID), probes=True)
 
 
-def test_vmapped_seeds_equal_training_each_seed_alone(group, data_dir, tmp_path):
+def test_vmapped_replicas_equal_training_each_alone(group, data_dir, tmp_path):
   workdir, together = group
-  assert together["seed"] == [0, 1]
-  for seed in (0, 1):
-    alone_dir = str(tmp_path / f"alone{seed}")
-    final = train.train_and_evaluate(tiny_config(data_dir, seed=seed), alone_dir)
-    np.testing.assert_allclose(together["eval_loss"][seed], final["eval_loss"], rtol=1e-5)
-    assert together["eval_accuracy"][seed] == final["eval_accuracy"]
-    alone, grouped = logbook.read(alone_dir), logbook.read(seeds.seed_dir(workdir, seed))
+  assert together["name"] == ["seed_0-learning_rate_0.001", "seed_1-learning_rate_0.001",
+                              "seed_0-learning_rate_0.003", "seed_1-learning_rate_0.003"]
+  assert together["learning_rate"] == [1e-3, 1e-3, 3e-3, 3e-3]
+  for index, seed, rate in ((1, 1, 1e-3), (2, 0, 3e-3)):
+    alone_dir = str(tmp_path / f"alone{index}")
+    final = train.train_and_evaluate(tiny_config(data_dir, seed=seed, learning_rate=rate),
+                                     alone_dir)
+    np.testing.assert_allclose(together["eval_loss"][index], final["eval_loss"], rtol=1e-5)
+    assert together["eval_accuracy"][index] == final["eval_accuracy"]
+    alone, grouped = logbook.read(alone_dir), logbook.read(workdir, index)
     assert [line["step"] for line in grouped] == [line["step"] for line in alone]
     for a, b in zip(alone, grouped):
-      assert set(b) == set(a) - {"learning_rate"}
+      assert set(b) == set(a)
       for name in b:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-def test_interrupted_group_resumes_from_its_checkpoint(group, data_dir, tmp_path):
-  workdir, uninterrupted = group
-  seeds.train_seeds(tiny_config(data_dir, num_train_steps=4), str(tmp_path), 2)  # "killed"
-  resumed = seeds.train_seeds(tiny_config(data_dir), str(tmp_path), 2)
-  for name in ("eval_loss", "eval_accuracy", "final_entropy", "final_query_grad_norm"):
-    np.testing.assert_allclose(resumed[name], uninterrupted[name], rtol=1e-5, err_msg=name)
-  assert logbook.read(seeds.seed_dir(str(tmp_path), 1)) == logbook.read(
-      seeds.seed_dir(workdir, 1))
+def test_eight_simulated_devices_shard_the_replicas_and_follow_one_device(group, data_dir,
+                                                                         tmp_path):
+  workdir, _ = group
+  code = ("import sys; import jax; from experiments import train;"
+          "from tests.training_helpers import GRID, tiny_config;"
+          "assert jax.device_count() == 8; config = tiny_config(sys.argv[1]);"
+          "assert dict(train.device_mesh(4).shape) == {'replica': 4, 'data': 2};"
+          "train.train(config, sys.argv[2], train.replicas_of(config, 2, GRID))")
+  subprocess.run([sys.executable, "-c", code, data_dir, str(tmp_path)], cwd=ROOT,
+                 env={**os.environ, **EIGHT_CPU_DEVICES}, check=True, capture_output=True)
+  for index in range(4):
+    one, eight = logbook.read(workdir, index), logbook.read(str(tmp_path), index)
+    assert [line["step"] for line in one] == [line["step"] for line in eight]
+    for a, b in zip(one, eight):
+      for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=2e-4, atol=1e-6, err_msg=name)
+
+
+def test_a_sweep_with_a_grid_survives_sigterm_and_a_busy_workdir(group, data_dir, tmp_path,
+                                                               monkeypatch):
+  """One variant x GRID x 2 seeds as a sweep: refused while another process holds the workdir,
+  stopped by SIGTERM at step 6 (checkpoint saved), then resumed to the group's exact numbers,
+  with a row and a metrics log per (seed, learning rate)."""
+  config = tiny_sweep(data_dir, (("base", {}),))
+  config.extra_evals, config.train.model.max_length = ml_collections.ConfigDict(), 0
+  config.grid = ml_collections.ConfigDict(GRID)
+  with workdir_lib.owned(str(tmp_path)):
+    with pytest.raises(workdir_lib.WorkdirError, match=f"in use by process {os.getpid()} "):
+      sweep.run_sweep(config, str(tmp_path))
+
+  batch = input_pipeline.TrainBatches.batch
+  def terminated_at_step_6(self, step):
+    if step == 5 and not os.path.exists(tmp_path / "sent"):
+      (tmp_path / "sent").touch()
+      os.kill(os.getpid(), signal.SIGTERM)
+    return batch(self, step)
+  monkeypatch.setattr(input_pipeline.TrainBatches, "batch", terminated_at_step_6)
+  with pytest.raises(train.Interrupted, match="SIGTERM at step 6: checkpoint saved"):
+    sweep.run_sweep(config, str(tmp_path))
+  variant = tmp_path / "variants" / "base"
+  assert sorted(os.listdir(variant / "checkpoints")) == ["2", "4", "6"]
+  assert not os.path.exists(variant / "result.json")
+
+  (record,) = sweep.run_sweep(config, str(tmp_path))
+  _, together = group
+  assert record["metrics"]["name"] == together["name"]
+  for name, values in together.items():
+    if name not in ("name", "seconds"):
+      np.testing.assert_allclose(record["metrics"][name], values, rtol=1e-6, err_msg=name)
+  with open(sweep_report.write([record], str(tmp_path))["csv"]) as f:
+    table = list(csv.DictReader(f))
+  assert [(row["seed"], float(row["learning_rate"])) for row in table] == [
+      ("0", 1e-3), ("1", 1e-3), ("0", 3e-3), ("1", 3e-3)]
+  assert "| base learning_rate=0.003 |" in open(tmp_path / "results.md").read()
+  for index in range(4):
+    assert logbook.read(str(variant), index) == logbook.read(group[0], index)
 
 
 def test_sweep_writes_tables_and_plots_then_skips_finished_variants(data_dir, tmp_path,
@@ -88,7 +140,7 @@ def test_sweep_writes_tables_and_plots_then_skips_finished_variants(data_dir, tm
 
   def no_training(*args, **kwargs):
     raise AssertionError("a finished variant was trained again")
-  monkeypatch.setattr(seeds, "train_seeds", no_training)
+  monkeypatch.setattr(train, "train", no_training)
   again = sweep.run_sweep(config, str(tmp_path))
   assert again == records
 
@@ -98,7 +150,7 @@ def test_sweep_writes_tables_and_plots_then_skips_finished_variants(data_dir, tm
                      match="variant 'sinusoidal' .* different config \\(num_train_steps changed"):
     sweep.run_sweep(changed, str(tmp_path))
   more_seeds = tiny_sweep(data_dir, TWO_VARIANTS, num_seeds=3)
-  with pytest.raises(sweep.config_check.ConfigError, match="num_seeds changed"):
+  with pytest.raises(sweep.config_check.ConfigError, match="num_seeds or grid changed"):
     sweep.run_sweep(more_seeds, str(tmp_path))
 
 
@@ -170,11 +222,13 @@ def test_a_trained_seed_loads_back_for_head_diagnostics(group, tmp_path):
   import jax
   from experiments import trained
   workdir, result = group
-  run = trained.load(workdir, seed_index=1)
-  eval_fn = jax.jit(functools.partial(train.eval_step, model=run.model, config=run.config,
+  run = trained.load(workdir, replica=2)
+  assert run.replica["name"] == "seed_0-learning_rate_0.003" and run.step == 8
+  eval_fn = jax.jit(functools.partial(steps.eval_step, model=run.model, compute_dtype=np.float32,
                                       num_classes=run.task.num_classes))
-  metrics = train.evaluate(eval_fn, run.params, run.task.test, run.config.batch_size)
-  assert metrics["eval_accuracy"] == result["eval_accuracy"][1]
+  metrics = steps.evaluate(eval_fn, run.params, input_pipeline.eval_batches(
+      run.task.test, run.config.batch_size))
+  assert metrics["eval_accuracy"] == result["eval_accuracy"][2]
   spec = importlib.util.spec_from_file_location(
       "head_diagnostics", os.path.join(ROOT, "scripts", "head_diagnostics.py"))
   script = importlib.util.module_from_spec(spec)

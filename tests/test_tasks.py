@@ -12,10 +12,6 @@ from experiments.tasks import listops, order, recall
 SMALL = {"num_train": 200, "num_test": 50}
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("tfds"))
-
 
 def test_order_labels_follow_marker_order_and_bags_do_not_tell(data_dir):
   task = tasks.load_task("order", {**SMALL, "max_length": 16}, data_dir)

@@ -27,7 +27,8 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants,
   sweep = ml_collections.ConfigDict()
   sweep.train = train
   sweep.num_seeds = 2 if quick else 3
-  sweep.vmap_seeds = True  # the seeds of a variant train in one vmapped program
+  sweep.grid = ml_collections.ConfigDict()  # hyperparameter -> values; replicas = seeds x grid
+  sweep.vmap_replicas = True  # the replicas of a variant train in one vmapped program
   sweep.extra_evals = ml_collections.ConfigDict(extra_evals or {})
   sweep.variants = tuple(variants)
   return sweep

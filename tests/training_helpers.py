@@ -1,0 +1,39 @@
+"""Shared by the training, sweep and workdir tests: a tiny config and the command that runs it."""
+
+import os
+import sys
+
+from experiments import config_check
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Eight simulated CPU devices, also on a machine whose default backend is a GPU.
+EIGHT_CPU_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+TINY = {
+    "task_options.max_length": 12, "task_options.num_train": 512, "task_options.num_test": 64,
+    "model.d_model": 16, "model.num_heads": 2, "model.num_layers": 1, "model.mlp_dim": 32,
+    "model.dropout_rate": 0.1, "batch_size": 16, "num_train_steps": 8, "eval_every_steps": 4,
+    "log_every_steps": 1, "checkpoint_every_steps": 2, "attention_maps": 0,
+}
+GRID = {"learning_rate": (1e-3, 3e-3)}  # a hyperparameter grid for the replica tests
+
+
+def set_field(config, field, value):
+  """config["a.b"] = value for a dotted field name; returns the group that holds the field."""
+  *parents, name = field.split(".")
+  for parent in parents:
+    config = config[parent]
+  config[name] = value
+  return config
+
+
+def tiny_config(data_dir, **overrides):
+  config = config_check.default_config()
+  for field, value in {**TINY, "data_dir": data_dir, **overrides}.items():
+    set_field(config, field, value)
+  return config
+
+
+def command(workdir, data_dir, **overrides):
+  flags = [f"--config.{k}={v}" for k, v in {**TINY, "data_dir": data_dir, **overrides}.items()]
+  return [sys.executable, "-m", "experiments.train", "--config=configs/default.py",
+          f"--workdir={workdir}"] + flags
