@@ -23,12 +23,16 @@ MARGIN = 1 << 20  # bytes of metadata and file-system overhead allowed for on to
 class Checkpoints:
   """Saves the state every few steps, keeps the last few, restores the newest readable one."""
 
-  def __init__(self, workdir: str, keep: int):
+  def __init__(self, workdir: str, keep: int, read_only: bool = False):
+    """``read_only``: for reading a run back (maybe while it trains): nothing is created,
+    cleaned up or set aside."""
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    self.read_only = read_only
     self.manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                             cleanup_tmp_directories=True,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
+                                             cleanup_tmp_directories=not read_only,
+                                             read_only=read_only,
                                              enable_async_checkpointing=False))
 
   def latest_step(self) -> int | None:
@@ -49,24 +53,46 @@ class Checkpoints:
     self.manager.wait_until_finished()
 
   def restore(self, template):
-    """The newest readable state, shaped and sharded like ``template``; None when there is none."""
+    """The newest readable state, shaped and sharded like ``template``; None when there is none.
+
+    Checkpoints newer than the one restored, which failed to restore, are set aside (unless
+    read-only). When none restores, nothing is moved and a WorkdirError says so: that is a
+    state of another shape (another version of the code), not damage.
+    """
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-    while (step := self.latest_step()) is not None:
+    failed = []
+    for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
-      except Exception as error:  # noqa: BLE001 -- any damage; the next older one is tried
-        self._set_aside(step, error)
+        state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+      except Exception as error:  # noqa: BLE001 -- judged below, once an older one restores
+        failed.append((step, error))
+        continue
+      for bad, error in failed:
+        self._set_aside(bad, error, step)
+      return state
+    if failed:
+      step, error = failed[0]
+      raise workdir_lib.WorkdirError(
+          f"no checkpoint in {self.directory} restores into this run's state (checkpoint {step}: "
+          f"{_reason(error)}); it was written by another version of the code or config: pass a "
+          "new workdir.")
     return None
 
-  def _set_aside(self, step: int, error: Exception) -> None:
+  def _set_aside(self, step: int, error: Exception, restored: int) -> None:
+    if self.read_only:
+      return
     aside = os.path.join(os.path.dirname(self.directory), "checkpoints_unreadable", str(step))
+    while os.path.exists(aside):
+      aside += "_again"
     os.makedirs(os.path.dirname(aside), exist_ok=True)
-    shutil.rmtree(aside, ignore_errors=True)
     shutil.move(os.path.join(self.directory, str(step)), aside)
     self.manager.reload()
-    reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
-    print(f"warning: checkpoint {step} in {self.directory} is unreadable ({reason}); moved it to "
-          f"{aside} and resuming from step {self.latest_step() or 0}.", file=sys.stderr)
+    print(f"warning: checkpoint {step} in {self.directory} is unreadable ({_reason(error)}); "
+          f"moved it to {aside} and resuming from step {restored}.", file=sys.stderr)
 
   def close(self):
     self.manager.close()
+
+
+def _reason(error: Exception) -> str:
+  return " ".join(f"{type(error).__name__}: {error}".split())[:200]

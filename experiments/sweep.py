@@ -67,7 +67,7 @@ def train_variant(sweep, config, directory: str) -> dict:
   merged = {}
   for replica in replicas:
     alone = copy.deepcopy(config)
-    alone.update({name: replica[name] for name in ("seed", *grid(sweep))})
+    alone.update({name: type(config[name])(replica[name]) for name in ("seed", *grid(sweep))})
     result = train_lib.train(alone, os.path.join(directory, "alone", replica["name"]),
                              [replica], extra_evals=extra_evals, probes=True)
     for name, values in result.items():
@@ -80,11 +80,16 @@ def _check_existing(sweep, name, config, directory) -> None:
   """A variant directory from an earlier run may be resumed or reused only if it was trained
   with the config the sweep asks for now (bookkeeping fields aside)."""
   changed = workdir_lib.changed_fields(config, directory)
+  names = [r["name"] for r in train_lib.replicas_of(config, sweep.num_seeds, grid(sweep))]
   record = workdir_lib.read_result(directory)
-  if record is not None and record["status"] == "ok":
-    if record["metrics"]["name"] != [r["name"] for r in train_lib.replicas_of(
-        config, sweep.num_seeds, grid(sweep))]:
-      changed.append("num_seeds or grid")
+  finished = record is not None and record["status"] == "ok"
+  if os.path.exists(os.path.join(directory, "replicas.json")):  # started, maybe interrupted
+    before = [r["name"] for r in workdir_lib.read_replicas(directory)]
+  else:
+    before = record["metrics"].get("name") if finished else names
+  if before != names:
+    changed.append("num_seeds or grid")
+  if finished:
     changed += [f"extra_evals.{extra}" for extra in sweep.extra_evals
                 if f"{extra}_accuracy" not in record["metrics"]]
   if changed:

@@ -83,6 +83,10 @@ def replicas_of(config, num_seeds: int = 1, grid: dict | None = None) -> list[di
       name = "-".join([f"seed_{seed}"] + [f"{k}_{v:g}" for k, v in chosen.items()])
       hparams = {k: float(chosen.get(k, config[k])) for k in steps_lib.HYPERPARAMETERS}
       replicas.append({"name": name, "seed": seed, **hparams})
+  names = [replica["name"] for replica in replicas]
+  if len(set(names)) != len(names):
+    raise config_check.ConfigError(f"the grid {grid} gives replicas of the same name ({names}); "
+                                   "use distinct values that differ in 6 significant digits.")
   return replicas
 
 
@@ -220,7 +224,7 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
         first_bad = steps_lib.first_non_finite(first_bad, metrics, state.step)
         progress.update(1)
         log_now, eval_now, save_now = steps_lib.due(step, config)
-        if log_now or eval_now or save_now:
+        if log_now or eval_now or save_now or received:  # never save a non-finite state
           _check_finite(first_bad, replicas, checkpoints.latest_step())
         if log_now:
           metrics = {name: np.asarray(value) for name, value in jax.device_get(metrics).items()}

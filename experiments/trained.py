@@ -40,7 +40,7 @@ def load(workdir: str, replica: int = 0) -> Trained:
   with open(os.path.join(workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
   task, model, _, init = train_lib.setup(config, replicas)
-  checkpoints = checkpoints_lib.Checkpoints(workdir, config.keep_checkpoints)
+  checkpoints = checkpoints_lib.Checkpoints(workdir, config.keep_checkpoints, read_only=True)
   state = checkpoints.restore(jax.eval_shape(init))
   checkpoints.close()
   if state is None:

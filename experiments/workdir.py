@@ -22,6 +22,8 @@ import socket
 import sys
 import time
 
+import jax
+
 from experiments.config_check import ConfigError
 
 
@@ -126,8 +128,12 @@ def command_line() -> str:
 def owned(workdir: str):
   """Holds ``workdir`` for this process (an flock on <workdir>/.lock) for the block. A second
   process is refused at once with a WorkdirError naming the holder; the kernel drops the lock
-  when its holder dies, so a killed run never blocks its restart."""
+  when its holder dies, so a killed run never blocks its restart. In a multi-process run only
+  process 0 holds it (the others write nothing of their own)."""
   check_is_directory(workdir)
+  if jax.process_index() != 0:
+    yield
+    return
   with writing(workdir):
     os.makedirs(workdir, exist_ok=True)
     descriptor = os.open(os.path.join(workdir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)

@@ -145,3 +145,18 @@ def test_resuming_a_workdir_with_another_model_is_refused_and_loses_nothing(refe
     train.train_and_evaluate(tiny_config(data_dir, **{"model.d_model": 32}), workdir)
   assert open(os.path.join(workdir, "config.json")).read() == before
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["4", "6", "8"]
+
+
+@pytest.mark.parametrize("warmup, total", [(100, 600), (0, 50), (10, 10)])
+def test_traced_schedules_match_optax_and_the_paper(warmup, total):
+  import optax
+  from experiments import optim
+  steps_ = np.arange(total + 2, dtype=np.float32)
+  expected = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=3e-3, warmup_steps=warmup, decay_steps=max(total, warmup + 1))
+  np.testing.assert_allclose(optim.warmup_cosine(steps_, 3e-3, float(warmup), float(total)),
+                             [expected(int(s)) for s in steps_], rtol=1e-5, atol=1e-9)
+  w = max(warmup, 1)
+  paper = [3e-3 * min(max(s, 1) / w, (w / max(s, 1)) ** 0.5) for s in steps_]  # eq. 3, rescaled
+  np.testing.assert_allclose(optim.noam(steps_, 3e-3, float(warmup), float(total)), paper,
+                             rtol=1e-5)
