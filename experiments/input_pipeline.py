@@ -53,7 +53,6 @@ def shard(batch: dict, sharding, batch_axis: int = 0) -> dict:
   count, index = jax.process_count(), jax.process_index()
   def local(x):
     rows = x.shape[batch_axis] // count
-    return jax.make_array_from_process_local_data(
-        sharding, np.take(x, np.arange(index * rows, (index + 1) * rows), axis=batch_axis),
-        x.shape)
+    own = (slice(None),) * batch_axis + (slice(index * rows, (index + 1) * rows),)
+    return jax.make_array_from_process_local_data(sharding, x[own], x.shape)
   return {name: local(x) for name, x in batch.items()}

@@ -50,4 +50,5 @@ def optimizer(config):
   def adamw(learning_rate, weight_decay):
     chain = [optax.clip_by_global_norm(config.grad_clip_norm)] if config.grad_clip_norm else []
     return optax.chain(*chain, optax.adamw(learning_rate, weight_decay=weight_decay))
-  return optax.inject_hyperparams(adamw)(learning_rate=0.0, weight_decay=config.weight_decay)
+  # Placeholders: train_step sets both from the replica's hparams before every update.
+  return optax.inject_hyperparams(adamw)(learning_rate=0.0, weight_decay=0.0)

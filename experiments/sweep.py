@@ -83,9 +83,8 @@ def _check_existing(sweep, name, config, directory) -> None:
   names = [r["name"] for r in train_lib.replicas_of(config, sweep.num_seeds, grid(sweep))]
   record = workdir_lib.read_result(directory)
   finished = record is not None and record["status"] == "ok"
-  if os.path.exists(os.path.join(directory, "replicas.json")):  # started, maybe interrupted
-    before = [r["name"] for r in workdir_lib.read_replicas(directory)]
-  else:
+  before = workdir_lib.replica_names(directory)  # None unless started (maybe interrupted)
+  if before is None:
     before = record["metrics"].get("name") if finished else names
   if before != names:
     changed.append("num_seeds or grid")

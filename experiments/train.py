@@ -146,12 +146,11 @@ def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | Non
   started = time.perf_counter()
   with workdir_lib.owned(workdir), workdir_lib.writing(workdir):
     workdir_lib.claim(config, workdir, allowed)
-    if os.path.exists(os.path.join(workdir, "replicas.json")):
-      before = [r["name"] for r in workdir_lib.read_replicas(workdir)]
-      if before != [r["name"] for r in replicas]:
-        raise config_check.ConfigError(
-            f"{workdir} holds replicas {before}, not {[r['name'] for r in replicas]}; use a new "
-            "workdir, or the seeds and grid it was started with.")
+    names, before = [r["name"] for r in replicas], workdir_lib.replica_names(workdir)
+    if before not in (None, names):
+      raise config_check.ConfigError(
+          f"{workdir} holds replicas {before}, not {names}; use a new workdir, or the seeds and "
+          "grid it was started with.")
     workdir_lib.write_replicas(workdir, replicas)
     return _loop(config, workdir, replicas, mesh, extra_evals or {}, probes, started)
 
@@ -190,8 +189,9 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
              for seed in sorted({replica["seed"] for replica in replicas})}
 
   def next_batch(step):  # {"tokens": [R, B, T], "labels": [R, B]}, replica r from its seed
-    per_replica = [sources[replica["seed"]].batch(step) for replica in replicas]
-    stacked = {name: np.stack([batch[name] for batch in per_replica]) for name in per_replica[0]}
+    by_seed = {seed: source.batch(step) for seed, source in sources.items()}
+    stacked = {name: np.stack([by_seed[replica["seed"]][name] for replica in replicas])
+               for name in ("tokens", "labels")}
     return input_pipeline.shard(stacked, by_both, batch_axis=1)
 
   def evaluate(params):

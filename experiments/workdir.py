@@ -158,8 +158,7 @@ def owned(workdir: str):
 
 
 def write_replicas(workdir: str, replicas: list[dict]) -> None:
-  with writing(workdir):
-    write_atomically(os.path.join(workdir, "replicas.json"), json.dumps(replicas, indent=1))
+  write_atomically(os.path.join(workdir, "replicas.json"), json.dumps(replicas, indent=1))
 
 
 def read_replicas(workdir: str) -> list[dict]:
@@ -169,6 +168,13 @@ def read_replicas(workdir: str) -> list[dict]:
                             "sweep variant (<sweep workdir>/variants/<name>).")
   with open(path) as f:
     return json.load(f)
+
+
+def replica_names(workdir: str) -> list[str] | None:
+  """The names in the workdir's replicas.json, in axis order; None before a run started there."""
+  if not os.path.exists(os.path.join(workdir, "replicas.json")):
+    return None
+  return [replica["name"] for replica in read_replicas(workdir)]
 
 
 def replica_dir(workdir: str, name: str) -> str:
