@@ -11,6 +11,7 @@ from attention_jax.chunked import chunked_attention
 from attention_jax.encoder import EncoderBlock
 from attention_jax.encoder import EncoderConfig
 from attention_jax.encoder import SequenceClassifier
+from attention_jax.encoder import TokenClassifier
 from attention_jax.encoder import TransformerEncoder
 from attention_jax.masks import causal_mask
 from attention_jax.masks import combine_masks
@@ -22,6 +23,7 @@ from attention_jax.multihead import MultiHeadAttention
 from attention_jax.multihead import multi_head_attention
 from attention_jax.multihead import multi_head_attention_logits
 from attention_jax.multihead import multi_head_attention_weights
+from attention_jax.multihead import qk_layer_norm
 from attention_jax.multihead import resolve_scale
 from attention_jax.positional import POSITIONAL_ENCODINGS
 from attention_jax.positional import alibi_bias

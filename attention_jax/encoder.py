@@ -5,6 +5,9 @@
   per block (pre-LN option):       x = x + Dropout(MHA(LN(x)));  x = x + Dropout(FFN(LN(x)))
 
 Shape letters: B batch, T tokens, D d_model, N heads, C classes.
+
+Heads: the sequence classifier reads one vector (the CLS token or the mean); the token classifier
+reads every position, for tasks with a target at each token (multi-query associative recall).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class EncoderConfig:
   max_length: int = 512                 # positions of a learned table
   positional_encoding: str = "sinusoidal"  # a name in positional.POSITIONAL_ENCODINGS
   attention_scale: float | str = "inv_sqrt"  # a number or a name in multihead.SCALES
+  head_dim: int = 0                     # d_k; 0 = d_model / num_heads (the paper)
+  normalize_qk: bool = False            # LayerNorm on each head's queries and keys (QK-norm)
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   pre_layer_norm: bool = False          # False: post-LN as in the paper
@@ -46,12 +51,15 @@ class EncoderConfig:
   pooling: str = "cls"                  # classifier only: "cls" token or masked "mean"
   # The self-attention module class; None = MultiHeadAttention. Another class must take the same
   # constructor fields (num_heads, scale, dropout_rate, implementation, qk_transform) and call
-  # signature (x, mask=, bias=, deterministic=), e.g. a wrapper of flax's attention.
+  # signature (x, mask=, bias=, deterministic=), e.g. a wrapper of flax's attention; it also gets
+  # d_model= (N * head_dim) when head_dim is set and normalize_qk=True when that is.
   attention_module: Any = None
 
   def __post_init__(self):
-    multihead.head_dim_of(self.d_model, self.num_heads)
-    multihead.resolve_scale(self.attention_scale, self.d_model // self.num_heads)
+    if self.head_dim < 0:
+      raise ValueError(f"head_dim must be positive (or 0 for d_model / num_heads), got "
+                       f"{self.head_dim}.")
+    multihead.resolve_scale(self.attention_scale, self.key_dim)
     positional.positional_encoding(self.positional_encoding, max_length=1, num_heads=1)
     if self.pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}.")
@@ -61,6 +69,15 @@ class EncoderConfig:
     for name in ("vocab_size", "num_layers", "mlp_dim", "max_length", "num_classes"):
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+
+  @property
+  def key_dim(self) -> int:
+    """d_k of every head: head_dim, or d_model / num_heads (which must divide)."""
+    if self.head_dim:
+      if self.num_heads <= 0:
+        raise ValueError(f"num_heads must be positive, got {self.num_heads}.")
+      return self.head_dim
+    return multihead.head_dim_of(self.d_model, self.num_heads)
 
 
 class FeedForward(nn.Module):
@@ -90,10 +107,12 @@ class EncoderBlock(nn.Module):
   def __call__(self, x, mask, attention_bias, deterministic: bool):
     cfg = self.config
     attention_module = cfg.attention_module or multihead.MultiHeadAttention
+    options = {**({"d_model": cfg.num_heads * cfg.head_dim} if cfg.head_dim else {}),
+               **({"normalize_qk": True} if cfg.normalize_qk else {})}
     attention = attention_module(
         num_heads=cfg.num_heads, scale=cfg.attention_scale,
         dropout_rate=cfg.attention_dropout_rate, implementation=cfg.attention_impl,
-        qk_transform=self.encoding.rotate, name="attention")
+        qk_transform=self.encoding.rotate, name="attention", **options)
     feed_forward = FeedForward(cfg.mlp_dim, cfg.dropout_rate, name="feed_forward")
     dropout = nn.Dropout(cfg.dropout_rate)
     sublayers = (
@@ -169,3 +188,19 @@ class SequenceClassifier(nn.Module):
         tokens, valid, deterministic=deterministic)  # [B, T(+1), D]
     pooled = x[..., 0, :] if use_cls else masked_mean(x, valid)  # [B, D]
     return nn.Dense(cfg.num_classes, name="logits")(pooled)  # [B, C]
+
+
+class TokenClassifier(nn.Module):
+  """Token ids [B, T] -> logits [B, T, C] at every position (no CLS token), for tasks with a
+  target per token; the loss belongs to the caller, which masks padding and untargeted positions.
+
+  >>> model = TokenClassifier(EncoderConfig(vocab_size=32, num_classes=16))
+  >>> logits = model.apply(model.init(jax.random.key(0), tokens), tokens)  # [B, T] -> [B, T, 16]
+  """
+  config: EncoderConfig
+
+  @nn.compact
+  def __call__(self, tokens, valid=None, *, deterministic: bool = True):
+    x = TransformerEncoder(self.config, name="encoder")(
+        tokens, valid, deterministic=deterministic)  # [B, T, D]
+    return nn.Dense(self.config.num_classes, name="logits")(x)  # [B, T, C]

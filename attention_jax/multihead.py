@@ -10,6 +10,7 @@ Parameters (the layout of ``flax.linen.MultiHeadDotProductAttention``, so weight
   out:             {"kernel": [N, H, D_out], "bias": [D_out]}
   qkv (fused):     {"kernel": [D_in, 3, N, H], "bias": [3, N, H]} replaces query/key/value
   temperature:     [N], only with scale="learned"
+  query_ln/key_ln: {"scale": [H]}, only with normalize_qk (as flax's ``normalize_qk``)
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import math
 from typing import Any, Callable
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from attention_jax import attention as attention_lib
 from attention_jax import reference
+
+QK_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's default, so normalize_qk matches flax's
 
 SCALES = {
     "inv_sqrt": lambda head_dim: 1.0 / math.sqrt(head_dim),  # the paper
@@ -83,14 +87,28 @@ def project_out(params, heads):
   return output + params["out"]["bias"].astype(heads.dtype) if "bias" in params["out"] else output
 
 
+def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
+  """LayerNorm over the head dimension without bias (QK-norm, Dehghani et al. 2023): each head's
+  query (or key) vector normalised to zero mean and unit variance, times a learned ``scale`` [H].
+  Statistics in float32 whatever the input dtype: [..., N, H] -> [..., N, H]."""
+  y = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  y = y - jnp.mean(y, axis=-1, keepdims=True)
+  y = y * jax.lax.rsqrt(jnp.mean(jnp.square(y), axis=-1, keepdims=True) + epsilon)
+  return (y * scale).astype(x.dtype)
+
+
 def attention_inputs(params, inputs_q, inputs_kv=None, *, scale: float | str = "inv_sqrt",
                      qk_transform: Callable | None = None):
-  """Projected, transformed query/key/value and the scale left to apply to Q K^T.
+  """Projected, normalised (with query_ln/key_ln), transformed query/key/value and the scale left
+  to apply to Q K^T.
 
   [..., T, D_in], [..., S, D_in] -> query [..., T, N, H], key, value [..., S, N, H], scale.
   """
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
   query, key, value = project_qkv(params, inputs_q, inputs_kv)  # [..., T|S, N, H]
+  if "query_ln" in params:
+    query = qk_layer_norm(query, params["query_ln"]["scale"])
+    key = qk_layer_norm(key, params["key_ln"]["scale"])
   if qk_transform is not None:
     query, key = qk_transform(query, key)
   if scale == "learned":  # a per-head temperature, folded into the query
@@ -184,6 +202,17 @@ class _Weights(nn.Module):
     return weights
 
 
+class _NormScale(nn.Module):
+  """Holds the learned scale [H] of a QK LayerNorm (flax's LayerNorm(use_bias=False) layout)."""
+  features: int
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self):
+    return {"scale": self.param("scale", nn.initializers.ones_init(), (self.features,),
+                                self.param_dtype)}
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention (Vaswani et al. 2017, section 3.2.2) as a Flax Linen module.
 
@@ -197,6 +226,8 @@ class MultiHeadAttention(nn.Module):
     implementation: passed to ``dot_product_attention``.
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
     qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings.
+    normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys before
+      the dot product, as flax's ``normalize_qk`` (Dehghani et al. 2023; Wortsman et al. 2023).
 
   When the "intermediates" collection is mutable, the logits and the weights [..., N, T, S] are
   sown there as "attention_logits" and "attention_weights", computed beside the output so the
@@ -215,6 +246,7 @@ class MultiHeadAttention(nn.Module):
   fused_qkv: bool = False
   use_bias: bool = True
   qk_transform: Callable | None = None
+  normalize_qk: bool = False
   kernel_init: Callable = nn.initializers.lecun_normal()
   bias_init: Callable = nn.initializers.zeros_init()
   param_dtype: Any = jnp.float32
@@ -232,6 +264,9 @@ class MultiHeadAttention(nn.Module):
       params = {name: self._weights(name, (d_in,) + heads, heads)
                 for name in ("query", "key", "value")}
     params["out"] = self._weights("out", heads + (d_out,), (d_out,), input_dims=2)
+    if self.normalize_qk:
+      for name in ("query_ln", "key_ln"):
+        params[name] = _NormScale(head_dim, self.param_dtype, name=name)()
     if self.scale == "learned":
       params["temperature"] = self.param(
           "temperature", nn.initializers.constant(resolve_scale("learned", head_dim)),

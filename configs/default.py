@@ -24,12 +24,14 @@ def get_config():
   config.model.max_length = 0             # positions the model supports; 0 = the task's length
   config.model.positional_encoding = "sinusoidal"  # none | sinusoidal | learned | rope | alibi
   config.model.attention_scale = "inv_sqrt"  # inv_sqrt | none | inv | learned, or a number
+  config.model.head_dim = 0                # d_k; 0 = d_model / num_heads (the paper)
+  config.model.normalize_qk = False        # LayerNorm on each head's queries and keys (QK-norm)
   # "" = automatic; or reference | xla | chunked | cudnn (GPU only) | pallas_tpu (TPU only)
   config.model.attention_impl = ""
   config.model.dropout_rate = 0.0          # residual and feed-forward dropout
   config.model.attention_dropout_rate = 0.0  # dropout on attention weights
   config.model.pre_layer_norm = False      # False = post-LN as in the paper
-  config.model.pooling = "cls"             # cls | mean
+  config.model.pooling = "cls"             # cls | mean (sequence-level tasks)
 
   config.batch_size = 64                   # global batch, split over all devices
   config.learning_rate = 1e-3              # peak learning rate

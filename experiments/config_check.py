@@ -75,9 +75,13 @@ def validate(config, num_devices: int = 1) -> None:
     if not isinstance(value, int) or value <= 0:
       raise ConfigError(f"task_options.{name} must be a positive integer, got {value!r}.")
   model = config.model
-  if model.num_heads <= 0 or model.d_model % model.num_heads:
+  if model.head_dim < 0:
+    raise ConfigError(f"model.head_dim must be >= 0 (0: d_model / num_heads), got "
+                      f"{model.head_dim}.")
+  if model.num_heads <= 0 or (not model.head_dim and model.d_model % model.num_heads):
     raise ConfigError(f"model.num_heads={model.num_heads} must divide model.d_model="
-                      f"{model.d_model}; choose a divisor of {model.d_model}.")
+                      f"{model.d_model}; choose a divisor of {model.d_model}, or set "
+                      "model.head_dim.")
   if model.positional_encoding not in aj.POSITIONAL_ENCODINGS:
     raise ConfigError(f"model.positional_encoding must be one of "
                       f"{sorted(aj.POSITIONAL_ENCODINGS)}, got {model.positional_encoding!r}.")

@@ -15,7 +15,8 @@ from experiments import config_check
 
 
 class TrainBatches:
-  """batch(step) -> {"tokens": [B, L] int32, "labels": [B] int32}, B the global batch size."""
+  """batch(step) -> {"tokens": [B, L] int32, "labels": [B] or [B, L] int32}, B the global batch
+  size."""
 
   def __init__(self, split, batch_size: int, seed: int):
     if len(split.labels) < batch_size:
@@ -42,8 +43,8 @@ def eval_batches(split, batch_size: int):
     weight = np.ones(len(labels), np.float32)
     missing = batch_size - len(labels)
     if missing:
-      tokens = np.pad(tokens, ((0, missing), (0, 0)))
-      labels, weight = np.pad(labels, (0, missing)), np.pad(weight, (0, missing))
+      rows = lambda x: np.pad(x, ((0, missing),) + ((0, 0),) * (x.ndim - 1))
+      tokens, labels, weight = rows(tokens), rows(labels), rows(weight)
     yield {"tokens": tokens, "labels": labels, "weight": weight}
 
 

@@ -33,6 +33,13 @@ def capture(model, params, tokens):
   return logits, weights, pairs
 
 
+def max_attention_logit(model, params, tokens):
+  """The largest attention logit over layers, heads and valid (query, key) pairs of a batch: the
+  quantity Wortsman et al. (2023) watch, seeing runs diverge once it passes about 1e4."""
+  logits, _, pairs = capture(model, params, tokens)
+  return jnp.max(jnp.stack([jnp.max(jnp.where(pairs, l, -jnp.inf)) for l in logits]))
+
+
 def head_statistics(model, params, tokens) -> dict:
   """Each statistic per layer and head, {name: [L, N]}."""
   logits, weights, pairs = capture(model, params, tokens)
@@ -50,8 +57,9 @@ def summary(model, params, tokens, labels, num_classes) -> dict:
   """Scalars for a sweep's table: each statistic averaged over layers and heads, and the norms of
   the loss gradient reaching the query and key projections (all layers), on one batch."""
   def loss_fn(params):
-    logits = model.apply({"params": params}, tokens)
-    return jnp.mean(steps_lib.cross_entropy(logits, labels, num_classes)[0])
+    loss, _, weight = steps_lib.cross_entropy(model.apply({"params": params}, tokens), labels,
+                                              num_classes)
+    return jnp.sum(loss) / jnp.maximum(jnp.sum(weight), 1.0)
   grads = jax.grad(loss_fn)(params)
   stats = {name: jnp.mean(value) for name, value in head_statistics(model, params, tokens).items()}
   return {**stats, "query_grad_norm": _projection_grad_norm(grads, "query"),

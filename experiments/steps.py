@@ -26,6 +26,9 @@ class TrainState:
   opt_state: optax.OptState
   rng: jax.Array  # raw uint32 key; the dropout key of a step is fold_in(rng, step)
   hparams: dict   # {name in HYPERPARAMETERS: scalar}
+  # The step whose loss or gradient norm was not finite, 0 while there is none; from then on the
+  # replica's params and optimizer state stay frozen at their last finite values.
+  diverged_at: jax.Array
 
 
 def cast(params, dtype):
@@ -33,12 +36,15 @@ def cast(params, dtype):
 
 
 def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
-  """Per-example loss [B] and correctness [B] from logits [B, C] and labels [B]."""
-  targets = jax.nn.one_hot(labels, num_classes)
+  """Loss, correctness and weight per target: logits [B, C] with labels [B] (one target per
+  sequence), or [B, T, C] with [B, T] (one per position); a negative label carries no target
+  (weight 0, loss 0)."""
+  weight = (labels >= 0).astype(jnp.float32)
+  targets = jax.nn.one_hot(jnp.maximum(labels, 0), num_classes)
   if label_smoothing:
     targets = optax.smooth_labels(targets, label_smoothing)
-  loss = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
-  return loss, (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  loss = optax.softmax_cross_entropy(logits.astype(jnp.float32), targets) * weight
+  return loss, (jnp.argmax(logits, -1) == labels).astype(jnp.float32) * weight, weight
 
 
 def initial_state(model, tx, max_length: int, seed, hparams: dict) -> TrainState:
@@ -47,7 +53,7 @@ def initial_state(model, tx, max_length: int, seed, hparams: dict) -> TrainState
   params = model.init(init_rng, jnp.zeros((1, max_length), jnp.int32))["params"]
   hparams = {name: jnp.asarray(hparams[name], jnp.float32) for name in HYPERPARAMETERS}
   return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
-                    rng=dropout_rng, hparams=hparams)
+                    rng=dropout_rng, hparams=hparams, diverged_at=jnp.array(0, jnp.int32))
 
 
 def train_step(state, batch, *, model, tx, learning_rate, compute_dtype, label_smoothing,
@@ -56,32 +62,44 @@ def train_step(state, batch, *, model, tx, learning_rate, compute_dtype, label_s
 
   ``tx`` is an ``optax.inject_hyperparams`` optimizer whose learning rate and weight decay are
   set here from the replica's own hparams; ``learning_rate(step, hparams)`` is the schedule.
+  A step with a non-finite loss or gradient norm marks the replica diverged (``diverged_at``) and
+  is not applied, nor is any later one, so the other replicas of a grid train on.
   """
   dropout_rng = jax.random.fold_in(state.rng, state.step)
 
   def loss_fn(params):
     logits = model.apply({"params": cast(params, compute_dtype)}, batch["tokens"],
                          deterministic=False, rngs={"dropout": dropout_rng})
-    loss, correct = cross_entropy(logits, batch["labels"], num_classes, label_smoothing)
-    return jnp.mean(loss), jnp.mean(correct)
+    loss, correct, weight = cross_entropy(logits, batch["labels"], num_classes, label_smoothing)
+    count = jnp.maximum(jnp.sum(weight), 1.0)
+    return jnp.sum(loss) / count, jnp.sum(correct) / count
 
   (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  grad_norm = optax.tree.norm(grads)
   rate = learning_rate(state.step, state.hparams)
   opt_state = state.opt_state._replace(hyperparams={
       **state.opt_state.hyperparams, "learning_rate": rate,
       "weight_decay": state.hparams["weight_decay"]})
   updates, opt_state = tx.update(grads, opt_state, state.params)
-  new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                            opt_state=opt_state)
-  return new_state, {"loss": loss, "accuracy": accuracy, "grad_norm": optax.tree.norm(grads),
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  healthy = finite & (state.diverged_at == 0)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(healthy, n, o), new, old)
+  new_state = state.replace(
+      step=state.step + 1,
+      params=keep(optax.apply_updates(state.params, updates), state.params),
+      opt_state=keep(opt_state, state.opt_state),
+      diverged_at=jnp.where((state.diverged_at == 0) & ~finite, state.step + 1,
+                            state.diverged_at))
+  return new_state, {"loss": loss, "accuracy": accuracy, "grad_norm": grad_norm,
                      "learning_rate": rate}
 
 
 def eval_step(params, batch, *, model, compute_dtype, num_classes):
-  """Sums of loss, correct predictions and weight over a (padded) batch."""
+  """Sums of loss, correct predictions and weight over the targets of a (padded) batch."""
   logits = model.apply({"params": cast(params, compute_dtype)}, batch["tokens"])
-  loss, correct = cross_entropy(logits, batch["labels"], num_classes)
-  weight = batch["weight"]
+  loss, correct, weight = cross_entropy(logits, batch["labels"], num_classes)
+  rows = batch["weight"].reshape(batch["weight"].shape + (1,) * (weight.ndim - 1))
+  weight = weight * rows  # [B] or [B, T]: padding rows of the last batch count for nothing
   return {"loss": jnp.sum(loss * weight), "correct": jnp.sum(correct * weight),
           "count": jnp.sum(weight)}
 
@@ -107,12 +125,3 @@ def due(step: int, config) -> tuple[bool, bool, bool]:
   """(log, evaluate, checkpoint): which of the config's periodic tasks fall on ``step``."""
   return tuple(itstime(step, every, config.num_train_steps) for every in (
       config.log_every_steps, config.eval_every_steps, config.checkpoint_every_steps))
-
-
-@jax.jit
-def first_non_finite(first_bad, metrics, step):
-  """The first step whose loss or gradient norm was not finite, 0 while there is none
-  (elementwise over replicas). Runs on the device, so that the loop needs the metrics on the
-  host only when it logs."""
-  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-  return jnp.where((first_bad == 0) & ~finite, step, first_bad)

@@ -159,7 +159,7 @@ def main():
     records = []
     train_lib.run_command(lambda: records.extend(
         run_sweep(flags.FLAGS.config, workdir, flags.FLAGS.variants)))
-    paths = sweep_report.write(records, workdir)
+    paths = sweep_report.write(records, workdir, tuple(flags.FLAGS.config.extra_evals))
     with open(paths["markdown"]) as f:
       print(f.read())
     print("[sweep] wrote " + ", ".join(sorted(paths.values())))

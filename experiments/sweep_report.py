@@ -1,11 +1,15 @@
 """A sweep's results as results.csv (one row per variant and replica: seed and hyperparameters),
-results.md (mean +- std over seeds per arm: a variant at one hyperparameter setting) and PNG plots:
-final metrics with error bars, learning curves, attention probes."""
+results.md (per arm, a variant at one hyperparameter setting: means with 95% intervals over seeds,
+Welch's test against the best arm, diverged runs; the best learning rate per variant with steps to
+90% and LR sensitivity; attention-logit maxima) and PNG plots: final metrics, learning curves,
+accuracy against learning rate, accuracy by test set (longer sequences), attention-logit maxima
+through training, attention probes."""
 
 from __future__ import annotations
 
 import csv
 import glob
+import math
 import os
 
 import matplotlib
@@ -14,14 +18,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import logbook, workdir as workdir_lib  # noqa: E402
+from experiments import logbook, statistics, workdir as workdir_lib  # noqa: E402
 from experiments.steps import HYPERPARAMETERS  # noqa: E402
 
 LEADING = ("eval_accuracy", "eval_loss")
+PRIMARY = "eval_accuracy"  # the measure arms are ranked and tested by
+MAX_LOGIT = "max_attention_logit"
 PROBES = ("logit_variance", "entropy", "max_weight", "query_grad_norm", "key_grad_norm")
 
 
-IDENTITY = ("name", "seed") + HYPERPARAMETERS  # per-replica columns that are not measurements
+# per-replica columns that are not measurements
+IDENTITY = ("name", "seed", "num_classes", "diverged_at") + HYPERPARAMETERS
 
 
 def rows(records) -> list[dict]:
@@ -72,18 +79,19 @@ def metric_names(records) -> list[str]:
 def write_csv(records, path):
   table = rows(records)
   settings = sorted({k for record in records for k in workdir_lib.flatten(record["overrides"])})
-  columns = (["variant", "seed", *HYPERPARAMETERS, "status"] + settings + metric_names(records)
-             + ["error"])
+  columns = (["variant", "seed", *HYPERPARAMETERS, "status", "diverged_at"] + settings
+             + metric_names(records) + ["num_classes", "error"])
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, columns, restval="")
     writer.writeheader()
     writer.writerows(table)
 
 
-def _mean_std(values, digits=3):
-  values = np.asarray(values, np.float64)
-  spread = values.std(ddof=1) if len(values) > 1 else 0.0
-  return f"{values.mean():.{digits}f} ± {spread:.{digits}f}"
+def _ci(values, digits=3) -> str:
+  mean, half = statistics.interval(values)
+  if math.isnan(mean):
+    return "diverged"
+  return f"{mean:.{digits}f} ± {half:.{digits}f}" if not math.isnan(half) else f"{mean:.{digits}f}"
 
 
 def _accuracy_columns(records):
@@ -91,23 +99,82 @@ def _accuracy_columns(records):
           not n.startswith(("init_", "final_"))]
 
 
-def markdown(title, records) -> str:
+def _group(record) -> str:
+  """Arms are compared within a group: the variants that train the same task."""
+  return str(record["overrides"].get("task", ""))
+
+
+def _p_cell(p) -> str:
+  if math.isnan(p):
+    return "—"
+  return f"{p:.2g}" + (" *" if p < statistics.SIGNIFICANT else "")
+
+
+def _best(armed, metric=PRIMARY):
+  """The arm with the highest mean ``metric`` (diverged seeds left out), or None."""
+  scored = [(statistics.interval(m[metric])[0], i) for i, (_, m, _) in enumerate(armed)
+            if np.isfinite(statistics.interval(m[metric])[0])]
+  return armed[max(scored)[1]] if scored else None
+
+
+def _varies_learning_rate(records) -> bool:
+  return any(len(set(r["metrics"]["learning_rate"])) > 1 for r in records if r["status"] == "ok")
+
+
+def best_learning_rates(records) -> list[tuple[str, float, dict, dict]]:
+  """(variant, learning rate, metrics of that arm, record) per finished variant: the arm of its
+  learning-rate grid with the highest mean eval accuracy."""
+  chosen = []
+  for record in records:
+    if record["status"] != "ok":
+      continue
+    armed = [(label, {n: [v[i] for i in idx] for n, v in record["metrics"].items()}, record)
+             for label, idx in arms(record)]
+    best = _best(armed) or armed[0]
+    chosen.append((record["variant"], best[1]["learning_rate"][0], best[1], record))
+  return chosen
+
+
+def markdown(title, records, workdir=None) -> str:
+  """The report. With ``workdir`` (where the variants' metrics.jsonl are) it adds the steps to
+  90% accuracy and the attention-logit maxima, which come from the training logs."""
   armed = _arm_values(records)
   columns = _accuracy_columns(records)
   seeds = max((len(metrics["seed"]) for _, metrics, _ in armed), default=0)
-  lines = [f"## {title}", "", f"Mean ± std over {seeds} seeds.", "",
-           "| variant | " + " | ".join(columns) + " | seconds |",
-           "|---" * (len(columns) + 2) + "|"]
-  for label, metrics, _ in armed:
-    lines.append(f"| {label} | " + " | ".join(_mean_std(metrics[c]) for c in columns)
-                 + f" | {metrics['seconds'][0]:.0f} |")
+  lines = [f"## {title}", "",
+           f"Mean ± half-width of the 95% Student-t interval over {seeds} seeds. A run whose "
+           "loss went non-finite is 'diverged': it is left out of the means and counted. "
+           f"p: Welch's t-test of {PRIMARY} against the best arm training the same task "
+           f"(* p < {statistics.SIGNIFICANT}).", "",
+           "| variant | " + " | ".join(columns) + " | p | diverged | seconds |",
+           "|---" * (len(columns) + 4) + "|"]
+  best = {group: _best([a for a in armed if _group(a[2]) == group])
+          for group in {_group(r) for _, _, r in armed}}
+  for label, metrics, record in armed:
+    reference = best[_group(record)]
+    p = (math.nan if reference is None or reference[0] == label
+         else statistics.welch_p(metrics[PRIMARY], reference[1][PRIMARY]))
+    diverged = sum(1 for step in metrics.get("diverged_at", []) if step)
+    lines.append(f"| {label} | " + " | ".join(_ci(metrics[c]) for c in columns)
+                 + f" | {_p_cell(p)} | {diverged} | {metrics['seconds'][0]:.0f} |")
+  if _varies_learning_rate(records):
+    lines += _best_lr_section(records, workdir)
+  if workdir is not None and armed and _logged(workdir, armed[0][2], armed[0][1]["name"],
+                                               MAX_LOGIT):
+    lines += ["", f"Largest attention logit (over layers, heads and a training batch) at the "
+              "last log step, and its peak during training (mean over seeds; diverged runs "
+              "included):", "", "| variant | final | peak |", "|---|---|---|"]
+    for label, metrics, record in armed:
+      _, values = curves(workdir, record, metrics["name"], MAX_LOGIT)
+      lines.append(f"| {label} | {np.mean(values[:, -1]):.3g} | "
+                   f"{np.mean(np.max(values, axis=1)):.3g} |")
   probes = [p for p in PROBES if armed and f"init_{p}" in armed[0][1]]
   if probes:
     lines += ["", "Attention at initialisation → after training (one test batch; means over "
               "layers, heads and seeds; gradient norms of the loss w.r.t. W_Q and W_K):", "",
               "| variant | " + " | ".join(probes) + " |", "|---" * (len(probes) + 1) + "|"]
     for label, metrics, _ in armed:
-      cells = [f"{np.mean(metrics['init_' + p]):.3g} → {np.mean(metrics['final_' + p]):.3g}"
+      cells = [f"{np.nanmean(metrics['init_' + p]):.3g} → {np.nanmean(metrics['final_' + p]):.3g}"
                for p in probes]
       lines.append(f"| {label} | " + " | ".join(cells) + " |")
   failed = [record for record in records if record["status"] != "ok"]
@@ -116,17 +183,59 @@ def markdown(title, records) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _best_lr_section(records, workdir) -> list[str]:
+  chosen = best_learning_rates(records)
+  groups = {}
+  for entry in chosen:
+    groups.setdefault(_group(entry[3]), []).append(entry)
+  lines = ["", f"Best learning rate per variant (the grid value with the highest mean {PRIMARY}; "
+           "choosing it on the same seeds flatters it a little). p: against the best variant "
+           "of the same task. Steps to 90%: the first evaluation at or above 0.9, mean over the "
+           "seeds that got there. LR sensitivity: Wortsman et al. (2023) eq. 1 on eval_loss "
+           "over the grid, a diverged run counting as ln(classes), the loss at initialisation.",
+           "", f"| variant | learning rate | {PRIMARY} | eval_loss | p | steps to 90% | "
+           "LR sensitivity |", "|---|---|---|---|---|---|---|"]
+  for group, entries in groups.items():
+    top = max(entries, key=lambda e: statistics.interval(e[2][PRIMARY])[0])
+    for variant, rate, metrics, record in entries:
+      p = (math.nan if variant == top[0]
+           else statistics.welch_p(metrics[PRIMARY], top[2][PRIMARY]))
+      reach = "—"
+      if workdir is not None:
+        steps, values = curves(workdir, record, metrics["name"])
+        hits = [statistics.first_step_reaching(steps, row, 0.9) for row in values]
+        reached = [h for h in hits if not math.isnan(h)]
+        reach = (f"{np.mean(reached):.0f} ({len(reached)}/{len(hits)})" if reached
+                 else f"never (0/{len(hits)})")
+      losses = [statistics.interval(m["eval_loss"])[0] for _, m, r in _arm_values([record])]
+      initial = math.log(record["metrics"].get("num_classes", [2])[0])
+      lines.append(f"| {variant} | {rate:g} | {_ci(metrics[PRIMARY])} | "
+                   f"{_ci(metrics['eval_loss'])} | {_p_cell(p)} | {reach} | "
+                   f"{statistics.lr_sensitivity(losses, initial):.3f} |")
+  return lines
+
+
 def curves(workdir, record, names, metric="eval_accuracy"):
   """Steps and values [replicas, steps] of ``metric`` from the metrics.jsonl of the replicas
   ``names`` of a variant (trained together, or alone under <variant>/alone/)."""
   per_replica = []
   for name in names:
     (path,) = glob.glob(os.path.join(workdir, "variants", record["variant"], "**", "replicas",
-                                     name, "metrics.jsonl"), recursive=True)[:1]
+                                     name, "metrics.jsonl"), recursive=True)[:1] or [None]
+    if path is None:
+      raise ValueError(f"no metrics.jsonl for replica {name} of variant {record['variant']}")
     per_replica.append([(line["step"], line[metric]) for line in logbook.lines(path)
                         if metric in line])
   steps = [step for step, _ in per_replica[0]]
   return np.array(steps), np.array([[value for _, value in points] for points in per_replica])
+
+
+def _logged(workdir, record, names, metric) -> bool:
+  try:
+    steps, _ = curves(workdir, record, names[:1], metric)
+  except ValueError:  # no metrics.jsonl for the replica
+    return False
+  return len(steps) > 0
 
 
 def _bars(axis, labels):
@@ -139,10 +248,10 @@ def plot_final(records, path):
   figure, axes = plt.subplots(1, len(columns),
                               figsize=(max(5, 0.7 * len(armed)) * len(columns), 4), squeeze=False)
   for axis, column in zip(axes[0], columns):
-    values = [np.asarray(metrics[column]) for _, metrics, _ in armed]
+    values = [np.asarray(metrics[column], np.float64) for _, metrics, _ in armed]
     x = np.arange(len(armed))
-    axis.bar(x, [v.mean() for v in values], yerr=[v.std(ddof=1) if len(v) > 1 else 0
-                                                   for v in values], capsize=3, color="#8fb0d8")
+    means, halves = zip(*(statistics.interval(v) for v in values))
+    axis.bar(x, means, yerr=np.nan_to_num(halves), capsize=3, color="#8fb0d8")
     for position, value in zip(x, values):
       axis.scatter(np.full(len(value), position), value, s=8, color="k", zorder=3)
     _bars(axis, [label for label, _, _ in armed])
@@ -155,15 +264,95 @@ def plot_final(records, path):
 
 
 def plot_curves(workdir, records, path):
+  """Eval accuracy against step: every arm, or each variant's best learning rate when the grid
+  varies it."""
+  if _varies_learning_rate(records):
+    shown = [(f"{variant} lr={rate:g}", metrics, record)
+             for variant, rate, metrics, record in best_learning_rates(records)]
+  else:
+    shown = _arm_values(records)
   figure, axis = plt.subplots(figsize=(7, 4.5))
-  for label, metrics, record in _arm_values(records):
+  for label, metrics, record in shown:
     steps, values = curves(workdir, record, metrics["name"])
-    line, = axis.plot(steps, values.mean(0), label=label, marker=".")
-    axis.fill_between(steps, values.min(0), values.max(0), color=line.get_color(), alpha=0.15)
+    line, = axis.plot(steps, np.nanmean(values, 0), label=label, marker=".")
+    axis.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), color=line.get_color(),
+                      alpha=0.15)
   axis.set_xlabel("step")
   axis.set_ylabel("eval_accuracy (mean; band: min to max over seeds)")
   axis.legend(fontsize=7, ncol=2)
   axis.grid(alpha=0.3)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
+def _errorbar(axis, x, per_point, label):
+  """Means with 95% intervals of the values at each x (NaN, a diverged run, left out)."""
+  means, halves = zip(*(statistics.interval(values) for values in per_point))
+  axis.errorbar(x, means, yerr=np.nan_to_num(halves), label=label, marker="o", ms=3, capsize=2)
+
+
+def plot_learning_rates(records, path):
+  """Final eval accuracy and loss against the learning rate, a line per variant."""
+  figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+  for record in (r for r in records if r["status"] == "ok"):
+    armed = _arm_values([record])
+    rates = [metrics["learning_rate"][0] for _, metrics, _ in armed]
+    for axis, metric in zip(axes, ("eval_accuracy", "eval_loss")):
+      _errorbar(axis, rates, [metrics[metric] for _, metrics, _ in armed], record["variant"])
+  for axis, metric in zip(axes, ("eval_accuracy", "eval_loss")):
+    axis.set_xscale("log")
+    axis.set_xlabel("peak learning rate")
+    axis.set_ylabel(f"{metric} (mean, 95% interval; diverged runs left out)")
+    axis.grid(alpha=0.3)
+  axes[0].legend(fontsize=6, ncol=2)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
+def plot_lengths(records, evaluations, path):
+  """Accuracy on each test set in order (the training lengths first, then longer ones), a line
+  per arm, a panel per task."""
+  groups = {}
+  for arm in _arm_values(records):
+    groups.setdefault(_group(arm[2]), []).append(arm)
+  figure, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
+  for axis, (group, armed) in zip(axes[0], groups.items()):
+    for label, metrics, _ in armed:
+      _errorbar(axis, np.arange(len(evaluations)),
+                [metrics[f"{name}_accuracy"] for name in evaluations], label)
+    axis.set_xticks(np.arange(len(evaluations)), evaluations, fontsize=8)
+    axis.set_title(group or "accuracy by test set", fontsize=9)
+    axis.set_ylabel("accuracy (mean, 95% interval)")
+    axis.set_ylim(0, 1.02)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=6)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
+def plot_max_logits(workdir, records, path):
+  """The largest attention logit against step: a panel per variant, a line per learning rate
+  (mean over seeds), on a log scale."""
+  finished = [r for r in records if r["status"] == "ok"]
+  columns = min(len(finished), 5)
+  rows_ = -(-len(finished) // columns)
+  figure, axes = plt.subplots(rows_, columns, figsize=(3.4 * columns, 2.8 * rows_),
+                              squeeze=False, sharey=True)
+  for axis, record in zip(axes.flat, finished):
+    for label, metrics, _ in _arm_values([record]):
+      steps, values = curves(workdir, record, metrics["name"], MAX_LOGIT)
+      axis.plot(steps, np.mean(values, 0), label=label.replace(record["variant"], "").strip())
+    axis.set_yscale("log")
+    axis.set_title(record["variant"], fontsize=8)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=5)
+  for axis in axes.flat[len(finished):]:
+    axis.axis("off")
+  figure.supxlabel("step")
+  figure.supylabel(MAX_LOGIT)
   figure.tight_layout()
   figure.savefig(path, dpi=110)
   plt.close(figure)
@@ -187,19 +376,31 @@ def plot_probes(records, path):
   plt.close(figure)
 
 
-def write(records, workdir) -> dict:
-  """Writes the tables and plots; returns their paths by kind."""
+def write(records, workdir, evaluations=()) -> dict:
+  """Writes the tables and plots; returns their paths by kind. ``evaluations``: the names of the
+  sweep's extra test sets, in order (plotted after the training distribution's "eval")."""
   title = os.path.basename(os.path.normpath(workdir))
   paths = {"csv": os.path.join(workdir, "results.csv"),
            "markdown": os.path.join(workdir, "results.md")}
   write_csv(records, paths["csv"])
   with open(paths["markdown"], "w") as f:
-    f.write(markdown(title, records))
-  if any(record["status"] == "ok" for record in records):
-    paths.update(final=os.path.join(workdir, "final_metrics.png"),
-                 curves=os.path.join(workdir, "learning_curves.png"),
-                 probes=os.path.join(workdir, "probes.png"))
-    plot_final(records, paths["final"])
-    plot_curves(workdir, records, paths["curves"])
-    plot_probes(records, paths["probes"])
+    f.write(markdown(title, records, workdir))
+  finished = [record for record in records if record["status"] == "ok"]
+  if not finished:
+    return paths
+  paths.update(final=os.path.join(workdir, "final_metrics.png"),
+               curves=os.path.join(workdir, "learning_curves.png"),
+               probes=os.path.join(workdir, "probes.png"))
+  plot_final(records, paths["final"])
+  plot_curves(workdir, records, paths["curves"])
+  plot_probes(records, paths["probes"])
+  if _varies_learning_rate(records):
+    paths["learning_rates"] = os.path.join(workdir, "learning_rates.png")
+    plot_learning_rates(records, paths["learning_rates"])
+  if evaluations:
+    paths["lengths"] = os.path.join(workdir, "accuracy_by_test_set.png")
+    plot_lengths(records, ("eval", *evaluations), paths["lengths"])
+  if _logged(workdir, finished[0], finished[0]["metrics"]["name"], MAX_LOGIT):
+    paths["max_logits"] = os.path.join(workdir, "max_attention_logits.png")
+    plot_max_logits(workdir, records, paths["max_logits"])
   return paths

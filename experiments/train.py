@@ -62,6 +62,7 @@ def encoder_config(config, task: tasks.Task) -> aj.EncoderConfig:
       max_length=max(model.max_length, task.max_length),
       positional_encoding=model.positional_encoding,
       attention_scale=config_check.attention_scale(model.attention_scale),
+      head_dim=model.head_dim, normalize_qk=model.normalize_qk,
       dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
       pre_layer_norm=model.pre_layer_norm, attention_impl=model.attention_impl or None,
       pad_id=task.pad_id, num_classes=task.num_classes, pooling=model.pooling)
@@ -101,7 +102,8 @@ def device_mesh(num_replicas: int) -> Mesh:
 def setup(config, replicas: list[dict]):
   """(task, model, tx, init) of a run; init() -> the stacked step-0 state, jitted."""
   task = tasks.load_task(config.task, dict(config.task_options), config.data_dir)
-  model = aj.SequenceClassifier(encoder_config(config, task))
+  head = aj.TokenClassifier if task.token_level else aj.SequenceClassifier
+  model = head(encoder_config(config, task))
   tx = optim.optimizer(config)
   seeds = jnp.array([replica["seed"] for replica in replicas])
   hparams = {name: jnp.array([replica[name] for replica in replicas], jnp.float32)
@@ -139,7 +141,9 @@ def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | Non
   Returns lists over replicas: "name", "seed", the hyperparameters, eval_loss and eval_accuracy
   (and <name>_loss/_accuracy for each of ``extra_evals``, name -> task-option overrides of an
   extra test set), with ``probes`` the probe summaries at initialisation ("init_*") and at the end
-  ("final_*"), and "seconds", the wall time of the whole run.
+  ("final_*"), "diverged_at" (the step whose loss or gradient was not finite, 0 if none: such a
+  replica is frozen there, its evaluations are NaN, and the others train on; the run stops only
+  when every replica has diverged) and "seconds", the wall time of the whole run.
   """
   mesh = device_mesh(len(replicas))
   config_check.validate(config, mesh.shape["data"])
@@ -185,22 +189,24 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
   eval_fn = jax.jit(jax.vmap(functools.partial(
       steps_lib.eval_step, model=model, compute_dtype=compute_dtype,
       num_classes=task.num_classes), in_axes=(0, None)), out_shardings=by_replica)
+  max_logit_fn = jax.jit(jax.vmap(functools.partial(probes_lib.max_attention_logit, model)),
+                         out_shardings=by_replica)
   sources = {seed: input_pipeline.TrainBatches(task.train, config.batch_size, seed)
              for seed in sorted({replica["seed"] for replica in replicas})}
 
-  def next_batch(step):  # {"tokens": [R, B, T], "labels": [R, B]}, replica r from its seed
+  def next_batch(step):  # {"tokens": [R, B, T], "labels": [R, B(, T)]}, replica r's from its seed
     by_seed = {seed: source.batch(step) for seed, source in sources.items()}
     stacked = {name: np.stack([by_seed[replica["seed"]][name] for replica in replicas])
                for name in ("tokens", "labels")}
     return input_pipeline.shard(stacked, by_both, batch_axis=1)
 
-  def evaluate(params):
-    metrics = {}
+  def evaluate(state):  # NaN for a diverged replica
+    metrics, diverged = {}, np.asarray(jax.device_get(state.diverged_at)) > 0
     for prefix, split in {"eval": task.test, **extra_tests}.items():
       batches = (input_pipeline.shard(batch, by_data)
                  for batch in input_pipeline.eval_batches(split, config.batch_size))
-      metrics.update(steps_lib.evaluate(eval_fn, params, batches, prefix))
-    return metrics
+      metrics.update(steps_lib.evaluate(eval_fn, state.params, batches, prefix))
+    return {name: np.where(diverged, np.nan, values).tolist() for name, values in metrics.items()}
 
   logs = [logbook.Logbook(workdir_lib.replica_dir(workdir, replica["name"]), start_step)
           for replica in replicas]
@@ -213,20 +219,23 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
   progress = tqdm.tqdm(total=config.num_train_steps, initial=start_step, mininterval=2.0,
                        desc=os.path.basename(os.path.normpath(workdir)), file=sys.stdout)
   eval_metrics = {}
-  first_bad = jax.device_put(jnp.zeros((len(replicas),), jnp.int32), by_replica)
+  reported = set(_diverged(state, replicas))  # diverged before a resume: already said
   clock = time.perf_counter()
   try:
     with stop_requests() as received:
       for step in range(start_step + 1, config.num_train_steps + 1):
         # Nothing here waits for the device except at log, eval and checkpoint steps: the host
         # prepares the next batch while the step runs.
-        state, metrics = step_fn(state, next_batch(step - 1))
-        first_bad = steps_lib.first_non_finite(first_bad, metrics, state.step)
+        batch = next_batch(step - 1)
+        state, metrics = step_fn(state, batch)
         progress.update(1)
         log_now, eval_now, save_now = steps_lib.due(step, config)
-        if log_now or eval_now or save_now or received:  # never save a non-finite state
-          _check_finite(first_bad, replicas, checkpoints.latest_step())
+        if log_now or eval_now or save_now or received:
+          reported |= _check_diverged(state, replicas, reported, checkpoints.latest_step(),
+                                      progress)
         if log_now:
+          metrics = {"max_attention_logit": max_logit_fn(state.params, batch["tokens"]),
+                     **metrics}
           metrics = {name: np.asarray(value) for name, value in jax.device_get(metrics).items()}
           throughput = tokens_per_step * (step - start_step) / (time.perf_counter() - clock)
           log(step, metrics, {"tokens_per_second": throughput})
@@ -234,10 +243,10 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
                                acc=f"{np.mean(metrics['accuracy']):.3f}",
                                tok_s=f"{throughput:.0f}", refresh=False)
         if eval_now:
-          eval_metrics = evaluate(state.params)
+          eval_metrics = evaluate(state)
           log(step, eval_metrics)
           progress.write(f"step {step}: " + ", ".join(
-              f"{name} {np.mean(value):.4f}" for name, value in eval_metrics.items()))
+              f"{name} {np.nanmean(value):.4f}" for name, value in eval_metrics.items()))
         if save_now or received:
           checkpoints.save(step, state)
         if received:
@@ -248,7 +257,7 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
     for replica_log in logs:
       replica_log.close()
   if not eval_metrics:  # resumed a finished run
-    eval_metrics = evaluate(state.params)
+    eval_metrics = evaluate(state)
   if config.attention_maps:
     from experiments import attention_maps  # matplotlib only when maps are asked for
     for index, replica in enumerate(replicas):
@@ -257,20 +266,32 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
                                workdir, replica["name"]), "attention_maps"))
   final_probes = probe("final", state.params) if probes else {}
   columns = {key: [replica[key] for replica in replicas] for key in replicas[0]}
-  return {**columns, **eval_metrics, **init_probes, **final_probes,
+  diverged_at = np.asarray(jax.device_get(state.diverged_at)).tolist()
+  return {**columns, **eval_metrics, **init_probes, **final_probes, "diverged_at": diverged_at,
+          "num_classes": [task.num_classes] * len(replicas),
           "seconds": [time.perf_counter() - started] * len(replicas)}
 
 
-def _check_finite(first_bad, replicas, last_saved):
-  """Raises NonFiniteError when a replica's loss or gradient norm was not finite (waits for the
+def _diverged(state, replicas) -> dict:
+  """{replica name: the step whose loss or gradient norm was not finite} (waits for the
   device)."""
-  bad = {replica["name"]: int(at) for replica, at in zip(replicas, jax.device_get(first_bad))
-         if at}
-  if bad:
+  return {replica["name"]: int(at) for replica, at in
+          zip(replicas, jax.device_get(state.diverged_at)) if at}
+
+
+def _check_diverged(state, replicas, reported, last_saved, progress) -> set:
+  """Says which replicas diverged since the last check (they stay frozen while the others
+  train); raises NonFiniteError when all have. Returns the names of the diverged replicas."""
+  bad = _diverged(state, replicas)
+  advice = "Try a lower learning_rate, grad_clip_norm > 0, or compute_dtype='float32'."
+  if len(bad) == len(replicas):
     raise NonFiniteError(
         f"non-finite loss or gradient norm at step {min(bad.values())} (replicas "
-        f"{sorted(bad)}); the last good checkpoint is step {last_saved}. Try a lower "
-        "learning_rate, grad_clip_norm > 0, or compute_dtype='float32'.")
+        f"{sorted(bad)}); the last good checkpoint is step {last_saved}. {advice}")
+  for name in sorted(set(bad) - reported):
+    progress.write(f"replica {name} diverged at step {bad[name]} (non-finite loss or gradient "
+                   f"norm): frozen there, reported as NaN; the other replicas go on. {advice}")
+  return set(bad)
 
 
 def _prober(model, task, config):

@@ -126,3 +126,36 @@ def test_the_attention_module_can_be_swapped():
   # Without attention (and position) every token is processed alone: equal tokens, equal rows.
   out = model.apply(variables, jnp.array([[3, 3, 5]]))
   np.testing.assert_allclose(out[0, 0], out[0, 1], atol=1e-6)
+
+
+def test_token_classifier_reads_every_position_through_one_dense_layer():
+  config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, num_layers=2, mlp_dim=64,
+                            max_length=LENGTH, num_classes=5)
+  model = aj.TokenClassifier(config)
+  tokens = TOKENS.at[1, 5:].set(0)  # the second row padded after 5 tokens
+  variables = model.init(jax.random.key(0), tokens)
+  logits = model.apply(variables, tokens)
+  assert logits.shape == (2, LENGTH, 5)
+  # Directly: the encoder's vectors (no CLS token) times the logits kernel, plus its bias.
+  params = variables["params"]
+  encoded = aj.TransformerEncoder(config).apply({"params": params["encoder"]}, tokens)
+  expected = (np.asarray(encoded, np.float64) @ np.asarray(params["logits"]["kernel"], np.float64)
+              + np.asarray(params["logits"]["bias"], np.float64))
+  np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+  # What stands at padded positions does not reach the real positions' logits.
+  changed = model.apply(variables, TOKENS, tokens != 0)
+  np.testing.assert_allclose(changed[1, :5], logits[1, :5], atol=1e-6)
+
+
+def test_head_dim_sets_d_k_apart_from_d_model():
+  config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=1, num_layers=1, mlp_dim=64,
+                            head_dim=128, normalize_qk=True)
+  params = aj.TransformerEncoder(config).init(jax.random.key(0), TOKENS)["params"]
+  attention = params["block_0"]["attention"]
+  assert attention["query"]["kernel"].shape == (32, 1, 128)  # [D, N, d_k]
+  assert attention["out"]["kernel"].shape == (1, 128, 32)
+  assert attention["key_ln"]["scale"].shape == (128,)
+  assert config.key_dim == 128
+  with pytest.raises(ValueError, match="divisible by num_heads"):
+    aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=3)
+  aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=3, head_dim=16)  # fine: d_k is given

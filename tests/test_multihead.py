@@ -24,8 +24,14 @@ def _init(layer, *inputs, **kwargs):
                       variables)
 
 
+def _layer_norm_numpy(x, scale, epsilon=1e-6):
+  centred = x - x.mean(-1, keepdims=True)
+  return centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + epsilon) * scale
+
+
 def per_head_numpy(params, x_q, x_kv, mask=None, scale=None):
-  """Concat(head_1, ..., head_N) W_O with head_n = Attention(X W_Q^n, X W_K^n, X W_V^n)."""
+  """Concat(head_1, ..., head_N) W_O with head_n = Attention(X W_Q^n, X W_K^n, X W_V^n), the
+  queries and keys layer-normalised per head when params hold query_ln/key_ln (QK-norm)."""
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   x_q, x_kv = np.asarray(x_q, np.float64), np.asarray(x_kv, np.float64)
   heads = []
@@ -33,6 +39,9 @@ def per_head_numpy(params, x_q, x_kv, mask=None, scale=None):
     q = x_q @ p["query"]["kernel"][:, n] + p["query"]["bias"][n]  # [B, T, d_k]
     k = x_kv @ p["key"]["kernel"][:, n] + p["key"]["bias"][n]
     v = x_kv @ p["value"]["kernel"][:, n] + p["value"]["bias"][n]
+    if "query_ln" in p:
+      q = _layer_norm_numpy(q, p["query_ln"]["scale"])
+      k = _layer_norm_numpy(k, p["key_ln"]["scale"])
     head_mask = None if mask is None else mask[:, 0]
     out, _, _ = numpy_reference.attention(q[:, :, None], k[:, :, None], v[:, :, None],
                                           mask=None if head_mask is None else head_mask[:, None],
@@ -60,6 +69,27 @@ def test_equals_flax_multi_head_dot_product_attention_with_the_same_weights(impl
   assert actual.shape == (2, 7, EMBED)
   assert_close(actual, expected, 1e-5)
   assert_close(actual, per_head_numpy(variables["params"], x_q, x_kv, np.asarray(mask)), 1e-5)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_qk_norm_equals_flax_normalize_qk_and_a_per_head_layer_norm(cross):
+  x_q = _inputs(0)
+  x_kv = _inputs(1, (2, 9, EMBED)) if cross else x_q
+  ours = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, normalize_qk=True)
+  variables = _init(ours, x_q, x_kv)  # the LayerNorm scales are perturbed away from 1 too
+  assert variables["params"]["query_ln"]["scale"].shape == (D_MODEL // HEADS,)
+  theirs = nn.MultiHeadDotProductAttention(num_heads=HEADS, qkv_features=D_MODEL,
+                                           out_features=EMBED, normalize_qk=True)
+  assert (jax.tree.structure(theirs.init(jax.random.key(0), x_q, x_kv))
+          == jax.tree.structure(variables))
+  actual = ours.apply(variables, x_q, x_kv)
+  assert_close(actual, theirs.apply(variables, x_q, x_kv, x_kv), 1e-5)
+  assert_close(actual, per_head_numpy(variables["params"], x_q, x_kv), 1e-5)
+  # Normalised queries and keys have norm sqrt(H) * scale per head, so at the initial scale of 1
+  # every logit lies within [-sqrt(H), sqrt(H)] after the 1/sqrt(H) scaling, whatever the input.
+  fresh = ours.init(jax.random.key(1), 100.0 * x_q, 100.0 * x_kv)["params"]
+  logits = aj.multi_head_attention_logits(fresh, 100.0 * x_q, 100.0 * x_kv)
+  assert float(jnp.max(jnp.abs(logits))) <= np.sqrt(D_MODEL // HEADS) * (1 + 1e-5)
 
 
 @pytest.mark.parametrize("scale, value", [("inv_sqrt", 32 ** -0.5), ("none", 1.0),

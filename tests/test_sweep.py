@@ -11,6 +11,7 @@ import sys
 import ml_collections
 import numpy as np
 import pytest
+from scipy import stats
 
 from experiments import input_pipeline, logbook, steps, sweep, sweep_report, train
 from experiments import workdir as workdir_lib
@@ -114,7 +115,11 @@ def test_a_sweep_with_a_grid_survives_sigterm_and_a_busy_workdir(group, data_dir
     table = list(csv.DictReader(f))
   assert [(row["seed"], float(row["learning_rate"])) for row in table] == [
       ("0", 1e-3), ("1", 1e-3), ("0", 3e-3), ("1", 3e-3)]
-  assert "| base learning_rate=0.003 |" in open(tmp_path / "results.md").read()
+  report = open(tmp_path / "results.md").read()
+  assert "| base learning_rate=0.003 |" in report
+  assert "Best learning rate per variant" in report and "Largest attention logit" in report
+  for figure in ("learning_rates.png", "max_attention_logits.png"):
+    assert os.path.getsize(tmp_path / figure) > 5000
   for index in range(4):
     assert logbook.read(str(variant), index) == logbook.read(group[0], index)
 
@@ -133,8 +138,8 @@ def test_sweep_writes_tables_and_plots_then_skips_finished_variants(data_dir, tm
     assert column in table[0]
   accuracies = [float(row["eval_accuracy"]) for row in table[:2]]
   markdown = open(paths["markdown"]).read()
-  mean, std = np.mean(accuracies), np.std(accuracies, ddof=1)
-  assert f"| sinusoidal | {mean:.3f} ± {std:.3f} |" in markdown
+  half = stats.t.ppf(0.975, 1) * np.std(accuracies, ddof=1) / np.sqrt(2)  # 95%, 2 seeds
+  assert f"| sinusoidal | {np.mean(accuracies):.3f} ± {half:.3f} |" in markdown
   for kind in ("final", "curves", "probes"):
     assert os.path.getsize(paths[kind]) > 5000
 
@@ -189,15 +194,18 @@ def test_quick_sweep_from_the_command_line(data_dir, tmp_path):
   shrink = {f"train.{k}": v for k, v in TINY.items()}
   shrink.update({"train.data_dir": data_dir, "train.model.max_length": 64,
                  "train.num_train_steps": 4, "train.eval_every_steps": 2})
+  shrink["train.model.max_length"] = 80  # the longest test set of the positional sweep
   command = [sys.executable, "-m", "experiments.sweep",
              "--config=configs/ablations/positional.py:quick", f"--workdir={tmp_path}",
-             "--variants=rope"]
+             "--variants=even_pairs-rope"]
   command += [f"--config.{k}={v}" for k, v in shrink.items()]
   result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "| rope |" in result.stdout and "long_accuracy" in result.stdout
+  assert "| even_pairs-rope |" in result.stdout
+  assert "length_61_80_accuracy" in result.stdout
   with open(tmp_path / "results.csv") as f:
-    assert [row["variant"] for row in csv.DictReader(f)] == ["rope"] * 2
+    assert [row["variant"] for row in csv.DictReader(f)] == ["even_pairs-rope"] * 2
+  assert os.path.getsize(tmp_path / "accuracy_by_test_set.png") > 5000
   again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
   assert again.stdout.count("finished earlier, skipped") == 1
 

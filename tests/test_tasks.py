@@ -7,7 +7,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from experiments import tasks
-from experiments.tasks import listops, order, recall
+from experiments.tasks import listops, mqar, order, synthetic
 
 SMALL = {"num_train": 200, "num_test": 50}
 
@@ -25,15 +25,49 @@ def test_order_labels_follow_marker_order_and_bags_do_not_tell(data_dir):
   assert 0.4 < task.train.labels.mean() < 0.6
 
 
-def test_recall_label_lists_the_queried_values(data_dir):
-  task = tasks.load_task("recall", {**SMALL, "num_pairs": 4, "num_queries": 2, "num_values": 3},
-                         data_dir)
-  assert task.num_classes == 9
-  first_value = recall.FIRST_KEY + 16
+def test_mqar_targets_are_the_values_listed_after_the_queried_keys(data_dir):
+  options = {**SMALL, "num_pairs": 6, "num_queries": 4, "num_keys": 10, "num_values": 7,
+             "length": 20}
+  task = tasks.load_task("mqar", options, data_dir)
+  assert task.token_level and task.num_classes == 7 and task.train.labels.shape == (200, 20)
+  names = task.token_names
+  for tokens, targets in zip(task.train.tokens, task.train.labels):
+    words = [names[t] for t in tokens]
+    for position, word in enumerate(words):  # independently: read the words left to right
+      first = words.index(word)
+      if word.startswith("k") and first < position:  # a key seen before: a query
+        assert names[tokens[first + 1]] == f"v{targets[position]}"
+      else:
+        assert targets[position] == synthetic.IGNORE
+    assert sum(w.startswith("k") for w in words[12:]) == 4  # the query section
+    assert len({w for w in words[:12:2]}) == 6  # distinct listed keys
+  values = task.train.labels[task.train.labels != synthetic.IGNORE]
+  assert set(values) == set(range(7))
+
+
+def _even_pairs(word):
+  return int((word.count("ab") + word.count("ba")) % 2 == 0)
+
+
+def _cycle_position(word):
+  position = 0
+  for move in word:
+    position = (position + {"+": 1, "0": 0, "-": -1}[move]) % 5
+  return position
+
+
+@pytest.mark.parametrize("name, evaluate, classes", [("even_pairs", _even_pairs, 2),
+                                                     ("cycle_navigation", _cycle_position, 5)])
+def test_length_tasks_labels_against_a_direct_evaluation(name, evaluate, classes, data_dir):
+  task = tasks.load_task(name, {**SMALL, "min_length": 3, "max_length": 12}, data_dir)
+  lengths = (task.train.tokens != 0).sum(1)
+  assert lengths.min() == 3 and lengths.max() == 12 and task.max_length == 12
   for tokens, label in zip(task.train.tokens, task.train.labels):
-    pairs = dict(zip(tokens[0:8:2], tokens[1:8:2] - first_value))
-    assert tokens[8] == recall.SEPARATOR
-    assert label == 3 * pairs[tokens[9]] + pairs[tokens[10]]
+    assert label == evaluate("".join(task.token_names[t] for t in tokens if t))
+  assert len(set(task.train.labels)) == classes
+  assert max(collections.Counter(task.train.labels).values()) < 200 * 1.5 / classes
+  longer = tasks.load_task(name, {**SMALL, "min_length": 13, "max_length": 48}, data_dir)
+  assert ((longer.test.tokens != 0).sum(1) >= 13).all() and longer.max_length == 48
 
 
 def _evaluate(tokens):
@@ -92,6 +126,8 @@ def test_every_token_id_has_a_name(name, data_dir):
   assert task.train.tokens.max() < task.vocab_size
 
 
-def test_recall_rejects_impossible_options(tmp_path):
+def test_mqar_rejects_impossible_options(tmp_path):
   with pytest.raises(ValueError, match="num_queries <= num_pairs <= num_keys"):
-    tasks.load_task("recall", {**SMALL, "num_pairs": 20, "num_keys": 16}, str(tmp_path))
+    tasks.load_task("mqar", {**SMALL, "num_pairs": 20, "num_keys": 16}, str(tmp_path))
+  with pytest.raises(ValueError, match="length >= 2 \\* num_pairs \\+ num_queries = 24"):
+    tasks.load_task("mqar", {**SMALL, "length": 20}, str(tmp_path))

@@ -160,3 +160,38 @@ def test_traced_schedules_match_optax_and_the_paper(warmup, total):
   paper = [3e-3 * min(max(s, 1) / w, (w / max(s, 1)) ** 0.5) for s in steps_]  # eq. 3, rescaled
   np.testing.assert_allclose(optim.noam(steps_, 3e-3, float(warmup), float(total)), paper,
                              rtol=1e-5)
+
+
+def test_a_token_level_task_trains_and_scores_only_its_targets(data_dir, tmp_path):
+  """mqar: logits at every position, loss and accuracy over the query positions only (checked
+  against the trained model's predictions read off by hand); attention maps and the logged
+  maximum attention logit work for the token-level head too."""
+  from experiments import trained
+  config = tiny_config(data_dir, task="mqar", attention_maps=1, num_train_steps=4)
+  config.task_options = {"num_pairs": 4, "num_queries": 3, "num_keys": 8, "num_values": 6,
+                         "length": 12, "num_train": 512, "num_test": 40}
+  final = train.train_and_evaluate(config, str(tmp_path))
+  run = trained.load(str(tmp_path))
+  assert run.task.token_level
+  logits = run.model.apply({"params": run.params}, run.task.test.tokens)  # [40, 12, 6]
+  targets = run.task.test.labels
+  scored = targets >= 0
+  assert scored.sum() == 40 * 3
+  expected = np.mean(np.argmax(np.asarray(logits), -1)[scored] == targets[scored])
+  np.testing.assert_allclose(final["eval_accuracy"], expected, atol=1e-6)
+  lines = logbook.read(str(tmp_path))
+  assert all(np.isfinite(line["max_attention_logit"]) for line in lines if "loss" in line)
+  assert os.path.exists(tmp_path / "replicas" / "seed_0" / "attention_maps" / "example_0.png")
+
+
+def test_a_diverging_replica_is_frozen_and_the_others_train_on(data_dir, tmp_path):
+  """A grid with one learning rate that diverges: that replica is marked with its step and NaN
+  evaluations; the other one trains exactly as it would alone."""
+  config = tiny_config(data_dir, grad_clip_norm=0.0, schedule="constant")
+  replicas = train.replicas_of(config, 1, {"learning_rate": (1e-3, 1e30)})
+  result = train.train(config, str(tmp_path / "grid"), replicas)
+  assert result["diverged_at"][0] == 0 and result["diverged_at"][1] > 0
+  assert np.isnan(result["eval_accuracy"][1]) and np.isnan(result["eval_loss"][1])
+  alone = train.train_and_evaluate(config, str(tmp_path / "alone"))
+  np.testing.assert_allclose(result["eval_loss"][0], alone["eval_loss"], rtol=1e-5)
+  assert result["eval_accuracy"][0] == alone["eval_accuracy"]

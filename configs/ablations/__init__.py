@@ -6,15 +6,15 @@ from configs import default
 
 
 def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants,
-                 extra_evals=None) -> ml_collections.ConfigDict:
-  """A sweep over ``variants`` of the default training config, trained for ``steps`` steps
-  (3 seeds), or with mode "quick" for a tenth of them on a smaller dataset (2 seeds, two
-  evaluations).
+                 extra_evals=None, base=default) -> ml_collections.ConfigDict:
+  """A sweep over ``variants`` of the training config of module ``base`` (configs.default),
+  trained for ``steps`` steps (3 seeds), or with mode "quick" for a tenth of them on a smaller
+  dataset (2 seeds, two evaluations).
 
   The caller adjusts ``sweep.train`` (the shared training config) afterwards.
   """
   quick = mode == "quick"
-  train = default.get_config()
+  train = base.get_config()
   train.num_train_steps = steps // 10 if quick else steps
   train.eval_every_steps = train.num_train_steps // 2 if quick else eval_every
   train.checkpoint_every_steps = train.eval_every_steps

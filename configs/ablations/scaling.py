@@ -1,37 +1,39 @@
-"""Scaling ablation: attention scale 1/sqrt(d_k) (the paper) vs 1 vs 1/d_k vs a learned per-head
-temperature, at head dimensions d_k = 16, 64 and 256.
+"""Scaling ablation: how the attention logits are scaled -- 1/sqrt(d_k) (the paper), none, 1/d_k,
+a learned per-head temperature, and QK-norm (LayerNorm on each head's queries and keys, with the
+paper's 1/sqrt(d_k)) -- at d_k = 16, 64 and 256, each across a learning-rate grid.
 
   python -m experiments.sweep --config=configs/ablations/scaling.py \
       --workdir=workdir/ablations/scaling
+  python -m experiments.sweep --config=configs/ablations/scaling.py:quick --workdir=/tmp/scaling
 
-Task: `order`, with a single head per layer so that d_k = d_model. The argument for the scale:
-for unit-variance q and k, Var(q . k) = d_k, so without it the logits grow with d_k, the softmax
-saturates and little gradient reaches W_Q and W_K; 1/d_k overcorrects, leaving the logits near 0
-and the attention near uniform. Besides accuracy, the table records at initialisation and after
-training the variance of the logits, the softmax entropy and largest weight, and the gradient
-norms reaching the query and key projections.
-
-Runtime of the full sweep (12 variants x 3 seeds): 11.5 minutes on the 2-core CPU (2026-11-22).
-Result (test accuracy after 400 steps, mean over 3 seeds): without scaling accuracy falls as d_k
-grows (d_k = 16: 0.850, 64: 0.835, 256: 0.666) while 1/sqrt(d_k) gives 0.845, 0.999, 0.999;
-1/d_k hurts where d_k is small (0.629 at d_k = 16); the learned temperature matches 1/sqrt(d_k).
-At initialisation the unscaled logits have variance 25, 110 and 353 and the softmax puts 0.60,
-0.78 and 0.89 of its weight on one key. Details and plots: README, Results.
+Question: does the scale matter once the learning rate is tuned, and does it change how
+sensitive training is to the learning rate? Task: `mqar`, where attention has to be sharp (each
+query must pick one key out of the listed ones). One head per layer at d_model 64; d_k is set
+by model.head_dim, so the residual stream stays the same while d_k grows. Expected from the
+literature: without scaling, Var(q . k) grows with d_k, the softmax saturates and learning slows
+(Vaswani et al. 2017, footnote 4); Wortsman et al. (2023) find that attention logits growing
+without bound make large learning rates diverge (runs whose maximum logit passed about 1e4) and
+that QK-layernorm removes that, flattening the loss-against-learning-rate curve (their LR
+sensitivity). The report logs the largest attention logit at every log step, counts the
+diverged runs and gives each variant's LR sensitivity.
 """
 
+import ml_collections
+
+from configs import mqar
 from configs.ablations import sweep_config
 
 HEAD_DIMS = (16, 64, 256)
-SCALES = ("inv_sqrt", "none", "inv", "learned")
+SCALES = {"inv_sqrt": {}, "none": {"attention_scale": "none"}, "inv": {"attention_scale": "inv"},
+          "learned": {"attention_scale": "learned"}, "qk_norm": {"normalize_qk": True}}
+LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 
 
 def get_config(mode=None):
   head_dims = HEAD_DIMS[:2] if mode == "quick" else HEAD_DIMS
-  sweep = sweep_config(mode, steps=400, eval_every=100, warmup=50, variants=(
-      (f"dk{head_dim}_{scale}", {"model": {"d_model": head_dim, "mlp_dim": 2 * head_dim,
-                                           "attention_scale": scale}})
-      for head_dim in head_dims for scale in SCALES))
+  sweep = sweep_config(mode, steps=600, eval_every=100, warmup=60, base=mqar, variants=(
+      (f"dk{head_dim}_{name}", {"model": {"head_dim": head_dim, **model}})
+      for head_dim in head_dims for name, model in SCALES.items()))
   sweep.train.model.num_heads = 1
-  sweep.train.model.num_layers = 2
-  sweep.train.batch_size = 32  # d_k = 256 means d_model = 256: keep the sweep in its time budget
+  sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
   return sweep

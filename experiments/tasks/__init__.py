@@ -1,7 +1,8 @@
 """Tasks by name: built-in synthetic TFDS builders and catalog datasets from the TFDS catalog.
 
 ``load_task(name, options, data_dir)`` returns the train and test splits as padded NumPy arrays
-with what the model needs to know (vocabulary size, classes, length, pad id).
+with what the model needs to know (vocabulary size, classes, length, pad id). A token-level task
+(``mqar``) has labels [N, L]: a class at each position with a target, IGNORE (-1) elsewhere.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from experiments.tasks import listops, order, recall, synthetic
+from experiments.tasks import formal_languages, listops, mqar, order, synthetic
 
 BUILT_IN = {
     "order": (order.Order, order.OrderConfig),
-    "recall": (recall.Recall, recall.RecallConfig),
+    "mqar": (mqar.MQAR, mqar.MQARConfig),
     "listops": (listops.ListOps, listops.ListOpsConfig),
+    "even_pairs": (formal_languages.EvenPairs, formal_languages.LengthConfig),
+    "cycle_navigation": (formal_languages.CycleNavigation, formal_languages.LengthConfig),
 }
 CATALOG = ("imdb_reviews",)  # byte-level text classification, the LRA "Text" setting
 TASKS = tuple(BUILT_IN) + CATALOG
@@ -27,7 +30,7 @@ BYTE_VOCAB = 256 + 1  # byte b -> token b + 1, 0 = pad
 @dataclasses.dataclass(frozen=True)
 class Split:
   tokens: np.ndarray  # [num_examples, max_length] int32, 0 = pad
-  labels: np.ndarray  # [num_examples] int32
+  labels: np.ndarray  # [num_examples] int32, or [num_examples, max_length] (IGNORE = no target)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +43,11 @@ class Task:
   max_length: int
   token_names: tuple[str, ...]  # printable name of each token id
   pad_id: int = synthetic.PAD_ID
+
+  @property
+  def token_level(self) -> bool:
+    """Whether the task has a target per position (logits [B, T, C]) rather than per sequence."""
+    return self.train.labels.ndim == 2
 
 
 def task_options(name: str) -> dict:
@@ -59,8 +67,8 @@ def byte_tokens(text) -> np.ndarray:
   return np.frombuffer(data, np.uint8).astype(np.int32) + 1
 
 
-def _pad(sequences, max_length: int) -> np.ndarray:
-  tokens = np.zeros((len(sequences), max_length), np.int32)
+def _pad(sequences, max_length: int, fill: int = synthetic.PAD_ID) -> np.ndarray:
+  tokens = np.full((len(sequences), max_length), fill, np.int32)
   for row, sequence in enumerate(sequences):
     sequence = sequence[:max_length]
     tokens[row, :len(sequence)] = sequence
@@ -69,8 +77,10 @@ def _pad(sequences, max_length: int) -> np.ndarray:
 
 def _to_split(source, featurize, max_length: int) -> Split:
   records = [featurize(source[i]) for i in range(len(source))]
+  labels = [label for _, label in records]
   return Split(_pad([tokens for tokens, _ in records], max_length),
-               np.array([label for _, label in records], np.int32))
+               _pad(labels, max_length, synthetic.IGNORE) if np.ndim(labels[0])
+               else np.array(labels, np.int32))
 
 
 def load_task(name: str, options: dict | None = None, data_dir: str | None = None) -> Task:
@@ -94,7 +104,7 @@ def load_task(name: str, options: dict | None = None, data_dir: str | None = Non
                           data_dir=data_dir, file_format="array_record")
   builder.download_and_prepare()
   sources = builder.as_data_source()
-  featurize = lambda r: (r["tokens"], r["label"])
+  featurize = lambda r: (r["tokens"], r["targets" if builder.TOKEN_LEVEL else "label"])
   max_length = builder.max_length()
   return Task(name, _to_split(sources["train"], featurize, max_length),
               _to_split(sources["test"], featurize, max_length),

@@ -18,7 +18,8 @@ MARKER_A, MARKER_B, FIRST_FILLER = 1, 2, 3
 
 @dataclasses.dataclass
 class OrderConfig(synthetic.TaskConfig):
-  max_length: int = 32      # sequences have lengths in [max_length // 2, max_length]
+  max_length: int = 32      # sequences have lengths in [min_length, max_length]
+  min_length: int = 0       # 0 = max_length // 2
   num_fillers: int = 16     # distinct filler tokens
 
 
@@ -39,7 +40,8 @@ class Order(synthetic.SyntheticTask):
     return self.options.max_length
 
   def sample(self, rng):
-    length = rng.integers(max(self.options.max_length // 2, 2), self.options.max_length + 1)
+    shortest = self.options.min_length or self.options.max_length // 2
+    length = rng.integers(max(shortest, 2), self.options.max_length + 1)
     tokens = rng.integers(FIRST_FILLER, self.vocab_size(), size=length)
     first, second = np.sort(rng.choice(length, size=2, replace=False))
     label = int(rng.integers(2))

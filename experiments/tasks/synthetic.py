@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 PAD_ID = 0
+IGNORE = -1  # the target of a position that carries no loss (token-level tasks)
 
 
 @dataclasses.dataclass
@@ -24,7 +25,10 @@ class TaskConfig(tfds.core.BuilderConfig):
 
 
 class SyntheticTask(tfds.core.GeneratorBasedBuilder):
-  """A sequence-classification task: features ``tokens`` [L] int32 (0 = pad) and ``label``."""
+  """A sequence-classification task: features ``tokens`` [L] int32 (0 = pad) and ``label``; or,
+  with TOKEN_LEVEL, ``targets`` [L] int32: a class at every position that carries a loss and
+  IGNORE elsewhere."""
+  TOKEN_LEVEL = False
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "First release."}
 
@@ -48,8 +52,9 @@ class SyntheticTask(tfds.core.GeneratorBasedBuilder):
   def check_options(self) -> None:
     """Raises ValueError for options that cannot generate examples; called once per split."""
 
-  def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, int]:
-    """One example: tokens [length <= max_length] int32 without padding, and its label."""
+  def sample(self, rng: np.random.Generator) -> tuple[np.ndarray, int | np.ndarray]:
+    """One example: tokens [length <= max_length] int32 without padding, and its label (or, with
+    TOKEN_LEVEL, its targets [length])."""
     raise NotImplementedError
 
   def _info(self) -> tfds.core.DatasetInfo:
@@ -58,9 +63,11 @@ class SyntheticTask(tfds.core.GeneratorBasedBuilder):
         description=self.__doc__,
         features=tfds.features.FeaturesDict({
             "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
-            "label": tfds.features.ClassLabel(num_classes=self.num_classes()),
+            self._label_name(): (tfds.features.Tensor(shape=(None,), dtype=np.int32)
+                                 if self.TOKEN_LEVEL else
+                                 tfds.features.ClassLabel(num_classes=self.num_classes())),
         }),
-        supervised_keys=("tokens", "label"),
+        supervised_keys=("tokens", self._label_name()),
         metadata=tfds.core.MetadataDict(vocab_size=self.vocab_size(),
                                         max_length=self.max_length(), pad_id=PAD_ID),
     )
@@ -75,7 +82,11 @@ class SyntheticTask(tfds.core.GeneratorBasedBuilder):
     rng = np.random.default_rng([self.options.seed, split_index])
     for index in range(num_examples):
       tokens, label = self.sample(rng)
-      yield index, {"tokens": np.asarray(tokens, np.int32), "label": int(label)}
+      label = np.asarray(label, np.int32) if self.TOKEN_LEVEL else int(label)
+      yield index, {"tokens": np.asarray(tokens, np.int32), self._label_name(): label}
+
+  def _label_name(self) -> str:
+    return "targets" if self.TOKEN_LEVEL else "label"
 
 
 def config_name(options: dict) -> str:
