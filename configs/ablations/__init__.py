@@ -17,7 +17,7 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants,
   train = base.get_config()
   train.num_train_steps = steps // 10 if quick else steps
   train.eval_every_steps = train.num_train_steps // 2 if quick else eval_every
-  train.checkpoint_every_steps = train.eval_every_steps
+  train.checkpoint_every_steps = max(train.eval_every_steps, train.num_train_steps // 4)
   train.warmup_steps = 10 if quick else warmup
   train.attention_maps = 0
   if quick:

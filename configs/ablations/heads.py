@@ -21,7 +21,7 @@ from configs import mqar
 from configs.ablations import sweep_config
 
 HEADS = (1, 2, 4, 8, 16, 32, 64)
-LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
+LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2)
 
 
 def get_config(mode=None):

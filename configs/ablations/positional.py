@@ -27,15 +27,16 @@ TEST_LENGTHS = ((21, 40), (41, 60), (61, 80))
 
 def get_config(mode=None):
   sweep = sweep_config(
-      mode, steps=2000, eval_every=250, warmup=100,
+      mode, steps=1000, eval_every=100, warmup=100,
       variants=((f"{task}-{name}", {"task": task, "model": {"positional_encoding": name},
                                     "task_options": options})
                 for task, options in TASKS.items() for name in ENCODINGS),
       extra_evals={f"length_{low}_{high}": {"min_length": low, "max_length": high,
                                             "num_train": 1}
                    for low, high in TEST_LENGTHS})
-  sweep.train.task_options = {"max_length": TRAIN_LENGTH, "num_train": sweep.train.task_options
-                              .num_train, "num_test": sweep.train.task_options.num_test}
+  options = sweep.train.task_options
+  sweep.train.task_options = {"max_length": TRAIN_LENGTH, "num_train": options.num_train,
+                              "num_test": min(options.num_test, 1000)}
   sweep.train.model.d_model = 64
   sweep.train.model.mlp_dim = 128
   sweep.train.model.num_layers = 3
