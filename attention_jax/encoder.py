@@ -60,6 +60,9 @@ class EncoderConfig:
       raise ValueError(f"head_dim must be positive (or 0 for d_model / num_heads), got "
                        f"{self.head_dim}.")
     multihead.resolve_scale(self.attention_scale, self.key_dim)
+    if self.positional_encoding == "rope" and self.key_dim % 2:
+      raise ValueError(f"rope rotates pairs of dimensions, so d_k must be even, got "
+                       f"d_k={self.key_dim}.")
     positional.positional_encoding(self.positional_encoding, max_length=1, num_heads=1)
     if self.pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}.")

@@ -85,6 +85,11 @@ def validate(config, num_devices: int = 1) -> None:
   if model.positional_encoding not in aj.POSITIONAL_ENCODINGS:
     raise ConfigError(f"model.positional_encoding must be one of "
                       f"{sorted(aj.POSITIONAL_ENCODINGS)}, got {model.positional_encoding!r}.")
+  key_dim = model.head_dim or model.d_model // model.num_heads
+  if model.positional_encoding == "rope" and key_dim % 2:
+    raise ConfigError(f"model.positional_encoding='rope' rotates pairs of dimensions, so d_k must "
+                      f"be even, got d_k={key_dim}; use fewer heads, an even model.head_dim, or "
+                      "another encoding.")
   attention_scale(model.attention_scale)
   choices = {"model.attention_impl": (model.attention_impl, IMPLEMENTATIONS),
              "model.pooling": (model.pooling, aj.encoder.POOLINGS),

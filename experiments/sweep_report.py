@@ -342,13 +342,15 @@ def plot_max_logits(workdir, records, path):
   figure, axes = plt.subplots(rows_, columns, figsize=(3.4 * columns, 2.8 * rows_),
                               squeeze=False, sharey=True)
   for axis, record in zip(axes.flat, finished):
-    for label, metrics, _ in _arm_values([record]):
+    armed = _arm_values([record])
+    for label, metrics, _ in armed:
       steps, values = curves(workdir, record, metrics["name"], MAX_LOGIT)
       axis.plot(steps, np.mean(values, 0), label=label.replace(record["variant"], "").strip())
     axis.set_yscale("log")
     axis.set_title(record["variant"], fontsize=8)
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=5)
+    if len(armed) > 1:
+      axis.legend(fontsize=5)
   for axis in axes.flat[len(finished):]:
     axis.axis("off")
   figure.supxlabel("step")

@@ -102,3 +102,13 @@ def test_learned_encoding_too_short_says_what_to_do():
 def test_sinusoidal_odd_dim():
   with pytest.raises(ValueError, match="even dim"):
     aj.sinusoidal_encoding(4, 7)
+
+
+def test_rope_with_an_odd_head_dim_is_refused_before_training():
+  from experiments import config_check
+  config = config_check.default_config()
+  config.model.positional_encoding, config.model.d_model, config.model.num_heads = "rope", 64, 64
+  with pytest.raises(config_check.ConfigError, match="d_k must be even, got d_k=1"):
+    config_check.validate(config)
+  with pytest.raises(ValueError, match="d_k must be even"):
+    aj.EncoderConfig(vocab_size=8, d_model=64, num_heads=64, positional_encoding="rope")

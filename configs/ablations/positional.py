@@ -27,7 +27,7 @@ TEST_LENGTHS = ((21, 40), (41, 60), (61, 80))
 
 def get_config(mode=None):
   sweep = sweep_config(
-      mode, steps=1000, eval_every=100, warmup=100,
+      mode, steps=1000, eval_every=250, warmup=100,
       variants=((f"{task}-{name}", {"task": task, "model": {"positional_encoding": name},
                                     "task_options": options})
                 for task, options in TASKS.items() for name in ENCODINGS),

@@ -26,12 +26,12 @@ from configs.ablations import sweep_config
 HEAD_DIMS = (16, 64, 256)
 SCALES = {"inv_sqrt": {}, "none": {"attention_scale": "none"}, "inv": {"attention_scale": "inv"},
           "learned": {"attention_scale": "learned"}, "qk_norm": {"normalize_qk": True}}
-LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 1e-1)
 
 
 def get_config(mode=None):
   head_dims = HEAD_DIMS[:2] if mode == "quick" else HEAD_DIMS
-  sweep = sweep_config(mode, steps=800, eval_every=100, warmup=60, base=mqar, variants=(
+  sweep = sweep_config(mode, steps=600, eval_every=100, warmup=60, base=mqar, variants=(
       (f"dk{head_dim}_{name}", {"model": {"head_dim": head_dim, **model}})
       for head_dim in head_dims for name, model in SCALES.items()))
   sweep.train.model.num_heads = 1
