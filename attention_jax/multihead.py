@@ -90,7 +90,10 @@ def project_out(params, heads):
 def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
   """LayerNorm over the head dimension without bias (QK-norm, Dehghani et al. 2023): each head's
   query (or key) vector normalised to zero mean and unit variance, times a learned ``scale`` [H].
-  Statistics in float32 whatever the input dtype: [..., N, H] -> [..., N, H]."""
+  Statistics in float32 whatever the input dtype: [..., N, H] -> [..., N, H].
+
+  >>> qk_layer_norm(query, params["query_ln"]["scale"])  # query [B, T, N, H] -> [B, T, N, H]
+  """
   y = x.astype(jnp.promote_types(x.dtype, jnp.float32))
   y = y - jnp.mean(y, axis=-1, keepdims=True)
   y = y * jax.lax.rsqrt(jnp.mean(jnp.square(y), axis=-1, keepdims=True) + epsilon)

@@ -110,11 +110,15 @@ def _p_cell(p) -> str:
   return f"{p:.2g}" + (" *" if p < statistics.SIGNIFICANT else "")
 
 
-def _best(armed, metric=PRIMARY):
-  """The arm with the highest mean ``metric`` (diverged seeds left out), or None."""
-  scored = [(statistics.interval(m[metric])[0], i) for i, (_, m, _) in enumerate(armed)
-            if np.isfinite(statistics.interval(m[metric])[0])]
-  return armed[max(scored)[1]] if scored else None
+def _score(metrics) -> tuple[float, float]:
+  """What ranks arms: the mean of PRIMARY, ties broken by the lower mean eval loss."""
+  return statistics.interval(metrics[PRIMARY])[0], -statistics.interval(metrics["eval_loss"])[0]
+
+
+def _best(armed):
+  """The arm (label, metrics, record) with the best _score (diverged seeds left out), or None."""
+  scored = [arm for arm in armed if np.isfinite(_score(arm[1])[0])]
+  return max(scored, key=lambda arm: _score(arm[1])) if scored else None
 
 
 def _varies_learning_rate(records) -> bool:
@@ -123,13 +127,12 @@ def _varies_learning_rate(records) -> bool:
 
 def best_learning_rates(records) -> list[tuple[str, float, dict, dict]]:
   """(variant, learning rate, metrics of that arm, record) per finished variant: the arm of its
-  learning-rate grid with the highest mean eval accuracy."""
+  learning-rate grid with the highest mean eval accuracy (ties: the lower eval loss)."""
   chosen = []
   for record in records:
     if record["status"] != "ok":
       continue
-    armed = [(label, {n: [v[i] for i in idx] for n, v in record["metrics"].items()}, record)
-             for label, idx in arms(record)]
+    armed = _arm_values([record])
     best = _best(armed) or armed[0]
     chosen.append((record["variant"], best[1]["learning_rate"][0], best[1], record))
   return chosen
@@ -196,9 +199,10 @@ def _best_lr_section(records, workdir) -> list[str]:
            "", f"| variant | learning rate | {PRIMARY} | eval_loss | p | steps to 90% | "
            "LR sensitivity |", "|---|---|---|---|---|---|---|"]
   for group, entries in groups.items():
-    top = max(entries, key=lambda e: statistics.interval(e[2][PRIMARY])[0])
+    top = max((entry for entry in entries if np.isfinite(_score(entry[2])[0])),
+              key=lambda entry: _score(entry[2]), default=None)
     for variant, rate, metrics, record in entries:
-      p = (math.nan if variant == top[0]
+      p = (math.nan if top is None or variant == top[0]
            else statistics.welch_p(metrics[PRIMARY], top[2][PRIMARY]))
       reach = "—"
       if workdir is not None:

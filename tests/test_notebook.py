@@ -25,5 +25,5 @@ def test_colab_notebook_executes_in_quick_mode(tmp_path, monkeypatch):
   assert len(images) >= 4  # learning curves, two sweep plots, attention maps
   markdown = "".join(output["data"].get("text/markdown", "") for output in outputs
                      if "data" in output)
-  assert "| none |" in markdown and "long_accuracy" in markdown
+  assert "| even_pairs-none |" in markdown and "length_61_80_accuracy" in markdown
   assert os.path.exists(tmp_path / "positional_quick" / "results.csv")
