@@ -1,5 +1,5 @@
 """Positional-encoding ablation: none, sinusoidal, learned, rope and alibi, trained on strings of
-length 1..20 and tested on lengths up to 80 (4x), on two length-generalisation tasks and `order`.
+length 1..20 and tested on lengths up to 80 (4x), on two length-generalisation tasks.
 
   python -m experiments.sweep --config=configs/ablations/positional.py \
       --workdir=workdir/ablations/positional
@@ -8,8 +8,10 @@ length 1..20 and tested on lengths up to 80 (4x), on two length-generalisation t
 Question: which encodings keep working on sequences longer than any seen in training? Tasks
 (experiments/tasks/formal_languages.py, Delétang et al. 2023): `even_pairs` (first symbol equals
 the last: the model must find both ends, so what an encoding says about unseen positions
-decides the result), `cycle_navigation` (a sum mod 5: order does not matter, so no encoding is
-needed and any can only add unseen positions) and `order` (is A before B). Expected from the
+decides the result) and `cycle_navigation` (a sum mod 5: order does not matter, so no encoding is
+needed and any can only add unseen positions). `order` (is A before B) was left out of the
+full run to fit the 90-minute budget on 2 cores; add it to TASKS ({"min_length": 2}) where
+compute allows. Expected from the
 literature: Press et al. (2022) Table 2 find ALiBi flat up to about 7x the training length while
 sinusoidal collapses; Ruoss et al. (2023) find every standard encoding fails to generalise on
 most of these tasks, relative ones (RoPE, ALiBi) doing best. Both studied mostly causal models;
@@ -19,8 +21,7 @@ this is an encoder classifier reading a CLS token, which sees both sides of ever
 from configs.ablations import sweep_config
 
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
-TASKS = {"even_pairs": {"min_length": 1}, "cycle_navigation": {"min_length": 1},
-         "order": {"min_length": 2}}
+TASKS = {"even_pairs": {"min_length": 1}, "cycle_navigation": {"min_length": 1}}
 TRAIN_LENGTH = 20
 TEST_LENGTHS = ((21, 40), (41, 60), (61, 80))
 
