@@ -46,5 +46,6 @@ def get_config(mode=None):
       (f"dk{head_dim}_{name}", {"model": {"head_dim": head_dim, **model}})
       for head_dim in head_dims for name, model in SCALES.items()))
   sweep.train.model.num_heads = 1
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
+  rates = LEARNING_RATES[1::3] if mode == "quick" else LEARNING_RATES  # quick: 1e-3 and 1e-1
+  sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep
