@@ -59,7 +59,7 @@ def summary(model, params, tokens, labels, num_classes) -> dict:
   def loss_fn(params):
     loss, _, weight = steps_lib.cross_entropy(model.apply({"params": params}, tokens), labels,
                                               num_classes)
-    return jnp.sum(loss) / jnp.maximum(jnp.sum(weight), 1.0)
+    return steps_lib.mean_over_targets(loss, weight)
   grads = jax.grad(loss_fn)(params)
   stats = {name: jnp.mean(value) for name, value in head_statistics(model, params, tokens).items()}
   return {**stats, "query_grad_norm": _projection_grad_norm(grads, "query"),

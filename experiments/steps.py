@@ -47,6 +47,11 @@ def cross_entropy(logits, labels, num_classes, label_smoothing=0.0):
   return loss, (jnp.argmax(logits, -1) == labels).astype(jnp.float32) * weight, weight
 
 
+def mean_over_targets(values, weight):
+  """The mean of per-target ``values`` over the targets that carry weight (0 when none do)."""
+  return jnp.sum(values) / jnp.maximum(jnp.sum(weight), 1.0)
+
+
 def initial_state(model, tx, max_length: int, seed, hparams: dict) -> TrainState:
   """The step-0 state of one replica (seed and hparams may be traced, under vmap)."""
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
@@ -71,8 +76,7 @@ def train_step(state, batch, *, model, tx, learning_rate, compute_dtype, label_s
     logits = model.apply({"params": cast(params, compute_dtype)}, batch["tokens"],
                          deterministic=False, rngs={"dropout": dropout_rng})
     loss, correct, weight = cross_entropy(logits, batch["labels"], num_classes, label_smoothing)
-    count = jnp.maximum(jnp.sum(weight), 1.0)
-    return jnp.sum(loss) / count, jnp.sum(correct) / count
+    return mean_over_targets(loss, weight), mean_over_targets(correct, weight)
 
   (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   grad_norm = optax.tree.norm(grads)
@@ -98,10 +102,11 @@ def eval_step(params, batch, *, model, compute_dtype, num_classes):
   """Sums of loss, correct predictions and weight over the targets of a (padded) batch."""
   logits = model.apply({"params": cast(params, compute_dtype)}, batch["tokens"])
   loss, correct, weight = cross_entropy(logits, batch["labels"], num_classes)
+  # [B] or [B, T]: padding rows of the last batch count for nothing (loss and correct already
+  # carry the per-target weight)
   rows = batch["weight"].reshape(batch["weight"].shape + (1,) * (weight.ndim - 1))
-  weight = weight * rows  # [B] or [B, T]: padding rows of the last batch count for nothing
-  return {"loss": jnp.sum(loss * weight), "correct": jnp.sum(correct * weight),
-          "count": jnp.sum(weight)}
+  return {"loss": jnp.sum(loss * rows), "correct": jnp.sum(correct * rows),
+          "count": jnp.sum(weight * rows)}
 
 
 def evaluate(eval_fn, params, batches, prefix="eval") -> dict:
