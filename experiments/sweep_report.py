@@ -296,20 +296,41 @@ def _errorbar(axis, x, per_point, label):
   axis.errorbar(x, means, yerr=np.nan_to_num(halves), label=label, marker="o", ms=3, capsize=2)
 
 
+def _panels(records) -> dict[str, list[dict]]:
+  """The finished records split by the first override that varies between them, when more than
+  one does (scaling: a panel per d_k, a line per scale); otherwise one panel."""
+  finished = [r for r in records if r["status"] == "ok"]
+  settings = [workdir_lib.flatten(r["overrides"]) for r in finished]
+  keys = list(dict.fromkeys(k for s in settings for k in s))
+  varying = [k for k in keys if len({repr(s.get(k)) for s in settings}) > 1]
+  if len(varying) < 2:
+    return {"": finished}
+  panels = {}
+  for record, setting in zip(finished, settings):
+    panels.setdefault(f"{varying[0]} = {setting.get(varying[0])}", []).append(record)
+  return panels
+
+
 def plot_learning_rates(records, path):
-  """Final eval accuracy and loss against the learning rate, a line per variant."""
-  figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-  for record in (r for r in records if r["status"] == "ok"):
-    armed = _arm_values([record])
-    rates = [metrics["learning_rate"][0] for _, metrics, _ in armed]
-    for axis, metric in zip(axes, ("eval_accuracy", "eval_loss")):
-      _errorbar(axis, rates, [metrics[metric] for _, metrics, _ in armed], record["variant"])
-  for axis, metric in zip(axes, ("eval_accuracy", "eval_loss")):
-    axis.set_xscale("log")
-    axis.set_xlabel("peak learning rate")
-    axis.set_ylabel(f"{metric} (mean, 95% interval; diverged runs left out)")
-    axis.grid(alpha=0.3)
-  axes[0].legend(fontsize=6, ncol=2)
+  """Final eval accuracy (top) and loss (bottom) against the learning rate, a line per variant,
+  a column per _panels group."""
+  panels = _panels(records)
+  figure, axes = plt.subplots(2, len(panels), figsize=(5.5 * len(panels), 8), squeeze=False,
+                              sharey="row")
+  for column, (title, members) in zip(axes.T, panels.items()):
+    for record in members:
+      armed = _arm_values([record])
+      rates = [metrics["learning_rate"][0] for _, metrics, _ in armed]
+      for axis, metric in zip(column, ("eval_accuracy", "eval_loss")):
+        _errorbar(axis, rates, [metrics[metric] for _, metrics, _ in armed], record["variant"])
+    column[0].set_title(title, fontsize=9)
+    column[0].legend(fontsize=6)
+    for axis, metric in zip(column, ("eval_accuracy", "eval_loss")):
+      axis.set_xscale("log")
+      axis.set_xlabel("peak learning rate")
+      axis.grid(alpha=0.3)
+  for axis, metric in zip(axes[:, 0], ("eval_accuracy", "eval_loss")):
+    axis.set_ylabel(f"{metric} (mean, 95% interval;\ndiverged runs left out)")
   figure.tight_layout()
   figure.savefig(path, dpi=110)
   plt.close(figure)

@@ -31,20 +31,24 @@ best without an encoding. Details: README, Results.
 from configs.ablations import sweep_config
 
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
-TASKS = {"even_pairs": {"min_length": 1}, "cycle_navigation": {"min_length": 1}}
+TASKS = {"even_pairs": {"min_length": 1}, "cycle_navigation": {"min_length": 1},
+         "order": {"min_length": 2}}
 TRAIN_LENGTH = 20
 TEST_LENGTHS = ((21, 40), (41, 60), (61, 80))
 
 
 def get_config(mode=None):
+  quick = mode == "quick"  # a smoke test: the first task, tested at the longest lengths only
+  tasks = dict(list(TASKS.items())[:1]) if quick else TASKS
+  test_lengths = TEST_LENGTHS[-1:] if quick else TEST_LENGTHS
   sweep = sweep_config(
       mode, steps=1000, eval_every=250, warmup=100,
       variants=((f"{task}-{name}", {"task": task, "model": {"positional_encoding": name},
                                     "task_options": options})
-                for task, options in TASKS.items() for name in ENCODINGS),
+                for task, options in tasks.items() for name in ENCODINGS),
       extra_evals={f"length_{low}_{high}": {"min_length": low, "max_length": high,
                                             "num_train": 1}
-                   for low, high in TEST_LENGTHS})
+                   for low, high in test_lengths})
   options = sweep.train.task_options
   sweep.train.task_options = {"max_length": TRAIN_LENGTH, "num_train": options.num_train,
                               "num_test": min(options.num_test, 1000)}
