@@ -33,3 +33,12 @@ from attention_jax.positional import sinusoidal_encoding
 from attention_jax.reference import attention_weights
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+  """attention_jax.nnx (the NNX shells) is imported on first use, so that importing the package
+  does not import flax.nnx for Linen and pure-function users."""
+  if name == "nnx":
+    import importlib
+    return importlib.import_module("attention_jax.nnx")
+  raise AttributeError(f"module 'attention_jax' has no attribute {name!r}")

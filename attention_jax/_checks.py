@@ -5,9 +5,22 @@ Every check raises ``ValueError`` naming the argument, what was expected and wha
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 from typing import Sequence
 
 import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """What a call asks of an implementation beyond its query, key and value, and where it runs
+  (``device_kind`` as jax reports it, None when unknown)."""
+  dropout_rate: float = 0.0
+  return_weights: bool = False
+  return_residual: bool = False
+  logits_soft_cap: float | None = None
+  device_kind: str | None = None
 
 
 def check_qkv(query, key, value) -> None:
@@ -69,3 +82,49 @@ def check_mask_and_bias(mask, bias, target: Sequence[int]) -> None:
     if not jnp.issubdtype(bias.dtype, jnp.floating):
       raise ValueError(f"bias must be a floating dtype, got {bias.dtype}.")
     check_broadcastable("bias", bias.shape, target)
+
+
+def _check_ints(name, array, shape) -> None:
+  if not jnp.issubdtype(array.dtype, jnp.integer):
+    raise ValueError(f"{name} must be an integer array, got dtype {array.dtype}.")
+  if tuple(array.shape) != tuple(shape):
+    raise ValueError(f"{name} must have shape {tuple(shape)} (the batch dims of query"
+                     f"{', then the length' if len(shape) > 0 else ''}), got {array.shape}.")
+
+
+def check_structure(query, key, *, query_seq_lengths, key_value_seq_lengths, query_segment_ids,
+                    key_segment_ids) -> None:
+  """Validates sequence lengths [...] and segment ids [..., T] / [..., S] (ints, both ids or
+  neither)."""
+  batch = query.shape[:-3]
+  for name, array in (("query_seq_lengths", query_seq_lengths),
+                      ("key_value_seq_lengths", key_value_seq_lengths)):
+    if array is not None:
+      _check_ints(name, array, batch)
+  if (query_segment_ids is None) != (key_segment_ids is None):
+    raise ValueError("query_segment_ids and key_segment_ids come together: pass both (the same "
+                     "array twice for self-attention) or neither.")
+  if query_segment_ids is not None:
+    _check_ints("query_segment_ids", query_segment_ids, batch + query.shape[-3:-2])
+    _check_ints("key_segment_ids", key_segment_ids, batch + key.shape[-3:-2])
+
+
+def local_window(size) -> tuple[int, int] | None:
+  """local_window_size as (left, right): an int w means (w, w); None stays None."""
+  if size is None:
+    return None
+  try:
+    window = (operator.index(size),) * 2 if not hasattr(size, "__len__") else tuple(
+        operator.index(w) for w in size)
+  except TypeError:
+    window = ()
+  if len(window) != 2 or min(window) < 0:
+    raise ValueError(f"local_window_size must be a non-negative int or a (left, right) pair of "
+                     f"them, got {size!r}.")
+  return window
+
+
+def soft_cap(cap) -> float | None:
+  if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
+    raise ValueError(f"logits_soft_cap must be a positive number or None, got {cap!r}.")
+  return None if cap is None else float(cap)

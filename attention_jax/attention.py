@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from attention_jax import _checks
 from attention_jax import chunked
 from attention_jax import cudnn
+from attention_jax import masks as masks_lib
 from attention_jax import pallas_tpu
 from attention_jax import reference
 from attention_jax import xla
@@ -22,19 +23,28 @@ IMPLEMENTATIONS = ("reference", "xla", "chunked", "cudnn", "pallas_tpu")
 # Accelerator kernels run on one backend only; the other implementations run everywhere.
 REQUIRED_BACKEND = {"cudnn": "gpu", "pallas_tpu": "tpu"}
 
+# What each implementation supports under JAX's transformations, beyond jit, vmap, grad, remat,
+# scan, shard_map and sharded jit, which all of them do.
+TRANSFORMS = {
+    "reference": "forward and reverse mode (jvp, jacfwd, hessian)",
+    "xla": "forward and reverse mode (jvp, jacfwd, hessian)",
+    "chunked": "reverse mode and hessian (a custom VJP); jvp and jacfwd raise ValueError",
+    "cudnn": "reverse mode only (jax's cuDNN custom VJP)",
+    "pallas_tpu": "reverse mode only (the kernel's custom VJP)",
+}
 
-def _chunked_unsupported_reason(query, key, value, *, dropout_rate, return_weights,
-                                has_bias_or_mask):
-  del query, key, value, has_bias_or_mask
-  if dropout_rate > 0.0:
+
+def _chunked_unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
+  del query, key, value
+  if request.dropout_rate > 0.0:
     return "chunked attention has no attention dropout"
-  if return_weights:
+  if request.return_weights:
     return "chunked attention never forms the weights, so it cannot return them"
   return None
 
 
 _UNSUPPORTED_REASON = {
-    "reference": lambda *args, **kwargs: None,  # the formula serves every request
+    "reference": lambda *args: None,  # the formula serves every request
     "xla": xla.unsupported_reason,
     "chunked": _chunked_unsupported_reason,
     "cudnn": cudnn.unsupported_reason,
@@ -42,12 +52,13 @@ _UNSUPPORTED_REASON = {
 }
 
 
-def unsupported_reason(name, query, key, value, *, backend: str, **request) -> str | None:
+def unsupported_reason(name, query, key, value, request: _checks.Request, *,
+                       backend: str) -> str | None:
   """Why implementation ``name`` cannot serve this request on ``backend``, or None if it can."""
   required = REQUIRED_BACKEND.get(name)
   if required is not None and backend != required:
     return f"{name!r} runs only on the {required} backend, and this one is {backend}"
-  return _UNSUPPORTED_REASON[name](query, key, value, **request)
+  return _UNSUPPORTED_REASON[name](query, key, value, request)
 
 
 # On CPU, blockwise attention from this length on; below it the reference formula, whose
@@ -58,11 +69,12 @@ def unsupported_reason(name, query, key, value, *, backend: str, **request) -> s
 # T = 1024: 0.71 / 0.60 and 0.31 / 0.46.
 CHUNKED_MIN_LENGTH_CPU = 512
 
-# On TPU, the Pallas flash kernel from this length on. NOT measured (no TPU has run this code
-# yet): the kernel's blocks are 128 wide, and XLA's fused attention is hard to beat while the
-# T x S logits fit comfortably. Calibrate with scripts/benchmark_attention.py on a TPU.
-PALLAS_MIN_LENGTH_TPU = 1024
-
+# Accelerator kernels are chosen automatically only on the devices where they have been run
+# against the float64 reference and timed (jax's device_kind, by prefix). cuDNN: an H100 80GB
+# HBM3, 2026-11-23 (README "On an NVIDIA H100"). The Pallas TPU flash kernel has not run on a TPU
+# yet, so on TPU the automatic choice is "xla"; it stays available by name (not on TPU v2/v3, where
+# it fails: jax issue 18595).
+MEASURED_ON = {"cudnn": ("NVIDIA H100",), "pallas_tpu": ()}
 
 # On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's attention ran
 # 2-9x faster than the chunked kernel's loops on an H100 but materialises the [..., N, T, S]
@@ -74,57 +86,76 @@ PALLAS_MIN_LENGTH_TPU = 1024
 XLA_MAX_LOGITS_BYTES_GPU = 2 ** 31
 
 
-def _automatic_order(query, key, backend: str) -> tuple[str, ...]:
-  """Implementations to try, fastest first, for this backend and shape."""
+def _measured(name: str, device_kind: str | None) -> bool:
+  return device_kind is not None and any(device_kind.startswith(kind)
+                                         for kind in MEASURED_ON[name])
+
+
+def _automatic_order(query, key, backend: str, device_kind: str | None) -> tuple[str, ...]:
+  """Implementations to try, fastest first, for this backend, device and shape."""
   longest = max(query.shape[-3], key.shape[-3])
   if backend == "cpu":
     return ("chunked", "reference") if longest >= CHUNKED_MIN_LENGTH_CPU else ("reference",)
   if backend == "gpu":
     logits_bytes = 4 * math.prod(query.shape[:-1]) * key.shape[-3]  # [..., T, N] x S float32
-    return ("cudnn", "chunked" if logits_bytes > XLA_MAX_LOGITS_BYTES_GPU else "xla", "reference")
-  if backend == "tpu" and longest >= PALLAS_MIN_LENGTH_TPU:
-    return ("pallas_tpu", "xla", "reference")
+    portable = ("chunked", "xla") if logits_bytes > XLA_MAX_LOGITS_BYTES_GPU else (
+        "xla", "chunked")
+    return ("cudnn",) * _measured("cudnn", device_kind) + portable + ("reference",)
+  if backend == "tpu":
+    return ("pallas_tpu",) * _measured("pallas_tpu", device_kind) + ("xla", "reference")
   return ("xla", "reference")
 
 
+def _device_kind(backend: str) -> str | None:
+  """The device kind of ``backend`` when it is the one JAX runs on, else None (unknown)."""
+  return jax.devices()[0].device_kind if backend == jax.default_backend() else None
+
+
 def select_implementation(query, key, value, bias=None, mask=None, *, dropout_rate: float = 0.0,
-                          return_weights: bool = False, implementation: str | None = None,
-                          backend: str | None = None) -> str:
+                          return_weights: bool = False, return_residual: bool = False,
+                          logits_soft_cap: float | None = None,
+                          implementation: str | None = None, backend: str | None = None,
+                          device_kind: str | None = None) -> str:
   """The name of the implementation ``dot_product_attention`` runs for these arguments.
 
   ``implementation=None`` picks the first implementation that can serve the request from a list
-  per backend (``backend`` defaults to ``jax.default_backend()``):
+  per backend (``backend`` defaults to ``jax.default_backend()``, ``device_kind`` to the kind of
+  its first device, e.g. "NVIDIA H100 80GB HBM3" or "TPU v4"):
 
   - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference" (both measured
     faster than jax.nn here);
-  - gpu: "cudnn" (float16/bfloat16, head_dim a multiple of 8 up to 128, value shaped like key),
-    else "xla" while the float32 logits would take at most XLA_MAX_LOGITS_BYTES_GPU, else
-    "chunked";
-  - tpu: "pallas_tpu" when T or S >= PALLAS_MIN_LENGTH_TPU and both are multiples of 128, else
-    "xla";
+  - gpu: "cudnn" on the GPUs in MEASURED_ON (float16/bfloat16, head_dim a multiple of 8 up to
+    128, value shaped like key), else "xla" while the float32 logits would take at most
+    XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
+  - tpu: "pallas_tpu" on the TPUs in MEASURED_ON (none yet), else "xla";
   - and "reference" when none of these can (attention dropout, returned weights).
 
   A named implementation that cannot serve the request raises ``ValueError`` with the reason;
   nothing falls back silently. Shapes are enough: pass ``jax.ShapeDtypeStruct``s to ask what a
-  call would run, and ``backend="tpu"`` to ask what it would run there.
+  call would run, and ``backend="gpu", device_kind="NVIDIA H100 80GB HBM3"`` to ask what it
+  would run there.
 
   >>> select_implementation(q, k, v, return_weights=True)
   'reference'
   >>> select_implementation(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16),
-  ...                       v.astype(jnp.bfloat16), backend="gpu")
+  ...                       v.astype(jnp.bfloat16), backend="gpu",
+  ...                       device_kind="NVIDIA H100 80GB HBM3")
   'cudnn'
   """
+  del bias, mask  # every implementation serves any mask and bias
   backend = jax.default_backend() if backend is None else backend
-  request = dict(dropout_rate=dropout_rate, return_weights=return_weights,
-                 has_bias_or_mask=bias is not None or mask is not None)
+  device_kind = _device_kind(backend) if device_kind is None else device_kind
+  request = _checks.Request(dropout_rate=dropout_rate, return_weights=return_weights,
+                            return_residual=return_residual, logits_soft_cap=logits_soft_cap,
+                            device_kind=device_kind)
   if implementation is None:
-    for name in _automatic_order(query, key, backend):
-      if unsupported_reason(name, query, key, value, backend=backend, **request) is None:
+    for name in _automatic_order(query, key, backend, device_kind):
+      if unsupported_reason(name, query, key, value, request, backend=backend) is None:
         return name
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
         f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}.")
-  reason = unsupported_reason(implementation, query, key, value, backend=backend, **request)
+  reason = unsupported_reason(implementation, query, key, value, request, backend=backend)
   if reason is not None:
     raise ValueError(
         f"implementation={implementation!r} cannot serve this call: {reason}; "
@@ -132,10 +163,25 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   return implementation
 
 
-# The implementations that take (query, key, value, bias, mask, *, scale, is_causal).
+def structure_mask(mask, q_len: int, kv_len: int, *, local_window_size=None,
+                   query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
+                   key_segment_ids=None):
+  """``mask`` combined with the masks that the jax.nn-style arguments describe, broadcastable to
+  [..., N, T, S] (None when there is nothing to mask). Causality is not included.
+
+  >>> structure_mask(None, 4, 4, local_window_size=1).shape  # (4, 4)
+  """
+  window = _checks.local_window(local_window_size)
+  return masks_lib.combine_masks(
+      mask, None if window is None else masks_lib.local_window_mask(q_len, kv_len, window),
+      masks_lib.seq_lengths_mask(query_seq_lengths, key_value_seq_lengths, q_len, kv_len),
+      None if query_segment_ids is None else masks_lib.segment_mask(query_segment_ids,
+                                                                    key_segment_ids))
+
+
+# The kernels that take (query, key, value, bias, mask, *, scale, is_causal[, return_residual]).
 _KERNELS = {
     "xla": xla.xla_attention,
-    "chunked": chunked.chunked_attention,
     "cudnn": cudnn.cudnn_attention,
     "pallas_tpu": pallas_tpu.pallas_tpu_attention,
 }
@@ -143,31 +189,50 @@ _KERNELS = {
 
 def dot_product_attention(query, key, value, bias=None, mask=None, *,
                           scale: float | None = None, is_causal: bool = False,
+                          query_seq_lengths=None, key_value_seq_lengths=None,
+                          local_window_size: int | tuple[int, int] | None = None,
+                          logits_soft_cap: float | None = None,
+                          query_segment_ids=None, key_segment_ids=None,
                           dropout_rate: float = 0.0, dropout_rng=None,
-                          return_weights: bool = False, implementation: str | None = None):
+                          return_weights: bool = False, return_residual: bool = False,
+                          implementation: str | None = None):
   r"""Scaled dot-product attention, softmax(Q K^T * scale + bias) V, per head.
+
+  A superset of ``jax.nn.dot_product_attention``: its arguments keep their names and meaning.
 
   Args:
     query: [..., T, N, H].
     key: [..., S, K, H]; N must be a multiple of K (grouped-query attention: query head n reads
-      key/value head n // (N // K)).
+      key/value head n // (N // K); the queries are grouped, keys and values never copied).
     value: [..., S, K, H_v].
     bias: optional additive logits broadcastable to [..., N, T, S]; -inf means "do not attend".
     mask: optional bool broadcastable to [..., N, T, S], True = attend.
     scale: multiplies Q K^T; None means 1 / sqrt(H). Any float is allowed.
     is_causal: query t attends only to keys s <= t (top-left aligned, as jax.nn).
+    query_seq_lengths: optional int [...]: query rows t >= length attend to nothing (zeros).
+    key_value_seq_lengths: optional int [...]: keys s >= length are not attended to.
+    local_window_size: optional (left, right) or an int w = (w, w): query t attends to keys
+      t - left <= s <= t + right.
+    logits_soft_cap: optional c > 0: the logits become c * tanh(scale * Q K^T / c) before the
+      bias and the mask (Gemma 2).
+    query_segment_ids, key_segment_ids: optional int [..., T] and [..., S], both or neither:
+      attend only where the ids are equal (packed examples).
     dropout_rate: attention dropout on the weights; needs ``dropout_rng``. 0 disables it.
     dropout_rng: a PRNG key for attention dropout.
     return_weights: also return the softmax weights [..., N, T, S] (float32, before dropout).
+    return_residual: also return the log-sum-exp of each row's logits, [..., T, N] (float32,
+      -inf for a row with nothing to attend to, without gradient), as jax.nn names it.
     implementation: "reference" (the formula), "xla" (jax.nn.dot_product_attention), "chunked"
-      (blockwise, memory linear in T and S; block sizes via ``chunked_attention``), "cudnn"
+      (blockwise, memory linear in T and S; it skips key blocks that the causal mask, the window,
+      the lengths or the segment ids rule out; block sizes via ``chunked_attention``), "cudnn"
       (cuDNN flash attention on NVIDIA GPUs), "pallas_tpu" (the Pallas flash kernel on TPU) or
-      None (automatic, see ``select_implementation``).
+      None (automatic, see ``select_implementation``). TRANSFORMS says which autodiff modes each
+      supports.
 
   Returns:
-    [..., T, N, H_v] in the dtype of ``query``; with ``return_weights`` a pair (output, weights).
-    The softmax runs in float32 (at least) with the row max subtracted; a query row with no key to
-    attend to gives zeros and zero weights, with finite gradients.
+    [..., T, N, H_v] in the dtype of ``query``, followed by the weights and the residual when
+    asked for (a tuple then). The softmax runs in float32 (at least) with the row max subtracted;
+    a query row with no key to attend to gives zeros and zero weights, with finite gradients.
 
   Raises:
     ValueError: at trace time, for malformed shapes or dtypes, or an implementation that cannot
@@ -177,24 +242,42 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
     >>> q = k = v = jnp.ones((2, 16, 4, 8))  # (B, T, N, H)
     >>> dot_product_attention(q, k, v, is_causal=True).shape
     (2, 16, 4, 8)
+    >>> out, lse = dot_product_attention(q, k, v, local_window_size=(4, 0), return_residual=True)
   """
   query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
   mask = None if mask is None else jnp.asarray(mask)
   bias = None if bias is None else jnp.asarray(bias)
+  structure = {name: None if array is None else jnp.asarray(array) for name, array in (
+      ("query_seq_lengths", query_seq_lengths), ("key_value_seq_lengths", key_value_seq_lengths),
+      ("query_segment_ids", query_segment_ids), ("key_segment_ids", key_segment_ids))}
   _checks.check_qkv(query, key, value)
   q_len, num_heads, head_dim = query.shape[-3:]
-  target = query.shape[:-3] + (num_heads, q_len, key.shape[-3])  # [..., N, T, S]
+  kv_len = key.shape[-3]
+  target = query.shape[:-3] + (num_heads, q_len, kv_len)  # [..., N, T, S]
   _checks.check_mask_and_bias(mask, bias, target)
+  _checks.check_structure(query, key, **structure)
+  window = _checks.local_window(local_window_size)
+  logits_soft_cap = _checks.soft_cap(logits_soft_cap)
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
   if dropout_rate > 0.0 and dropout_rng is None:
     raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key).")
-  name = select_implementation(query, key, value, bias, mask, dropout_rate=dropout_rate,
-                               return_weights=return_weights, implementation=implementation)
+  name = select_implementation(query, key, value, dropout_rate=dropout_rate,
+                               return_weights=return_weights, return_residual=return_residual,
+                               logits_soft_cap=logits_soft_cap, implementation=implementation)
 
   scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+  if name == "chunked":  # the structure stays implicit, so that whole blocks can be skipped
+    return chunked.chunked_attention(
+        query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+        local_window_size=window, logits_soft_cap=logits_soft_cap,
+        return_residual=return_residual, **structure)
+  mask = structure_mask(mask, q_len, kv_len, local_window_size=window, **structure)
   if name in _KERNELS:
-    return _KERNELS[name](query, key, value, bias, mask, scale=scale, is_causal=is_causal)
+    options = {"return_residual": True} if return_residual else {}
+    return _KERNELS[name](query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+                          **options)
   return reference.reference_attention(
       query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-      dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights)
+      logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+      return_weights=return_weights, return_residual=return_residual)

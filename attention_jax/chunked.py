@@ -4,24 +4,36 @@ Neither direction materialises the T x S matrix: the forward pass walks key bloc
 row max m, row sum l and output accumulator, and keeps only the log-sum-exp per query row; the
 backward pass (a custom VJP) recomputes each block's probabilities from it:
 
-  P_ij = exp(Q_i K_j^T + bias_ij - lse_i)          (Q already multiplied by the scale)
+  Z_ij = Q_i K_j^T  (Q already multiplied by the scale),  optionally Z = cap * tanh(Z / cap)
+  P_ij = exp(Z_ij + bias_ij - lse_i)
   dV_j += P_ij^T dO_i,   dP_ij = dO_i V_j^T,   dS_ij = P_ij * (dP_ij - rowsum(dO_i * O_i))
-  dQ_i += dS_ij K_j,   dK_j += dS_ij^T Q_i,   dbias_ij = dS_ij
+  dZ_ij = dS_ij (times 1 - tanh^2 under the cap),   dbias_ij = dS_ij
+  dQ_i += dZ_ij K_j,   dK_j += dZ_ij^T Q_i
+
+Grouped-query attention groups the queries: the G query heads that read one key/value head are
+processed one after another against that head's keys and values, which are never copied (and
+their gradients are summed over the group as they are computed). Key blocks that the causal mask,
+the local window, the sequence lengths or the segment ids rule out entirely are skipped.
 
 Internally tensors are head-major, [B, N, L, H] with B the flattened batch dims, and one
 (batch, head) pair is processed at a time so that each block's [bq, bk] arrays stay in cache.
 Memory is linear in T and S (plus the mask and bias, at whatever size the caller gives them).
+Autodiff is reverse mode (grad, vjp, jacrev; hessian too, forward mode running through the
+backward pass); forward mode applied to the kernel itself (jvp, jacfwd) raises a
+ValueError naming the implementations that support it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from attention_jax import _checks
 from attention_jax import masks as masks_lib
 from attention_jax import reference
 
@@ -32,7 +44,7 @@ from attention_jax import reference
 # those four, forward+backward 910 / 859 / 862 / 867 ms (T = 2048: 55 / 56 / 52 / 60 forward).
 # Causal attention wants short key blocks, so that whole blocks above the diagonal are skipped:
 # forward 163 ms with (1024, 1024), 183 with (1024, 2048), 233 with (1024, 4096), 182 with
-# (512, 1024); forward+backward 588 / 649 / 830 / 616 ms.
+# (512, 1024); forward+backward 588 / 649 / 830 / 616 ms. A local window skips blocks the same way.
 DEFAULT_BLOCK_Q = 1024
 DEFAULT_BLOCK_K = 4096
 DEFAULT_BLOCK_K_CAUSAL = 1024
@@ -54,16 +66,57 @@ def _block_size(length: int, requested: int | None, default: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class Pattern:
+  """The static part of which keys a query sees, and how its logits are shaped.
+
+  is_causal: keys s <= t; window: (left, right), keys t - left <= s <= t + right; soft_cap: the
+  logits Q K^T * scale become cap * tanh(. / cap) before the bias and the mask.
+  """
+  is_causal: bool = False
+  window: tuple[int, int] | None = None
+  soft_cap: float | None = None
+
+
+class _Extras(NamedTuple):
+  """Per-example structure over the flattened batch: segment ids [B or 1, Tp] / [B or 1, Sp]
+  (packed sequences: attend only within equal ids) and sequence lengths [B]; None when absent."""
+  q_segments: jax.Array | None = None
+  kv_segments: jax.Array | None = None
+  q_lengths: jax.Array | None = None
+  kv_lengths: jax.Array | None = None
+
+
+class _Head(NamedTuple):
+  """What one query head of one example sees: bias and mask [T' or 1, S' or 1], segment ids
+  [Tp] and [Sp], and scalar lengths; None when absent."""
+  bias: jax.Array | None
+  mask: jax.Array | None
+  q_segments: jax.Array | None
+  kv_segments: jax.Array | None
+  q_length: jax.Array | None
+  kv_length: jax.Array | None
+
+
+def _zeros(shape, dtype, *like):
+  """Zeros that vary over the same shard_map axes as the arrays ``like`` (None ignored), so
+  that loop carries keep one type under ``jax.shard_map``'s check_vma."""
+  zeros = jnp.zeros(shape, dtype)
+  for array in jax.tree_util.tree_leaves(like):
+    zeros = zeros + jnp.zeros_like(array, dtype, shape=())
+  return zeros
+
+
+@dataclasses.dataclass(frozen=True)
 class _Blocks:
-  """Static geometry: block sizes and counts, and how to cut mask/bias blocks."""
+  """Static geometry: block sizes and counts, which blocks can attend, and block masks."""
   q_len: int
   kv_len: int
   block_q: int
   block_k: int
 
   @classmethod
-  def create(cls, q_len, kv_len, block_q=None, block_k=None, is_causal=False):
-    default_k = DEFAULT_BLOCK_K_CAUSAL if is_causal else DEFAULT_BLOCK_K
+  def create(cls, q_len, kv_len, block_q=None, block_k=None, narrow_keys=False):
+    default_k = DEFAULT_BLOCK_K_CAUSAL if narrow_keys else DEFAULT_BLOCK_K
     return cls(q_len, kv_len, _block_size(q_len, block_q, DEFAULT_BLOCK_Q),
                _block_size(kv_len, block_k, default_k))
 
@@ -76,7 +129,7 @@ class _Blocks:
     return _round_up(self.kv_len, self.block_k) // self.block_k
 
   def cut(self, array, i, j):
-    """Block (i, j) of a [B', N', T' or 1, S' or 1] mask or bias; None stays None."""
+    """Block (i, j) of a [T' or 1, S' or 1] mask or bias; None stays None."""
     if array is None:
       return None
     if array.shape[-2] != 1:
@@ -85,208 +138,346 @@ class _Blocks:
       array = lax.dynamic_slice_in_dim(array, j * self.block_k, self.block_k, axis=-1)
     return array
 
-  def allowed(self, mask, i, j, is_causal):
-    """Boolean [.., bq or 1, bk] of keys a query block may attend to in key block j; None when
-    every key may be attended to (no mask, not causal, no padded keys)."""
-    if mask is None and not is_causal and self.kv_len % self.block_k == 0:
-      return None
-    key_index = j * self.block_k + jnp.arange(self.block_k)
-    allowed = (key_index < self.kv_len)[None, None, None, :]  # padded keys never
-    if is_causal:
-      query_index = i * self.block_q + jnp.arange(self.block_q)
-      allowed = allowed & (key_index[None, :] <= query_index[:, None])[None, None]
-    block_mask = self.cut(mask, i, j)
-    return allowed if block_mask is None else allowed & block_mask
+  def _last(self, block, size, length, dynamic_length):
+    last = min((block + 1) * size, length) - 1 if isinstance(block, int) else jnp.minimum(
+        (block + 1) * size, length) - 1
+    return last if dynamic_length is None else jnp.minimum(last, dynamic_length - 1)
 
-  def key_blocks(self, i, is_causal):
-    """How many key blocks query block i needs (all, or up to the diagonal when causal)."""
-    if not is_causal:
-      return self.num_k
-    last_query = jnp.minimum((i + 1) * self.block_q, self.q_len) - 1
-    return jnp.minimum(last_query // self.block_k + 1, self.num_k)
+  def key_range(self, i, pattern: Pattern, head: _Head):
+    """Key blocks [lo, hi) that query block i may attend to; empty when none."""
+    first, last = i * self.block_q, self._last(i, self.block_q, self.q_len, head.q_length)
+    lo, hi = 0, self.num_k
+    if pattern.is_causal:
+      hi = jnp.minimum(hi, last // self.block_k + 1)
+    if pattern.window is not None:
+      left, right = pattern.window
+      lo = jnp.maximum(lo, (first - left) // self.block_k)
+      hi = jnp.minimum(hi, (last + right) // self.block_k + 1)
+    if head.kv_length is not None:
+      hi = jnp.minimum(hi, -(-head.kv_length // self.block_k))
+    return lo, jnp.where(last < first, lo, hi)
+
+  def query_range(self, j, pattern: Pattern, head: _Head):
+    """Query blocks [lo, hi) that may attend to key block j; empty when none."""
+    first, last = j * self.block_k, self._last(j, self.block_k, self.kv_len, head.kv_length)
+    lo, hi = 0, self.num_q
+    if pattern.is_causal:
+      lo = jnp.maximum(lo, first // self.block_q)
+    if pattern.window is not None:
+      left, right = pattern.window
+      lo = jnp.maximum(lo, (first - right) // self.block_q)
+      hi = jnp.minimum(hi, (last + left) // self.block_q + 1)
+    if head.q_length is not None:
+      hi = jnp.minimum(hi, -(-head.q_length // self.block_q))
+    return lo, jnp.where(last < first, lo, hi)
+
+  def allowed(self, i, j, pattern: Pattern, head: _Head):
+    """Boolean [bq or 1, bk] of the pairs of block (i, j) that may attend; None when all may."""
+    query_index = (i * self.block_q + jnp.arange(self.block_q))[:, None]  # [bq, 1]
+    key_index = (j * self.block_k + jnp.arange(self.block_k))[None, :]  # [1, bk]
+    parts = [self.cut(head.mask, i, j)]
+    if self.kv_len % self.block_k:
+      parts.append(key_index < self.kv_len)  # padded keys never
+    if head.kv_length is not None:
+      parts.append(key_index < head.kv_length)
+    if head.q_length is not None:
+      parts.append(query_index < head.q_length)
+    if pattern.is_causal:
+      parts.append(key_index <= query_index)
+    if pattern.window is not None:
+      left, right = pattern.window
+      parts.append((key_index >= query_index - left) & (key_index <= query_index + right))
+    if head.q_segments is not None:
+      q_ids = lax.dynamic_slice_in_dim(head.q_segments, i * self.block_q, self.block_q)
+      kv_ids = lax.dynamic_slice_in_dim(head.kv_segments, j * self.block_k, self.block_k)
+      parts.append(q_ids[:, None] == kv_ids[None, :])
+    return masks_lib.combine_masks(*parts)
+
+  def unless_disjoint(self, step, carry, i, j, head: _Head):
+    """step(carry), or carry unchanged when block (i, j) shares no segment id."""
+    if head.q_segments is None:
+      return step(carry)
+    q_ids = lax.dynamic_slice_in_dim(head.q_segments, i * self.block_q, self.block_q)
+    kv_ids = lax.dynamic_slice_in_dim(head.kv_segments, j * self.block_k, self.block_k)
+    overlap = (jnp.min(q_ids) <= jnp.max(kv_ids)) & (jnp.min(kv_ids) <= jnp.max(q_ids))
+    return lax.cond(overlap, step, lambda c: c, carry)
 
 
-def _logits(q_block, k_block, bias_block, allowed, dtype):
-  """Q_i K_j^T + bias_ij, -inf where not allowed: [B, N, bq, bk]."""
-  logits = jnp.einsum("bnqh,bnkh->bnqk", q_block, k_block, preferred_element_type=dtype)
-  logits = logits if bias_block is None else logits + bias_block
-  return logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)
+def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Blocks, dtype):
+  """(Z_ij + bias_ij, -inf where not allowed: [bq, bk]; tanh(Z / cap) or None)."""
+  logits = jnp.einsum("qh,kh->qk", q_block, k_block, preferred_element_type=dtype)
+  squashed = None
+  if pattern.soft_cap is not None:
+    squashed = jnp.tanh(logits / pattern.soft_cap)
+    logits = pattern.soft_cap * squashed
+  bias = geometry.cut(head.bias, i, j)
+  logits = logits if bias is None else logits + bias
+  allowed = geometry.allowed(i, j, pattern, head)
+  return (logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)), squashed
 
 
-def _forward(q, k, v, bias, mask, is_causal, geometry):
-  """q [B, N, Tp, H], k [B, N, Sp, H], v [B, N, Sp, Hv] -> out [B, N, Tp, Hv], lse [B, N, Tp]."""
+def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
+  """q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv], lse [Tp] (+inf where a row has no key)."""
   dtype = reference.compute_dtype(q.dtype)
-  g = geometry
-  batch, heads, _, value_dim = v.shape[0], v.shape[1], v.shape[2], v.shape[3]
 
   def query_block(i):
-    q_block = lax.dynamic_slice_in_dim(q, i * g.block_q, g.block_q, axis=2)
+    q_block = lax.dynamic_slice_in_dim(q, i * g.block_q, g.block_q)
 
     def key_step(j, carry):
-      row_max, row_sum, acc = carry
-      k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k, axis=2)
-      v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k, axis=2)
-      logits = _logits(q_block, k_block, g.cut(bias, i, j), g.allowed(mask, i, j, is_causal),
-                       dtype)
-      new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))
-      safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
-      correction = jnp.exp(row_max - safe_max)  # 0 while the row had nothing
-      probs = jnp.exp(logits - safe_max[..., None])
-      row_sum = row_sum * correction + jnp.sum(probs, axis=-1)
-      acc = acc * correction[..., None] + jnp.einsum(
-          "bnqk,bnkh->bnqh", probs.astype(v.dtype), v_block, preferred_element_type=dtype)
-      return new_max, row_sum, acc
+      def attend(carry):
+        row_max, row_sum, acc = carry
+        k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
+        v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
+        logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype)
+        new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))
+        safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
+        correction = jnp.exp(row_max - safe_max)  # 0 while the row had nothing
+        probs = jnp.exp(logits - safe_max[:, None])
+        row_sum = row_sum * correction + jnp.sum(probs, axis=-1)
+        acc = acc * correction[:, None] + jnp.einsum(
+            "qk,kh->qh", probs.astype(v.dtype), v_block, preferred_element_type=dtype)
+        return new_max, row_sum, acc
+      return g.unless_disjoint(attend, carry, i, j, head)
 
-    shape = (batch, heads, g.block_q)
-    init = (jnp.full(shape, -jnp.inf, dtype), jnp.zeros(shape, dtype),
-            jnp.zeros(shape + (value_dim,), dtype))
-    row_max, row_sum, acc = lax.fori_loop(0, g.key_blocks(i, is_causal), key_step, init)
+    zeros = _zeros((g.block_q,), dtype, q, k, v, head)
+    init = (zeros - jnp.inf, zeros, _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
+    lo, hi = g.key_range(i, pattern, head)
+    row_max, row_sum, acc = lax.fori_loop(lo, hi, key_step, init)
     has_key = row_sum > 0.0
-    out = acc / jnp.where(has_key, row_sum, 1.0)[..., None]
+    out = acc / jnp.where(has_key, row_sum, 1.0)[:, None]
     lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, row_sum, 1.0)), jnp.inf)
     return out, lse  # an empty row: out 0, lse +inf so that exp(logit - lse) = 0 later
 
-  out, lse = lax.map(query_block, jnp.arange(g.num_q))  # [Q, B, N, bq, Hv], [Q, B, N, bq]
-  out = jnp.moveaxis(out, 0, 2).reshape(batch, heads, g.num_q * g.block_q, value_dim)
-  lse = jnp.moveaxis(lse, 0, 2).reshape(batch, heads, g.num_q * g.block_q)
-  return out.astype(q.dtype), lse
+  out, lse = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq]
+  return out.reshape(-1, v.shape[-1]).astype(q.dtype), lse.reshape(-1)
 
 
-def _backward(q, k, v, bias, mask, is_causal, geometry, out, lse, d_out):
+def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _Blocks, d_bias):
+  """One query head against its key/value head: (dQ [Tp, H], dK [Sp, H], dV [Sp, Hv], dbias
+  accumulated into ``d_bias`` [T' or 1, S' or 1] or None)."""
   dtype = reference.compute_dtype(q.dtype)
-  g = geometry
-  delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # rowsum(dO * O) [B, N, Tp]
+  delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # rowsum(dO * O) [Tp]
 
-  def block_grads(i, j):
-    """dS and P for block (i, j), plus the slices they came from."""
-    q_block = lax.dynamic_slice_in_dim(q, i * g.block_q, g.block_q, axis=2)
-    k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k, axis=2)
-    v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k, axis=2)
-    do_block = lax.dynamic_slice_in_dim(d_out, i * g.block_q, g.block_q, axis=2)
-    lse_block = lax.dynamic_slice_in_dim(lse, i * g.block_q, g.block_q, axis=2)
-    delta_block = lax.dynamic_slice_in_dim(delta, i * g.block_q, g.block_q, axis=2)
-    logits = _logits(q_block, k_block, g.cut(bias, i, j), g.allowed(mask, i, j, is_causal),
-                     dtype)
-    probs = jnp.exp(logits - lse_block[..., None])  # 0 where masked, and on empty rows
-    d_probs = jnp.einsum("bnqh,bnkh->bnqk", do_block, v_block, preferred_element_type=dtype)
-    d_logits = probs * (d_probs - delta_block[..., None])
-    return q_block, k_block, do_block, probs, d_logits
-
-  # One pass: key blocks outside (dK_j, dV_j accumulate locally), query blocks inside (dQ_i and
-  # dbias accumulate in place in carried buffers), so each P_ij is computed once.
+  # Key blocks outside (dK_j, dV_j accumulate locally), query blocks inside (dQ_i and dbias
+  # accumulate in place in carried buffers), so each P_ij is computed once.
   def key_block(carry, j):
+    k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
+    v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
+
     def query_step(i, inner):
-      d_k, d_v, d_q, d_bias = inner
-      q_block, k_block, do_block, probs, d_logits = block_grads(i, j)
-      d_v = d_v + jnp.einsum("bnqk,bnqh->bnkh", probs.astype(do_block.dtype), do_block,
-                             preferred_element_type=dtype)
-      d_k = d_k + jnp.einsum("bnqk,bnqh->bnkh", d_logits.astype(q.dtype), q_block,
-                             preferred_element_type=dtype)
-      d_q_block = lax.dynamic_slice_in_dim(d_q, i * g.block_q, g.block_q, axis=2)
-      d_q_block = d_q_block + jnp.einsum(
-          "bnqk,bnkh->bnqh", d_logits.astype(k.dtype), k_block, preferred_element_type=dtype)
-      d_q = lax.dynamic_update_slice_in_dim(d_q, d_q_block, i * g.block_q, axis=2)
-      if d_bias is not None:
-        d_bias = _accumulate_bias(d_bias, d_logits, i, j, g)
-      return d_k, d_v, d_q, d_bias
+      def attend(inner):
+        d_k, d_v, d_q, d_bias = inner
+        rows = lambda x: lax.dynamic_slice_in_dim(x, i * g.block_q, g.block_q)
+        q_block, do_block = rows(q), rows(d_out)
+        logits, squashed = _logits(q_block, k_block, i, j, pattern, head, g, dtype)
+        probs = jnp.exp(logits - rows(lse)[:, None])  # 0 where masked, and on empty rows
+        d_probs = jnp.einsum("qh,kh->qk", do_block, v_block, preferred_element_type=dtype)
+        d_logits = probs * (d_probs - rows(delta)[:, None])  # dS = d(Z + bias)
+        if d_bias is not None:
+          d_bias = _accumulate_bias(d_bias, d_logits, i, j, g)
+        if squashed is not None:
+          d_logits = d_logits * (1.0 - squashed * squashed)  # through cap * tanh(Z / cap)
+        d_v = d_v + jnp.einsum("qk,qh->kh", probs.astype(do_block.dtype), do_block,
+                               preferred_element_type=dtype)
+        d_k = d_k + jnp.einsum("qk,qh->kh", d_logits.astype(q.dtype), q_block,
+                               preferred_element_type=dtype)
+        d_q_block = rows(d_q) + jnp.einsum(
+            "qk,kh->qh", d_logits.astype(k.dtype), k_block, preferred_element_type=dtype)
+        d_q = lax.dynamic_update_slice_in_dim(d_q, d_q_block, i * g.block_q, axis=0)
+        return d_k, d_v, d_q, d_bias
+      return g.unless_disjoint(attend, inner, i, j, head)
 
     d_q, d_bias = carry
-    first = (j * g.block_k) // g.block_q if is_causal else 0  # the first block that sees j
-    init = (jnp.zeros(k.shape[:2] + (g.block_k, k.shape[3]), dtype),
-            jnp.zeros(v.shape[:2] + (g.block_k, v.shape[3]), dtype), d_q, d_bias)
-    d_k, d_v, d_q, d_bias = lax.fori_loop(first, g.num_q, query_step, init)
+    like = (q, k, v, d_out, head)
+    init = (_zeros((g.block_k, k.shape[-1]), dtype, *like),
+            _zeros((g.block_k, v.shape[-1]), dtype, *like), d_q, d_bias)
+    lo, hi = g.query_range(j, pattern, head)
+    d_k, d_v, d_q, d_bias = lax.fori_loop(lo, hi, query_step, init)
     return (d_q, d_bias), (d_k, d_v)
 
-  d_bias = None if bias is None else jnp.zeros(bias.shape, dtype)
-  (d_q, d_bias), (d_k, d_v) = lax.scan(key_block, (jnp.zeros(q.shape, dtype), d_bias),
-                                       jnp.arange(g.num_k))
-  d_k = jnp.moveaxis(d_k, 0, 2).reshape(k.shape)  # [K blocks, B, N, bk, H] -> [B, N, Sp, H]
-  d_v = jnp.moveaxis(d_v, 0, 2).reshape(v.shape)
-  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias
+  init = (_zeros(q.shape, dtype, q, k, v, d_out, head), d_bias)
+  (d_q, d_bias), (d_k, d_v) = lax.scan(key_block, init, jnp.arange(g.num_k))
+  return d_q, d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias  # [K blocks, bk, .] -> [Sp, .]
 
 
-def _accumulate_bias(d_bias, d_logits, i, j, g):
-  """Adds block (i, j) of dS into d_bias, summing over the axes that bias broadcasts along."""
-  summed = [axis for axis in range(4) if d_bias.shape[axis] == 1 and d_logits.shape[axis] != 1]
-  block = jnp.sum(d_logits, axis=tuple(summed), keepdims=True) if summed else d_logits
-  start = [0, 0, i * g.block_q if d_bias.shape[2] != 1 else 0,
-           j * g.block_k if d_bias.shape[3] != 1 else 0]
+def _accumulate_bias(d_bias, d_logits, i, j, g: _Blocks):
+  """Adds block (i, j) of dS into d_bias [T' or 1, S' or 1], summing where bias broadcasts."""
+  summed = tuple(axis for axis in range(2) if d_bias.shape[axis] == 1)
+  block = jnp.sum(d_logits, axis=summed, keepdims=True) if summed else d_logits
+  start = [i * g.block_q if d_bias.shape[0] != 1 else 0,
+           j * g.block_k if d_bias.shape[1] != 1 else 0]
+  start = [jnp.asarray(index, jnp.int32) for index in start]
   current = lax.dynamic_slice(d_bias, start, block.shape)
   return lax.dynamic_update_slice(d_bias, current + block.astype(d_bias.dtype), start)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _attention(q, k, v, bias, mask, is_causal, geometry):
-  return _forward(q, k, v, bias, mask, is_causal, geometry)[0]
+def _pick(array, index):
+  """array[index] along axis 0, or array[0] when that axis broadcasts (size 1); None stays."""
+  if array is None:
+    return None
+  return lax.dynamic_index_in_dim(array, index if array.shape[0] > 1 else 0, 0, keepdims=False)
 
 
-def _attention_fwd(q, k, v, bias, mask, is_causal, geometry):
-  out, lse = _forward(q, k, v, bias, mask, is_causal, geometry)
-  return out, (q, k, v, bias, mask, out, lse)
+def _group_inputs(bias, mask, extras: _Extras, b, n):
+  """The _Head of example b and query head n from [B', N', T', S'] bias and mask."""
+  return _Head(_pick(_pick(bias, b), n), _pick(_pick(mask, b), n),
+               _pick(extras.q_segments, b), _pick(extras.kv_segments, b),
+               _pick(extras.q_lengths, b), _pick(extras.kv_lengths, b))
 
 
-def _attention_bwd(is_causal, geometry, residuals, d_out):
-  q, k, v, bias, mask, out, lse = residuals
-  d_q, d_k, d_v, d_bias = _backward(q, k, v, bias, mask, is_causal, geometry, out, lse, d_out)
-  return d_q, d_k, d_v, d_bias, None
+def _forward(q, k, v, bias, mask, extras, pattern, geometry):
+  """q [B, N, Tp, H], k [B, K, Sp, H], v [B, K, Sp, Hv] -> out [B, N, Tp, Hv], lse [B, N, Tp]."""
+  batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
+  group = num_heads // num_kv
+
+  def one_head(index):
+    """One (example, query head) at a time keeps each block's arrays in cache."""
+    b, n = index // num_heads, index % num_heads
+    head = _group_inputs(bias, mask, extras, b, n)
+    kv = lambda x: _pick(_pick(x, b), n // group)  # the key/value head query head n reads
+    return _forward_head(_pick(_pick(q, b), n), kv(k), kv(v), head, pattern, geometry)
+
+  out, lse = lax.map(one_head, jnp.arange(batch * num_heads))  # [B * N, Tp, Hv], [B * N, Tp]
+  return (out.reshape(q.shape[:3] + v.shape[-1:]), lse.reshape(q.shape[:3]))
+
+
+def _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse, d_out):
+  """Gradients for q, k, v and bias; one key/value head at a time, its G query heads in turn."""
+  batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
+  group = num_heads // num_kv
+  dtype = reference.compute_dtype(q.dtype)
+
+  def one_kv_head(d_bias, index):
+    b, h = index // num_kv, index % num_kv
+    kv = lambda x: _pick(_pick(x, b), h)  # [Sp, .]
+
+    def one_query_head(carry, g):
+      d_k, d_v, d_bias = carry
+      n = h * group + g
+      head = _group_inputs(bias, mask, extras, b, n)
+      q_head = lambda x: _pick(_pick(x, b), n)
+      bias_slot = None if d_bias is None else _pick(_pick(d_bias, b), n)
+      d_q, d_k_n, d_v_n, bias_slot = _backward_head(
+          q_head(q), kv(k), kv(v), q_head(out), q_head(lse), q_head(d_out), head, pattern,
+          geometry, bias_slot)
+      if d_bias is not None:
+        d_bias = _put_bias(d_bias, bias_slot, b, n)
+      return (d_k + d_k_n, d_v + d_v_n, d_bias), d_q
+
+    like = (q, k, v, d_out, bias, mask, extras)
+    init = (_zeros(k.shape[2:], dtype, *like), _zeros(v.shape[2:], dtype, *like), d_bias)
+    (d_k, d_v, d_bias), d_q = lax.scan(one_query_head, init, jnp.arange(group))
+    return d_bias, (d_q, d_k, d_v)  # d_q [G, Tp, H]
+
+  d_bias = None if bias is None else _zeros(bias.shape, dtype, q, k, v, d_out, bias, mask, extras)
+  d_bias, (d_q, d_k, d_v) = lax.scan(one_kv_head, d_bias, jnp.arange(batch * num_kv))
+  return (d_q.reshape(q.shape).astype(q.dtype), d_k.reshape(k.shape).astype(k.dtype),
+          d_v.reshape(v.shape).astype(v.dtype), d_bias)
+
+
+def _put_bias(d_bias, slot, b, n):
+  """Writes the [T', S'] gradient ``slot`` back at (b, n) of d_bias [B', N', T', S'] (index 0
+  of an axis that broadcasts, where the gradients of all examples or heads add up)."""
+  start = [jnp.asarray(index, jnp.int32) for index in
+           (b if d_bias.shape[0] > 1 else 0, n if d_bias.shape[1] > 1 else 0, 0, 0)]
+  return lax.dynamic_update_slice(d_bias, slot[None, None].astype(d_bias.dtype), start)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _attention(q, k, v, bias, mask, extras, pattern, geometry):
+  return _forward(q, k, v, bias, mask, extras, pattern, geometry)
+
+
+def _attention_fwd(q, k, v, bias, mask, extras, pattern, geometry):
+  out, lse = _forward(q, k, v, bias, mask, extras, pattern, geometry)
+  return (out, lse), (q, k, v, bias, mask, extras, out, lse)
+
+
+def _attention_bwd(pattern, geometry, residuals, cotangents):
+  q, k, v, bias, mask, extras, out, lse = residuals
+  d_out, _ = cotangents  # the log-sum-exp is returned under stop_gradient
+  d_q, d_k, d_v, d_bias = _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse,
+                                    d_out)
+  return d_q, d_k, d_v, d_bias, None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _pad_axis(array, axis, length):
-  """Zero-pads ``axis`` to ``length`` unless it is a broadcast axis of size 1."""
+def _pad_axis(array, axis, length, mode="constant"):
+  """Pads ``axis`` to ``length`` unless it is a broadcast axis of size 1."""
   if array is None or array.shape[axis] in (1, length):
     return array
   widths = [(0, 0)] * array.ndim
   widths[axis] = (0, length - array.shape[axis])
-  return jnp.pad(array, widths)
+  return jnp.pad(array, widths, mode=mode)
+
+
+FORWARD_MODE_ERROR = (
+    "implementation='chunked' has a custom VJP, so it supports reverse-mode autodiff (grad, vjp, "
+    "jacrev, and hessian, which is forward over reverse) but not forward mode applied to it "
+    "(jvp, jacfwd); use implementation='reference' or 'xla' there.")
 
 
 def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
-                      is_causal: bool = False, block_q: int | None = None,
+                      is_causal: bool = False, local_window_size=None,
+                      logits_soft_cap: float | None = None, query_segment_ids=None,
+                      key_segment_ids=None, query_seq_lengths=None, key_value_seq_lengths=None,
+                      return_residual: bool = False, block_q: int | None = None,
                       block_k: int | None = None):
   """Memory-efficient attention, blockwise in both directions; same contract as the reference.
 
-  query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> [..., T, N, H_v]. Blocks of
+  query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> [..., T, N, H_v] (and the
+  log-sum-exp [..., T, N], float32, -inf on empty rows, with ``return_residual``). The other
+  arguments as ``dot_product_attention``. Blocks of
   ``block_q`` queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most 1024
-  queries and 4096 keys, or 1024 keys when causal).
-  Inputs are assumed validated.
+  queries and 4096 keys, or 1024 keys when causal or windowed). Inputs are assumed validated.
 
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256)
   """
   batch_shape, (q_len, num_heads, _) = query.shape[:-3], query.shape[-3:]
   kv_len = key.shape[-3]
-  geometry = _Blocks.create(q_len, kv_len, block_q, block_k, is_causal)
+  pattern = Pattern(bool(is_causal), _checks.local_window(local_window_size),
+                    _checks.soft_cap(logits_soft_cap))
+  geometry = _Blocks.create(q_len, kv_len, block_q, block_k,
+                            narrow_keys=pattern.is_causal or pattern.window is not None)
   padded_q, padded_k = geometry.num_q * geometry.block_q, geometry.num_k * geometry.block_k
 
   def head_major(x, length):  # [..., L, N, H] -> [B, N, L_padded, H]
     return _pad_axis(reference.flat_heads_first(x), 2, length)
 
   q = head_major(query * jnp.asarray(scale, query.dtype), padded_q)  # autodiff applies the scale
-  k = head_major(reference.repeat_kv_heads(key, num_heads), padded_k)
-  v = head_major(reference.repeat_kv_heads(value, num_heads), padded_k)
+  k, v = head_major(key, padded_k), head_major(value, padded_k)
+
   def pad_logits(x):  # a mask or bias -> [B or 1, N or 1, T_padded or 1, S_padded or 1]
     return _pad_axis(_pad_axis(masks_lib.flatten_batch(x, batch_shape), 2, padded_q), 3, padded_k)
 
-  bias, mask = pad_logits(bias), pad_logits(mask)
-  batch = q.shape[0]
+  def per_example(x, length=None):  # [...] or [..., L] -> [B or 1] or [B or 1, L_padded]
+    if x is None:
+      return None
+    x = jnp.asarray(x, jnp.int32)
+    tail = x.shape[-1:] if length is not None else ()
+    x = jnp.reshape(x, (1,) * (len(batch_shape) + len(tail) - x.ndim) + x.shape)
+    if all(dim == 1 for dim in x.shape[:len(batch_shape)]):  # shared by every example
+      x = jnp.reshape(x, (1,) + tail)
+    else:
+      x = jnp.reshape(jnp.broadcast_to(x, batch_shape + tail), (-1,) + tail)
+    return x if length is None else _pad_axis(x, 1, length, mode="edge")
 
-  def one_head(inputs):
-    """One (batch, head) at a time keeps each block's [bq, bk] arrays in cache."""
-    q_head, k_head, v_head, index = inputs  # [L_padded, H] each
-    b, n = index // num_heads, index % num_heads
-    def pick(x):  # this head's [1, 1, T or 1, S or 1] slice of a mask or bias
-      if x is None:
-        return None
-      x = lax.dynamic_index_in_dim(x, b if x.shape[0] > 1 else 0, 0)
-      return lax.dynamic_index_in_dim(x, n if x.shape[1] > 1 else 0, 1)
-    out = _attention(q_head[None, None], k_head[None, None], v_head[None, None], pick(bias),
-                     pick(mask), bool(is_causal), geometry)
-    return out[0, 0]  # [T_padded, H_v]
-
-  flat = lambda x: jnp.reshape(x, (batch * num_heads,) + x.shape[2:])  # [B * N, L, H]
-  out = lax.map(one_head, (flat(q), flat(k), flat(v), jnp.arange(batch * num_heads)))
-  out = jnp.reshape(out, (batch, num_heads) + out.shape[1:])  # [B, N, T_padded, H_v]
+  extras = _Extras(per_example(query_segment_ids, padded_q),
+                   per_example(key_segment_ids, padded_k),
+                   per_example(query_seq_lengths), per_example(key_value_seq_lengths))
+  try:
+    out, lse = _attention(q, k, v, pad_logits(bias), pad_logits(mask), extras, pattern,
+                          geometry)  # [B, N, T_padded, H_v], [B, N, T_padded]
+  except TypeError as error:
+    if "forward-mode" in str(error):
+      raise ValueError(FORWARD_MODE_ERROR) from None
+    raise
   out = reference.heads_first(out[:, :, :q_len])  # [B, T, N, H_v]
-  return jnp.reshape(out, batch_shape + out.shape[1:])
+  out = jnp.reshape(out, batch_shape + out.shape[1:])
+  if not return_residual:
+    return out
+  lse = jnp.where(lse == jnp.inf, -jnp.inf, lse)  # log of an empty sum
+  lse = jnp.swapaxes(lse[:, :, :q_len], 1, 2)  # [B, T, N]
+  return out, lax.stop_gradient(jnp.reshape(lse, batch_shape + lse.shape[1:]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from attention_jax import _checks
 from attention_jax import xla
 
 MAX_HEAD_DIM = 128  # 256 from Hopper on; 128 holds on every GPU cuDNN's flash kernel supports
@@ -26,13 +27,14 @@ MAX_HEAD_DIM = 128  # 256 from Hopper on; 128 holds on every GPU cuDNN's flash k
 KERNEL = "cudnn"
 
 
-def unsupported_reason(query, key, value, *, dropout_rate: float, return_weights: bool,
-                       has_bias_or_mask: bool) -> str | None:
-  """Why cuDNN flash attention cannot serve this request, or None if it can."""
-  del has_bias_or_mask  # cudnn_attention brings any mask, bias and length into the kernel's form
-  if dropout_rate > 0.0:
+def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
+  """Why cuDNN flash attention cannot serve this request, or None if it can (cudnn_attention
+  brings any mask, bias and length into the kernel's form)."""
+  if request.dropout_rate > 0.0:
     return "cuDNN attention through jax.nn has no attention dropout"
-  if return_weights:
+  if request.logits_soft_cap is not None:
+    return "cuDNN attention through jax.nn has no logits soft cap"
+  if request.return_weights:
     return "cuDNN flash attention never forms the weights, so it cannot return them"
   if query.dtype not in (jnp.float16, jnp.bfloat16):
     return f"cuDNN flash attention needs float16 or bfloat16 inputs, got {query.dtype}"
@@ -45,8 +47,9 @@ def unsupported_reason(query, key, value, *, dropout_rate: float, return_weights
 
 
 def cudnn_attention(query, key, value, bias=None, mask=None, *, scale: float,
-                    is_causal: bool = False):
-  """cuDNN flash attention: query [..., T, N, H], key/value [..., S, K, H] -> [..., T, N, H].
+                    is_causal: bool = False, return_residual: bool = False):
+  """cuDNN flash attention: query [..., T, N, H], key/value [..., S, K, H] -> [..., T, N, H]
+  (and the log-sum-exp [..., T, N] with ``return_residual``).
 
   Inputs are assumed validated and servable (see ``unsupported_reason``).
   """
@@ -67,5 +70,8 @@ def cudnn_attention(query, key, value, bias=None, mask=None, *, scale: float,
   output = xla.xla_attention(even_length(query, pad_q), even_length(key, pad_k),
                              even_length(value, pad_k),
                              full_length(bias, query.dtype), full_length(mask, jnp.bool_),
-                             scale=scale, is_causal=is_causal, implementation=KERNEL)
+                             scale=scale, is_causal=is_causal, implementation=KERNEL,
+                             return_residual=return_residual)
+  if return_residual:
+    return output[0][..., :q_len, :, :], output[1][..., :q_len, :]
   return output[..., :q_len, :, :]

@@ -83,6 +83,31 @@ class EncoderConfig:
     return multihead.head_dim_of(self.d_model, self.num_heads)
 
 
+def residual_sublayer(x, sublayer, norm, dropout, *, pre_layer_norm: bool):
+  """One sublayer with its residual connection and LayerNorm, [B, T, D] -> [B, T, D]:
+  post-LN (the paper) LN(x + Dropout(F(x))), pre-LN x + Dropout(F(LN(x))).
+
+  ``sublayer``, ``norm`` and ``dropout`` are callables [B, T, D] -> [B, T, D], so the Linen and
+  NNX blocks share this arrangement.
+
+  >>> residual_sublayer(x, feed_forward, layer_norm, lambda y: y, pre_layer_norm=True)
+  """
+  if pre_layer_norm:
+    return x + dropout(sublayer(norm(x)))
+  return norm(x + dropout(sublayer(x)))
+
+
+def prepend_cls(x, valid, cls):
+  """Puts the CLS vector before the tokens, always valid:
+  x [B, T, D], valid [B, T], cls [D] -> x [B, T + 1, D], valid [B, T + 1].
+
+  >>> x, valid = prepend_cls(x, valid, params["cls"])  # [2, 8, 64], [2, 8] -> [2, 9, 64], [2, 9]
+  """
+  x = jnp.concatenate([jnp.broadcast_to(cls, x.shape[:-2] + (1, x.shape[-1])), x], axis=-2)
+  valid = jnp.concatenate([jnp.ones(valid.shape[:-1] + (1,), bool), valid], axis=-1)
+  return x, valid
+
+
 class FeedForward(nn.Module):
   """Position-wise FFN(x) = max(0, x W_1 + b_1) W_2 + b_2: [..., D] -> [..., D]."""
   mlp_dim: int
@@ -122,11 +147,9 @@ class EncoderBlock(nn.Module):
         lambda y: attention(y, mask=mask, bias=attention_bias, deterministic=deterministic),
         lambda y: feed_forward(y, deterministic=deterministic))
     for index, sublayer in enumerate(sublayers):
-      norm = nn.LayerNorm(name=f"norm_{index}")
-      if cfg.pre_layer_norm:
-        x = x + dropout(sublayer(norm(x)), deterministic=deterministic)
-      else:
-        x = norm(x + dropout(sublayer(x), deterministic=deterministic))
+      x = residual_sublayer(x, sublayer, nn.LayerNorm(name=f"norm_{index}"),
+                            lambda y: dropout(y, deterministic=deterministic),
+                            pre_layer_norm=cfg.pre_layer_norm)
     return x
 
 
@@ -149,9 +172,7 @@ class TransformerEncoder(nn.Module):
     x = x * math.sqrt(cfg.d_model)
     if self.cls_token:
       cls = self.param("cls", nn.initializers.normal(1.0), (cfg.d_model,))
-      x = jnp.concatenate([jnp.broadcast_to(cls, x.shape[:-2] + (1, cfg.d_model)), x],
-                          axis=-2)  # [B, T + 1, D]
-      valid = jnp.concatenate([jnp.ones(valid.shape[:-1] + (1,), bool), valid], axis=-1)
+      x, valid = prepend_cls(x, valid, cls)  # [B, T + 1, D], [B, T + 1]
     length = x.shape[-2]
     encoding = positional.positional_encoding(
         cfg.positional_encoding, max_length=cfg.max_length + self.cls_token,

@@ -58,6 +58,39 @@ def causal_mask(q_len: int, kv_len: int | None = None):
   return jnp.tril(jnp.ones((q_len, kv_len), dtype=jnp.bool_))
 
 
+def local_window_mask(q_len: int, kv_len: int, window: tuple[int, int]):
+  """[q_len, kv_len]: query t attends to keys t - left <= s <= t + right, (left, right) = window.
+
+  The convention of ``jax.nn.dot_product_attention(local_window_size=...)``.
+  >>> local_window_mask(4, 4, (1, 0)).astype(int)  # [[1 0 0 0], [1 1 0 0], [0 1 1 0], [0 0 1 1]]
+  """
+  offset = jnp.arange(kv_len)[None, :] - jnp.arange(q_len)[:, None]  # s - t
+  return (offset >= -window[0]) & (offset <= window[1])
+
+
+def segment_mask(query_segment_ids, key_segment_ids):
+  """Packed sequences: [..., T] and [..., S] ids -> [..., 1, T, S], True where the ids are equal.
+
+  >>> segment_mask(jnp.array([0, 0, 1]), jnp.array([0, 0, 1])).astype(int)[0]
+  """
+  return (jnp.asarray(query_segment_ids)[..., None, :, None]
+          == jnp.asarray(key_segment_ids)[..., None, None, :])
+
+
+def seq_lengths_mask(query_seq_lengths, key_value_seq_lengths, q_len: int, kv_len: int):
+  """[...] lengths (either may be None) -> [..., 1, T, S]: query rows t < query length attend to
+  keys s < key length; None when both are None.
+
+  >>> seq_lengths_mask(jnp.array([2]), jnp.array([3]), 4, 4).shape  # (1, 1, 4, 4)
+  """
+  masks = []
+  if query_seq_lengths is not None:
+    masks.append(lengths_to_valid(query_seq_lengths, q_len)[..., None, :, None])
+  if key_value_seq_lengths is not None:
+    masks.append(lengths_to_valid(key_value_seq_lengths, kv_len)[..., None, None, :])
+  return combine_masks(*masks)
+
+
 def combine_masks(*masks):
   """Logical AND of the masks that are not None, broadcast together; None if all are None.
 
@@ -96,6 +129,17 @@ def fold_infinite_bias(bias, mask):
   return jnp.where(attendable, bias, 0.0), combine_masks(mask, attendable)
 
 
+def rows_with_keys(mask, q_len: int, kv_len: int, *, is_causal: bool):
+  """Bool [..., T or 1, N or 1]: which query rows ``mask`` (broadcastable to [..., N, T, S]) and
+  causality leave at least one key; None when every row has one (no mask)."""
+  if mask is None:  # causal alone never empties a row.
+    return None
+  if is_causal:
+    mask = combine_masks(mask, causal_mask(q_len, kv_len))
+  mask = jnp.reshape(mask, (1,) * (3 - mask.ndim) + mask.shape)  # at least [N', T', S']
+  return jnp.swapaxes(jnp.any(mask, axis=-1), -1, -2)  # [..., N', T'] -> [..., T', N']
+
+
 def zero_empty_rows(output, mask, kv_len: int, *, is_causal: bool):
   """Zeros the query rows of ``output`` [..., T, N, H] that ``mask`` (and causality) leave empty.
 
@@ -103,12 +147,7 @@ def zero_empty_rows(output, mask, kv_len: int, *, is_causal: bool):
   Pallas kernels) rather than the zeros our contract asks for. ``mask`` broadcasts to
   [..., N, T, S] with S = kv_len; the gradient of a zeroed row is zero.
   """
-  if mask is None:  # causal alone never empties a row.
+  has_key = rows_with_keys(mask, output.shape[-3], kv_len, is_causal=is_causal)
+  if has_key is None:
     return output
-  q_len = output.shape[-3]
-  if is_causal:
-    mask = combine_masks(mask, causal_mask(q_len, kv_len))
-  mask = jnp.reshape(mask, (1,) * (3 - mask.ndim) + mask.shape)  # at least [N', T', S']
-  row_has_key = jnp.any(mask, axis=-1)  # [..., N or 1, T or 1]
-  row_has_key = jnp.swapaxes(row_has_key, -1, -2)[..., None]  # [..., T or 1, N or 1, 1]
-  return jnp.where(row_has_key, output, jnp.zeros((), output.dtype))
+  return jnp.where(has_key[..., None], output, jnp.zeros((), output.dtype))

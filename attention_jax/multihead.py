@@ -123,7 +123,7 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
                          scale: float | str = "inv_sqrt", is_causal: bool = False,
                          qk_transform: Callable | None = None, dropout_rate: float = 0.0,
                          dropout_rng=None, implementation: str | None = None,
-                         return_weights: bool = False):
+                         return_weights: bool = False, **attention_args):
   """Multi-head attention as a pure function of its parameters (layout in the module docstring).
 
   Args:
@@ -134,9 +134,13 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
     scale: a number or "inv_sqrt" (1/sqrt(H)), "none" (1), "inv" (1/H), "learned".
     qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
     dropout_rate, dropout_rng, implementation, return_weights: as in ``dot_product_attention``.
+    **attention_args: the other keyword arguments of ``dot_product_attention``
+      (query_seq_lengths, key_value_seq_lengths, local_window_size, logits_soft_cap,
+      query_segment_ids, key_segment_ids, return_residual).
 
   Returns:
-    [..., T, D_out]; with ``return_weights`` a pair (output, weights [..., N, T, S]).
+    [..., T, D_out]; followed by the weights [..., N, T, S] with ``return_weights`` and the
+    log-sum-exp [..., T, N] with ``return_residual`` (a tuple then).
 
   >>> variables = MultiHeadAttention(num_heads=8, d_model=256).init(rng, x)  # x: [B, T, 128]
   >>> multi_head_attention(variables["params"], x).shape  # [B, T, 128]
@@ -146,35 +150,52 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
   result = attention_lib.dot_product_attention(
       query, key, value, bias, mask, scale=scale, is_causal=is_causal,
       dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights,
-      implementation=implementation)
-  heads, weights = result if return_weights else (result, None)  # heads [..., T, N, H]
+      implementation=implementation, **attention_args)
+  heads, *extras = result if isinstance(result, tuple) else (result,)  # heads [..., T, N, H]
   output = project_out(params, heads)  # [..., T, D_out]
-  return (output, weights) if return_weights else output
+  return (output, *extras) if extras else output
 
 
 def multi_head_attention_logits(params, inputs_q, inputs_kv=None, *, bias=None,
                                 scale: float | str = "inv_sqrt",
-                                qk_transform: Callable | None = None):
+                                qk_transform: Callable | None = None,
+                                logits_soft_cap: float | None = None):
   """The logits Q K^T * scale + bias [..., N, T, S] that the softmax of each head sees.
 
   >>> multi_head_attention_logits(params, x).shape  # x [B, T, D_in], 8 heads -> (B, 8, T, T)
   """
   query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
                                           qk_transform=qk_transform)
-  logits = reference.attention_logits(query, key, scale=scale)  # [..., N, T, S]
+  logits = reference.attention_logits(query, key, scale=scale,
+                                      logits_soft_cap=logits_soft_cap)  # [..., N, T, S]
   return logits if bias is None else logits + bias
 
 
-def multi_head_attention_weights(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
-                                 scale: float | str = "inv_sqrt", is_causal: bool = False,
-                                 qk_transform: Callable | None = None):
-  """The softmax weights [..., N, T, S] that ``multi_head_attention`` applies (before dropout).
+def attention_maps(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
+                   scale: float | str = "inv_sqrt", is_causal: bool = False,
+                   qk_transform: Callable | None = None, logits_soft_cap: float | None = None,
+                   return_residual: bool = False, **structure):
+  """(logits, weights), each [..., N, T, S]: what ``multi_head_attention`` with the same
+  arguments computes inside (the weights before dropout). ``structure``: the sequence lengths,
+  local window and segment ids, as there. The modules sow these when asked.
+
+  >>> logits, weights = attention_maps(params, x, local_window_size=2)  # x [B, T, D_in]
+  """
+  del return_residual  # the maps are the same either way
+  logits = multi_head_attention_logits(params, inputs_q, inputs_kv, bias=bias, scale=scale,
+                                       qk_transform=qk_transform,
+                                       logits_soft_cap=logits_soft_cap)
+  mask = attention_lib.structure_mask(mask, *logits.shape[-2:], **structure)
+  return logits, reference.logits_to_weights(logits, mask, is_causal=is_causal)
+
+
+def multi_head_attention_weights(params, inputs_q, inputs_kv=None, **options):
+  """The softmax weights [..., N, T, S] that ``multi_head_attention`` applies (before dropout);
+  ``options`` as ``attention_maps``.
 
   >>> multi_head_attention_weights(params, x).shape  # x [B, T, D_in], 8 heads -> (B, 8, T, T)
   """
-  logits = multi_head_attention_logits(params, inputs_q, inputs_kv, bias=bias, scale=scale,
-                                       qk_transform=qk_transform)
-  return reference.logits_to_weights(logits, mask, is_causal=is_causal)
+  return attention_maps(params, inputs_q, inputs_kv, **options)[1]
 
 
 class _Weights(nn.Module):
@@ -278,8 +299,11 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, inputs_q, inputs_kv=None, *, mask=None, bias=None, is_causal=False,
-               deterministic: bool = True):
-    """inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None -> [..., T, D_out]."""
+               deterministic: bool = True, **attention_args):
+    """inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None -> [..., T, D_out].
+
+    ``attention_args``: further keyword arguments of ``multi_head_attention`` (sequence lengths,
+    local window, soft cap, segment ids, return_residual)."""
     head_dim = head_dim_of(self.d_model or inputs_q.shape[-1], self.num_heads)
     resolve_scale(self.scale, head_dim)  # an unknown name fails before any parameter is made
     params = self._parameters(inputs_q.shape[-1], head_dim)
@@ -288,11 +312,11 @@ class MultiHeadAttention(nn.Module):
     output = multi_head_attention(
         params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale,
         is_causal=is_causal, qk_transform=self.qk_transform, dropout_rate=dropout_rate,
-        dropout_rng=dropout_rng, implementation=self.implementation)
+        dropout_rng=dropout_rng, implementation=self.implementation, **attention_args)
     if self.is_mutable_collection("intermediates"):
-      logits = multi_head_attention_logits(params, inputs_q, inputs_kv, bias=bias,
-                                           scale=self.scale, qk_transform=self.qk_transform)
+      logits, weights = attention_maps(params, inputs_q, inputs_kv, mask=mask, bias=bias,
+                                       scale=self.scale, is_causal=is_causal,
+                                       qk_transform=self.qk_transform, **attention_args)
       self.sow("intermediates", "attention_logits", logits)
-      self.sow("intermediates", "attention_weights",
-               reference.logits_to_weights(logits, mask, is_causal=is_causal))
+      self.sow("intermediates", "attention_weights", weights)
     return output

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from attention_jax import _checks
 from attention_jax import masks as masks_lib
 from attention_jax import reference
 
@@ -23,13 +24,23 @@ LANES = 128  # the kernel's block width: query and key lengths must be multiples
 _MASKED = -1e30
 
 
-def unsupported_reason(query, key, value, *, dropout_rate: float, return_weights: bool,
-                       has_bias_or_mask: bool) -> str | None:
-  """Why the Pallas TPU kernel cannot serve this request, or None if it can."""
-  del has_bias_or_mask  # any mask or bias is served, through segment ids or the bias
-  if dropout_rate > 0.0:
+# jax issue 18595: the kernel fails to compile on these generations, which Colab has served.
+FAILING_GENERATIONS = ("TPU v2", "TPU v3")
+
+
+def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
+  """Why the Pallas TPU kernel cannot serve this request, or None if it can (any mask or bias,
+  through segment ids or the bias)."""
+  kind = request.device_kind or ""
+  if kind.startswith(FAILING_GENERATIONS):
+    return f"the Pallas TPU flash kernel does not compile on {kind} (jax issue 18595)"
+  if request.dropout_rate > 0.0:
     return "the Pallas TPU flash kernel has no attention dropout"
-  if return_weights:
+  if request.logits_soft_cap is not None:
+    return "the Pallas TPU flash kernel has no logits soft cap"
+  if request.return_residual:
+    return "the Pallas TPU flash kernel does not return the log-sum-exp"
+  if request.return_weights:
     return "the Pallas TPU flash kernel never forms the weights, so it cannot return them"
   if value.shape[-1] != key.shape[-1]:
     return "the Pallas TPU flash kernel needs the value head dim to equal the key head dim"

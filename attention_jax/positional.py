@@ -78,6 +78,23 @@ def alibi_bias(num_heads: int, q_len: int, kv_len: int | None = None):
   return -alibi_slopes(num_heads)[:, None, None] * distance  # [N, T, S]
 
 
+# A learned table starts with the RMS of the sinusoidal one, sqrt(1/2).
+learned_table_init = nn.initializers.normal(stddev=math.sqrt(0.5))
+
+
+def add_learned_table(x, table):
+  """Adds the first T rows of a learned table [max_length, D] to x [..., T, D] -> [..., T, D].
+
+  >>> add_learned_table(x, table)  # x [B, 10, 64], table [512, 64] -> [B, 10, 64]
+  """
+  length = x.shape[-2]
+  if length > table.shape[0]:
+    raise ValueError(
+        f"learned positional encoding has {table.shape[0]} positions but the input has "
+        f"{length}; raise max_length or use a length-free encoding such as 'sinusoidal'.")
+  return x + table[:length].astype(x.dtype)
+
+
 class NoPositionalEncoding(nn.Module):
   """No position information at all: self-attention is then permutation equivariant."""
   max_length: int
@@ -108,14 +125,8 @@ class LearnedEncoding(NoPositionalEncoding):
 
   @nn.compact
   def embed(self, x):
-    length, dim = x.shape[-2:]
-    if length > self.max_length:
-      raise ValueError(
-          f"learned positional encoding has {self.max_length} positions but the input has "
-          f"{length}; raise max_length or use a length-free encoding such as 'sinusoidal'.")
-    table = self.param("table", nn.initializers.normal(stddev=math.sqrt(0.5)),
-                       (self.max_length, dim))
-    return x + table[:length].astype(x.dtype)
+    table = self.param("table", learned_table_init, (self.max_length, x.shape[-1]))
+    return add_learned_table(x, table)
 
 
 class RotaryEncoding(NoPositionalEncoding):

@@ -17,14 +17,6 @@ def compute_dtype(dtype):
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def repeat_kv_heads(array, num_heads: int):
-  """Grouped-query attention: key/value head k serves query heads k*G .. k*G+G-1.
-
-  [..., S, K, H] -> [..., S, N, H]
-  """
-  return jnp.repeat(array, num_heads // array.shape[-2], axis=-2)
-
-
 def heads_first(array):
   """[..., L, N, H] -> [..., N, L, H], and back (it is its own inverse). XLA's CPU dots run several
   times faster on head-major operands than when they have to gather each head's rows from the
@@ -32,17 +24,38 @@ def heads_first(array):
   return jnp.swapaxes(array, -3, -2)
 
 
+def grouped_heads_first(query, num_kv_heads: int):
+  """Grouped-query attention groups the queries: [..., T, N, H] -> [..., K, G, T, H], the
+  G = N / K query heads that read key/value head k at [..., k, :, :, :]. Keys and values are
+  never copied."""
+  num_heads, head_dim = query.shape[-2:]
+  grouped = jnp.reshape(query, query.shape[:-2] + (num_kv_heads, num_heads // num_kv_heads,
+                                                   head_dim))  # [..., T, K, G, H]
+  return jnp.moveaxis(grouped, -4, -2)
+
+
+def repeat_kv_heads(array, num_heads: int):
+  """[..., S, K, H] -> [..., S, N, H], key/value head k copied for query heads k*G .. k*G+G-1.
+  Only for kernels that need as many key/value heads as query heads (the Pallas TPU kernel)."""
+  return jnp.repeat(array, num_heads // array.shape[-2], axis=-2)
+
+
 def flat_heads_first(array):
   """[..., L, N, H] -> [B, N, L, H], B the flattened batch dims: the blockwise kernels' layout."""
   return heads_first(jnp.reshape(array, (-1,) + array.shape[-3:]))
 
 
-def attention_logits(query, key, *, scale: float):
-  """scale * Q K^T per head: query [..., T, N, H], key [..., S, K, H] -> [..., N, T, S]."""
-  key = repeat_kv_heads(key, query.shape[-2])  # [..., S, N, H]
-  logits = jnp.einsum("...nth,...nsh->...nts", heads_first(query), heads_first(key),
-                      preferred_element_type=compute_dtype(query.dtype))
-  return logits * scale  # in float32 (or wider), so a bfloat16 query loses nothing to the scale
+def attention_logits(query, key, *, scale: float, logits_soft_cap: float | None = None):
+  """scale * Q K^T per head: query [..., T, N, H], key [..., S, K, H] -> [..., N, T, S]; with
+  ``logits_soft_cap`` c, c * tanh(scale * Q K^T / c) (Gemma 2's soft-capping)."""
+  num_kv_heads = key.shape[-2]
+  logits = jnp.einsum("...kgth,...ksh->...kgts", grouped_heads_first(query, num_kv_heads),
+                      heads_first(key), preferred_element_type=compute_dtype(query.dtype))
+  logits = jnp.reshape(logits, logits.shape[:-4] + (query.shape[-2],) + logits.shape[-2:])
+  logits = logits * scale  # in float32 (or wider), so a bfloat16 query loses nothing to the scale
+  if logits_soft_cap is not None:
+    logits = logits_soft_cap * jnp.tanh(logits / logits_soft_cap)
+  return logits  # [..., N, T, S]
 
 
 @jax.custom_jvp
@@ -64,20 +77,26 @@ def _softmax_jvp(primals, tangents):
   return weights, weights * (d_logits - jnp.sum(weights * d_logits, axis=-1, keepdims=True))
 
 
+def mask_logits(logits, mask=None, *, is_causal: bool = False):
+  """Logits [..., N, T, S] in float32 (or wider), -inf where ``mask`` is False or, with
+  ``is_causal``, above the diagonal."""
+  logits = logits.astype(compute_dtype(logits.dtype))
+  if is_causal:
+    mask = masks_lib.combine_masks(mask, masks_lib.causal_mask(*logits.shape[-2:]))
+  return logits if mask is None else jnp.where(mask, logits, -jnp.inf)
+
+
 def masked_softmax(logits, mask=None):
   """Softmax over the last axis in float32 (or wider), with the row max subtracted.
 
   Entries where ``mask`` is False (or the logit is -inf) get weight exactly 0; a row with no entry
   left gets all-zero weights instead of NaN, and finite gradients.
   """
-  logits = logits.astype(compute_dtype(logits.dtype))
-  if mask is not None:
-    logits = jnp.where(mask, logits, -jnp.inf)
-  return _softmax(logits)
+  return _softmax(mask_logits(logits, mask))
 
 
 def attention_weights(query, key, bias=None, mask=None, *, scale: float,
-                      is_causal: bool = False):
+                      is_causal: bool = False, logits_soft_cap: float | None = None):
   """softmax(Q K^T * scale + bias) with masking: [..., N, T, S], float32 (or wider).
 
   Args:
@@ -87,11 +106,12 @@ def attention_weights(query, key, bias=None, mask=None, *, scale: float,
     mask: optional bool, True = attend, broadcastable to [..., N, T, S].
     scale: multiplies Q K^T (1/sqrt(H) in the paper).
     is_causal: query t attends only to keys s <= t.
+    logits_soft_cap: optional c: the logits c * tanh(scale * Q K^T / c), before bias and mask.
 
   >>> attention_weights(q, k, scale=1 / 8.0).shape  # q [B, T, N, 64], k [B, S, K, 64]
   (B, N, T, S)
   """
-  logits = attention_logits(query, key, scale=scale)  # [..., N, T, S]
+  logits = attention_logits(query, key, scale=scale, logits_soft_cap=logits_soft_cap)
   if bias is not None:
     logits = logits + bias
   return logits_to_weights(logits, mask, is_causal=is_causal)
@@ -99,9 +119,7 @@ def attention_weights(query, key, bias=None, mask=None, *, scale: float,
 
 def logits_to_weights(logits, mask=None, *, is_causal: bool = False):
   """The masked (and optionally causal) softmax of logits [..., N, T, S] -> weights, same shape."""
-  if is_causal:
-    mask = masks_lib.combine_masks(mask, masks_lib.causal_mask(*logits.shape[-2:]))
-  return masked_softmax(logits, mask)
+  return _softmax(mask_logits(logits, mask, is_causal=is_causal))
 
 
 def dropout_weights(weights, rate: float, rng):
@@ -111,18 +129,31 @@ def dropout_weights(weights, rate: float, rng):
 
 
 def reference_attention(query, key, value, bias=None, mask=None, *, scale: float,
-                        is_causal: bool = False, dropout_rate: float = 0.0,
-                        dropout_rng=None, return_weights: bool = False):
+                        is_causal: bool = False, logits_soft_cap: float | None = None,
+                        dropout_rate: float = 0.0, dropout_rng=None,
+                        return_weights: bool = False, return_residual: bool = False):
   """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V.
 
-  query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> output [..., T, N, H_v]
-  (and the weights [..., N, T, S] if ``return_weights``). Inputs are assumed validated.
+  query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> output [..., T, N, H_v],
+  followed by the weights [..., N, T, S] if ``return_weights`` and the log-sum-exp of each row's
+  logits [..., T, N] (float32, -inf on a row with nothing to attend to, no gradient) if
+  ``return_residual``. Inputs are assumed validated.
   """
-  weights = attention_weights(query, key, bias, mask, scale=scale, is_causal=is_causal)
+  logits = attention_logits(query, key, scale=scale, logits_soft_cap=logits_soft_cap)
+  logits = mask_logits(logits if bias is None else logits + bias, mask, is_causal=is_causal)
+  weights = _softmax(logits)  # [..., N, T, S]
   attended = weights
   if dropout_rate > 0.0:
     attended = dropout_weights(weights, dropout_rate, dropout_rng)
-  value = heads_first(repeat_kv_heads(value, query.shape[-2])).astype(weights.dtype)
-  output = jnp.einsum("...nts,...nsh->...nth", attended, value)  # [..., N, T, H_v]
+  num_kv_heads = key.shape[-2]
+  grouped = jnp.reshape(attended, attended.shape[:-3] + (num_kv_heads, -1) +
+                        attended.shape[-2:])  # [..., K, G, T, S]
+  output = jnp.einsum("...kgts,...ksh->...kgth", grouped,
+                      heads_first(value).astype(weights.dtype))  # [..., K, G, T, H_v]
+  output = jnp.reshape(output, output.shape[:-4] + (-1,) + output.shape[-2:])  # [..., N, T, H_v]
   output = heads_first(output).astype(query.dtype)  # [..., T, N, H_v]
-  return (output, weights) if return_weights else output
+  extras = (weights,) if return_weights else ()
+  if return_residual:
+    residual = jax.nn.logsumexp(logits, axis=-1)  # [..., N, T]
+    extras += (jax.lax.stop_gradient(jnp.swapaxes(residual, -1, -2)),)
+  return (output, *extras) if extras else output

@@ -10,28 +10,33 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from attention_jax import _checks
 from attention_jax import masks as masks_lib
 
 
-def unsupported_reason(query, key, value, *, dropout_rate: float, return_weights: bool,
-                       has_bias_or_mask: bool) -> str | None:
-  """Why jax.nn cannot serve this request, or None if it can."""
-  del has_bias_or_mask  # jax.nn takes any mask and bias
-  if dropout_rate > 0.0:
+def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
+  """Why jax.nn cannot serve this request, or None if it can (any mask and bias; lengths, windows
+  and segment ids arrive as a mask)."""
+  del query  # any shape jax.nn takes
+  if request.dropout_rate > 0.0:
     return "jax.nn.dot_product_attention has no attention dropout"
-  if return_weights:
+  if request.return_weights:
     return "jax.nn.dot_product_attention does not return the attention weights"
+  if request.logits_soft_cap is not None:
+    return "jax.nn.dot_product_attention has no logits soft cap"
   if value.shape != key.shape:
     return "jax.nn.dot_product_attention needs value.shape == key.shape"
   return None
 
 
 def xla_attention(query, key, value, bias=None, mask=None, *, scale: float,
-                  is_causal: bool = False, implementation: str = "xla"):
+                  is_causal: bool = False, return_residual: bool = False,
+                  implementation: str = "xla"):
   """jax.nn.dot_product_attention with any leading batch dims and zeros for empty rows.
 
-  query [..., T, N, H], key/value [..., S, K, H] -> [..., T, N, H]. ``implementation`` is passed
-  on to jax.nn (the cuDNN wrapper passes "cudnn"). Inputs are assumed validated.
+  query [..., T, N, H], key/value [..., S, K, H] -> [..., T, N, H] (and with ``return_residual``
+  the log-sum-exp [..., T, N], float32, -inf on empty rows). ``implementation`` is passed on to
+  jax.nn (the cuDNN wrapper passes "cudnn"). Inputs are assumed validated.
   """
   batch_shape = query.shape[:-3]
   bias, mask = masks_lib.fold_infinite_bias(bias, mask)
@@ -40,6 +45,13 @@ def xla_attention(query, key, value, bias=None, mask=None, *, scale: float,
       flat(query), flat(key), flat(value),
       bias=masks_lib.flatten_batch(bias, batch_shape),
       mask=masks_lib.flatten_batch(mask, batch_shape),
-      scale=scale, is_causal=is_causal, implementation=implementation)
-  output = jnp.reshape(output, query.shape)
-  return masks_lib.zero_empty_rows(output, mask, key.shape[-3], is_causal=is_causal)
+      scale=scale, is_causal=is_causal, implementation=implementation,
+      return_residual=return_residual)
+  output, residual = output if return_residual else (output, None)
+  output = masks_lib.zero_empty_rows(jnp.reshape(output, query.shape), mask, key.shape[-3],
+                                     is_causal=is_causal)
+  if not return_residual:
+    return output
+  residual = jnp.reshape(residual.astype(jnp.float32), query.shape[:-1])  # [..., T, N]
+  has_key = masks_lib.rows_with_keys(mask, query.shape[-3], key.shape[-3], is_causal=is_causal)
+  return output, residual if has_key is None else jnp.where(has_key, residual, -jnp.inf)

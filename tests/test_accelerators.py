@@ -49,7 +49,8 @@ def test_cudnn_inputs_pass_jax_cudnn_checks_forward_and_backward(case, monkeypat
   mask = jax.ShapeDtypeStruct(target, jnp.bool_) if "mask" in options else None
   bias = jax.ShapeDtypeStruct(target, jnp.float32) if "bias" in options else None
   is_causal = options.get("is_causal", False)
-  assert aj.select_implementation(query, key, key, bias, mask, backend="gpu") == "cudnn"
+  assert aj.select_implementation(query, key, key, bias, mask, implementation="cudnn",
+                                  backend="gpu") == "cudnn"
 
   def loss(q, k, v, b, m):
     out = cudnn.cudnn_attention(q, k, v, b, m, scale=0.3, is_causal=is_causal)
@@ -91,27 +92,34 @@ def _shapes(q_len, head_dim=64, dtype=jnp.float32, kv_len=None):
   return query, key, key
 
 
-@pytest.mark.parametrize("backend, shapes, options, expected", [
-    ("cpu", _shapes(64), {}, "reference"),
-    ("cpu", _shapes(64, kv_len=aj.attention.CHUNKED_MIN_LENGTH_CPU), {}, "chunked"),
-    ("cpu", _shapes(1024), {"dropout_rate": 0.1}, "reference"),
-    ("gpu", _shapes(100, dtype=jnp.bfloat16), {}, "cudnn"),
-    ("gpu", _shapes(64, dtype=jnp.float16), {"mask": np.ones((64, 64), bool)}, "cudnn"),
-    ("gpu", _shapes(64), {}, "xla"),  # float32: cuDNN's flash kernel takes 16-bit floats only
-    ("gpu", _shapes(63, dtype=jnp.bfloat16), {}, "cudnn"),  # odd lengths are padded
-    ("gpu", _shapes(8192), {}, "chunked"),  # 2 x 8 x 8192^2 float32 logits: 4 GiB
-    ("gpu", _shapes(64, head_dim=12, dtype=jnp.bfloat16), {}, "xla"),
-    ("gpu", _shapes(63, dtype=jnp.bfloat16), {"bias": np.zeros((63, 63))}, "cudnn"),
-    ("gpu", _shapes(64, dtype=jnp.bfloat16), {"return_weights": True}, "reference"),
-    ("tpu", _shapes(aj.attention.PALLAS_MIN_LENGTH_TPU), {}, "pallas_tpu"),
-    ("tpu", _shapes(1000), {}, "xla"),  # not a multiple of 128
-    ("tpu", _shapes(256), {}, "xla"),
-    ("tpu", _shapes(2048, head_dim=192), {}, "xla"),
+H100 = "NVIDIA H100 80GB HBM3"  # where cuDNN has been measured (attention.MEASURED_ON)
+
+
+@pytest.mark.parametrize("backend, device_kind, shapes, options, expected", [
+    ("cpu", "cpu", _shapes(64), {}, "reference"),
+    ("cpu", "cpu", _shapes(64, kv_len=aj.attention.CHUNKED_MIN_LENGTH_CPU), {}, "chunked"),
+    ("cpu", "cpu", _shapes(1024), {"dropout_rate": 0.1}, "reference"),
+    ("gpu", H100, _shapes(100, dtype=jnp.bfloat16), {}, "cudnn"),
+    ("gpu", H100, _shapes(64, dtype=jnp.float16), {"mask": np.ones((64, 64), bool)}, "cudnn"),
+    ("gpu", H100, _shapes(64), {}, "xla"),  # float32: cuDNN's flash kernel takes 16-bit floats
+    ("gpu", H100, _shapes(63, dtype=jnp.bfloat16), {}, "cudnn"),  # odd lengths are padded
+    ("gpu", H100, _shapes(8192), {}, "chunked"),  # 2 x 8 x 8192^2 float32 logits: 4 GiB
+    ("gpu", H100, _shapes(64, head_dim=12, dtype=jnp.bfloat16), {}, "xla"),
+    ("gpu", H100, _shapes(63, dtype=jnp.bfloat16), {"bias": np.zeros((63, 63))}, "cudnn"),
+    ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"return_weights": True}, "reference"),
+    ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"logits_soft_cap": 30.0}, "chunked"),
+    ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"return_residual": True}, "cudnn"),
+    ("gpu", "Tesla T4", _shapes(100, dtype=jnp.bfloat16), {}, "xla"),  # cuDNN not measured there
+    ("gpu", None, _shapes(100, dtype=jnp.bfloat16), {}, "xla"),  # an unknown GPU
+    ("tpu", "TPU v4", _shapes(4096), {}, "xla"),  # the Pallas kernel has not run on a TPU yet
+    ("tpu", "TPU v2", _shapes(1000), {}, "xla"),
+    ("tpu", "TPU v5 lite", _shapes(2048, head_dim=192), {"return_residual": True}, "xla"),
 ])
-def test_automatic_choice_per_backend(backend, shapes, options, expected):
+def test_automatic_choice_per_backend(backend, device_kind, shapes, options, expected):
   options = dict(options)
   bias, mask = options.pop("bias", None), options.pop("mask", None)
-  assert aj.select_implementation(*shapes, bias, mask, backend=backend, **options) == expected
+  assert aj.select_implementation(*shapes, bias, mask, backend=backend, device_kind=device_kind,
+                                  **options) == expected
 
 
 @pytest.mark.parametrize("implementation, backend, shapes, match", [
@@ -119,11 +127,17 @@ def test_automatic_choice_per_backend(backend, shapes, options, expected):
     ("pallas_tpu", "gpu", _shapes(1024), "only on the tpu backend"),
     ("cudnn", "gpu", _shapes(64), "float16 or bfloat16"),
     ("pallas_tpu", "tpu", _shapes(100), "multiples of 128"),
+    ("pallas_tpu", "tpu", _shapes(1024), "does not compile on TPU v3"),
+    ("cudnn", "gpu", _shapes(64, dtype=jnp.bfloat16), "no logits soft cap"),
+    ("pallas_tpu", "tpu", _shapes(1024), "does not return the log-sum-exp"),
 ])
 def test_named_accelerator_kernel_that_cannot_serve_raises(implementation, backend, shapes,
                                                            match):
+  options = {"device_kind": "TPU v3"} if "TPU v3" in match else {}
+  options.update({"logits_soft_cap": 5.0} if "soft cap" in match else {})
+  options.update({"return_residual": True} if "log-sum-exp" in match else {})
   with pytest.raises(ValueError, match=match):
-    aj.select_implementation(*shapes, implementation=implementation, backend=backend)
+    aj.select_implementation(*shapes, implementation=implementation, backend=backend, **options)
 
 
 def test_dot_product_attention_refuses_accelerator_kernel_of_another_backend():

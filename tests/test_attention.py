@@ -244,7 +244,7 @@ def test_chunked_causal_block_skipping_at_every_block_shape(q_len, kv_len, block
     (100, 256, 104, 1),     # but never beyond the padded length
 ])
 def test_chunked_block_sizes(length, requested, block, count):
-  geometry = aj.chunked._Blocks.create(length, length, requested, requested, is_causal=True)
+  geometry = aj.chunked._Blocks.create(length, length, requested, requested, narrow_keys=True)
   assert (geometry.block_q, geometry.num_q) == (block, count)
   assert (geometry.block_k, geometry.num_k) == (block, count)
 

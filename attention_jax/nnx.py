@@ -1,0 +1,489 @@
+"""Flax NNX shells over the pure functions that the Linen modules call: one implementation of
+the mathematics, two thin shells.
+
+Each NNX module holds the parameter tree of its Linen twin (same names, same shapes), so weights
+move both ways:
+
+  load_linen_params(module, variables["params"])   Linen -> NNX, in place
+  linen_params(module)                             NNX -> Linen, a dict of arrays
+
+Dropout: ``deterministic`` (default True, as in the Linen twins' call) is set in the constructor,
+by ``model.train()`` / ``model.eval()`` or ``nnx.view(model, deterministic=False)``, or at the
+call; the keys come from the ``rngs`` given to the constructor ("dropout" stream, or "default").
+
+Attention maps: inside ``nnx.capture(..., nnx.Intermediate)`` each MultiHeadAttention sows
+"attention_logits" and "attention_weights" [..., N, T, S], computed beside the output (which does
+not change), as the Linen module does when "intermediates" is mutable.
+
+Shape letters: B batch, T tokens, S keys, D d_model, N heads, H head dim, C classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import math
+from typing import Any, Callable
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from attention_jax import encoder as encoder_lib
+from attention_jax import masks as masks_lib
+from attention_jax import multihead
+from attention_jax import positional
+
+
+def _capturing(module: nnx.Module) -> bool:
+  """True inside ``nnx.capture(..., nnx.Intermediate)``: NNX's counterpart of Linen's mutable
+  "intermediates" collection. (``nnx.capture`` marks the modules it runs with ``__captures__``;
+  outside it a ``sow`` would set an attribute instead, which flax 0.12 deprecates.)"""
+  return any(type(v) is nnx.Intermediate for v in getattr(module, "__captures__", ()))
+
+
+class _Dropping(nnx.Module):
+  """A module with dropout somewhere inside. ``deterministic`` is set by the constructor,
+  ``train()`` / ``eval()``, ``nnx.view(module, deterministic=...)`` or the call, and the call
+  passes it down explicitly."""
+
+  def set_view(self, deterministic: bool | None = None):
+    """Called by ``nnx.view``, as on ``nnx.Dropout``."""
+    if deterministic is not None:
+      self.deterministic = deterministic
+
+  def _deterministic(self, deterministic: bool | None) -> bool:
+    return self.deterministic if deterministic is None else deterministic
+
+
+class _Projection(nnx.Module):
+  """A kernel [*in, *out] (and bias [*out]) that returns itself as {"kernel", "bias"}.
+
+  The kernel is drawn as the matrix [prod(in), prod(out)] and reshaped, as the Linen module does,
+  so the initial scale of q . k does not depend on how the output is split into heads.
+  """
+
+  def __init__(self, kernel_shape, input_dims, *, use_bias, kernel_init, bias_init, param_dtype,
+               rngs: nnx.Rngs):
+    matrix = (math.prod(kernel_shape[:input_dims]), math.prod(kernel_shape[input_dims:]))
+    kernel = kernel_init(rngs.params(), matrix, param_dtype)
+    self.kernel = nnx.Param(jnp.reshape(kernel, kernel_shape))
+    bias_shape = kernel_shape[input_dims:]
+    self.bias = nnx.Param(bias_init(rngs.params(), bias_shape, param_dtype)) if use_bias else None
+
+  def __call__(self):
+    weights = {"kernel": self.kernel[...]}
+    if self.bias is not None:
+      weights["bias"] = self.bias[...]
+    return weights
+
+
+class _Scale(nnx.Module):
+  """The learned scale [H] of a QK LayerNorm (flax's LayerNorm(use_bias=False) layout)."""
+
+  def __init__(self, features: int, param_dtype):
+    self.scale = nnx.Param(jnp.ones((features,), param_dtype))
+
+  def __call__(self):
+    return {"scale": self.scale[...]}
+
+
+class MultiHeadAttention(_Dropping):
+  """Multi-head attention (Vaswani et al. 2017) as a Flax NNX module; the twin of
+  ``attention_jax.MultiHeadAttention``, computed by ``multihead.multi_head_attention``.
+
+  inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None (self-attention) -> [..., T, D_out].
+
+  Args:
+    num_heads: N.
+    in_features: D_in, the width of the inputs.
+    d_model: N * H, the width of the projected queries/keys/values; default: in_features.
+    out_features: D_out; default: in_features.
+    scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (a per-head temperature [N]).
+    dropout_rate: attention dropout, with keys from ``rngs`` when not deterministic.
+    implementation: passed to ``dot_product_attention``.
+    fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
+    qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
+    normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys.
+    deterministic: no dropout unless False (here or at the call).
+
+  Parameters: query/key/value {kernel [D_in, N, H], bias [N, H]} (or qkv), out {kernel
+  [N, H, D_out], bias [D_out]}, query_ln/key_ln {scale [H]}, temperature [N].
+
+  >>> layer = MultiHeadAttention(8, 128, d_model=256, rngs=nnx.Rngs(0))  # 8 heads of d_k = 32
+  >>> y = layer(x)  # x [B, T, 128] -> y [B, T, 128]
+  >>> y, maps = nnx.capture(layer, nnx.Intermediate)(x)
+  >>> maps["attention_weights"][0].shape  # [B, 8, T, T], as Linen sows them
+  """
+
+  def __init__(self, num_heads: int, in_features: int, *, d_model: int | None = None,
+               out_features: int | None = None, scale: float | str = "inv_sqrt",
+               dropout_rate: float = 0.0, implementation: str | None = None,
+               fused_qkv: bool = False, use_bias: bool = True,
+               qk_transform: Callable | None = None, normalize_qk: bool = False,
+               kernel_init: Callable = nnx.initializers.lecun_normal(),
+               bias_init: Callable = nnx.initializers.zeros_init(), param_dtype: Any = jnp.float32,
+               deterministic: bool = True, rngs: nnx.Rngs):
+    head_dim = multihead.head_dim_of(d_model or in_features, num_heads)
+    multihead.resolve_scale(scale, head_dim)  # an unknown name fails before any parameter
+    self.num_heads, self.scale, self.dropout_rate = num_heads, scale, dropout_rate
+    self.implementation, self.fused_qkv, self.qk_transform = implementation, fused_qkv, qk_transform
+    self.normalize_qk, self.deterministic = normalize_qk, deterministic
+    heads, d_out = (num_heads, head_dim), out_features or in_features
+    weights = dict(use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
+                   param_dtype=param_dtype, rngs=rngs)
+    if fused_qkv:
+      self.qkv = _Projection((in_features, 3) + heads, 1, **weights)  # [D_in, 3, N, H]
+    else:
+      self.query = _Projection((in_features,) + heads, 1, **weights)  # [D_in, N, H]
+      self.key = _Projection((in_features,) + heads, 1, **weights)
+      self.value = _Projection((in_features,) + heads, 1, **weights)
+    self.out = _Projection(heads + (d_out,), 2, **weights)  # [N, H, D_out]
+    if normalize_qk:
+      self.query_ln, self.key_ln = _Scale(head_dim, param_dtype), _Scale(head_dim, param_dtype)
+    if scale == "learned":
+      self.temperature = nnx.Param(
+          jnp.full((num_heads,), multihead.resolve_scale("learned", head_dim), param_dtype))
+    self.rngs = rngs["dropout"].fork() if dropout_rate > 0.0 else None
+
+  def params(self) -> dict:
+    """The parameters as the dict that ``multihead.multi_head_attention`` takes."""
+    names = ("qkv",) if self.fused_qkv else ("query", "key", "value")
+    names += ("out",) + (("query_ln", "key_ln") if self.normalize_qk else ())
+    params = {name: getattr(self, name)() for name in names}
+    if self.scale == "learned":
+      params["temperature"] = self.temperature[...]
+    return params
+
+  def __call__(self, inputs_q, inputs_kv=None, *, mask=None, bias=None, is_causal=False,
+               deterministic: bool | None = None, **attention_args):
+    """inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None -> [..., T, D_out].
+
+    mask (True = attend) and bias broadcast to [..., N, T, S]; ``attention_args``: further
+    keyword arguments of ``multihead.multi_head_attention``, as the Linen module takes them.
+    """
+    params = self.params()
+    dropout = self.dropout_rate > 0.0 and not self._deterministic(deterministic)
+    output = multihead.multi_head_attention(
+        params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale,
+        is_causal=is_causal, qk_transform=self.qk_transform,
+        dropout_rate=self.dropout_rate if dropout else 0.0,
+        dropout_rng=self.rngs() if dropout else None, implementation=self.implementation,
+        **attention_args)
+    if _capturing(self):
+      self._sow_maps(params, inputs_q, inputs_kv, mask, bias, is_causal, attention_args)
+    return output
+
+  def _sow_maps(self, params, inputs_q, inputs_kv, mask, bias, is_causal, attention_args):
+    """Sows the logits and the weights [..., N, T, S] as the Linen module does."""
+    logits, weights = multihead.attention_maps(
+        params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale, is_causal=is_causal,
+        qk_transform=self.qk_transform, **attention_args)
+    self.sow(nnx.Intermediate, "attention_logits", logits)
+    self.sow(nnx.Intermediate, "attention_weights", weights)
+
+
+# Positional encodings: the Linen ones' three methods, over the same pure functions. ``rotate`` is
+# static so that a block can take it from the config alone (and be built by nnx.vmap over layers).
+
+class NoPositionalEncoding(nnx.Module):
+  """No position information: embed, rotate and attention_bias leave everything as it is.
+
+  >>> encoding = positional_encoding("none", max_length=64, d_model=32, num_heads=4,
+  ...                                rngs=nnx.Rngs(0))
+  """
+
+  def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs):
+    del max_length, d_model, rngs
+    self.num_heads = num_heads
+
+  def embed(self, x):
+    """[B, T, D] -> [B, T, D]."""
+    return x
+
+  @staticmethod
+  def rotate(query, key):
+    """[B, T, N, H], [B, S, N, H] -> same."""
+    return query, key
+
+  def attention_bias(self, q_len: int, kv_len: int):
+    """None, or a logit bias [N, T, S]."""
+    return None
+
+
+class SinusoidalEncoding(NoPositionalEncoding):
+  """Adds the fixed sinusoidal table to the embeddings; any length.
+
+  >>> positional_encoding("sinusoidal", max_length=64, d_model=32, num_heads=4, rngs=rngs)
+  """
+
+  def embed(self, x):
+    return x + positional.sinusoidal_encoding(x.shape[-2], x.shape[-1]).astype(x.dtype)
+
+
+class LearnedEncoding(NoPositionalEncoding):
+  """Adds a learned table [max_length, D] ("table", as the Linen one).
+
+  >>> positional_encoding("learned", max_length=64, d_model=32, num_heads=4, rngs=rngs)
+  """
+
+  def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs):
+    super().__init__(max_length=max_length, d_model=d_model, num_heads=num_heads, rngs=rngs)
+    self.table = nnx.Param(positional.learned_table_init(rngs.params(), (max_length, d_model)))
+
+  def embed(self, x):
+    return positional.add_learned_table(x, self.table[...])
+
+
+class RotaryEncoding(NoPositionalEncoding):
+  """Rotates queries and keys by their positions (RoPE).
+
+  >>> RotaryEncoding.rotate(query, key)  # [B, T, N, H] each -> same
+  """
+
+  @staticmethod
+  def rotate(query, key):
+    return positional.apply_rope(query), positional.apply_rope(key)
+
+
+class ALiBiEncoding(NoPositionalEncoding):
+  """Adds -slope_n * |t - s| to the logits of head n (ALiBi).
+
+  >>> positional_encoding("alibi", max_length=64, d_model=32, num_heads=4,
+  ...                     rngs=rngs).attention_bias(10, 10).shape
+  (4, 10, 10)
+  """
+
+  def attention_bias(self, q_len: int, kv_len: int):
+    return positional.alibi_bias(self.num_heads, q_len, kv_len)
+
+
+POSITIONAL_ENCODINGS = {
+    "none": NoPositionalEncoding,
+    "sinusoidal": SinusoidalEncoding,
+    "learned": LearnedEncoding,
+    "rope": RotaryEncoding,
+    "alibi": ALiBiEncoding,
+}
+
+
+def positional_encoding(name: str, /, *, max_length: int, d_model: int, num_heads: int,
+                        rngs: nnx.Rngs):
+  """The NNX positional encoding registered under ``name`` (the names of the Linen registry).
+
+  >>> encoding = positional_encoding("rope", max_length=512, d_model=128, num_heads=8,
+  ...                                rngs=nnx.Rngs(0))
+  """
+  if name not in POSITIONAL_ENCODINGS:
+    raise ValueError(
+        f"unknown positional encoding {name!r}; known: {sorted(POSITIONAL_ENCODINGS)}.")
+  return POSITIONAL_ENCODINGS[name](max_length=max_length, d_model=d_model, num_heads=num_heads,
+                                    rngs=rngs)
+
+
+def _check_attention_module(config: encoder_lib.EncoderConfig):
+  if config.attention_module is not None:
+    raise ValueError(
+        f"EncoderConfig.attention_module={config.attention_module!r} is a Linen choice; the NNX "
+        f"encoder uses attention_jax.nnx.MultiHeadAttention, so leave attention_module=None.")
+
+
+class FeedForward(_Dropping):
+  """Position-wise FFN(x) = max(0, x W_1 + b_1) W_2 + b_2: [..., D] -> [..., D].
+
+  >>> FeedForward(32, 64, dropout_rate=0.1, rngs=nnx.Rngs(0))(x)  # x [B, T, 32] -> [B, T, 32]
+  """
+
+  def __init__(self, d_model: int, mlp_dim: int, *, dropout_rate: float,
+               deterministic: bool = True, rngs: nnx.Rngs):
+    self.deterministic = deterministic
+    self.hidden = nnx.Linear(d_model, mlp_dim, rngs=rngs)
+    self.output = nnx.Linear(mlp_dim, d_model, rngs=rngs)
+    self.dropout = nnx.Dropout(dropout_rate, deterministic=deterministic, rngs=rngs)
+
+  def __call__(self, x, *, deterministic: bool | None = None):
+    deterministic = self._deterministic(deterministic)
+    y = nnx.relu(self.hidden(x))  # [..., mlp_dim]
+    return self.output(self.dropout(y, deterministic=deterministic))  # [..., D]
+
+
+class EncoderBlock(_Dropping):
+  """Self-attention and feed-forward sublayers with residuals and LayerNorm: [B, T, D] -> same;
+  the twin of ``attention_jax.EncoderBlock`` (attention, feed_forward, norm_0, norm_1).
+
+  ``mask`` broadcasts to [B, N, T, T]; ``attention_bias`` to [N, T, T] (or None). RoPE comes from
+  ``config.positional_encoding``; the other encodings act outside the block.
+
+  >>> block = EncoderBlock(EncoderConfig(vocab_size=32, d_model=64), rngs=nnx.Rngs(0))
+  >>> y = block(x, padding_mask(valid))  # x [B, T, 64] -> y [B, T, 64]
+  """
+
+  def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
+               rngs: nnx.Rngs):
+    _check_attention_module(config)
+    cfg = self.config = config
+    self.deterministic = deterministic
+    self.attention = MultiHeadAttention(
+        cfg.num_heads, cfg.d_model, d_model=cfg.num_heads * cfg.key_dim,
+        scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate,
+        implementation=cfg.attention_impl, normalize_qk=cfg.normalize_qk,
+        qk_transform=POSITIONAL_ENCODINGS[cfg.positional_encoding].rotate,
+        deterministic=deterministic, rngs=rngs)
+    self.feed_forward = FeedForward(cfg.d_model, cfg.mlp_dim, dropout_rate=cfg.dropout_rate,
+                                    deterministic=deterministic, rngs=rngs)
+    self.norm_0 = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+    self.norm_1 = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=deterministic, rngs=rngs)
+
+  def __call__(self, x, mask=None, attention_bias=None, *, deterministic: bool | None = None):
+    deterministic = self._deterministic(deterministic)
+    dropout = lambda y: self.dropout(y, deterministic=deterministic)
+    attention = lambda y: self.attention(y, mask=mask, bias=attention_bias,
+                                         deterministic=deterministic)
+    feed_forward = lambda y: self.feed_forward(y, deterministic=deterministic)
+    for sublayer, norm in ((attention, self.norm_0), (feed_forward, self.norm_1)):
+      x = encoder_lib.residual_sublayer(x, sublayer, norm, dropout,
+                                        pre_layer_norm=self.config.pre_layer_norm)
+    return x
+
+
+class TransformerEncoder(_Dropping):
+  """Token ids [B, T] -> contextual vectors [B, T', D] (T' = T + 1 with ``cls_token``); the twin
+  of ``attention_jax.TransformerEncoder`` (embed, cls, positional, block_{i}, final_norm).
+
+  ``valid`` [B, T] marks real tokens (default: tokens != pad_id); padded keys get no attention.
+
+  >>> config = EncoderConfig(vocab_size=32, d_model=64, num_heads=4, num_layers=2)
+  >>> encoder = TransformerEncoder(config, rngs=nnx.Rngs(0))
+  >>> x = encoder(tokens)  # tokens [B, T] -> x [B, T, 64]
+  """
+
+  def __init__(self, config: encoder_lib.EncoderConfig, *, cls_token: bool = False,
+               deterministic: bool = True, rngs: nnx.Rngs):
+    _check_attention_module(config)
+    cfg = self.config = config
+    self.cls_token, self.deterministic = cls_token, deterministic
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+    if cls_token:
+      self.cls = nnx.Param(jax.nn.initializers.normal(1.0)(rngs.params(), (cfg.d_model,)))
+    self.positional = positional_encoding(
+        cfg.positional_encoding, max_length=cfg.max_length + cls_token, d_model=cfg.d_model,
+        num_heads=cfg.num_heads, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=deterministic, rngs=rngs)
+    for layer in range(cfg.num_layers):
+      setattr(self, f"block_{layer}", EncoderBlock(cfg, deterministic=deterministic, rngs=rngs))
+    if cfg.pre_layer_norm:
+      self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs)
+
+  def embed_inputs(self, tokens, valid=None, *, deterministic: bool | None = None):
+    """What the first block sees: tokens [B, T] -> x [B, T', D], mask [B, 1, 1, T'] and
+    attention_bias [N, T', T'] or None. (For running the blocks another way, e.g. nnx.scan.)"""
+    deterministic = self._deterministic(deterministic)
+    cfg = self.config
+    valid = masks_lib.tokens_to_valid(tokens, cfg.pad_id) if valid is None else valid
+    x = self.embed(tokens) * math.sqrt(cfg.d_model)  # [B, T, D]
+    if self.cls_token:
+      x, valid = encoder_lib.prepend_cls(x, valid, self.cls[...])  # [B, T + 1, D], [B, T + 1]
+    x = self.dropout(self.positional.embed(x), deterministic=deterministic)
+    length = x.shape[-2]
+    return x, masks_lib.padding_mask(valid), self.positional.attention_bias(length, length)
+
+  def __call__(self, tokens, valid=None, *, deterministic: bool | None = None):
+    deterministic = self._deterministic(deterministic)
+    x, mask, attention_bias = self.embed_inputs(tokens, valid, deterministic=deterministic)
+    for layer in range(self.config.num_layers):
+      x = getattr(self, f"block_{layer}")(x, mask, attention_bias, deterministic=deterministic)
+    return self.final_norm(x) if self.config.pre_layer_norm else x
+
+
+class SequenceClassifier(_Dropping):
+  """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token or masked mean;
+  the twin of ``attention_jax.SequenceClassifier`` (encoder, logits).
+
+  >>> model = SequenceClassifier(EncoderConfig(vocab_size=32, num_classes=10, pooling="mean"),
+  ...                            rngs=nnx.Rngs(0))
+  >>> logits = model(tokens)  # [B, T] -> [B, 10]
+  """
+
+  def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
+               rngs: nnx.Rngs):
+    self.config, self.deterministic = config, deterministic
+    self.encoder = TransformerEncoder(config, cls_token=config.pooling == "cls",
+                                      deterministic=deterministic, rngs=rngs)
+    self.logits = nnx.Linear(config.d_model, config.num_classes, rngs=rngs)
+
+  def __call__(self, tokens, valid=None, *, deterministic: bool | None = None):
+    deterministic = self._deterministic(deterministic)
+    valid = masks_lib.tokens_to_valid(tokens, self.config.pad_id) if valid is None else valid
+    x = self.encoder(tokens, valid, deterministic=deterministic)  # [B, T(+1), D]
+    pooled = x[..., 0, :] if self.encoder.cls_token else encoder_lib.masked_mean(x, valid)
+    return self.logits(pooled)  # [B, C]
+
+
+class TokenClassifier(_Dropping):
+  """Token ids [B, T] -> logits [B, T, C] at every position (no CLS token); the twin of
+  ``attention_jax.TokenClassifier`` (encoder, logits).
+
+  >>> model = TokenClassifier(EncoderConfig(vocab_size=32, num_classes=16), rngs=nnx.Rngs(0))
+  >>> logits = model(tokens)  # [B, T] -> [B, T, 16]
+  """
+
+  def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
+               rngs: nnx.Rngs):
+    self.config, self.deterministic = config, deterministic
+    self.encoder = TransformerEncoder(config, deterministic=deterministic, rngs=rngs)
+    self.logits = nnx.Linear(config.d_model, config.num_classes, rngs=rngs)
+
+  def __call__(self, tokens, valid=None, *, deterministic: bool | None = None):
+    deterministic = self._deterministic(deterministic)
+    x = self.encoder(tokens, valid, deterministic=deterministic)  # [B, T, D]
+    return self.logits(x)  # [B, T, C]
+
+
+def linen_params(module: nnx.Module) -> dict:
+  """The parameters of ``module`` as the Linen twin's ``variables["params"]`` (nested dicts of
+  arrays; a leading axis stays where nnx.vmap made one).
+
+  >>> variables = {"params": linen_params(nnx_model)}
+  >>> attention_jax.SequenceClassifier(config).apply(variables, tokens)  # == nnx_model(tokens)
+  """
+  return nnx.to_pure_dict(nnx.state(module, nnx.Param))
+
+
+def _plain(tree):
+  """Nested mappings (dicts, FrozenDicts) of arrays -> nested dicts of jax arrays."""
+  if isinstance(tree, Mapping):
+    return {key: _plain(value) for key, value in tree.items()}
+  return jnp.asarray(tree)
+
+
+def _shapes(tree, prefix=()):
+  """{"a/b/kernel": shape} for the leaves of nested dicts."""
+  if not isinstance(tree, dict):
+    return {"/".join(map(str, prefix)): jnp.shape(tree)}
+  return {path: shape for key, value in tree.items()
+          for path, shape in _shapes(value, prefix + (key,)).items()}
+
+
+def load_linen_params(module: nnx.Module, params) -> nnx.Module:
+  """Sets the parameters of ``module`` (in place) to the Linen twin's ``variables["params"]``
+  (or the variables dict itself); returns the module. A different tree raises ValueError.
+
+  >>> variables = attention_jax.SequenceClassifier(config).init(jax.random.key(0), tokens)
+  >>> model = load_linen_params(SequenceClassifier(config, rngs=nnx.Rngs(0)), variables)
+  """
+  params = _plain(params)
+  if set(params) == {"params"}:
+    params = params["params"]
+  state = nnx.state(module, nnx.Param)
+  want, got = _shapes(nnx.to_pure_dict(state)), _shapes(params)
+  if want != got:
+    reshaped = [f"{path} {want[path]} != {got[path]}" for path in sorted(want.keys() & got.keys())
+                if want[path] != got[path]]
+    raise ValueError(
+        f"these parameters do not fit {type(module).__name__}: missing "
+        f"{sorted(want.keys() - got.keys())[:5]}, unexpected {sorted(got.keys() - want.keys())[:5]}"
+        f", shapes (module's != given) {reshaped[:5]}; build the module from the Linen model's "
+        f"config.")
+  nnx.replace_by_pure_dict(state, params)
+  nnx.update(module, state)
+  return module
