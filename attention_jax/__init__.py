@@ -7,6 +7,7 @@ from attention_jax import diagnostics
 from attention_jax.attention import IMPLEMENTATIONS
 from attention_jax.attention import dot_product_attention
 from attention_jax.attention import select_implementation
+from attention_jax.attention import structure_mask
 from attention_jax.chunked import chunked_attention
 from attention_jax.encoder import EncoderBlock
 from attention_jax.encoder import EncoderConfig
@@ -16,10 +17,14 @@ from attention_jax.encoder import TransformerEncoder
 from attention_jax.masks import causal_mask
 from attention_jax.masks import combine_masks
 from attention_jax.masks import lengths_to_valid
+from attention_jax.masks import local_window_mask
 from attention_jax.masks import padding_mask
+from attention_jax.masks import segment_mask
+from attention_jax.masks import seq_lengths_mask
 from attention_jax.masks import tokens_to_valid
 from attention_jax.multihead import SCALES
 from attention_jax.multihead import MultiHeadAttention
+from attention_jax.multihead import attention_maps
 from attention_jax.multihead import multi_head_attention
 from attention_jax.multihead import multi_head_attention_logits
 from attention_jax.multihead import multi_head_attention_weights

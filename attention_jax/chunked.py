@@ -138,9 +138,11 @@ class _Blocks:
       array = lax.dynamic_slice_in_dim(array, j * self.block_k, self.block_k, axis=-1)
     return array
 
-  def _last(self, block, size, length, dynamic_length):
-    last = min((block + 1) * size, length) - 1 if isinstance(block, int) else jnp.minimum(
-        (block + 1) * size, length) - 1
+  @staticmethod
+  def _last(block, size, length, dynamic_length):
+    """The last real index of ``block`` (of ``size``) in a sequence of ``length`` (or of
+    ``dynamic_length`` when given); below the block's first index when the block is empty."""
+    last = jnp.minimum((block + 1) * size, length) - 1
     return last if dynamic_length is None else jnp.minimum(last, dynamic_length - 1)
 
   def key_range(self, i, pattern: Pattern, head: _Head):

@@ -2,16 +2,55 @@
 
   python examples/use_in_your_project.py
 
+0. an NNX model of your own with attention_jax.nnx's MultiHeadAttention and a positional encoding
+   chosen by name, its attention maps captured, and its weights moved to the Linen twin;
 1. dot_product_attention inside your own jit and vmap (and grad);
-2. MultiHeadAttention dropped into your own Flax model, the positional encoding chosen by name;
+2. MultiHeadAttention dropped into your own Flax Linen model, the positional encoding by name;
 3. the attention weights of that model, captured without changing its output.
 """
 
+from flax import nnx
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 import attention_jax as aj
+from attention_jax import nnx as ajnnx
+
+
+# 0. Flax NNX: your own module holding attention_jax's NNX attention.
+class NnxTagger(nnx.Module):
+  """Token ids [B, T] -> per-token logits [B, T, C]."""
+
+  def __init__(self, *, vocab_size=100, d_model=64, num_heads=4, num_classes=5, max_length=32,
+               encoding="rope", rngs: nnx.Rngs):
+    self.embed = nnx.Embed(vocab_size, d_model, rngs=rngs)
+    self.position = ajnnx.positional_encoding(encoding, max_length=max_length, d_model=d_model,
+                                              num_heads=num_heads, rngs=rngs)
+    self.attention = ajnnx.MultiHeadAttention(num_heads, d_model,
+                                              qk_transform=self.position.rotate, rngs=rngs)
+    self.norm = nnx.LayerNorm(d_model, rngs=rngs)
+    self.logits = nnx.Linear(d_model, num_classes, rngs=rngs)
+
+  def __call__(self, tokens):
+    x = self.position.embed(self.embed(tokens))  # [B, T, D]
+    length = tokens.shape[-1]
+    x = x + self.attention(x, mask=aj.padding_mask(tokens != 0),
+                           bias=self.position.attention_bias(length, length))
+    return self.logits(self.norm(x))
+
+
+tokens = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
+tagger = NnxTagger(rngs=nnx.Rngs(0))
+print("0. NNX tagger under nnx.jit:", nnx.jit(lambda model, t: model(t))(tagger, tokens).shape)
+_, maps = nnx.capture(tagger, nnx.Intermediate)(tokens)
+print("   captured attention weights [B, N, T, S]:", maps["attention"]["attention_weights"][0].shape)
+classifier = ajnnx.SequenceClassifier(aj.EncoderConfig(vocab_size=100, d_model=32, num_heads=4,
+                                                       num_classes=3), rngs=nnx.Rngs(1))
+linen_twin = aj.SequenceClassifier(classifier.config)  # the same model in Linen, same weights
+same = jnp.allclose(linen_twin.apply({"params": ajnnx.linen_params(classifier)}, tokens),
+                    classifier(tokens), atol=1e-6)
+print("   NNX classifier equals its Linen twin with the moved weights:", bool(same))
 
 
 # 1. A function of your own that calls the attention kernel; jit, vmap and grad compose with it.

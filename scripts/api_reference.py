@@ -15,7 +15,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import attention_jax as aj  # noqa: E402
+from attention_jax import attention  # noqa: E402
 from attention_jax import diagnostics  # noqa: E402
+from attention_jax import nnx  # noqa: E402
 
 PATH = os.path.join(ROOT, "docs", "API.md")
 
@@ -36,6 +38,8 @@ def entry(qualified: str, obj) -> str:
     kind = "class" if inspect.isclass(obj) else "def"
     head = f"### `{qualified}`\n\n```python\n{kind} {qualified.split('.')[-1]}{signature}\n```\n"
     return head + "\n```text\n" + inspect.cleandoc(obj.__doc__ or "") + "\n```\n"
+  if isinstance(obj, dict) and all(isinstance(v, str) for v in obj.values()):
+    return f"### `{qualified}`\n\n" + "".join(f"- `{k}`: {v}\n" for k, v in obj.items())
   value = f"a dict keyed by {sorted(obj)}" if isinstance(obj, dict) else repr(obj)
   return f"### `{qualified}`\n\n`{qualified}`: {value}\n"
 
@@ -47,6 +51,15 @@ def render() -> str:
            "K key/value heads, H head dim (d_k), D model width.", ""]
   for name in sorted(public_names(aj), key=str.lower):
     parts.append(entry(f"attention_jax.{name}", getattr(aj, name)))
+  parts += ["## attention_jax.attention: the automatic choice and what each implementation "
+            "supports", ""]
+  for name in ("TRANSFORMS", "MEASURED_ON", "CHUNKED_MIN_LENGTH_CPU", "XLA_MAX_LOGITS_BYTES_GPU"):
+    parts.append(entry(f"attention_jax.attention.{name}", getattr(attention, name)))
+  parts += ["## attention_jax.nnx: the Flax NNX modules", "",
+            inspect.cleandoc(nnx.__doc__), ""]
+  for name in sorted(public_names(nnx), key=str.lower):
+    if getattr(getattr(nnx, name), "__module__", None) == "attention_jax.nnx":
+      parts.append(entry(f"attention_jax.nnx.{name}", getattr(nnx, name)))
   parts += ["## attention_jax.diagnostics", ""]
   for name in ("entropy", "attention_distance", "diagonal_is_max", "per_head_mean",
                "logit_variance", "head_statistics"):

@@ -49,3 +49,18 @@ def test_block_math_floor_computes_attention():
   query, key, value = (rng.standard_normal((1, 24, 2, 8)).astype(np.float32) for _ in range(3))
   expected = numpy_reference.attention(query, key, value)[0]
   assert_close(benchmark.block_math_floor(query, key, value, block_q=8), expected, 1e-5)
+
+
+def test_benchmark_structure_times_windows_and_measures_gqa_memory(tmp_path):
+  output = tmp_path / "structure.json"
+  result = subprocess.run([sys.executable, "scripts/benchmark_structure.py", "--rounds", "1",
+                           "--length", "64", "--window", "4", "--gqa-length", "32", "--heads",
+                           "4", "--group", "2", "--json", str(output)], cwd=ROOT,
+                          capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = json.loads(output.read_text())
+  methods = {(row["part"], row["pass"], row["method"]) for row in rows}
+  assert ("window", "fwd+bwd", "window (blocks skipped)") in methods
+  assert {("gqa chunked", "fwd+bwd", name) for name in ("grouped queries",
+                                                        "copied keys/values")} <= methods
+  assert all(row["ms"] > 0 for row in rows)

@@ -67,5 +67,7 @@ def test_the_reuse_example_runs_against_the_installed_wheel(wheel, tmp_path):
       env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"},
       capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-3000:]
+  assert "0. NNX tagger under nnx.jit: (2, 6, 5)" in result.stdout
+  assert "equals its Linen twin with the moved weights: True" in result.stdout
   assert "1. vmapped attention: (4, 8, 32)" in result.stdout
   assert "3. attention weights [B, N, T, S]: (2, 4, 6, 6)" in result.stdout

@@ -1,0 +1,133 @@
+"""What structure saves: local-window block skipping and grouped-query attention without copies.
+
+  python scripts/benchmark_structure.py [--rounds 5] [--length 8192] [--window 128]
+      [--heads 8] [--group 8] [--json FILE]
+
+1. Local window: chunked attention with ``local_window_size=(w, w)`` skips the key blocks outside
+   the band; the same band passed as a dense boolean mask makes it visit every block, and full
+   attention (no window) is the baseline. Forward and forward+backward at B = 1, T = S = length.
+2. Grouped-query attention at ``group`` query heads per key/value head: XLA's temporary memory
+   (compiled memory analysis) and time of forward+backward, keys and values used as they are
+   (this project groups the queries) against the same call on keys and values copied to every
+   query head with jnp.repeat (what GQA costs when a kernel needs equal head counts).
+
+Each round runs every method once, in an order shuffled per round; medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import attention_jax as aj  # noqa: E402
+
+
+def compiled(fn, arrays, backward):
+  """(run, temporary bytes): fn jitted (or its gradient w.r.t. q, k, v) and compiled."""
+  if backward:
+    cotangent, forward = jnp.ones(arrays[0].shape, arrays[0].dtype), fn
+    fn = jax.grad(lambda q, k, v: jnp.sum(forward(q, k, v) * cotangent), argnums=(0, 1, 2))
+  executable = jax.jit(fn).lower(*arrays).compile()
+  memory = executable.memory_analysis()
+  temp = getattr(memory, "temp_size_in_bytes", None) if memory is not None else None
+  return (lambda: jax.block_until_ready(executable(*arrays))), temp
+
+
+def median_times(runs, rounds):
+  """Median seconds per call of each run, the order shuffled per round after a warm-up."""
+  for run in runs.values():
+    run()
+  samples = {name: [] for name in runs}
+  for _ in range(rounds):
+    names = list(runs)
+    random.shuffle(names)
+    for name in names:
+      started = time.perf_counter()
+      runs[name]()
+      samples[name].append(time.perf_counter() - started)
+  return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def window_rows(length, window, heads, rounds):
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
+             for _ in range(3))
+  band = aj.masks.local_window_mask(length, length, (window, window))
+  methods = {
+      "full": lambda q, k, v: aj.dot_product_attention(q, k, v, implementation="chunked"),
+      "window as a dense mask": lambda q, k, v: aj.dot_product_attention(
+          q, k, v, mask=band, implementation="chunked"),
+      "window (blocks skipped)": lambda q, k, v: aj.dot_product_attention(
+          q, k, v, local_window_size=window, implementation="chunked"),
+  }
+  rows = []
+  for backward in (False, True):
+    runs = {name: compiled(fn, (q, k, v), backward)[0] for name, fn in methods.items()}
+    times = median_times(runs, rounds)
+    for name, seconds in times.items():
+      rows.append({"part": "window", "pass": "fwd+bwd" if backward else "fwd", "method": name,
+                   "ms": 1e3 * seconds, "vs full": seconds / times["full"]})
+  return rows
+
+
+def gqa_rows(length, heads, group, rounds):
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((1, length, heads // group, 64)), jnp.float32)
+          for _ in range(2))
+  rows = []
+  for implementation in ("reference", "chunked"):
+    def grouped(q, k, v, implementation=implementation):
+      return aj.dot_product_attention(q, k, v, implementation=implementation)
+
+    def copied(q, k, v, implementation=implementation):
+      k, v = (jnp.repeat(x, group, axis=-2) for x in (k, v))  # [1, S, N, 64]
+      return aj.dot_product_attention(q, k, v, implementation=implementation)
+
+    built = {name: compiled(fn, (q, k, v), True) for name, fn in
+             (("grouped queries", grouped), ("copied keys/values", copied))}
+    times = median_times({name: run for name, (run, _) in built.items()}, rounds)
+    for name, (_, temp) in built.items():
+      rows.append({"part": f"gqa {implementation}", "pass": "fwd+bwd", "method": name,
+                   "ms": 1e3 * times[name], "temp MiB": None if temp is None else temp / 2 ** 20,
+                   "vs copied": times[name] / times["copied keys/values"]})
+  return rows
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--length", type=int, default=8192, help="T = S of the window rows")
+  parser.add_argument("--window", type=int, default=128, help="keys on each side: (w, w)")
+  parser.add_argument("--heads", type=int, default=8, help="query heads")
+  parser.add_argument("--group", type=int, default=8, help="query heads per key/value head")
+  parser.add_argument("--gqa-length", type=int, default=2048, help="T = S of the GQA rows")
+  parser.add_argument("--json", help="write the rows to this file")
+  args = parser.parse_args()
+  if args.heads % args.group:
+    parser.error(f"--heads {args.heads} must be a multiple of --group {args.group}")
+  print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {os.cpu_count()} CPUs; "
+        f"median of {args.rounds} rounds")
+  rows = window_rows(args.length, args.window, args.heads, args.rounds)
+  rows += gqa_rows(args.gqa_length, args.heads, args.group, args.rounds)
+  for row in rows:
+    cells = [f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
+             for key, value in row.items() if value is not None]
+    print(" | ".join(cells))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
