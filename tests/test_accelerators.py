@@ -67,6 +67,8 @@ PALLAS_CASES = {
     "padding_cross_lengths": ((2,), 128, 256, 2, 2, 16, {"mask": "padding"}),  # segment ids
     "bias_and_mask_empty_rows": ((1,), 128, 128, 2, 2, 16, {"bias": "full", "mask": "random"}),
     "neg_inf_bias_causal_mqa": ((1,), 128, 128, 2, 1, 16, {"bias": "neg_inf", "is_causal": True}),
+    "window_segments_lengths_gqa": ((2,), 128, 128, 4, 2, 16, {"mask": "structure",
+                                                                "is_causal": True}),
     "two_batch_dims_head_bias_scale": ((2, 1), 128, 128, 2, 2, 16,
                                        {"bias": "heads", "scale": 3.0}),
 }

@@ -36,6 +36,13 @@ def _random_case(seed, batch, q_len, kv_len, num_heads, num_kv_heads, head_dim,
   if mask == "random":  # about 1 in 4 rows fully masked
     mask = rng.random(target) < 0.6
     mask &= (rng.random(target[:-1] + (1,)) < 0.75)
+  elif mask == "structure":  # [B, 1, T, S]: a window, packed segments and key lengths, as
+    # dot_product_attention hands the jax.nn-style arguments to kernels that take only a mask
+    ids = np.sort(rng.integers(0, 3, size=batch + (q_len,)), axis=-1)
+    mask = numpy_reference.structure_mask(
+        q_len, kv_len, batch, window=(max(2, q_len // 8), 1), q_segments=ids,
+        kv_segments=ids,
+        kv_lengths=rng.integers(1, kv_len + 1, size=batch))
   elif mask == "padding":  # [B, 1, 1, S]; the last batch element is all padding
     lengths = rng.integers(1, kv_len + 1, size=batch)
     lengths.reshape(-1)[-1] = 0
@@ -67,6 +74,7 @@ CASES = {
     "causal": ((2,), 8, 8, 2, 2, 8, {"is_causal": True}),
     "causal_cross": ((2,), 5, 8, 2, 2, 8, {"is_causal": True}),
     "causal_masked_gqa": ((2,), 8, 8, 4, 2, 8, {"is_causal": True, "mask": "random"}),
+    "structure_mask": ((2,), 12, 12, 4, 2, 8, {"mask": "structure", "bias": "heads"}),
     "scale_one": ((2,), 6, 6, 2, 2, 16, {"scale": 1.0}),
     "scale_small": ((2,), 6, 6, 2, 2, 16, {"scale": 0.01}),
     "scale_large": ((2,), 6, 6, 2, 2, 16, {"scale": 3.0}),
