@@ -14,8 +14,8 @@ fail first. Each head count runs over a learning-rate grid x 3 seeds; the report
 learning rate per head count with its interval, the steps to 90% accuracy and the learning-rate
 curves.
 
-Runtime of the full sweep (6 head counts x 4 learning rates x 3 seeds, 1000 steps): 15.4 minutes
-on the 2-core CPU (2026-11-23), the test suite running beside it part of the time; `:quick` is a
+Runtime of the full sweep (6 head counts x 4 learning rates x 3 seeds, 1000 steps): 19.9 minutes
+on the 2-core CPU (2026-11-23), tests running beside it part of the time; `:quick` is a
 smoke test of the pipeline (100 steps, no head count leaves the plateau).
 Result (best learning rate per head count): every head count learns the lookup, more heads
 sooner and more reliably -- 1 head 0.846 +- 0.624 (95% interval; 2 of 3 seeds, 550 steps to

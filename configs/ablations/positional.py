@@ -9,23 +9,22 @@ Question: which encodings keep working on sequences longer than any seen in trai
 (experiments/tasks/formal_languages.py, Delétang et al. 2023): `even_pairs` (first symbol equals
 the last: the model must find both ends, so what an encoding says about unseen positions
 decides the result) and `cycle_navigation` (a sum mod 5: order does not matter, so no encoding is
-needed and any can only add unseen positions). `order` (is A before B) was left out of the
-full run to fit the 90-minute budget on 2 cores; add it to TASKS ({"min_length": 2}) where
-compute allows. Expected from the
+needed and any can only add unseen positions) and `order` (is A before B: a local relation,
+where a distance penalty should help). Expected from the
 literature: Press et al. (2022) Table 2 find ALiBi flat up to about 7x the training length while
 sinusoidal collapses; Ruoss et al. (2023) find every standard encoding fails to generalise on
 most of these tasks, relative ones (RoPE, ALiBi) doing best. Both studied mostly causal models;
 this is an encoder classifier reading a CLS token, which sees both sides of every token.
 
-Runtime of the full sweep (10 variants x 3 seeds, 1000 steps): 41 minutes on the 2-core CPU
-(2026-11-23), the test suite running beside it most of the time.
-Result (test accuracy, lengths 1-20 / 21-40 / 61-80): even_pairs -- none 0.614 / 0.540 / 0.501,
-sinusoidal 1.000 / 0.517 / 0.501, learned 1.000 / 0.483 / 0.513, rope 1.000 / 0.943 / 0.553,
-alibi 0.793 / 0.562 / 0.528 (the symmetric distance penalty favours neighbours; this task needs
-the two ends); cycle_navigation -- every encoding 0.99 on the training lengths, then none 0.824,
-rope 0.814, alibi 0.714, sinusoidal 0.400, learned 0.393 at 21-40, and all near chance (0.2) at
-61-80. Only RoPE carries even_pairs past the training lengths; the order-free task generalises
-best without an encoding. Details: README, Results.
+Runtime of the full sweep (15 variants x 3 seeds, 1000 steps): 36.7 minutes on the 2-core CPU
+(2026-11-23), low-priority tests running beside it; `:quick` (even_pairs only, tested at 61-80) is
+a smoke test of the pipeline.
+Result (test accuracy, trained lengths / 21-40 / 61-80): even_pairs -- only RoPE generalises
+(1.000 / 0.959 / 0.517), sinusoidal and learned are at chance past 20, ALiBi fails in
+distribution (0.789); cycle_navigation (order-free) -- none best past 20 (0.828 at 21-40), all
+near chance (0.2) at 61-80; order -- ALiBi flat as Press et al. found (1.000 / 0.991 / 0.847),
+then RoPE (0.972 / 0.587), sinusoidal collapsing (0.796 / 0.454), none cannot learn it (0.492).
+Details: README, Results.
 """
 
 from configs.ablations import sweep_config
