@@ -9,6 +9,12 @@ from attention_jax.attention import dot_product_attention
 from attention_jax.attention import select_implementation
 from attention_jax.attention import structure_mask
 from attention_jax.chunked import chunked_attention
+from attention_jax.context_parallel import ContextParallel
+from attention_jax.context_parallel import context_parallel_attention
+from attention_jax.context_parallel import context_parallel_attention_shard
+from attention_jax.context_parallel import from_zigzag
+from attention_jax.context_parallel import to_zigzag
+from attention_jax.context_parallel import zigzag_order
 from attention_jax.encoder import EncoderBlock
 from attention_jax.encoder import EncoderConfig
 from attention_jax.encoder import SequenceClassifier

@@ -79,22 +79,28 @@ class Pattern:
 
 class _Extras(NamedTuple):
   """Per-example structure over the flattened batch: segment ids [B or 1, Tp] / [B or 1, Sp]
-  (packed sequences: attend only within equal ids) and sequence lengths [B]; None when absent."""
+  (packed sequences: attend only within equal ids), sequence lengths [B], and positions
+  [B or 1, Tp] / [B or 1, Sp] (where the causal mask and the window look instead of the indices:
+  a shard of a longer sequence); None when absent."""
   q_segments: jax.Array | None = None
   kv_segments: jax.Array | None = None
   q_lengths: jax.Array | None = None
   kv_lengths: jax.Array | None = None
+  q_positions: jax.Array | None = None
+  kv_positions: jax.Array | None = None
 
 
 class _Head(NamedTuple):
   """What one query head of one example sees: bias and mask [T' or 1, S' or 1], segment ids
-  [Tp] and [Sp], and scalar lengths; None when absent."""
+  and positions [Tp] and [Sp], and scalar lengths; None when absent."""
   bias: jax.Array | None
   mask: jax.Array | None
   q_segments: jax.Array | None
   kv_segments: jax.Array | None
   q_length: jax.Array | None
   kv_length: jax.Array | None
+  q_positions: jax.Array | None
+  kv_positions: jax.Array | None
 
 
 def _zeros(shape, dtype, *like):
@@ -149,6 +155,8 @@ class _Blocks:
     """Key blocks [lo, hi) that query block i may attend to; empty when none."""
     first, last = i * self.block_q, self._last(i, self.block_q, self.q_len, head.q_length)
     lo, hi = 0, self.num_k
+    if head.q_positions is not None:  # explicit positions: blocks are skipped one by one
+      pattern = Pattern()
     if pattern.is_causal:
       hi = jnp.minimum(hi, last // self.block_k + 1)
     if pattern.window is not None:
@@ -163,6 +171,8 @@ class _Blocks:
     """Query blocks [lo, hi) that may attend to key block j; empty when none."""
     first, last = j * self.block_k, self._last(j, self.block_k, self.kv_len, head.kv_length)
     lo, hi = 0, self.num_q
+    if head.q_positions is not None:
+      pattern = Pattern()
     if pattern.is_causal:
       lo = jnp.maximum(lo, first // self.block_q)
     if pattern.window is not None:
@@ -177,6 +187,10 @@ class _Blocks:
     """Boolean [bq or 1, bk] of the pairs of block (i, j) that may attend; None when all may."""
     query_index = (i * self.block_q + jnp.arange(self.block_q))[:, None]  # [bq, 1]
     key_index = (j * self.block_k + jnp.arange(self.block_k))[None, :]  # [1, bk]
+    query_position, key_position = query_index, key_index
+    if head.q_positions is not None:
+      query_position, key_position = self.block_ids(head.q_positions, head.kv_positions, i, j)
+      query_position, key_position = query_position[:, None], key_position[None, :]
     parts = [self.cut(head.mask, i, j)]
     if self.kv_len % self.block_k:
       parts.append(key_index < self.kv_len)  # padded keys never
@@ -185,24 +199,40 @@ class _Blocks:
     if head.q_length is not None:
       parts.append(query_index < head.q_length)
     if pattern.is_causal:
-      parts.append(key_index <= query_index)
+      parts.append(key_position <= query_position)
     if pattern.window is not None:
       left, right = pattern.window
-      parts.append((key_index >= query_index - left) & (key_index <= query_index + right))
+      parts.append((key_position >= query_position - left)
+                   & (key_position <= query_position + right))
     if head.q_segments is not None:
-      q_ids = lax.dynamic_slice_in_dim(head.q_segments, i * self.block_q, self.block_q)
-      kv_ids = lax.dynamic_slice_in_dim(head.kv_segments, j * self.block_k, self.block_k)
+      q_ids, kv_ids = self.block_ids(head.q_segments, head.kv_segments, i, j)
       parts.append(q_ids[:, None] == kv_ids[None, :])
     return masks_lib.combine_masks(*parts)
 
-  def unless_disjoint(self, step, carry, i, j, head: _Head):
-    """step(carry), or carry unchanged when block (i, j) shares no segment id."""
-    if head.q_segments is None:
+  def block_ids(self, query_ids, key_ids, i, j):
+    """The [bq] and [bk] entries of per-query and per-key ids (segments, positions) in block
+    (i, j)."""
+    return (lax.dynamic_slice_in_dim(query_ids, i * self.block_q, self.block_q),
+            lax.dynamic_slice_in_dim(key_ids, j * self.block_k, self.block_k))
+
+  def unless_skipped(self, step, carry, i, j, pattern: Pattern, head: _Head):
+    """step(carry), or carry unchanged when the id ranges of block (i, j) rule out every pair:
+    no shared segment id, or (with explicit positions) every key after every query (causal) or
+    outside every query's window."""
+    could_attend = []
+    if head.q_segments is not None:
+      q_ids, kv_ids = self.block_ids(head.q_segments, head.kv_segments, i, j)
+      could_attend.append((jnp.min(q_ids) <= jnp.max(kv_ids)) & (jnp.min(kv_ids) <= jnp.max(q_ids)))
+    if head.q_positions is not None and (pattern.is_causal or pattern.window is not None):
+      q_pos, kv_pos = self.block_ids(head.q_positions, head.kv_positions, i, j)
+      right = min(([0] if pattern.is_causal else [])
+                  + ([pattern.window[1]] if pattern.window is not None else []))
+      could_attend.append(jnp.min(kv_pos) <= jnp.max(q_pos) + right)
+      if pattern.window is not None:
+        could_attend.append(jnp.max(kv_pos) >= jnp.min(q_pos) - pattern.window[0])
+    if not could_attend:
       return step(carry)
-    q_ids = lax.dynamic_slice_in_dim(head.q_segments, i * self.block_q, self.block_q)
-    kv_ids = lax.dynamic_slice_in_dim(head.kv_segments, j * self.block_k, self.block_k)
-    overlap = (jnp.min(q_ids) <= jnp.max(kv_ids)) & (jnp.min(kv_ids) <= jnp.max(q_ids))
-    return lax.cond(overlap, step, lambda c: c, carry)
+    return lax.cond(functools.reduce(jnp.logical_and, could_attend), step, lambda c: c, carry)
 
 
 def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Blocks, dtype):
@@ -239,7 +269,7 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
         acc = acc * correction[:, None] + jnp.einsum(
             "qk,kh->qh", probs.astype(v.dtype), v_block, preferred_element_type=dtype)
         return new_max, row_sum, acc
-      return g.unless_disjoint(attend, carry, i, j, head)
+      return g.unless_skipped(attend, carry, i, j, pattern, head)
 
     zeros = _zeros((g.block_q,), dtype, q, k, v, head)
     init = (zeros - jnp.inf, zeros, _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
@@ -251,7 +281,7 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
     return out, lse  # an empty row: out 0, lse +inf so that exp(logit - lse) = 0 later
 
   out, lse = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq]
-  return out.reshape(-1, v.shape[-1]).astype(q.dtype), lse.reshape(-1)
+  return out.reshape(-1, v.shape[-1]), lse.reshape(-1)  # out in the compute dtype
 
 
 def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _Blocks, d_bias):
@@ -287,7 +317,7 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
             "qk,kh->qh", d_logits.astype(k.dtype), k_block, preferred_element_type=dtype)
         d_q = lax.dynamic_update_slice_in_dim(d_q, d_q_block, i * g.block_q, axis=0)
         return d_k, d_v, d_q, d_bias
-      return g.unless_disjoint(attend, inner, i, j, head)
+      return g.unless_skipped(attend, inner, i, j, pattern, head)
 
     d_q, d_bias = carry
     like = (q, k, v, d_out, head)
@@ -323,12 +353,12 @@ def _pick(array, index):
 def _group_inputs(bias, mask, extras: _Extras, b, n):
   """The _Head of example b and query head n from [B', N', T', S'] bias and mask."""
   return _Head(_pick(_pick(bias, b), n), _pick(_pick(mask, b), n),
-               _pick(extras.q_segments, b), _pick(extras.kv_segments, b),
-               _pick(extras.q_lengths, b), _pick(extras.kv_lengths, b))
+               *(_pick(per_example, b) for per_example in extras))
 
 
 def _forward(q, k, v, bias, mask, extras, pattern, geometry):
-  """q [B, N, Tp, H], k [B, K, Sp, H], v [B, K, Sp, Hv] -> out [B, N, Tp, Hv], lse [B, N, Tp]."""
+  """q [B, N, Tp, H], k [B, K, Sp, H], v [B, K, Sp, Hv] -> out [B, N, Tp, Hv] (compute dtype),
+  lse [B, N, Tp]."""
   batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
   group = num_heads // num_kv
 
@@ -344,7 +374,8 @@ def _forward(q, k, v, bias, mask, extras, pattern, geometry):
 
 
 def _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse, d_out):
-  """Gradients for q, k, v and bias; one key/value head at a time, its G query heads in turn."""
+  """Gradients for q, k, v and bias (compute dtype); one key/value head at a time, its G query
+  heads in turn."""
   batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
   group = num_heads // num_kv
   dtype = reference.compute_dtype(q.dtype)
@@ -373,8 +404,7 @@ def _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse, d_out):
 
   d_bias = None if bias is None else _zeros(bias.shape, dtype, q, k, v, d_out, bias, mask, extras)
   d_bias, (d_q, d_k, d_v) = lax.scan(one_kv_head, d_bias, jnp.arange(batch * num_kv))
-  return (d_q.reshape(q.shape).astype(q.dtype), d_k.reshape(k.shape).astype(k.dtype),
-          d_v.reshape(v.shape).astype(v.dtype), d_bias)
+  return d_q.reshape(q.shape), d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias
 
 
 def _put_bias(d_bias, slot, b, n):
@@ -387,11 +417,12 @@ def _put_bias(d_bias, slot, b, n):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
 def _attention(q, k, v, bias, mask, extras, pattern, geometry):
-  return _forward(q, k, v, bias, mask, extras, pattern, geometry)
+  return _attention_fwd(q, k, v, bias, mask, extras, pattern, geometry)[0]
 
 
 def _attention_fwd(q, k, v, bias, mask, extras, pattern, geometry):
   out, lse = _forward(q, k, v, bias, mask, extras, pattern, geometry)
+  out = out.astype(q.dtype)
   return (out, lse), (q, k, v, bias, mask, extras, out, lse)
 
 
@@ -400,7 +431,8 @@ def _attention_bwd(pattern, geometry, residuals, cotangents):
   d_out, _ = cotangents  # the log-sum-exp is returned under stop_gradient
   d_q, d_k, d_v, d_bias = _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse,
                                     d_out)
-  return d_q, d_k, d_v, d_bias, None, None
+  d_bias = None if d_bias is None else d_bias.astype(bias.dtype)
+  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias, None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -437,12 +469,48 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
 
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256)
   """
-  batch_shape, (q_len, num_heads, _) = query.shape[:-3], query.shape[-3:]
-  kv_len = key.shape[-3]
+  pattern, geometry = plan(query, key, is_causal=is_causal, local_window_size=local_window_size,
+                           logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k)
+  inputs = prepare(query, key, value, bias, mask, scale=scale, geometry=geometry,
+                   segment_ids=(query_segment_ids, key_segment_ids),
+                   seq_lengths=(query_seq_lengths, key_value_seq_lengths))
+  try:
+    out, lse = _attention(*inputs, pattern, geometry)  # [B, N, Tp, H_v], [B, N, Tp]
+  except TypeError as error:
+    if "forward-mode" in str(error):
+      raise ValueError(FORWARD_MODE_ERROR) from None
+    raise
+  return finish(out, lse, query.shape, return_residual)
+
+
+def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap=None,
+         block_q=None, block_k=None, narrow_keys=False) -> tuple[Pattern, _Blocks]:
+  """The static pattern and block geometry for query [..., T, N, H] and key [..., S, K, H]
+  (``narrow_keys``: the default key blocks of causal attention, for a caller that masks by
+  positions)."""
   pattern = Pattern(bool(is_causal), _checks.local_window(local_window_size),
                     _checks.soft_cap(logits_soft_cap))
-  geometry = _Blocks.create(q_len, kv_len, block_q, block_k,
-                            narrow_keys=pattern.is_causal or pattern.window is not None)
+  narrow_keys = narrow_keys or pattern.is_causal or pattern.window is not None
+  return pattern, _Blocks.create(query.shape[-3], key.shape[-3], block_q, block_k, narrow_keys)
+
+
+class Inputs(NamedTuple):
+  """The kernel's inputs: q, k, v head-major and padded to whole blocks, [B, N or K, Lp, H];
+  bias and mask [B or 1, N or 1, Tp or 1, Sp or 1]; the per-example _Extras."""
+  q: jax.Array
+  k: jax.Array
+  v: jax.Array
+  bias: jax.Array | None
+  mask: jax.Array | None
+  extras: _Extras
+
+
+def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks,
+            segment_ids=(None, None), seq_lengths=(None, None), positions=(None, None)) -> Inputs:
+  """Inputs in the layout of the contract ([..., L, N, H]) -> the kernel's Inputs; each pair is
+  (for the queries, for the keys), per example [..., L] (segments, positions) or [...] (lengths)
+  or shared by all."""
+  batch_shape = query.shape[:-3]
   padded_q, padded_k = geometry.num_q * geometry.block_q, geometry.num_k * geometry.block_k
 
   def head_major(x, length):  # [..., L, N, H] -> [B, N, L_padded, H]
@@ -466,16 +534,17 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
       x = jnp.reshape(jnp.broadcast_to(x, batch_shape + tail), (-1,) + tail)
     return x if length is None else _pad_axis(x, 1, length, mode="edge")
 
-  extras = _Extras(per_example(query_segment_ids, padded_q),
-                   per_example(key_segment_ids, padded_k),
-                   per_example(query_seq_lengths), per_example(key_value_seq_lengths))
-  try:
-    out, lse = _attention(q, k, v, pad_logits(bias), pad_logits(mask), extras, pattern,
-                          geometry)  # [B, N, T_padded, H_v], [B, N, T_padded]
-  except TypeError as error:
-    if "forward-mode" in str(error):
-      raise ValueError(FORWARD_MODE_ERROR) from None
-    raise
+  extras = _Extras(per_example(segment_ids[0], padded_q), per_example(segment_ids[1], padded_k),
+                   per_example(seq_lengths[0]), per_example(seq_lengths[1]),
+                   per_example(positions[0], padded_q), per_example(positions[1], padded_k))
+  return Inputs(q, k, v, pad_logits(bias), pad_logits(mask), extras)
+
+
+def finish(out, lse, query_shape, return_residual=False):
+  """The kernel's out [B, N, Tp, H_v] and lse [B, N, Tp] (+inf on empty rows) -> out
+  [..., T, N, H_v] (and lse [..., T, N], -inf on empty rows, without gradient) for a query of
+  ``query_shape`` [..., T, N, H]."""
+  batch_shape, q_len = query_shape[:-3], query_shape[-3]
   out = reference.heads_first(out[:, :, :q_len])  # [B, T, N, H_v]
   out = jnp.reshape(out, batch_shape + out.shape[1:])
   if not return_residual:

@@ -54,6 +54,9 @@ class EncoderConfig:
   # signature (x, mask=, bias=, deterministic=), e.g. a wrapper of flax's attention; it also gets
   # d_model= (N * head_dim) when head_dim is set and normalize_qk=True when that is.
   attention_module: Any = None
+  # Replaces dot_product_attention in every layer (same signature), e.g.
+  # context_parallel.ContextParallel(mesh, "sequence") for a sequence sharded over devices.
+  attention_fn: Any = None
 
   def __post_init__(self):
     if self.head_dim < 0:
@@ -136,7 +139,8 @@ class EncoderBlock(nn.Module):
     cfg = self.config
     attention_module = cfg.attention_module or multihead.MultiHeadAttention
     options = {**({"d_model": cfg.num_heads * cfg.head_dim} if cfg.head_dim else {}),
-               **({"normalize_qk": True} if cfg.normalize_qk else {})}
+               **({"normalize_qk": True} if cfg.normalize_qk else {}),
+               **({"attention_fn": cfg.attention_fn} if cfg.attention_fn else {})}
     attention = attention_module(
         num_heads=cfg.num_heads, scale=cfg.attention_scale,
         dropout_rate=cfg.attention_dropout_rate, implementation=cfg.attention_impl,

@@ -123,7 +123,8 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
                          scale: float | str = "inv_sqrt", is_causal: bool = False,
                          qk_transform: Callable | None = None, dropout_rate: float = 0.0,
                          dropout_rng=None, implementation: str | None = None,
-                         return_weights: bool = False, **attention_args):
+                         return_weights: bool = False, attention_fn: Callable | None = None,
+                         **attention_args):
   """Multi-head attention as a pure function of its parameters (layout in the module docstring).
 
   Args:
@@ -134,6 +135,8 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
     scale: a number or "inv_sqrt" (1/sqrt(H)), "none" (1), "inv" (1/H), "learned".
     qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
     dropout_rate, dropout_rng, implementation, return_weights: as in ``dot_product_attention``.
+    attention_fn: what computes attention from the projected heads, with the signature of
+      ``dot_product_attention`` (the default), e.g. ``ContextParallel(mesh, axis_name)``.
     **attention_args: the other keyword arguments of ``dot_product_attention``
       (query_seq_lengths, key_value_seq_lengths, local_window_size, logits_soft_cap,
       query_segment_ids, key_segment_ids, return_residual).
@@ -147,7 +150,8 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
   """
   query, key, value, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
                                               qk_transform=qk_transform)
-  result = attention_lib.dot_product_attention(
+  attention_fn = attention_fn or attention_lib.dot_product_attention
+  result = attention_fn(
       query, key, value, bias, mask, scale=scale, is_causal=is_causal,
       dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights,
       implementation=implementation, **attention_args)
@@ -252,6 +256,8 @@ class MultiHeadAttention(nn.Module):
     qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings.
     normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys before
       the dot product, as flax's ``normalize_qk`` (Dehghani et al. 2023; Wortsman et al. 2023).
+    attention_fn: replaces ``dot_product_attention`` (same signature), e.g.
+      ``ContextParallel(mesh, axis_name)`` for a sequence sharded over a mesh axis.
 
   When the "intermediates" collection is mutable, the logits and the weights [..., N, T, S] are
   sown there as "attention_logits" and "attention_weights", computed beside the output so the
@@ -271,6 +277,7 @@ class MultiHeadAttention(nn.Module):
   use_bias: bool = True
   qk_transform: Callable | None = None
   normalize_qk: bool = False
+  attention_fn: Callable | None = None
   kernel_init: Callable = nn.initializers.lecun_normal()
   bias_init: Callable = nn.initializers.zeros_init()
   param_dtype: Any = jnp.float32
@@ -312,7 +319,8 @@ class MultiHeadAttention(nn.Module):
     output = multi_head_attention(
         params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale,
         is_causal=is_causal, qk_transform=self.qk_transform, dropout_rate=dropout_rate,
-        dropout_rng=dropout_rng, implementation=self.implementation, **attention_args)
+        dropout_rng=dropout_rng, implementation=self.implementation,
+        attention_fn=self.attention_fn, **attention_args)
     if self.is_mutable_collection("intermediates"):
       logits, weights = attention_maps(params, inputs_q, inputs_kv, mask=mask, bias=bias,
                                        scale=self.scale, is_causal=is_causal,

@@ -101,6 +101,8 @@ class MultiHeadAttention(_Dropping):
     scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (a per-head temperature [N]).
     dropout_rate: attention dropout, with keys from ``rngs`` when not deterministic.
     implementation: passed to ``dot_product_attention``.
+    attention_fn: replaces ``dot_product_attention`` (same signature), e.g.
+      ``ContextParallel(mesh, axis_name)``.
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
     qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
     normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys.
@@ -120,7 +122,7 @@ class MultiHeadAttention(_Dropping):
                dropout_rate: float = 0.0, implementation: str | None = None,
                fused_qkv: bool = False, use_bias: bool = True,
                qk_transform: Callable | None = None, normalize_qk: bool = False,
-               kernel_init: Callable = nnx.initializers.lecun_normal(),
+               attention_fn: Callable | None = None, kernel_init: Callable = nnx.initializers.lecun_normal(),
                bias_init: Callable = nnx.initializers.zeros_init(), param_dtype: Any = jnp.float32,
                deterministic: bool = True, rngs: nnx.Rngs):
     head_dim = multihead.head_dim_of(d_model or in_features, num_heads)
@@ -128,6 +130,7 @@ class MultiHeadAttention(_Dropping):
     self.num_heads, self.scale, self.dropout_rate = num_heads, scale, dropout_rate
     self.implementation, self.fused_qkv, self.qk_transform = implementation, fused_qkv, qk_transform
     self.normalize_qk, self.deterministic = normalize_qk, deterministic
+    self.attention_fn = attention_fn
     heads, d_out = (num_heads, head_dim), out_features or in_features
     weights = dict(use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
                    param_dtype=param_dtype, rngs=rngs)
@@ -168,7 +171,7 @@ class MultiHeadAttention(_Dropping):
         is_causal=is_causal, qk_transform=self.qk_transform,
         dropout_rate=self.dropout_rate if dropout else 0.0,
         dropout_rng=self.rngs() if dropout else None, implementation=self.implementation,
-        **attention_args)
+        attention_fn=self.attention_fn, **attention_args)
     if _capturing(self):
       self._sow_maps(params, inputs_q, inputs_kv, mask, bias, is_causal, attention_args)
     return output
@@ -326,7 +329,7 @@ class EncoderBlock(_Dropping):
         cfg.num_heads, cfg.d_model, d_model=cfg.num_heads * cfg.key_dim,
         scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate,
         implementation=cfg.attention_impl, normalize_qk=cfg.normalize_qk,
-        qk_transform=POSITIONAL_ENCODINGS[cfg.positional_encoding].rotate,
+        attention_fn=cfg.attention_fn, qk_transform=POSITIONAL_ENCODINGS[cfg.positional_encoding].rotate,
         deterministic=deterministic, rngs=rngs)
     self.feed_forward = FeedForward(cfg.d_model, cfg.mlp_dim, dropout_rate=cfg.dropout_rate,
                                     deterministic=deterministic, rngs=rngs)

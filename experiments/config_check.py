@@ -121,6 +121,15 @@ def validate(config, num_devices: int = 1) -> None:
                        ("label_smoothing", config.label_smoothing)):
     if not 0.0 <= value < 1.0:
       raise ConfigError(f"{field} must be in [0, 1), got {value}.")
+  if config.mesh.strategy not in aj.context_parallel.STRATEGIES:
+    raise ConfigError(f"mesh.strategy must be one of {list(aj.context_parallel.STRATEGIES)}, got "
+                      f"{config.mesh.strategy!r}.")
+  if config.mesh.sequence > 1:
+    if model.attention_dropout_rate:
+      raise ConfigError("mesh.sequence > 1 (context-parallel attention) has no attention dropout; "
+                        "set model.attention_dropout_rate=0.")
+    if model.positional_encoding == "alibi" and config.mesh.strategy == "ring":
+      raise ConfigError("ALiBi's bias needs mesh.strategy='all_gather' when mesh.sequence > 1.")
   if config.batch_size % num_devices:
     raise ConfigError(f"batch_size={config.batch_size} must be divisible by the "
                       f"{num_devices} devices; use a multiple of {num_devices}.")

@@ -5,7 +5,7 @@
 ``train_and_evaluate(config, workdir)`` trains one replica (Colab calls it directly);
 ``train(config, workdir, replicas)`` trains several at once, as a sweep variant does. The state
 has a leading replica axis in every mode; replicas and batch shard over all devices (mesh axes
-"replica" and "data"). The workdir's layout is described in experiments/workdir.py. A run resumes
+"replica", "data" and "sequence", config.mesh). The workdir's layout is described in experiments/workdir.py. A run resumes
 from its newest readable checkpoint when started again with the same command; SIGTERM or SIGINT
 finishes the step, saves a checkpoint and stops with the command that resumes.
 """
@@ -54,8 +54,11 @@ class Interrupted(RuntimeError):
                      f"with: {workdir_lib.command_line()}")
 
 
-def encoder_config(config, task: tasks.Task) -> aj.EncoderConfig:
+def encoder_config(config, task: tasks.Task, mesh: Mesh | None = None) -> aj.EncoderConfig:
+  """The model of ``config``; with a "sequence" axis of ``mesh`` longer than 1, its attention
+  runs context-parallel over it."""
   model = config.model
+  sharded = mesh is not None and mesh.shape.get("sequence", 1) > 1
   return aj.EncoderConfig(
       vocab_size=task.vocab_size, d_model=model.d_model, num_heads=model.num_heads,
       num_layers=model.num_layers, mlp_dim=model.mlp_dim,
@@ -65,7 +68,8 @@ def encoder_config(config, task: tasks.Task) -> aj.EncoderConfig:
       head_dim=model.head_dim, normalize_qk=model.normalize_qk,
       dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
       pre_layer_norm=model.pre_layer_norm, attention_impl=model.attention_impl or None,
-      pad_id=task.pad_id, num_classes=task.num_classes, pooling=model.pooling)
+      pad_id=task.pad_id, num_classes=task.num_classes, pooling=model.pooling,
+      attention_fn=aj.ContextParallel(mesh, "sequence", config.mesh.strategy) if sharded else None)
 
 
 def replicas_of(config, num_seeds: int = 1, grid: dict | None = None) -> list[dict]:
@@ -91,19 +95,32 @@ def replicas_of(config, num_seeds: int = 1, grid: dict | None = None) -> list[di
   return replicas
 
 
-def device_mesh(num_replicas: int) -> Mesh:
-  """Devices as ("replica", "data"): as many replica shards as divide both counts (one when
-  several processes share the run), the rest split the batch."""
+def device_mesh(num_replicas: int, data: int = 0, sequence: int = 1) -> Mesh:
+  """Devices as ("replica", "data", "sequence"): ``sequence`` along the sequence, ``data`` (0:
+  the rest) along the batch, and the replicas over what is left. With data = 0, as many replica
+  shards as divide both counts (one when several processes share the run)."""
   devices = jax.devices()
-  across = math.gcd(num_replicas, len(devices)) if jax.process_count() == 1 else 1
-  return Mesh(np.array(devices).reshape(across, len(devices) // across), ("replica", "data"))
+  if sequence <= 0 or len(devices) % sequence:
+    raise config_check.ConfigError(f"mesh.sequence={sequence} must divide the {len(devices)} "
+                                   "devices.")
+  rest = len(devices) // sequence
+  if data:
+    across = rest // data
+    if data < 0 or rest % data or num_replicas % across:
+      raise config_check.ConfigError(
+          f"mesh.data={data} must divide the {rest} devices left by mesh.sequence={sequence}, "
+          f"leaving a divisor of the {num_replicas} replicas; or use mesh.data=0 (automatic).")
+  else:
+    across = math.gcd(num_replicas, rest) if jax.process_count() == 1 else 1
+  return Mesh(np.array(devices).reshape(across, rest // across, sequence),
+              ("replica", "data", "sequence"))
 
 
-def setup(config, replicas: list[dict]):
+def setup(config, replicas: list[dict], mesh: Mesh | None = None):
   """(task, model, tx, init) of a run; init() -> the stacked step-0 state, jitted."""
   task = tasks.load_task(config.task, dict(config.task_options), config.data_dir)
   head = aj.TokenClassifier if task.token_level else aj.SequenceClassifier
-  model = head(encoder_config(config, task))
+  model = head(encoder_config(config, task, mesh))
   tx = optim.optimizer(config)
   seeds = jnp.array([replica["seed"] for replica in replicas])
   hparams = {name: jnp.array([replica[name] for replica in replicas], jnp.float32)
@@ -145,7 +162,8 @@ def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | Non
   replica is frozen there, its evaluations are NaN, and the others train on; the run stops only
   when every replica has diverged) and "seconds", the wall time of the whole run.
   """
-  mesh = device_mesh(len(replicas))
+  config_check.validate(config)
+  mesh = device_mesh(len(replicas), config.mesh.data, config.mesh.sequence)
   config_check.validate(config, mesh.shape["data"])
   started = time.perf_counter()
   with workdir_lib.owned(workdir), workdir_lib.writing(workdir):
@@ -160,7 +178,7 @@ def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | Non
 
 
 def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict:
-  task, model, tx, init = setup(config, replicas)
+  task, model, tx, init = setup(config, replicas, mesh)
   extra_tests = {}
   for name, overrides in extra_evals.items():
     extra = tasks.load_task(config.task, {**dict(config.task_options), **dict(overrides)},

@@ -33,7 +33,8 @@ class WorkdirError(RuntimeError):
 
 # Fields a run may change between a start and a resume: they do not change what is trained.
 BOOKKEEPING = ("eval_every_steps", "log_every_steps", "checkpoint_every_steps",
-               "keep_checkpoints", "attention_maps", "data_dir")
+               "keep_checkpoints", "attention_maps", "data_dir", "mesh.data", "mesh.sequence",
+               "mesh.strategy")
 # A single run (or group of seeds) may also be resumed with more steps: it continues where it
 # stopped. A sweep holds its variants to exactly their config.
 RESUMABLE = BOOKKEEPING + ("num_train_steps",)

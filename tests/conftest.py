@@ -1,8 +1,23 @@
 import os
+import shutil
+import tempfile
 
 # Before jax is imported, and in the environment, so that the runs the tests start as
 # subprocesses compute as the in-process ones do.
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
+# One persistent compilation cache for the whole test session, shared by the two xdist workers
+# and every subprocess they start: the tiny training runs are mostly XLA compilation (a one-step
+# run: 6 s cold, 2 s from the cache), and many tests compile the same programs. Its size limit
+# turns on jax's file lock, so that no process reads an entry another is still writing. The key
+# covers the program, the flags and the devices, so a cached executable is the one a fresh
+# compilation would give. The process that owns the session (the xdist controller, or pytest
+# itself) removes it at the end.
+_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+_CACHE = os.path.join(tempfile.gettempdir(),
+                      f"attention-jax-tests-{os.getppid() if _WORKER else os.getpid()}-jit-cache")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # unless the caller chose one
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=_CACHE, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.3",
+                    JAX_COMPILATION_CACHE_MAX_SIZE=str(4 << 30))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -13,6 +28,11 @@ import pytest  # noqa: E402
 # rounds their inputs to TF32 (bfloat16 passes on TPU), whose errors are about 3e-4 relative;
 # tests/test_gpu.py checks the default precision separately, at its own tolerance.
 jax.config.update("jax_default_matmul_precision", "highest")  # if jax was imported before
+
+
+def pytest_unconfigure(config):
+  if not _WORKER:
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 def assert_close(actual, expected, rtol=1e-5, name=""):
@@ -40,3 +60,16 @@ def reference_run(data_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("reference"))
   final = train.train_and_evaluate(tiny_config(data_dir, attention_maps=1), workdir)
   return workdir, final
+
+
+# The files whose tests start training runs and subprocesses, longest first: run before the
+# quick ones, so that the two xdist workers finish together instead of one waiting on a long
+# test collected last (alphabetical order put most of them at the end).
+HEAVY_FIRST = ("test_notebook.py", "test_train.py", "test_workdir.py", "test_sweep.py",
+               "test_context_parallel.py", "test_packaging.py", "test_sharding.py",
+               "test_readme.py", "test_superset.py", "test_benchmarks.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: index for index, name in enumerate(HEAVY_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))

@@ -64,3 +64,22 @@ def test_benchmark_structure_times_windows_and_measures_gqa_memory(tmp_path):
   assert {("gqa chunked", "fwd+bwd", name) for name in ("grouped queries",
                                                         "copied keys/values")} <= methods
   assert all(row["ms"] > 0 for row in rows)
+
+
+def test_benchmark_context_parallel_reports_memory_per_device_and_the_paper_ratio(tmp_path):
+  output = tmp_path / "context_parallel.json"
+  result = subprocess.run([sys.executable, "scripts/benchmark_context_parallel.py", "--devices",
+                           "2", "--length", "256", "--heads", "2", "--kv-heads", "1",
+                           "--head-dim", "8", "--rounds", "1", "--budget-mib", "1",
+                           "--max-length", "4096", "--json", str(output)], cwd=ROOT,
+                          capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = json.loads(output.read_text())
+  scaling = {(row["strategy"], row["devices"]): row for row in rows if row["part"] == "scaling"}
+  assert set(scaling) == {("single device", 1), ("ring", 2), ("all_gather", 2)}
+  # Sharding the sequence over two devices must shrink what each device holds.
+  assert scaling[("ring", 2)]["mib_per_device"] < scaling[("single device", 1)]["mib_per_device"]
+  budget = {row["strategy"]: row["longest_length"] for row in rows if row["part"] == "budget"}
+  assert budget["ring"] >= budget["single device"]
+  paper = [row for row in rows if row["part"] == "paper"]
+  assert len(paper) == 2 and all(row["comm_to_compute"] > 0 for row in paper)

@@ -68,7 +68,7 @@ def test_eight_simulated_devices_shard_the_replicas_and_follow_one_device(group,
   code = ("import sys; import jax; from experiments import train;"
           "from tests.training_helpers import GRID, tiny_config;"
           "assert jax.device_count() == 8; config = tiny_config(sys.argv[1]);"
-          "assert dict(train.device_mesh(4).shape) == {'replica': 4, 'data': 2};"
+          "assert dict(train.device_mesh(4).shape) == {'replica': 4, 'data': 2, 'sequence': 1};"
           "train.train(config, sys.argv[2], train.replicas_of(config, 2, GRID))")
   subprocess.run([sys.executable, "-c", code, data_dir, str(tmp_path)], cwd=ROOT,
                  env={**os.environ, **EIGHT_CPU_DEVICES}, check=True, capture_output=True)

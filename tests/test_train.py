@@ -48,6 +48,7 @@ def test_same_seed_same_metrics_other_seed_different(reference_run, data_dir, tm
     ("--config.num_train_steps=-5", "num_train_steps must be positive"),
     ("--config.batch_size=12", "must be divisible by the 8 devices"),
     ("--config.model.num_layerz=2", "num_layerz"),
+    ("--config.mesh.sequence=3", "mesh.sequence=3 must divide the 8 devices"),
     ("--config.model.d_model=wide", "d_model"),
 ])
 def test_bad_config_exits_nonzero_within_seconds_naming_the_field(override, message, tmp_path):
@@ -68,6 +69,7 @@ def test_bad_config_exits_nonzero_within_seconds_naming_the_field(override, mess
     ("schedule", "linear", "schedule must be one of"),
     ("model.dropout_rate", 1.0, r"model.dropout_rate must be in \[0, 1\)"),
     ("num_train_steps", 2.5, "must be int"),
+    ("mesh.strategy", "ulysses", "mesh.strategy must be one of"),
     ("model.attention_impl", *(("pallas_tpu", "runs only on tpu") if jax.default_backend() == "gpu"
                                else ("cudnn", "runs only on gpu"))),
 ])
@@ -83,18 +85,27 @@ def test_validation_in_process(field, value, message, data_dir):
 
 def test_eight_simulated_devices_follow_the_one_device_trajectory(reference_run, data_dir,
                                                                  tmp_path):
+  """Eight devices over the batch, then (mesh.sequence=4) two over the batch and four along the
+  sequence, with context-parallel ring attention: the one-device run's metrics, step by step."""
   workdir, _ = reference_run
   code = ("import sys; from experiments import train; from tests.training_helpers import tiny_config;"
           "import jax; assert jax.device_count() == 8;"
-          "train.train_and_evaluate(tiny_config(sys.argv[1]), sys.argv[2])")
+          "train.train_and_evaluate(tiny_config(sys.argv[1]), sys.argv[2] + '/data');"
+          "config = tiny_config(sys.argv[1], **{'mesh.sequence': 4});"
+          "assert train.device_mesh(1, 0, 4).shape == {'replica': 1, 'data': 2, 'sequence': 4};"
+          "train.train_and_evaluate(config, sys.argv[2] + '/sequence')")
   env = {**os.environ, **EIGHT_CPU_DEVICES}
-  subprocess.run([sys.executable, "-c", code, data_dir, str(tmp_path)], cwd=ROOT, env=env,
-                 check=True, capture_output=True)
-  one, eight = logbook.read(workdir), logbook.read(str(tmp_path))
-  assert [line["step"] for line in one] == [line["step"] for line in eight]
-  for a, b in zip(one, eight):
-    for name in a:
-      np.testing.assert_allclose(b[name], a[name], rtol=2e-4, atol=1e-6, err_msg=name)
+  result = subprocess.run([sys.executable, "-c", code, data_dir, str(tmp_path)], cwd=ROOT,
+                          env=env, capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  one = logbook.read(workdir)
+  for layout in ("data", "sequence"):
+    eight = logbook.read(str(tmp_path / layout))
+    assert [line["step"] for line in one] == [line["step"] for line in eight]
+    for a, b in zip(one, eight):
+      for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=2e-4, atol=1e-6,
+                                   err_msg=f"{layout}: {name}")
 
 
 def test_a_workdir_that_is_a_file_or_too_few_examples_is_a_config_error(data_dir, tmp_path):

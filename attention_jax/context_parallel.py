@@ -1,0 +1,420 @@
+"""Context-parallel attention: the sequence axis sharded over a mesh axis of P devices.
+
+Each device holds T / P queries, keys and values. Two strategies compute exact attention:
+
+- "ring" (Liu et al. 2023, Ring Attention): the key/value shards travel around the ring
+  (``lax.ppermute``) for P steps while each device runs the blockwise kernel of ``chunked`` on its
+  query shard against the shard passing by, merging the partial results by their log-sum-exps.
+  The backward pass (a custom VJP) recomputes each step from the saved log-sum-exp and rotates the
+  key/value gradients with their shards, so that after P steps they arrive home. Memory per
+  device is linear in T / P: one query, key and value shard, one travelling key/value shard.
+- "all_gather": every device gathers all keys and values (S x K x H per device, cheap with
+  grouped-query attention) and attends its query shard to them; autodiff reduce-scatters the
+  key/value gradients. It is the strategy that takes a bias or a general mask: rows sharded with
+  the queries, [..., N or 1, T / P or 1, S] (columns in the layout order of the gathered keys).
+  Both take a mask that only says which keys are real, [..., 1, 1, S] (a padding mask).
+
+Causal attention on a contiguous layout leaves the first devices idle (device 0 has one block
+of work, device P - 1 has P). The zigzag layout (Brandon et al. 2023, Striped/zigzag ring
+attention) gives device i the sequence chunks i and 2P - 1 - i of 2P, so every device has the
+same work; ``to_zigzag`` / ``from_zigzag`` permute tokens in and out of it. The kernel masks by
+the tokens' true positions, so any layout is exact; blocks that the positions rule out are
+skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec
+
+from attention_jax import _checks
+from attention_jax import chunked
+
+STRATEGIES = ("ring", "all_gather")
+LAYOUTS = ("contiguous", "zigzag")
+
+# Segment ids that no query shares: padding past a sequence length (queries, then keys).
+_PAST_QUERY_LENGTH = np.iinfo(np.int32).min
+_PAST_KEY_LENGTH = np.iinfo(np.int32).min + 1
+
+
+def zigzag_order(length: int, num_shards: int) -> np.ndarray:
+  """The positions, in zigzag layout order, of a sequence of ``length`` split over ``num_shards``:
+  shard i holds chunks i and 2P - 1 - i of 2P equal chunks.
+
+  >>> zigzag_order(8, 2).tolist()  # shard 0: chunks 0 and 3, shard 1: chunks 1 and 2
+  [0, 1, 6, 7, 2, 3, 4, 5]
+  """
+  if length % (2 * num_shards):
+    raise ValueError(f"the zigzag layout splits the sequence into 2 x {num_shards} equal chunks; "
+                     f"length {length} is not a multiple of {2 * num_shards}.")
+  chunks = np.arange(length).reshape(2 * num_shards, -1)
+  return np.concatenate([np.concatenate([chunks[i], chunks[2 * num_shards - 1 - i]])
+                         for i in range(num_shards)])
+
+
+def to_zigzag(x, num_shards: int, axis: int = -3):
+  """x with its ``axis`` (the sequence, by default of [..., T, N, H]) in zigzag layout order.
+
+  >>> to_zigzag(jnp.arange(8), 2, axis=0).tolist()
+  [0, 1, 6, 7, 2, 3, 4, 5]
+  """
+  return _take(x, zigzag_order(x.shape[axis], num_shards), axis)
+
+
+def from_zigzag(x, num_shards: int, axis: int = -3):
+  """The inverse of ``to_zigzag``: x back in sequence order.
+
+  >>> from_zigzag(to_zigzag(x, 8), 8)  # x [B, T, N, H], T a multiple of 16: x again
+  """
+  return _take(x, np.argsort(zigzag_order(x.shape[axis], num_shards)), axis)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _take(x, order, axis):
+  """x[..., order, ...] along ``axis`` for a permutation ``order``, keeping the sharding of an
+  array on a mesh with explicit axes (with automatic ones the compiler chooses); its gradient is
+  the inverse permutation (not a scatter, which explicit sharding cannot place)."""
+  index = (slice(None),) * (axis % x.ndim) + (order,)
+  sharding = jax.typeof(x).sharding
+  if any(axes is not None for axes in getattr(sharding, "spec", ())):
+    return x.at[index].get(out_sharding=sharding)
+  return x[index]
+
+
+_take.defvjp(lambda x, order, axis: (_take(x, order, axis), None),
+             lambda order, axis, _, grad: (_take(grad, np.argsort(order), axis),))
+
+
+def shard_positions(local_length: int, axis_name, layout: str = "contiguous"):
+  """The sequence positions [T / P] of this device's shard (inside ``shard_map``).
+
+  >>> shard_positions(4, "seq", "zigzag")  # on device 1 of 2: [2, 3, 4, 5]
+  """
+  index, size = lax.axis_index(axis_name), lax.axis_size(axis_name)
+  if layout == "contiguous":
+    return index * local_length + jnp.arange(local_length)
+  chunk = local_length // 2
+  return jnp.concatenate([index * chunk + jnp.arange(chunk),
+                          (2 * size - 1 - index) * chunk + jnp.arange(chunk)])
+
+
+def _merge(out, lse, new_out, new_lse):
+  """Two partial softmax results (out normalised over its keys, lse -inf where it had none)
+  -> the result over the union of their keys."""
+  total = jnp.logaddexp(lse, new_lse)
+  safe = jnp.where(jnp.isfinite(total), total, 0.0)
+  old_weight, new_weight = jnp.exp(lse - safe)[..., None], jnp.exp(new_lse - safe)[..., None]
+  return out * old_weight + new_out * new_weight, total
+
+
+def _rotate(tree, axis_name):
+  """Every array of ``tree`` moves one device along the ring (i -> i + 1)."""
+  size = lax.axis_size(axis_name)
+  return lax.ppermute(tree, axis_name, [(i, (i + 1) % size) for i in range(size)])
+
+
+def _passing(k, v, extras):
+  """What travels around the ring: the key/value shard with its segment ids and positions."""
+  return k, v, extras.kv_segments, extras.kv_positions
+
+
+def _arriving(extras, passing):
+  k, v, kv_segments, kv_positions = passing
+  return k, v, extras._replace(kv_segments=kv_segments, kv_positions=kv_positions)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _ring(q, k, v, extras, pattern, geometry, axis_name):
+  return _ring_fwd(q, k, v, extras, pattern, geometry, axis_name)[0]
+
+
+def _ring_fwd(q, k, v, extras, pattern, geometry, axis_name):
+  """q [B, N, Tp, H], k and v [B, K, Sp, H] (this device's shards) -> out [B, N, Tp, H_v],
+  lse [B, N, Tp] (+inf on a row with no key, the kernel's convention)."""
+
+  def attend(passing):  # -> out, lse (-inf on an empty row)
+    k_step, v_step, extras_step = _arriving(extras, passing)
+    out, lse = chunked._forward(q, k_step, v_step, None, None, extras_step, pattern, geometry)
+    return out, jnp.where(lse == jnp.inf, -jnp.inf, lse)
+
+  def step(carry, _):
+    out, lse, passing = carry
+    passing = _rotate(passing, axis_name)
+    out, lse = _merge(out, lse, *attend(passing))
+    return (out, lse, passing), None
+
+  passing = _passing(k, v, extras)
+  out, lse = attend(passing)
+  (out, lse, _), _ = lax.scan(step, (out, lse, passing), None,
+                              length=lax.axis_size(axis_name) - 1)
+  lse = jnp.where(lse == -jnp.inf, jnp.inf, lse)
+  out = out.astype(q.dtype)
+  return (out, lse), (q, k, v, extras, out, lse)
+
+
+def _ring_bwd(pattern, geometry, axis_name, residuals, cotangents):
+  q, k, v, extras, out, lse = residuals
+  d_out, _ = cotangents  # the log-sum-exp has no gradient
+
+  def gradients(passing):  # of this step's key/value shard, with the global out and lse
+    k_step, v_step, extras_step = _arriving(extras, passing)
+    d_q, d_k, d_v, _ = chunked._backward(q, k_step, v_step, None, None, extras_step, pattern,
+                                         geometry, out, lse, d_out)
+    return d_q, d_k, d_v
+
+  def step(carry, _):
+    d_q, d_k, d_v, passing = carry
+    step_q, step_k, step_v = gradients(passing)
+    # The key/value gradients travel with their shard: after P moves they are home.
+    d_k, d_v, passing = _rotate((d_k + step_k, d_v + step_v, passing), axis_name)
+    return (d_q + step_q, d_k, d_v, passing), None
+
+  dtype = out.dtype if jnp.issubdtype(out.dtype, jnp.float64) else jnp.float32
+  like = (q, k, v, d_out)
+  init = (chunked._zeros(q.shape, dtype, *like), chunked._zeros(k.shape, dtype, *like),
+          chunked._zeros(v.shape, dtype, *like), _passing(k, v, extras))
+  (d_q, d_k, d_v, _), _ = lax.scan(step, init, None, length=lax.axis_size(axis_name))
+  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+_ring.defvjp(_ring_fwd, _ring_bwd)
+
+
+def _segments_with_lengths(segment_ids, seq_lengths, positions, past_length):
+  """Segment ids [..., L] (0 when None) with ``past_length`` where position >= length."""
+  if seq_lengths is None:
+    return segment_ids
+  ids = jnp.zeros(positions.shape, jnp.int32) if segment_ids is None else segment_ids
+  past = positions >= jnp.asarray(seq_lengths)[..., None]
+  return jnp.where(past, past_length, ids)
+
+
+def context_parallel_attention_shard(
+    query, key, value, bias=None, mask=None, *, axis_name, strategy: str = "ring",
+    layout: str = "contiguous", is_causal: bool = False, scale: float | None = None,
+    query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
+    key_segment_ids=None, local_window_size=None, logits_soft_cap: float | None = None,
+    block_q: int | None = None, block_k: int | None = None):
+  """The per-device part of ``context_parallel_attention``, for use inside your own shard_map.
+
+  query [..., T/P, N, H], key [..., S/P, K, H], value [..., S/P, K, H_v]: this device's shards
+  along the mesh axis ``axis_name``, in ``layout`` ("contiguous": device i holds positions
+  i T/P .. (i + 1) T/P - 1; "zigzag": see ``zigzag_order``). Segment ids are this device's
+  shards [..., T/P] / [..., S/P]; sequence lengths are of the whole sequence, [...].
+  mask: a key mask [..., 1, 1, S/P] (this device's keys), or (strategy "all_gather" only)
+  [..., N or 1, T/P or 1, S], as bias. -> [..., T/P, N, H_v].
+
+  >>> out = jax.shard_map(functools.partial(context_parallel_attention_shard, axis_name="seq",
+  ...                                       is_causal=True), mesh=mesh,
+  ...                     in_specs=P(None, "seq"), out_specs=P(None, "seq"))(q, k, v)
+  """
+  query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+  _checks.check_qkv(query, key, value)
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+  mask = None if mask is None else jnp.asarray(mask)
+  key_mask = None
+  if mask is not None and _is_key_mask(mask):  # [..., 1, 1, S/P]: which keys are real
+    key_mask, mask = jnp.broadcast_to(mask[..., 0, 0, :], query.shape[:-3] + mask.shape[-1:]), None
+  _check_request(query, key, bias, mask, strategy)
+  if layout == "zigzag" and query.shape[-3] % 2:
+    raise ValueError(f"the zigzag layout holds two equal chunks per device; the shard length "
+                     f"{query.shape[-3]} is odd.")
+  _checks.check_structure(query, key, query_seq_lengths=query_seq_lengths,
+                          key_value_seq_lengths=key_value_seq_lengths,
+                          query_segment_ids=query_segment_ids, key_segment_ids=key_segment_ids)
+  scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+  positions = shard_positions(query.shape[-3], axis_name, layout)  # [T/P]
+  batch_shape = query.shape[:-3]
+  q_positions = kv_positions = jnp.broadcast_to(positions, batch_shape + positions.shape)
+  q_segments = _segments_with_lengths(query_segment_ids, query_seq_lengths, q_positions,
+                                      _PAST_QUERY_LENGTH)
+  kv_segments = _segments_with_lengths(key_segment_ids, key_value_seq_lengths, kv_positions,
+                                       _PAST_KEY_LENGTH)
+  if key_mask is not None:
+    kv_segments = jnp.where(key_mask, 0 if kv_segments is None else kv_segments, _PAST_KEY_LENGTH)
+  if (q_segments is None) != (kv_segments is None):  # lengths or a key mask on one side only
+    zeros = jnp.zeros(q_positions.shape, jnp.int32)
+    q_segments = zeros if q_segments is None else q_segments
+    kv_segments = zeros if kv_segments is None else kv_segments
+
+  def gather(x, axis):  # the whole sequence on every device
+    return None if x is None else lax.all_gather(x, axis_name, axis=x.ndim + axis, tiled=True)
+
+  if strategy == "all_gather":
+    key, value = gather(key, -3), gather(value, -3)  # [..., S, K, H]
+    kv_segments, kv_positions = gather(kv_segments, -1), gather(kv_positions, -1)
+    if bias is not None or mask is not None:
+      target = batch_shape + (query.shape[-2], query.shape[-3], key.shape[-3])
+      _checks.check_mask_and_bias(None if mask is None else jnp.asarray(mask),
+                                  None if bias is None else jnp.asarray(bias), target)
+  pattern, geometry = chunked.plan(query, key, is_causal=is_causal,
+                                   local_window_size=local_window_size,
+                                   logits_soft_cap=logits_soft_cap, block_q=block_q,
+                                   block_k=block_k, narrow_keys=True)
+  masked_by_position = pattern.is_causal or pattern.window is not None
+  inputs = chunked.prepare(
+      query, key, value, bias, mask, scale=scale, geometry=geometry,
+      segment_ids=(q_segments, kv_segments),
+      positions=(q_positions, kv_positions) if masked_by_position else (None, None))
+  if strategy == "all_gather":
+    out, lse = chunked._attention(*inputs, pattern, geometry)
+  else:
+    out, lse = _ring(inputs.q, inputs.k, inputs.v, inputs.extras, pattern, geometry, axis_name)
+  return chunked.finish(out, lse, query.shape)
+
+
+def context_parallel_attention(
+    query, key, value, bias=None, mask=None, *, mesh, axis_name, strategy: str = "ring",
+    is_causal: bool = False, scale: float | None = None, load_balance: bool = True,
+    query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
+    key_segment_ids=None, local_window_size=None, logits_soft_cap: float | None = None,
+    block_q: int | None = None, block_k: int | None = None):
+  """Self-attention over a sequence sharded along ``axis_name`` of ``mesh``.
+
+  query [..., T, N, H], key [..., T, K, H], value [..., T, K, H_v], global arrays -> [..., T, N,
+  H_v], sharded the same way. The sequence is padded inside to a multiple of P, the size of the
+  mesh axis (2P with ``load_balance`` under a causal mask or a window); pass such lengths to save
+  the copies. The other mesh axes are left to the compiler (shard the batch over them as you
+  like). The arguments mean what they mean for ``dot_product_attention``; a key (padding) mask
+  [..., 1, 1, T] works with both strategies, a general bias or mask ([..., N or 1, T or 1, T])
+  needs strategy="all_gather". ``load_balance`` runs causal and windowed attention in the zigzag
+  layout (tokens are permuted in and out: keep your activations in ``to_zigzag`` order and call
+  ``context_parallel_attention_shard(layout="zigzag")`` to save the two permutations).
+
+  >>> mesh = jax.make_mesh((8,), ("seq",))
+  >>> out = context_parallel_attention(q, k, v, mesh=mesh, axis_name="seq", is_causal=True)
+  """
+  query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+  _checks.check_qkv(query, key, value)
+  if axis_name not in mesh.axis_names:
+    raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh {mesh.axis_names}.")
+  size = mesh.shape[axis_name]
+  zigzag = load_balance and (is_causal or local_window_size is not None) and size > 1
+  length, chunks = query.shape[-3], 2 * size if zigzag else size
+  along = lambda x: None if x is None else jnp.asarray(x)
+  query_segment_ids, key_segment_ids = along(query_segment_ids), along(key_segment_ids)
+  bias, mask = along(bias), along(mask)
+  general_mask = None if mask is None or _is_key_mask(mask) else mask
+  _check_request(query, key, bias, general_mask, strategy)
+  key_value_seq_lengths = along(key_value_seq_lengths)
+  padding = -length % chunks
+  if padding:  # to whole chunks; the padded keys are past every sequence length
+    if key_value_seq_lengths is None:
+      key_value_seq_lengths = jnp.full(query.shape[:-3], length, jnp.int32)
+    padded = length + padding
+    query, key, value = (chunked._pad_axis(x, -3, padded) for x in (query, key, value))
+    query_segment_ids, key_segment_ids = (chunked._pad_axis(x, -1, padded)
+                                          for x in (query_segment_ids, key_segment_ids))
+    bias, mask = (chunked._pad_axis(chunked._pad_axis(x, -2, padded), -1, padded)
+                  for x in (bias, mask))
+  if zigzag:  # tokens, segment ids, and the rows and columns of a bias or mask
+    query, key, value = (to_zigzag(x, size) for x in (query, key, value))
+    if query_segment_ids is not None:
+      query_segment_ids = to_zigzag(query_segment_ids, size, axis=-1)
+      key_segment_ids = to_zigzag(key_segment_ids, size, axis=-1)
+    bias, mask = (None if x is None else _permute_logits(x, size) for x in (bias, mask))
+
+  def spec(x, sequence_axis):  # shard the sequence axis, leave the rest to the compiler
+    if x is None:
+      return None
+    axes = [None] * x.ndim
+    if x.shape[sequence_axis] != 1:
+      axes[sequence_axis] = axis_name
+    return PartitionSpec(*axes)
+
+  sequence_axis = {"query": -3, "key": -3, "value": -3, "bias": -2,
+                   "mask": -1 if mask is not None and _is_key_mask(mask) else -2,
+                   "query_segment_ids": -1, "key_segment_ids": -1}
+  arrays = {"query": query, "key": key, "value": value, "bias": bias, "mask": mask,
+            "query_seq_lengths": along(query_seq_lengths),
+            "key_value_seq_lengths": along(key_value_seq_lengths),
+            "query_segment_ids": query_segment_ids, "key_segment_ids": key_segment_ids}
+  arrays = {name: _onto(x, spec(x, sequence_axis[name]) if name in sequence_axis else None, mesh)
+            for name, x in arrays.items() if x is not None}
+  specs = {name: spec(x, sequence_axis[name]) if name in sequence_axis else PartitionSpec()
+           for name, x in arrays.items()}
+  per_device = functools.partial(
+      context_parallel_attention_shard, axis_name=axis_name, strategy=strategy,
+      layout="zigzag" if zigzag else "contiguous", is_causal=is_causal, scale=scale,
+      local_window_size=local_window_size, logits_soft_cap=logits_soft_cap, block_q=block_q,
+      block_k=block_k)
+  # check_vma off: under vmap, the batching rule of lax.cond (the kernel's block skipping) mixes
+  # device-varying and device-invariant values (jax 0.10.2), which the check rejects.
+  out = jax.shard_map(lambda kwargs: per_device(**kwargs), mesh=mesh, in_specs=(specs,),
+                      out_specs=spec(query, -3), axis_names={axis_name},
+                      check_vma=False)(arrays)
+  out = from_zigzag(out, size) if zigzag else out
+  return out[..., :length, :, :]
+
+
+def _onto(x, spec, mesh):
+  """x resharded to ``spec`` on ``mesh`` when the mesh's axes are explicit, where shard_map takes
+  inputs only as they are placed (with automatic axes the compiler places them). The other
+  explicit axes are replicated, so on such a mesh each of their devices computes the whole
+  batch: use automatic axes (jax.sharding.Mesh's default) to keep the batch sharded as well."""
+  if not any(str(kind).endswith("Explicit") for kind in getattr(mesh, "axis_types", ())):
+    return x
+  return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, spec or PartitionSpec()))
+
+
+
+def _check_request(query, key, bias, mask, strategy):
+  """One-line ValueErrors for what neither strategy can do with these arguments (``mask`` is
+  what is left after a key mask has been taken out)."""
+  if strategy not in STRATEGIES:
+    raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}.")
+  if strategy == "ring" and (bias is not None or mask is not None):
+    raise ValueError("strategy='ring' takes no bias, and a mask only over keys ([..., 1, 1, S]): "
+                     "each device would need its [T/P, S] rows; use sequence lengths or segment "
+                     "ids, or strategy='all_gather'.")
+  if query.shape[-3] != key.shape[-3]:
+    raise ValueError(f"context-parallel attention is self-attention over one sharded sequence: "
+                     f"query and key shards must have one length, got {query.shape} and "
+                     f"{key.shape}.")
+
+
+def _is_key_mask(mask):
+  """Whether a mask [..., N or 1, T or 1, S] only says which keys are real ([..., 1, 1, S])."""
+  return mask.ndim >= 2 and mask.shape[-2] == 1 and (mask.ndim == 2 or mask.shape[-3] == 1)
+
+
+def _permute_logits(x, size):
+  """A bias or mask [..., T or 1, S or 1] with its rows and columns in zigzag order."""
+  for axis in (-2, -1):
+    if x.ndim >= -axis and x.shape[axis] != 1:
+      x = to_zigzag(x, size, axis=axis)
+  return x
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextParallel:
+  """``dot_product_attention``'s signature, run by ``context_parallel_attention`` over
+  ``axis_name`` of ``mesh``: the ``attention_fn`` of MultiHeadAttention (and EncoderConfig).
+  Attention dropout and returned weights are refused (they would be [T, S] per device).
+
+  >>> layer = MultiHeadAttention(num_heads=8, attention_fn=ContextParallel(mesh, "seq"))
+  """
+  mesh: jax.sharding.Mesh
+  axis_name: str
+  strategy: str = "ring"
+  load_balance: bool = True
+
+  def __call__(self, query, key, value, bias=None, mask=None, *, dropout_rate=0.0,
+               dropout_rng=None, return_weights=False, implementation=None, **options):
+    del dropout_rng, implementation  # the chunked kernel runs on every device
+    if dropout_rate or return_weights:
+      raise ValueError("context-parallel attention has no attention dropout and returns no "
+                       "weights; set the attention dropout rate to 0 and take the maps from "
+                       "attention_maps on one device.")
+    return context_parallel_attention(query, key, value, bias, mask, mesh=self.mesh,
+                                      axis_name=self.axis_name, strategy=self.strategy,
+                                      load_balance=self.load_balance, **options)

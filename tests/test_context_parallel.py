@@ -1,0 +1,166 @@
+"""Context-parallel attention on 8 simulated CPU devices: both strategies, causal or not, balanced
+(zigzag) or not, grouped-query heads, sequence lengths, segment ids, a window, a bias and mask
+(all_gather), inside a caller's shard_map and under vmap: values and gradients against the
+unsharded float64 numpy reference. Malformed calls are one-line ValueErrors."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import attention_jax as aj
+from training_helpers import EIGHT_CPU_DEVICES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROGRAM = r"""
+import functools, json, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+sys.path.insert(0, "tests")
+import numpy_reference
+import attention_jax as aj
+
+assert jax.device_count() == 8
+mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "seq"))  # the batch over "data"
+rng = np.random.default_rng(0)
+B, T, N, K, H = 2, 64, 4, 2, 8
+query, key, value = (rng.standard_normal((B, T, n, H)).astype(np.float32) for n in (N, K, K))
+d_out = rng.standard_normal(query.shape).astype(np.float32)
+lengths = np.array([45, 64], np.int32)
+ids = np.sort(rng.integers(0, 3, size=(B, T)), axis=-1).astype(np.int32)
+bias = rng.standard_normal((B, 1, T, T)).astype(np.float32)
+mask = rng.random((B, N, T, T)) > 0.2
+
+def reference(is_causal, **structure):
+  allowed = numpy_reference.structure_mask(T, T, (B,), **structure)
+  if "extra_mask" in extra:
+    allowed = allowed & extra["extra_mask"]
+  out, _, cache = numpy_reference.attention(query, key, value, extra.get("bias"), allowed,
+                                            is_causal=is_causal)
+  return out, numpy_reference.attention_vjp(cache, d_out)[:3]
+
+def error(got, want):
+  return float(np.max(np.abs(np.asarray(got, np.float64) - want)) / np.max(np.abs(want)))
+
+@functools.partial(jax.jit, static_argnums=0)
+def value_and_grads(fn, q, k, v):  # one compilation for the output and its gradients
+  out, pullback = jax.vjp(fn, q, k, v)
+  return out, pullback(jnp.asarray(d_out))
+
+def check(fn, want, want_grads):
+  out, grads = value_and_grads(fn, query, key, value)
+  return max([error(out, want)] + [error(g, w) for g, w in zip(grads, want_grads)])
+
+results = {}
+for strategy in ("ring", "all_gather"):
+  for is_causal, balanced in ((False, False), (True, False), (True, True)):
+    extra = {}
+    want, want_grads = reference(is_causal, q_lengths=lengths, kv_lengths=lengths)
+    fn = functools.partial(aj.context_parallel_attention, mesh=mesh, axis_name="seq",
+                           strategy=strategy, is_causal=is_causal, load_balance=balanced,
+                           query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+                           block_q=8, block_k=8)
+    results[f"{strategy} causal={is_causal} balanced={balanced}"] = check(fn, want, want_grads)
+
+  extra = {}
+  want, want_grads = reference(True, q_segments=ids, kv_segments=ids, window=(6, 0))
+  fn = functools.partial(aj.context_parallel_attention, mesh=mesh, axis_name="seq",
+                         strategy=strategy, is_causal=True, query_segment_ids=ids,
+                         key_segment_ids=ids, local_window_size=(6, 0), block_q=8, block_k=8)
+  results[f"{strategy} segments and window, balanced"] = check(fn, want, want_grads)
+
+extra = {"bias": bias, "extra_mask": mask}
+want, want_grads = reference(True, kv_lengths=lengths)
+fn = functools.partial(aj.context_parallel_attention, bias=bias, mask=mask, mesh=mesh,
+                       axis_name="seq", strategy="all_gather", is_causal=True,
+                       key_value_seq_lengths=lengths, block_q=8, block_k=8)
+results["all_gather bias and mask, balanced"] = check(fn, want, want_grads)
+
+# Inside a caller's shard_map on an automatic mesh, activations kept in zigzag order throughout.
+extra = {}
+want, want_grads = reference(True)
+auto = Mesh(np.array(jax.devices()), ("seq",))
+shard = functools.partial(aj.context_parallel_attention_shard, axis_name="seq", strategy="ring",
+                          layout="zigzag", is_causal=True, block_q=8, block_k=8)
+spec = P(None, "seq")
+mapped = jax.shard_map(shard, mesh=auto, in_specs=(spec,) * 3, out_specs=spec)
+fn = lambda q, k, v: aj.from_zigzag(mapped(*(aj.to_zigzag(x, 8) for x in (q, k, v))), 8)
+results["ring per-shard in a caller's shard_map, zigzag"] = check(fn, want, want_grads)
+
+# vmapped over a leading replica axis (as the trainer does), the replicas being the batch.
+vmapped = jax.vmap(lambda q, k, v: aj.context_parallel_attention(
+    q, k, v, mesh=auto, axis_name="seq", is_causal=True, block_q=8, block_k=8))
+as_replicas = lambda q, k, v: vmapped(q[:, None], k[:, None], v[:, None])[:, 0]
+results["ring under vmap"] = check(as_replicas, want, want_grads)
+
+errors = {}
+for name, call in {
+    "ring with a bias": lambda: aj.context_parallel_attention(
+        query, key, value, bias, mesh=mesh, axis_name="seq"),
+    "cross-attention": lambda: aj.context_parallel_attention(
+        query, key[:, :32], value[:, :32], mesh=mesh, axis_name="seq"),
+    "unknown axis": lambda: aj.context_parallel_attention(
+        query, key, value, mesh=mesh, axis_name="sequence"),
+    "unknown strategy": lambda: aj.context_parallel_attention(
+        query, key, value, mesh=mesh, axis_name="seq", strategy="ulysses"),
+}.items():
+  try:
+    call()
+    errors[name] = None
+  except ValueError as error:
+    errors[name] = str(error)
+print(json.dumps({"results": results, "errors": errors}))
+"""
+
+
+@pytest.fixture(scope="module")
+def outcome():
+  result = subprocess.run([sys.executable, "-c", PROGRAM], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_both_strategies_equal_the_float64_reference_on_eight_devices(outcome):
+  results = outcome["results"]
+  assert len(results) == 11
+  for case, relative_error in results.items():
+    assert relative_error <= 2e-6, (case, relative_error)
+
+
+def test_malformed_calls_name_the_cause_in_one_line(outcome):
+  errors = outcome["errors"]
+  assert "strategy='all_gather'" in errors["ring with a bias"]
+  assert "must have one length" in errors["cross-attention"]
+  assert "'sequence' is not an axis" in errors["unknown axis"]
+  assert "strategy must be one of" in errors["unknown strategy"]
+  assert all("\n" not in message for message in errors.values())
+
+
+def test_zigzag_gives_every_device_equal_causal_work():
+  order = aj.zigzag_order(32, 4).reshape(4, -1)  # [device, positions it holds]
+  work = [(positions + 1).sum() for positions in order]  # keys each device's queries see
+  assert len(set(work)) == 1
+  assert sorted(order.ravel().tolist()) == list(range(32))
+  contiguous = np.arange(32).reshape(4, -1)
+  assert len({(positions + 1).sum() for positions in contiguous}) == 4
+  x = np.arange(2 * 32 * 3).reshape(2, 32, 3, 1).astype(np.float32)
+  np.testing.assert_array_equal(aj.from_zigzag(aj.to_zigzag(x, 4), 4), x)
+  with pytest.raises(ValueError, match="multiple of 8"):
+    aj.zigzag_order(30, 4)
+
+
+def test_the_readme_example_runs_on_eight_devices_at_a_shorter_length():
+  import re
+  readme = open(os.path.join(ROOT, "README.md")).read()
+  block = re.search(r"```python context-parallel\n(.*?)```", readme, re.S).group(1)
+  assert "T = 65536" in block
+  code = block.replace("T = 65536", "T = 1024") + "\nassert out.shape == (1, T, 8, 64)\n" + \
+      "assert d_q.shape == q.shape and bool(jnp.all(jnp.isfinite(d_q.astype(jnp.float32))))\n"
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **EIGHT_CPU_DEVICES})
+  assert result.returncode == 0, result.stderr[-3000:]
