@@ -148,15 +148,19 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
   >>> variables = MultiHeadAttention(num_heads=8, d_model=256).init(rng, x)  # x: [B, T, 128]
   >>> multi_head_attention(variables["params"], x).shape  # [B, T, 128]
   """
-  query, key, value, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
-                                              qk_transform=qk_transform)
+  # The named scopes label the three parts in profiles (scripts/profile_train.py).
+  with jax.named_scope("qkv_projection"):
+    query, key, value, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
+                                                qk_transform=qk_transform)
   attention_fn = attention_fn or attention_lib.dot_product_attention
-  result = attention_fn(
-      query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-      dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights,
-      implementation=implementation, **attention_args)
+  with jax.named_scope("dot_product_attention"):
+    result = attention_fn(
+        query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+        dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights,
+        implementation=implementation, **attention_args)
   heads, *extras = result if isinstance(result, tuple) else (result,)  # heads [..., T, N, H]
-  output = project_out(params, heads)  # [..., T, D_out]
+  with jax.named_scope("out_projection"):
+    output = project_out(params, heads)  # [..., T, D_out]
   return (output, *extras) if extras else output
 
 

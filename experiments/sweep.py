@@ -20,6 +20,10 @@ disk, a busy workdir and SIGTERM/SIGINT stop the sweep instead, as they stop a r
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before jax is imported; experiments/launch.py says why
+  from experiments import launch
+  launch.with_huge_pages()
+
 import copy
 import os
 import sys

@@ -12,6 +12,10 @@ finishes the step, saves a checkpoint and stops with the command that resumes.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before jax is imported; experiments/launch.py says why
+  from experiments import launch
+  launch.with_huge_pages()
+
 import contextlib
 import functools
 import itertools
@@ -122,12 +126,27 @@ def setup(config, replicas: list[dict], mesh: Mesh | None = None):
   head = aj.TokenClassifier if task.token_level else aj.SequenceClassifier
   model = head(encoder_config(config, task, mesh))
   tx = optim.optimizer(config)
+  return task, model, tx, functools.partial(initial_states, model, tx, task.max_length, replicas)
+
+
+def initial_states(model, tx, max_length: int, replicas: list[dict], sharding=None):
+  """The step-0 states of ``replicas`` stacked on a leading replica axis, jitted."""
   seeds = jnp.array([replica["seed"] for replica in replicas])
   hparams = {name: jnp.array([replica[name] for replica in replicas], jnp.float32)
              for name in steps_lib.HYPERPARAMETERS}
-  initial = jax.vmap(functools.partial(steps_lib.initial_state, model, tx, task.max_length))
-  return task, model, tx, lambda sharding=None: jax.jit(
-      initial, out_shardings=sharding)(seeds, hparams)
+  initial = jax.vmap(functools.partial(steps_lib.initial_state, model, tx, max_length))
+  return jax.jit(initial, out_shardings=sharding)(seeds, hparams)
+
+
+def train_step_fn(config, model, tx, num_classes: int, sharding=None):
+  """The loop's compiled step over the replica axis: (state [R], batch {"tokens": [R, B, T],
+  "labels": [R, B(, T)]}) -> (state [R], metrics [R]); the state's buffers are donated. The
+  benchmark (scripts/benchmark_train.py) times this same function."""
+  return jax.jit(jax.vmap(functools.partial(
+      steps_lib.train_step, model=model, tx=tx, learning_rate=optim.learning_rate(config),
+      compute_dtype=jnp.dtype(config.compute_dtype), label_smoothing=config.label_smoothing,
+      num_classes=num_classes)), out_shardings=None if sharding is None else (sharding, sharding),
+      donate_argnums=0)
 
 
 @contextlib.contextmanager
@@ -200,10 +219,7 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
   start_step = int(state.step[0])
 
   compute_dtype = jnp.dtype(config.compute_dtype)
-  step_fn = jax.jit(jax.vmap(functools.partial(
-      steps_lib.train_step, model=model, tx=tx, learning_rate=optim.learning_rate(config),
-      compute_dtype=compute_dtype, label_smoothing=config.label_smoothing,
-      num_classes=task.num_classes)), out_shardings=(by_replica, by_replica), donate_argnums=0)
+  step_fn = train_step_fn(config, model, tx, task.num_classes, by_replica)
   eval_fn = jax.jit(jax.vmap(functools.partial(
       steps_lib.eval_step, model=model, compute_dtype=compute_dtype,
       num_classes=task.num_classes), in_axes=(0, None)), out_shardings=by_replica)

@@ -1,19 +1,25 @@
-"""Training-step throughput of the encoder classifier: this project's attention vs flax.linen's.
+"""Training-step throughput: the trainer's own step against the same model in PyTorch.
 
-  python scripts/benchmark_train.py [--rounds 5] [--json FILE] [--dtype bfloat16]
-      [--accelerator-sizes] [--peak-tflops 989]
+  python -m scripts.benchmark_train [--rounds 5] [--methods ...] [--sizes ...] [--json FILE]
+      [--dtype bfloat16] [--accelerator-sizes] [--peak-tflops 989]
 
-Both models are the same SequenceClassifier (sinusoidal encoding, post-LN, AdamW step), except
-that one uses attention_jax.MultiHeadAttention (whose default implementation is chosen per
-backend and length) and the other flax.linen.MultiHeadDotProductAttention. Each round runs one
-jitted train step of each, in an order shuffled per round; the table gives median tokens/s, the
-step time, the model's matrix-multiply TFLOP/s (and its utilisation of --peak-tflops) and the
-ratio. --dtype bfloat16 computes in bfloat16 with float32 parameters, as the trainer does.
+"attention_jax" is ``experiments.train.train_step_fn``, the compiled step the training loop runs
+(one replica, the AdamW update with clipping, the divergence guard), built from
+configs/default.py with the model size of each row, post-LN, ReLU feed-forward, CLS pooling, the
+sinusoidal encoding and no dropout. "flax.linen" is that step with
+``flax.linen.MultiHeadDotProductAttention`` swapped in. "torch" and "torch.compile" are the same
+model in PyTorch (``nn.TransformerEncoder``, whose attention is its fused SDPA kernel), AdamW with
+the same weight decay and gradient clipping; torch is optional (``pip install torch``) and its
+columns are left out without it. Every method runs on the same batch of random tokens (no
+padding), in one process, so that they share one environment; each round runs them in a fresh
+random order, each for enough steps to take about ``--seconds``, and the table gives the median
+tokens/s of the rounds and each method's ratio to torch eager (higher is faster).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -26,23 +32,25 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
+from experiments import config_check, optim, tasks, train  # noqa: E402
 
-# (name, batch, length, d_model, heads, layers, mlp)
-SETTINGS = [
-    ("configs/default.py model", 64, 33, 128, 4, 2, 256),
-    ("PERF_NOTES model", 32, 256, 256, 8, 4, 1024),
-    ("long sequences", 8, 1024, 256, 8, 4, 1024),
-]
+# (name, batch, length, d_model, heads, layers, mlp); length counts the CLS token.
+SIZES = {
+    "default": (64, 33, 128, 4, 2, 256),   # configs/default.py
+    "medium": (32, 256, 256, 8, 4, 1024),
+    "long": (8, 1024, 256, 8, 4, 1024),
+}
 # Sizes that give a GPU or TPU enough work per step to be measured (--accelerator-sizes).
-ACCELERATOR_SETTINGS = [
-    ("accelerator base", 64, 512, 512, 8, 6, 2048),
-    ("accelerator long", 8, 4096, 512, 8, 6, 2048),
-    ("accelerator wide", 32, 1024, 1024, 16, 8, 4096),
-]
+ACCELERATOR_SIZES = {
+    "accelerator base": (64, 512, 512, 8, 6, 2048),
+    "accelerator long": (8, 4096, 512, 8, 6, 2048),
+    "accelerator wide": (32, 1024, 1024, 16, 8, 4096),
+}
+METHODS = ("attention_jax", "flax.linen", "torch", "torch.compile")
+NUM_CLASSES, VOCAB_SIZE = 2, 19  # the order task's
 
 
 class FlaxAttention(nn.Module):
@@ -70,85 +78,183 @@ def model_flops_per_step(batch, length, d_model, layers, mlp):
   return 3 * batch * length * per_token
 
 
-def train_step_fn(config, batch, length, dtype=jnp.float32):
-  model = aj.SequenceClassifier(config)
-  rng = np.random.default_rng(0)
-  tokens = jnp.asarray(rng.integers(1, config.vocab_size, (batch, length)), jnp.int32)
-  labels = jnp.asarray(rng.integers(0, config.num_classes, batch), jnp.int32)
-  params = model.init(jax.random.key(0), tokens)["params"]
-  tx = optax.adamw(1e-3)
+def benchmark_config(size, dtype: str):
+  """configs/default.py at the model size of ``size`` (no dropout)."""
+  batch, length, d_model, heads, layers, mlp = size
+  config = config_check.default_config()
+  config.model.update(d_model=d_model, num_heads=heads, num_layers=layers, mlp_dim=mlp,
+                      dropout_rate=0.0, pooling="cls", positional_encoding="sinusoidal",
+                      pre_layer_norm=False)
+  config.update(batch_size=batch, compute_dtype=dtype)
+  return config
 
-  def loss_fn(params, dropout_rng):  # parameters stay float32; compute in dtype, as the trainer
-    params = jax.tree.map(lambda p: p.astype(dtype), params)
-    logits = model.apply({"params": params}, tokens, deterministic=False,
-                         rngs={"dropout": dropout_rng})
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
-                                                           labels).mean()
 
-  @jax.jit
-  def step(params, opt_state, dropout_rng):
-    loss, grads = jax.value_and_grad(loss_fn)(params, dropout_rng)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+def random_batch(batch, length, seed=0):
+  """Token ids [B, T - 1] (no padding: the CLS token makes T) and labels [B]."""
+  rng = np.random.default_rng(seed)
+  return rng.integers(1, VOCAB_SIZE, (batch, length - 1)), rng.integers(0, NUM_CLASSES, batch)
 
-  state = [params, tx.init(params)]
 
-  def run():
-    state[0], state[1], loss = step(state[0], state[1], jax.random.key(1))
-    jax.block_until_ready(loss)
-  return run
+def jax_step(config, tokens, labels, attention_module=None):
+  """(the trainer's compiled step, its step-0 state, the batch) for the model of ``config`` on
+  token ids [B, T - 1] and labels [B]."""
+  task = tasks.Task(name="random tokens", train=None, test=None, vocab_size=VOCAB_SIZE,
+                    num_classes=NUM_CLASSES, max_length=tokens.shape[1], token_names=())
+  model_config = dataclasses.replace(train.encoder_config(config, task),
+                                     attention_module=attention_module)
+  model, tx = aj.SequenceClassifier(model_config), optim.optimizer(config)
+  state = train.initial_states(model, tx, tokens.shape[1], train.replicas_of(config))
+  batch = {"tokens": jnp.asarray(tokens[None], jnp.int32),
+           "labels": jnp.asarray(labels[None], jnp.int32)}  # one replica
+  return train.train_step_fn(config, model, tx, NUM_CLASSES), state, batch
+
+
+def jax_runner(config, tokens, labels, attention_module=None, on_loss=None):
+  """step() runs the trainer's compiled step once on (tokens, labels) and waits for it (and
+  passes the loss to ``on_loss``)."""
+  step_fn, state, batch = jax_step(config, tokens, labels, attention_module)
+  state = [state]
+
+  def step():
+    state[0], metrics = step_fn(state[0], batch)
+    loss = jax.block_until_ready(metrics["loss"])
+    if on_loss is not None:
+      on_loss(float(loss[0]))
+  return step
+
+
+def torch_runner(config, tokens, labels, compile_model=False):
+  """The same model and optimizer in PyTorch; None when torch is not installed."""
+  try:
+    import torch
+  except ImportError:
+    return None
+  torch.manual_seed(0)
+  model_config = config.model
+  d_model = model_config.d_model
+
+  class EncoderClassifier(torch.nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.embed = torch.nn.Embedding(VOCAB_SIZE, d_model)
+      self.cls = torch.nn.Parameter(torch.randn(d_model))
+      self.register_buffer("table", torch.from_numpy(np.asarray(
+          aj.sinusoidal_encoding(tokens.shape[1] + 1, d_model))))
+      layer = torch.nn.TransformerEncoderLayer(
+          d_model, model_config.num_heads, model_config.mlp_dim, dropout=0.0, activation="relu",
+          batch_first=True, norm_first=False)
+      self.encoder = torch.nn.TransformerEncoder(layer, model_config.num_layers,
+                                                 enable_nested_tensor=False)
+      self.logits = torch.nn.Linear(d_model, NUM_CLASSES)
+
+    def forward(self, tokens):
+      x = self.embed(tokens)  # [B, T - 1, D]
+      x = torch.cat([self.cls.expand(x.shape[0], 1, d_model), x], dim=1) + self.table
+      return self.logits(self.encoder(x)[:, 0])  # [B, C]
+
+  model = EncoderClassifier()
+  forward = torch.compile(model) if compile_model else model
+  optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
+                                weight_decay=config.weight_decay)
+  tokens, labels = torch.from_numpy(tokens), torch.from_numpy(labels)
+
+  def step():
+    optimizer.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(forward(tokens), labels)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
+    optimizer.step()
+    loss.item()
+  return step
+
+
+def runners(methods, size, dtype):
+  config = benchmark_config(size, dtype)
+  tokens, labels = random_batch(size[0], size[1])
+  make = {
+      "attention_jax": lambda: jax_runner(config, tokens, labels),
+      "flax.linen": lambda: jax_runner(config, tokens, labels, FlaxAttention),
+      "torch": lambda: None if dtype != "float32" else torch_runner(config, tokens, labels),
+      "torch.compile": lambda: None if dtype != "float32" else torch_runner(
+          config, tokens, labels, compile_model=True),
+  }
+  made = {method: make[method]() for method in methods}
+  return {method: run for method, run in made.items() if run is not None}
+
+
+def measure(steps_by_method: dict, rounds: int, seconds: float) -> dict:
+  """{method: [seconds per step, one per round]}: each round runs every method for about
+  ``seconds`` (the same number of steps in every round), in a fresh random order."""
+  repeats = {}
+  for method, step in steps_by_method.items():
+    step()  # compile and warm up
+    started = time.perf_counter()
+    step()
+    repeats[method] = max(1, round(seconds / max(time.perf_counter() - started, 1e-6)))
+  times = {method: [] for method in steps_by_method}
+  order, methods = random.Random(0), list(steps_by_method)
+  for _ in range(rounds):
+    order.shuffle(methods)
+    for method in methods:
+      started = time.perf_counter()
+      for _ in range(repeats[method]):
+        steps_by_method[method]()
+      times[method].append((time.perf_counter() - started) / repeats[method])
+  return times
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--seconds", type=float, default=1.0,
+                      help="about this long per method and round")
+  parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+  parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
   parser.add_argument("--json", help="write the measurements to this file")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                      help="compute dtype (parameters and optimizer stay float32)")
+                      help="compute dtype of the JAX steps (parameters and optimizer stay "
+                      "float32); torch runs only in float32")
   parser.add_argument("--accelerator-sizes", action="store_true",
                       help="add models sized for a GPU or TPU (longer sequences, wider layers)")
   parser.add_argument("--peak-tflops", type=float, help="the device's peak for --dtype, to "
                       "report model FLOPs utilisation (e.g. 989 for an H100 SXM in bfloat16)")
   args = parser.parse_args()
-  dtype = jnp.dtype(args.dtype)
+  try:
+    import torch
+    torch.set_num_threads(os.cpu_count())  # as many threads as XLA's CPU backend uses
+    torch_version = torch.__version__
+  except ImportError:
+    torch_version = None
+    print("torch is not installed: its columns are left out (pip install torch).")
+  sizes = {**{name: SIZES[name] for name in args.sizes},
+           **(ACCELERATOR_SIZES if args.accelerator_sizes else {})}
   results = []
-  for name, batch, length, d_model, heads, layers, mlp in SETTINGS + (
-      ACCELERATOR_SETTINGS if args.accelerator_sizes else []):
-    base = dict(vocab_size=64, d_model=d_model, num_heads=heads, num_layers=layers, mlp_dim=mlp,
-                max_length=length, positional_encoding="sinusoidal", num_classes=10,
-                pooling="mean", dropout_rate=0.1)
-    runners = {"attention_jax": train_step_fn(aj.EncoderConfig(**base), batch, length, dtype),
-               "flax.linen": train_step_fn(aj.EncoderConfig(**base, attention_module=FlaxAttention),
-                                           batch, length, dtype)}
-    for run in runners.values():
-      run()  # compile and warm up
-    times = {method: [] for method in runners}
-    order, methods = random.Random(0), list(runners)
-    for _ in range(args.rounds):
-      order.shuffle(methods)  # neither model always runs right after the other
-      for method in methods:
-        started = time.perf_counter()
-        runners[method]()
-        times[method].append(time.perf_counter() - started)
-    step_seconds = {m: statistics.median(t) for m, t in times.items()}
-    rates = {m: batch * length / seconds for m, seconds in step_seconds.items()}
-    ratio = rates["attention_jax"] / rates["flax.linen"]
-    tflops = model_flops_per_step(batch, length, d_model, layers, mlp) / step_seconds[
-        "attention_jax"] / 1e12
-    mfu = f", MFU {tflops / args.peak_tflops:.1%}" if args.peak_tflops else ""
-    print(f"{name:>26} B={batch} T={length} D={d_model} N={heads} L={layers}: "
-          f"attention_jax {rates['attention_jax']:8.0f} tok/s "
-          f"({step_seconds['attention_jax'] * 1e3:.2f} ms/step, {tflops:.1f} model TFLOP/s{mfu}), "
-          f"flax.linen {rates['flax.linen']:8.0f} tok/s, ratio {ratio:.2f}", flush=True)
-    results.append({"setting": name, "batch": batch, "length": length, "d_model": d_model,
+  for name, size in sizes.items():
+    batch, length, d_model, heads, layers, mlp = size
+    times = measure(runners(args.methods, size, args.dtype), args.rounds, args.seconds)
+    step_seconds = {method: statistics.median(t) for method, t in times.items()}
+    rates = {method: batch * length / seconds for method, seconds in step_seconds.items()}
+    tflops = {method: model_flops_per_step(batch, length, d_model, layers, mlp) / seconds / 1e12
+              for method, seconds in step_seconds.items()}
+    baseline = "torch" if "torch" in rates else None
+    ratios = {method: rate / rates[baseline] for method, rate in rates.items()} if baseline else {}
+    cells = ", ".join(
+        f"{method} {rates[method]:.0f} tok/s ({step_seconds[method] * 1e3:.1f} ms"
+        + (f", MFU {tflops[method] / args.peak_tflops:.1%}" if args.peak_tflops else "")
+        + (f", {ratios[method]:.2f}x torch" if ratios else "") + ")" for method in rates)
+    print(f"{name} (B={batch}, T={length}, D={d_model}, N={heads}, L={layers}, "
+          f"mlp={mlp}): {cells}", flush=True)
+    results.append({"size": name, "batch": batch, "length": length, "d_model": d_model,
                     "heads": heads, "layers": layers, "mlp": mlp, "tokens_per_second": rates,
-                    "step_seconds": step_seconds, "model_tflops": tflops, "ratio": ratio})
-  print(json.dumps({"jax": jax.__version__, "device": str(jax.devices()[0]),
-                    "device_kind": jax.devices()[0].device_kind, "dtype": args.dtype,
-                    "cpus": os.cpu_count()}))
+                    "step_seconds": step_seconds, "all_step_seconds": times,
+                    "model_tflops": tflops, "ratio_to_torch": ratios})
+  environment = {"jax": jax.__version__, "torch": torch_version,
+                 "device_kind": jax.devices()[0].device_kind, "dtype": args.dtype,
+                 "cpus": os.cpu_count(), "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", "")}
+  print(json.dumps(environment))
   if args.json:
     with open(args.json, "w") as f:
-      json.dump(results, f, indent=1)
+      json.dump({"environment": environment, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

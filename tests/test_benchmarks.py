@@ -19,6 +19,14 @@ def _benchmark(*arguments):
                         capture_output=True, text=True)
 
 
+def _script(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module  # dataclasses look their module up there
+  spec.loader.exec_module(module)
+  return module
+
+
 def test_benchmark_attention_times_causal_methods_and_requested_blocks(tmp_path):
   output = tmp_path / "bench.json"
   result = _benchmark("--rounds", "2", "--shapes", "1,24,2,8", "--causal", "--blocks", "8x16",
@@ -41,10 +49,7 @@ def test_benchmark_attention_names_a_malformed_block_size():
 
 
 def test_block_math_floor_computes_attention():
-  spec = importlib.util.spec_from_file_location(
-      "benchmark_attention", os.path.join(ROOT, "scripts", "benchmark_attention.py"))
-  benchmark = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(benchmark)
+  benchmark = _script("benchmark_attention")
   rng = np.random.default_rng(0)
   query, key, value = (rng.standard_normal((1, 24, 2, 8)).astype(np.float32) for _ in range(3))
   expected = numpy_reference.attention(query, key, value)[0]
@@ -83,3 +88,21 @@ def test_benchmark_context_parallel_reports_memory_per_device_and_the_paper_rati
   assert budget["ring"] >= budget["single device"]
   paper = [row for row in rows if row["part"] == "paper"]
   assert len(paper) == 2 and all(row["comm_to_compute"] > 0 for row in paper)
+
+
+def test_benchmark_train_times_the_trainers_step_and_it_trains():
+  """The runners step the trainer's compiled step (the loss falls on a repeated batch), and the
+  rounds time every method that was asked for."""
+  benchmark = _script("benchmark_train")
+  size = (4, 9, 16, 2, 1, 32)  # (B, T with CLS, D, N, L, mlp)
+  config = benchmark.benchmark_config(size, "float32")
+  tokens, labels = benchmark.random_batch(size[0], size[1])
+  losses = []
+  step = benchmark.jax_runner(config, tokens, labels, on_loss=losses.append)
+  for _ in range(30):
+    step()
+  assert losses[-1] < losses[0]
+  times = benchmark.measure(benchmark.runners(["attention_jax", "flax.linen"], size, "float32"),
+                            rounds=2, seconds=0.01)
+  assert set(times) == {"attention_jax", "flax.linen"}
+  assert all(len(t) == 2 and min(t) > 0 for t in times.values())

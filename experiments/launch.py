@@ -1,0 +1,30 @@
+"""What the training commands set up in their own process before anything else runs.
+
+glibc's malloc returns the large buffers that XLA's CPU runtime allocates on every step to the
+kernel and then takes them back 4 KiB page by page (hundreds of thousands of page faults per
+step at T >= 2048). ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` makes malloc ask for transparent
+huge pages instead; glibc reads it only when a process starts, so a command re-executes itself
+once with it set. docs/performance.md has the measured effect; other libcs ignore the setting.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HUGE_PAGES = "glibc.malloc.hugetlb=1"
+# Set to 1 to keep the environment as it is (no re-execution).
+KEEP_ENVIRONMENT = "ATTENTION_JAX_KEEP_ENVIRONMENT"
+
+
+def with_huge_pages() -> None:
+  """Re-executes this command (same pid, arguments and environment) with glibc's huge-page
+  setting added, unless it is there already, or KEEP_ENVIRONMENT=1, or this is not Linux."""
+  tunables = os.environ.get("GLIBC_TUNABLES", "")
+  if (not sys.platform.startswith("linux") or os.environ.get(KEEP_ENVIRONMENT) == "1"
+      or "glibc.malloc.hugetlb" in tunables):
+    return
+  environment = dict(os.environ, GLIBC_TUNABLES=":".join(filter(None, (tunables, HUGE_PAGES))))
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)

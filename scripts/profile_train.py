@@ -1,0 +1,212 @@
+"""Where the trainer's step spends its time: the JAX profiler's trace, op by op, by model part.
+
+  python -m scripts.profile_train [--sizes default medium long] [--steps 5] [--torch] [--json F]
+
+Runs the step that scripts/benchmark_train.py times (``experiments.train.train_step_fn``, one
+replica), traces ``--steps`` of them with ``jax.profiler``, and attributes each executed HLO
+instruction to a part of the model through the ``op_name`` metadata of the compiled program
+(Flax's module names and the named scopes of ``multi_head_attention``): the attention core, the
+Q/K/V and output projections, the feed-forward, LayerNorm, embedding and positional encoding, the
+classifier and loss, and the optimizer update (with the gradient norm and the divergence guard),
+each split into forward and backward. Time is the sum of the instructions' durations on the
+threads that run them: XLA's CPU runtime may run independent instructions at once, so the parts
+can add up to more than the step's wall time, which is printed beside them. ``--torch`` adds
+the same table for the PyTorch twin from ``torch.profiler`` (self CPU time per operator, by
+name), where torch is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts import benchmark_train  # noqa: E402
+
+# The part of the model an op belongs to, by its op_name path (first match wins).
+PARTS = (
+    ("attention core", r"/dot_product_attention/"),
+    ("attention projections", r"/(qkv|out)_projection/|/attention/(query|key|value|out)"),
+    ("feed-forward", r"/(ffn|mlp|feed_forward|FeedForward)[^/]*/"),
+    ("LayerNorm", r"/norm_\d+/|/final_norm/"),
+    ("embedding + positions", r"/embed/|positional|/encoder/(?!block_)"),
+    ("classifier + loss", r"SequenceClassifier|TokenClassifier"),
+)
+OPTIMIZER = "optimizer update + guard"
+
+
+def part_of(op_name: str) -> str:
+  """'<part>, forward|backward' for an op_name; the optimizer for what is outside the model."""
+  if not re.search(r"SequenceClassifier|TokenClassifier", op_name):
+    return OPTIMIZER if op_name else "unattributed"
+  direction = "backward" if "transpose(" in op_name else "forward"
+  for part, pattern in PARTS:
+    if re.search(pattern, op_name):
+      return f"{part}, {direction}"
+  return f"other model ops, {direction}"
+
+
+def weight_gradient_parts(params) -> dict[int, str]:
+  """{element count of a parameter: '<part>, backward'}: a product without op_name whose result
+  has a parameter's size is that parameter's gradient (dW = X^T dY)."""
+  sizes = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = "/" + "/".join(str(getattr(key, "key", key)) for key in path) + "/"
+    part = next((part for part, pattern in PARTS if re.search(pattern, name)), "classifier + loss")
+    sizes.setdefault(leaf[0].size, f"{part}, backward")  # leaf [R, ...]: one replica's size
+  return sizes
+
+
+def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[str, str]:
+  """{HLO instruction name: part} for the compiled program's text. A fusion takes the most
+  common part of the instructions inside it. One without any op_name (XLA's CPU backend drops
+  them from the matrix products it hands to YNNPACK) is a weight gradient when its result has a
+  parameter's size (``weight_gradients``), else takes the part of the instructions that use its
+  result, or else of those it reads."""
+  computation, names_in = None, collections.defaultdict(list)
+  own, calls, operands, sizes = {}, {}, {}, {}
+  for line in hlo_text.splitlines():
+    header = re.match(r"^(?:ENTRY )?%([\w.\-]+) ", line)
+    if header and line.rstrip().endswith("{"):
+      computation = header.group(1)
+      continue
+    match = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\](.*)$", line)
+    if not match:
+      continue
+    name, _, dims, rest = match.groups()
+    sizes[name] = int(np.prod([int(d) for d in dims.split(",") if d]))
+    op_name = re.search(r'op_name="([^"]*)"', rest)
+    called = re.search(r"calls=%([\w.\-]+)", rest)
+    own[name] = op_name.group(1) if op_name else ""
+    if called:
+      calls[name] = called.group(1)
+    operands[name] = re.findall(r"%([\w.\-]+)", re.sub(r"(calls|to_apply|body|condition)="
+                                                       r"%[\w.\-]+", "", rest))
+    if op_name and computation:
+      names_in[computation].append(op_name.group(1))
+  parts = {}
+  for name, op_name in own.items():
+    inside = names_in.get(calls.get(name, ""), [])
+    names = inside or ([op_name] if op_name else [])
+    if names:
+      parts[name] = collections.Counter(part_of(n) for n in names).most_common(1)[0][0]
+  users = collections.defaultdict(list)
+  for name, reads in operands.items():
+    for operand in reads:
+      users[operand].append(name)
+  for name in own:
+    if name not in parts and sizes[name] in weight_gradients and calls.get(name):
+      parts[name] = weight_gradients[sizes[name]]
+  for name in own:
+    if name not in parts:
+      for neighbours in (users[name], operands[name]):
+        known = [parts[n] for n in neighbours if n in parts]
+        if known:
+          parts[name] = collections.Counter(known).most_common(1)[0][0]
+          break
+      else:
+        parts[name] = "unattributed"
+  return parts
+
+
+def trace_events(directory: str) -> list[dict]:
+  """The complete events of the perfetto trace that jax.profiler wrote under ``directory``."""
+  path = glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"), recursive=True)[0]
+  with gzip.open(path) as f:
+    trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  return [event for event in events if event.get("ph") == "X"]
+
+
+def profile_jax(size, steps: int) -> dict:
+  config = benchmark_train.benchmark_config(size, "float32")
+  tokens, labels = benchmark_train.random_batch(size[0], size[1])
+  step_fn, state, batch = benchmark_train.jax_step(config, tokens, labels)
+  parts = instruction_parts(step_fn.lower(state, batch).compile().as_text(),
+                            weight_gradient_parts(state.params))
+  for _ in range(2):  # compile and warm up
+    state, metrics = step_fn(state, batch)
+  jax.block_until_ready(metrics)
+  with tempfile.TemporaryDirectory() as directory:
+    jax.profiler.start_trace(directory, create_perfetto_trace=True)
+    started = time.perf_counter()
+    for _ in range(steps):
+      state, metrics = step_fn(state, batch)
+    jax.block_until_ready(metrics)
+    wall = (time.perf_counter() - started) / steps
+    jax.profiler.stop_trace()
+    events = trace_events(directory)
+  seconds = collections.Counter()
+  for event in events:
+    if event["name"] in parts:
+      seconds[parts[event["name"]]] += event["dur"] * 1e-6 / steps
+  return {"step_seconds": wall, "parts": dict(seconds)}
+
+
+def profile_torch(size, steps: int) -> dict | None:
+  try:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+  except ImportError:
+    return None
+  config = benchmark_train.benchmark_config(size, "float32")
+  tokens, labels = benchmark_train.random_batch(size[0], size[1])
+  step = benchmark_train.torch_runner(config, tokens, labels)
+  for _ in range(2):
+    step()
+  with profile(activities=[ProfilerActivity.CPU]) as profiler:
+    started = time.perf_counter()
+    for _ in range(steps):
+      step()
+    wall = (time.perf_counter() - started) / steps
+  del torch
+  seconds = {event.key: event.self_cpu_time_total * 1e-6 / steps
+             for event in profiler.key_averages()}
+  return {"step_seconds": wall, "parts": seconds}
+
+
+def print_table(title, result, top=None):
+  total = sum(result["parts"].values())
+  print(f"\n{title}: step {result['step_seconds'] * 1e3:.1f} ms wall, ops sum to "
+        f"{total * 1e3:.1f} ms")
+  rows = sorted(result["parts"].items(), key=lambda item: -item[1])[:top]
+  for part, seconds in rows:
+    print(f"  {part:<40} {seconds * 1e3:9.2f} ms  {seconds / total:6.1%}")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--sizes", nargs="+", default=list(benchmark_train.SIZES),
+                      choices=list(benchmark_train.SIZES))
+  parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--torch", action="store_true", help="profile the PyTorch twin too")
+  parser.add_argument("--json", help="write the breakdowns to this file")
+  args = parser.parse_args()
+  report = {}
+  for name in args.sizes:
+    size = benchmark_train.SIZES[name]
+    report[name] = {"size": size, "jax": profile_jax(size, args.steps)}
+    print_table(f"{name} {size} attention_jax", report[name]["jax"])
+    if args.torch:
+      report[name]["torch"] = profile_torch(size, args.steps)
+      if report[name]["torch"] is not None:
+        print_table(f"{name} {size} torch (self CPU time, top 15 operators)",
+                    report[name]["torch"], top=15)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
