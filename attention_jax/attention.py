@@ -71,9 +71,9 @@ CHUNKED_MIN_LENGTH_CPU = 512
 
 # Accelerator kernels are chosen automatically only on the devices where they have been run
 # against the float64 reference and timed (jax's device_kind, by prefix). cuDNN: an H100 80GB
-# HBM3, 2026-11-23 (docs/performance.md "On an NVIDIA H100"). The Pallas TPU flash kernel has not run on a TPU
-# yet, so on TPU the automatic choice is "xla"; it stays available by name (not on TPU v2/v3, where
-# it fails: jax issue 18595).
+# HBM3, 2026-11-23 (docs/performance.md, "On an NVIDIA H100"). The Pallas TPU flash kernel has
+# not run on a TPU yet, so on TPU the automatic choice is "xla"; it stays available by name (not
+# on TPU v2/v3, where it fails: jax issue 18595).
 MEASURED_ON = {"cudnn": ("NVIDIA H100",), "pallas_tpu": ()}
 
 # On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's attention ran
@@ -81,8 +81,8 @@ MEASURED_ON = {"cudnn": ("NVIDIA H100",), "pallas_tpu": ()}
 # logits and probabilities: its forward+backward held 2.5x the float32 logits' bytes in temporary
 # memory (10 GiB at B = 1, N = 16, T = S = 8192), per attention call and layer. Above this many
 # bytes of float32 logits the chunked kernel (memory linear in T) takes over, so that one call
-# holds about 5 GiB at most, within a 16 GB GPU such as Colab's T4 (not measured on one). docs/performance.md
-# "On an NVIDIA H100" has the measurements.
+# holds about 5 GiB at most, within a 16 GB GPU such as Colab's T4 (not measured on one).
+# docs/performance.md, "On an NVIDIA H100", has the measurements.
 XLA_MAX_LOGITS_BYTES_GPU = 2 ** 31
 
 

@@ -16,7 +16,8 @@ _WORKER = "PYTEST_XDIST_WORKER" in os.environ
 _CACHE = os.path.join(tempfile.gettempdir(),
                       f"attention-jax-tests-{os.getppid() if _WORKER else os.getpid()}-jit-cache")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # unless the caller chose one
-  os.environ.update(JAX_COMPILATION_CACHE_DIR=_CACHE, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.3",
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=_CACHE,
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.3",
                     JAX_COMPILATION_CACHE_MAX_SIZE=str(4 << 30))
 
 import jax  # noqa: E402
