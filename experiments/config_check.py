@@ -62,8 +62,9 @@ def attention_scale(value):
   return value
 
 
-def validate(config, num_devices: int = 1) -> None:
-  """Raises ConfigError for the first problem found."""
+def validate(config) -> None:
+  """Raises ConfigError for the first problem found (the batch's split over the devices is
+  checked with the mesh, by check_batch_split)."""
   _check_fields(config, default_config())
   if config.task not in tasks.TASKS:
     raise ConfigError(f"task must be one of {sorted(tasks.TASKS)}, got {config.task!r}.")
@@ -130,8 +131,12 @@ def validate(config, num_devices: int = 1) -> None:
                         "set model.attention_dropout_rate=0.")
     if model.positional_encoding == "alibi" and config.mesh.strategy == "ring":
       raise ConfigError("ALiBi's bias needs mesh.strategy='all_gather' when mesh.sequence > 1.")
-  if config.batch_size % num_devices:
-    raise ConfigError(f"batch_size={config.batch_size} must be divisible by the "
+
+
+def check_batch_split(batch_size: int, num_devices: int) -> None:
+  """The global batch must split evenly over the ``num_devices`` of the mesh's data axis."""
+  if batch_size % num_devices:
+    raise ConfigError(f"batch_size={batch_size} must be divisible by the "
                       f"{num_devices} devices; use a multiple of {num_devices}.")
 
 

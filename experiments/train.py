@@ -5,7 +5,8 @@
 ``train_and_evaluate(config, workdir)`` trains one replica (Colab calls it directly);
 ``train(config, workdir, replicas)`` trains several at once, as a sweep variant does. The state
 has a leading replica axis in every mode; replicas and batch shard over all devices (mesh axes
-"replica", "data" and "sequence", config.mesh). The workdir's layout is described in experiments/workdir.py. A run resumes
+"replica", "data" and "sequence", config.mesh). The workdir's layout is described in
+experiments/workdir.py. A run resumes
 from its newest readable checkpoint when started again with the same command; SIGTERM or SIGINT
 finishes the step, saves a checkpoint and stops with the command that resumes.
 """
@@ -183,7 +184,7 @@ def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | Non
   """
   config_check.validate(config)
   mesh = device_mesh(len(replicas), config.mesh.data, config.mesh.sequence)
-  config_check.validate(config, mesh.shape["data"])
+  config_check.check_batch_split(config.batch_size, mesh.shape["data"])
   started = time.perf_counter()
   with workdir_lib.owned(workdir), workdir_lib.writing(workdir):
     workdir_lib.claim(config, workdir, allowed)

@@ -6,13 +6,13 @@ Runs the step that scripts/benchmark_train.py times (``experiments.train.train_s
 replica), traces ``--steps`` of them with ``jax.profiler``, and attributes each executed HLO
 instruction to a part of the model through the ``op_name`` metadata of the compiled program
 (Flax's module names and the named scopes of ``multi_head_attention``): the attention core, the
-Q/K/V and output projections, the feed-forward, LayerNorm, embedding and positional encoding, the
-classifier and loss, and the optimizer update (with the gradient norm and the divergence guard),
-each split into forward and backward. Time is the sum of the instructions' durations on the
-threads that run them: XLA's CPU runtime may run independent instructions at once, so the parts
-can add up to more than the step's wall time, which is printed beside them. ``--torch`` adds
-the same table for the PyTorch twin from ``torch.profiler`` (self CPU time per operator, by
-name), where torch is installed.
+attention's Q/K/V and output projections, the feed-forward, LayerNorm, embedding and positional
+encoding, the classifier and loss, and the optimizer update (with the gradient norm and the
+divergence guard), each split into forward and backward. Time is the sum of the instructions'
+durations on the threads that run them: XLA's CPU runtime may run independent instructions at
+once, so the parts can add up to more than the step's wall time, which is printed beside them.
+``--torch`` adds the same table for the PyTorch twin from ``torch.profiler`` (self CPU time per
+operator, by name), where torch is installed.
 """
 
 from __future__ import annotations
@@ -156,7 +156,6 @@ def profile_jax(size, steps: int) -> dict:
 
 def profile_torch(size, steps: int) -> dict | None:
   try:
-    import torch
     from torch.profiler import ProfilerActivity, profile
   except ImportError:
     return None
@@ -170,7 +169,6 @@ def profile_torch(size, steps: int) -> dict | None:
     for _ in range(steps):
       step()
     wall = (time.perf_counter() - started) / steps
-  del torch
   seconds = {event.key: event.self_cpu_time_total * 1e-6 / steps
              for event in profiler.key_averages()}
   return {"step_seconds": wall, "parts": seconds}
