@@ -48,6 +48,7 @@ from attention_jax import reference
 DEFAULT_BLOCK_Q = 1024
 DEFAULT_BLOCK_K = 4096
 DEFAULT_BLOCK_K_CAUSAL = 1024
+PAIR_BLOCK_BYTES = 8 << 20
 
 
 def _round_up(length: int, block: int) -> int:
@@ -119,12 +120,21 @@ class _Blocks:
   kv_len: int
   block_q: int
   block_k: int
+  side_by_side: bool = True  # several (example, head) pairs per loop step (pairs_per_step)
 
   @classmethod
   def create(cls, q_len, kv_len, block_q=None, block_k=None, narrow_keys=False):
     default_k = DEFAULT_BLOCK_K_CAUSAL if narrow_keys else DEFAULT_BLOCK_K
     return cls(q_len, kv_len, _block_size(q_len, block_q, DEFAULT_BLOCK_Q),
                _block_size(kv_len, block_k, default_k))
+
+  @property
+  def pairs_per_step(self):
+    """How many (example, head) pairs one loop step processes side by side: as many as keep
+    their [bq, bk] logits within PAIR_BLOCK_BYTES together; None for one at a time (long
+    sequences), as lax.map's batch_size takes it."""
+    pairs = PAIR_BLOCK_BYTES // (4 * self.block_q * self.block_k) if self.side_by_side else 1
+    return pairs if pairs > 1 else None
 
   @property
   def num_q(self):
@@ -271,10 +281,17 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
         return new_max, row_sum, acc
       return g.unless_skipped(attend, carry, i, j, pattern, head)
 
-    zeros = _zeros((g.block_q,), dtype, q, k, v, head)
-    init = (zeros - jnp.inf, zeros, _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
-    lo, hi = g.key_range(i, pattern, head)
-    row_max, row_sum, acc = lax.fori_loop(lo, hi, key_step, init)
+    if g.num_k == 1:  # all keys in one block: a plain softmax, with nothing to rescale
+      logits, _ = _logits(q_block, k, i, 0, pattern, head, g, dtype)
+      row_max = jnp.max(logits, axis=-1)
+      probs = jnp.exp(logits - jnp.where(jnp.isfinite(row_max), row_max, 0.0)[:, None])
+      row_sum = jnp.sum(probs, axis=-1)
+      acc = jnp.einsum("qk,kh->qh", probs.astype(v.dtype), v, preferred_element_type=dtype)
+    else:
+      zeros = _zeros((g.block_q,), dtype, q, k, v, head)
+      init = (zeros - jnp.inf, zeros, _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
+      lo, hi = g.key_range(i, pattern, head)
+      row_max, row_sum, acc = lax.fori_loop(lo, hi, key_step, init)
     has_key = row_sum > 0.0
     out = acc / jnp.where(has_key, row_sum, 1.0)[:, None]
     lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, row_sum, 1.0)), jnp.inf)
@@ -291,7 +308,12 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
   delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # rowsum(dO * O) [Tp]
 
   # Key blocks outside (dK_j, dV_j accumulate locally), query blocks inside (dQ_i and dbias
-  # accumulate in place in carried buffers), so each P_ij is computed once.
+  # accumulate in place in carried buffers), so each P_ij is computed once. dK_j and dV_j
+  # accumulate transposed, dV_j^T += dO_i^T P_ij and dK_j^T += Q_i^T dS_ij, from Q^T and dO^T
+  # [H, Tp]: plain matrix products, which XLA's CPU backend hands to YNNPACK (P_ij^T dO_i, with
+  # its transposed left operand, runs on XLA's own, 2x slower emitter).
+  q_t, d_out_t = lax.optimization_barrier((q.T, d_out.T))  # kept, not folded into the products
+
   def key_block(carry, j):
     k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
     v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
@@ -300,6 +322,7 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
       def attend(inner):
         d_k, d_v, d_q, d_bias = inner
         rows = lambda x: lax.dynamic_slice_in_dim(x, i * g.block_q, g.block_q)
+        columns = lambda x: lax.dynamic_slice_in_dim(x, i * g.block_q, g.block_q, axis=1)
         q_block, do_block = rows(q), rows(d_out)
         logits, squashed = _logits(q_block, k_block, i, j, pattern, head, g, dtype)
         probs = jnp.exp(logits - rows(lse)[:, None])  # 0 where masked, and on empty rows
@@ -309,9 +332,9 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
           d_bias = _accumulate_bias(d_bias, d_logits, i, j, g)
         if squashed is not None:
           d_logits = d_logits * (1.0 - squashed * squashed)  # through cap * tanh(Z / cap)
-        d_v = d_v + jnp.einsum("qk,qh->kh", probs.astype(do_block.dtype), do_block,
+        d_v = d_v + jnp.einsum("hq,qk->hk", columns(d_out_t), probs.astype(d_out.dtype),
                                preferred_element_type=dtype)
-        d_k = d_k + jnp.einsum("qk,qh->kh", d_logits.astype(q.dtype), q_block,
+        d_k = d_k + jnp.einsum("hq,qk->hk", columns(q_t), d_logits.astype(q.dtype),
                                preferred_element_type=dtype)
         d_q_block = rows(d_q) + jnp.einsum(
             "qk,kh->qh", d_logits.astype(k.dtype), k_block, preferred_element_type=dtype)
@@ -321,11 +344,12 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
 
     d_q, d_bias = carry
     like = (q, k, v, d_out, head)
-    init = (_zeros((g.block_k, k.shape[-1]), dtype, *like),
-            _zeros((g.block_k, v.shape[-1]), dtype, *like), d_q, d_bias)
+    init = (_zeros((k.shape[-1], g.block_k), dtype, *like),
+            _zeros((v.shape[-1], g.block_k), dtype, *like), d_q, d_bias)
     lo, hi = g.query_range(j, pattern, head)
-    d_k, d_v, d_q, d_bias = lax.fori_loop(lo, hi, query_step, init)
-    return (d_q, d_bias), (d_k, d_v)
+    d_k_t, d_v_t, d_q, d_bias = lax.fori_loop(lo, hi, query_step, init)
+    d_k_t, d_v_t = lax.optimization_barrier((d_k_t, d_v_t))
+    return (d_q, d_bias), (d_k_t.T, d_v_t.T)
 
   init = (_zeros(q.shape, dtype, q, k, v, d_out, head), d_bias)
   (d_q, d_bias), (d_k, d_v) = lax.scan(key_block, init, jnp.arange(g.num_k))
@@ -369,7 +393,8 @@ def _forward(q, k, v, bias, mask, extras, pattern, geometry):
     kv = lambda x: _pick(_pick(x, b), n // group)  # the key/value head query head n reads
     return _forward_head(_pick(_pick(q, b), n), kv(k), kv(v), head, pattern, geometry)
 
-  out, lse = lax.map(one_head, jnp.arange(batch * num_heads))  # [B * N, Tp, Hv], [B * N, Tp]
+  out, lse = lax.map(one_head, jnp.arange(batch * num_heads),
+                     batch_size=geometry.pairs_per_step)  # [B * N, Tp, Hv], [B * N, Tp]
   return (out.reshape(q.shape[:3] + v.shape[-1:]), lse.reshape(q.shape[:3]))
 
 
@@ -402,6 +427,19 @@ def _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse, d_out):
     (d_k, d_v, d_bias), d_q = lax.scan(one_query_head, init, jnp.arange(group))
     return d_bias, (d_q, d_k, d_v)  # d_q [G, Tp, H]
 
+  if bias is None and geometry.pairs_per_step:
+    # Nothing carried from head to head: several query heads side by side, and the gradients of
+    # a key/value head summed over its G query heads afterwards.
+    def one_head(index):
+      b, n = index // num_heads, index % num_heads
+      q_head, kv = lambda x: _pick(_pick(x, b), n), lambda x: _pick(_pick(x, b), n // group)
+      return _backward_head(q_head(q), kv(k), kv(v), q_head(out), q_head(lse), q_head(d_out),
+                            _group_inputs(bias, mask, extras, b, n), pattern, geometry, None)[:3]
+
+    d_q, d_k, d_v = lax.map(one_head, jnp.arange(batch * num_heads),
+                            batch_size=geometry.pairs_per_step)  # [B * N, L, .]
+    per_kv_head = lambda x: jnp.sum(x.reshape((batch, num_kv, group) + x.shape[1:]), axis=2)
+    return d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None
   d_bias = None if bias is None else _zeros(bias.shape, dtype, q, k, v, d_out, bias, mask, extras)
   d_bias, (d_q, d_k, d_v) = lax.scan(one_kv_head, d_bias, jnp.arange(batch * num_kv))
   return d_q.reshape(q.shape), d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias

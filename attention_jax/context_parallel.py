@@ -268,6 +268,9 @@ def context_parallel_attention_shard(
   if strategy == "all_gather":
     out, lse = chunked._attention(*inputs, pattern, geometry)
   else:
+    # One (example, head) pair per loop step: vmapped over several, the ring's backward fails
+    # shard_map's check_vma on jax 0.10-0.12 ("Primitive mul requires varying manual axes").
+    geometry = dataclasses.replace(geometry, side_by_side=False)
     out, lse = _ring(inputs.q, inputs.k, inputs.v, inputs.extras, pattern, geometry, axis_name)
   return chunked.finish(out, lse, query.shape)
 
