@@ -62,12 +62,13 @@ def unsupported_reason(name, query, key, value, request: _checks.Request, *,
 
 
 # On CPU, blockwise attention from this length on; below it the reference formula, whose
-# head-major einsums beat jax.nn's [B, T, N, H] ones. Measured on the 2-core CPU (2026-11-22,
-# `scripts/benchmark_attention.py --rounds 11`, 8 heads), time relative to jax.nn forward /
-# forward+backward: T = 33: reference 0.67 / 0.84, chunked 1.88 / 2.67; T = 128: 0.73 / 0.88 and
-# 0.95 / 1.73; T = 256: 0.72 / 0.82 and 0.59 / 1.13; T = 512: 0.73 / 0.74 and 0.39 / 0.66;
-# T = 1024: 0.71 / 0.60 and 0.31 / 0.46.
-CHUNKED_MIN_LENGTH_CPU = 512
+# head-major einsums beat jax.nn's [B, T, N, H] ones. Measured on the 2-core CPU (2026-11-23,
+# `scripts/benchmark_attention.py --rounds 7 --methods reference chunked`), forward+backward
+# time of chunked / reference: (B, T, N, H) = (64, 33, 4, 32): 1.57; (8, 128, 8, 64): 1.49;
+# (32, 128, 8, 32): 1.11; (32, 256, 8, 32): 0.88; (4, 512, 8, 64): 0.79. In the training step at
+# T = 256 (`scripts/benchmark_train.py`'s medium row) chunked took 0.67x the reference's time:
+# it keeps no [B, N, T, S] probabilities for the backward pass.
+CHUNKED_MIN_LENGTH_CPU = 256
 
 # Accelerator kernels are chosen automatically only on the devices where they have been run
 # against the float64 reference and timed (jax's device_kind, by prefix). cuDNN: an H100 80GB

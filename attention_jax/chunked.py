@@ -380,21 +380,36 @@ def _group_inputs(bias, mask, extras: _Extras, b, n):
                *(_pick(per_example, b) for per_example in extras))
 
 
+def _map_heads(f, per_query_head, k, v, geometry):
+  """lax.map of f(b, n, *arrays of query head n, k_n, v_n) over the B * N (example, query head)
+  pairs, ``geometry.pairs_per_step`` side by side. The per-query-head arrays [B, N, ...] arrive
+  as contiguous slices, and so do k and v [B, K, ...] when each query head has its own (with
+  grouped-query attention, the key/value head that query head n reads is picked by index)."""
+  batch, num_heads = per_query_head[0].shape[:2]
+  group = num_heads // k.shape[1]
+  by_pair = lambda x: x.reshape((-1,) + x.shape[2:])  # [B, N, ...] -> [B * N, ...]
+
+  def one_head(xs):
+    index, arrays, kv = xs
+    b, n = index // num_heads, index % num_heads
+    if kv is None:
+      kv = tuple(_pick(_pick(x, b), n // group) for x in (k, v))
+    return f(b, n, *arrays, *kv)
+
+  xs = (jnp.arange(batch * num_heads), tuple(map(by_pair, per_query_head)),
+        (by_pair(k), by_pair(v)) if group == 1 else None)
+  return lax.map(one_head, xs, batch_size=geometry.pairs_per_step)
+
+
 def _forward(q, k, v, bias, mask, extras, pattern, geometry):
   """q [B, N, Tp, H], k [B, K, Sp, H], v [B, K, Sp, Hv] -> out [B, N, Tp, Hv] (compute dtype),
-  lse [B, N, Tp]."""
-  batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
-  group = num_heads // num_kv
+  lse [B, N, Tp]. One (example, query head) at a time, or a few side by side, keeps each
+  block's arrays in cache."""
+  def one_head(b, n, q_n, k_n, v_n):
+    return _forward_head(q_n, k_n, v_n, _group_inputs(bias, mask, extras, b, n), pattern,
+                         geometry)
 
-  def one_head(index):
-    """One (example, query head) at a time keeps each block's arrays in cache."""
-    b, n = index // num_heads, index % num_heads
-    head = _group_inputs(bias, mask, extras, b, n)
-    kv = lambda x: _pick(_pick(x, b), n // group)  # the key/value head query head n reads
-    return _forward_head(_pick(_pick(q, b), n), kv(k), kv(v), head, pattern, geometry)
-
-  out, lse = lax.map(one_head, jnp.arange(batch * num_heads),
-                     batch_size=geometry.pairs_per_step)  # [B * N, Tp, Hv], [B * N, Tp]
+  out, lse = _map_heads(one_head, (q,), k, v, geometry)  # [B * N, Tp, Hv], [B * N, Tp]
   return (out.reshape(q.shape[:3] + v.shape[-1:]), lse.reshape(q.shape[:3]))
 
 
@@ -430,14 +445,11 @@ def _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse, d_out):
   if bias is None and geometry.pairs_per_step:
     # Nothing carried from head to head: several query heads side by side, and the gradients of
     # a key/value head summed over its G query heads afterwards.
-    def one_head(index):
-      b, n = index // num_heads, index % num_heads
-      q_head, kv = lambda x: _pick(_pick(x, b), n), lambda x: _pick(_pick(x, b), n // group)
-      return _backward_head(q_head(q), kv(k), kv(v), q_head(out), q_head(lse), q_head(d_out),
+    def one_head(b, n, q_n, out_n, lse_n, d_out_n, k_n, v_n):
+      return _backward_head(q_n, k_n, v_n, out_n, lse_n, d_out_n,
                             _group_inputs(bias, mask, extras, b, n), pattern, geometry, None)[:3]
 
-    d_q, d_k, d_v = lax.map(one_head, jnp.arange(batch * num_heads),
-                            batch_size=geometry.pairs_per_step)  # [B * N, L, .]
+    d_q, d_k, d_v = _map_heads(one_head, (q, out, lse, d_out), k, v, geometry)  # [B * N, L, .]
     per_kv_head = lambda x: jnp.sum(x.reshape((batch, num_kv, group) + x.shape[1:]), axis=2)
     return d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None
   d_bias = None if bias is None else _zeros(bias.shape, dtype, q, k, v, d_out, bias, mask, extras)

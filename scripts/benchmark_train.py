@@ -184,7 +184,10 @@ def runners(methods, size, dtype):
 
 def measure(steps_by_method: dict, rounds: int, seconds: float) -> dict:
   """{method: [seconds per step, one per round]}: each round runs every method for about
-  ``seconds`` (the same number of steps in every round), in a fresh random order."""
+  ``seconds`` (the same number of steps in every round), in a fresh random order, after one
+  untimed step. A method's first step after another's is slower, as the other's memory use has
+  displaced its own (on the 2-core CPU the first JAX step after a torch step took 1.2 s more
+  at the medium size, and then ran at its steady rate); a training run takes step after step."""
   repeats = {}
   for method, step in steps_by_method.items():
     step()  # compile and warm up
@@ -196,6 +199,7 @@ def measure(steps_by_method: dict, rounds: int, seconds: float) -> dict:
   for _ in range(rounds):
     order.shuffle(methods)
     for method in methods:
+      steps_by_method[method]()  # untimed: back to the steady state
       started = time.perf_counter()
       for _ in range(repeats[method]):
         steps_by_method[method]()
