@@ -1,5 +1,6 @@
 """dot_product_attention, every implementation, against the float64 NumPy reference."""
 
+import dataclasses
 import functools
 import zlib
 
@@ -241,6 +242,28 @@ def test_chunked_causal_block_skipping_at_every_block_shape(q_len, kv_len, block
   fn = functools.partial(attention, implementation="chunked_small_blocks", block_q=block_q,
                          block_k=block_k)
   assert_case_matches(run_case(case, fn, seed=11), 1e-5)
+
+
+@pytest.mark.parametrize("block_k", [3, 16])  # several key blocks; one (the plain softmax)
+@pytest.mark.parametrize("case", ["gqa", "causal_masked_gqa", "structure_mask", "padding_mask",
+                                  "bias_full_and_mask"])
+def test_chunked_heads_side_by_side_equal_the_reference(case, block_k, monkeypatch):
+  """Three (example, head) pairs per loop step: whole steps, and a remainder where B * N is not
+  a multiple of three; grouped-query heads, masks, biases and causal skipping with them."""
+  _, q_len, kv_len, *_ = CASES[case]
+  geometry = aj.chunked._Blocks.create(q_len, kv_len, 4, block_k)
+  monkeypatch.setattr(aj.chunked, "PAIR_BLOCK_BYTES", 3 * 4 * geometry.block_q * geometry.block_k)
+  assert geometry.pairs_per_step == 3
+  assert (geometry.num_k == 1) == (block_k == 16)
+  fn = functools.partial(attention, implementation="chunked_small_blocks", block_k=block_k)
+  assert_case_matches(run_case(CASES[case], fn, seed=3), 1e-5)
+
+
+@pytest.mark.parametrize("length, pairs", [(33, 1310), (256, 32), (1024, 2), (2048, None)])
+def test_chunked_pairs_per_step_keep_the_logits_within_the_budget(length, pairs):
+  geometry = aj.chunked._Blocks.create(length, length)
+  assert geometry.pairs_per_step == pairs
+  assert dataclasses.replace(geometry, side_by_side=False).pairs_per_step is None
 
 
 @pytest.mark.parametrize("length, requested, block, count", [
