@@ -73,24 +73,29 @@ def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[s
   common part of the instructions inside it. One without any op_name (XLA's CPU backend drops
   them from the matrix products it hands to YNNPACK) is a weight gradient when its result has a
   parameter's size (``weight_gradients``), else takes the part of the instructions that use its
-  result, or else of those it reads."""
+  result, or else of those it reads. One inside a loop's body (the chunked attention kernel's)
+  takes the part of the loop when it has no op_name of its own."""
   computation, names_in = None, collections.defaultdict(list)
-  own, calls, operands, sizes = {}, {}, {}, {}
+  own, calls, operands, sizes, caller, home = {}, {}, {}, {}, {}, {}
   for line in hlo_text.splitlines():
     header = re.match(r"^(?:ENTRY )?%([\w.\-]+) ", line)
     if header and line.rstrip().endswith("{"):
       computation = header.group(1)
       continue
-    match = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\](.*)$", line)
+    # An array result, dtype[dims], or a tuple (a loop's state), (...).
+    match = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = (?:\w+\[([\d,]*)\]|\([^()]*\))(.*)$", line)
     if not match:
       continue
-    name, _, dims, rest = match.groups()
-    sizes[name] = int(np.prod([int(d) for d in dims.split(",") if d]))
+    name, dims, rest = match.groups()
+    sizes[name] = -1 if dims is None else int(np.prod([int(d) for d in dims.split(",") if d]))
     op_name = re.search(r'op_name="([^"]*)"', rest)
-    called = re.search(r"calls=%([\w.\-]+)", rest)
+    called = re.search(r"(?:calls|body)=%([\w.\-]+)", rest)  # a fusion's or a loop's body
     own[name] = op_name.group(1) if op_name else ""
     if called:
       calls[name] = called.group(1)
+    for loop_part in re.findall(r"(?:body|condition)=%([\w.\-]+)", rest):
+      caller[loop_part] = name
+    home[name] = computation
     operands[name] = re.findall(r"%([\w.\-]+)", re.sub(r"(calls|to_apply|body|condition)="
                                                        r"%[\w.\-]+", "", rest))
     if op_name and computation:
@@ -105,6 +110,13 @@ def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[s
   for name, reads in operands.items():
     for operand in reads:
       users[operand].append(name)
+  def loop_part(name):  # the part of the innermost loop around instruction ``name``, if any
+    loop = caller.get(home.get(name))
+    return None if loop is None else parts.get(loop) or loop_part(loop)
+
+  for name in own:
+    if name not in parts and loop_part(name):
+      parts[name] = loop_part(name)
   for name in own:
     if name not in parts and sizes[name] in weight_gradients and calls.get(name):
       parts[name] = weight_gradients[sizes[name]]
@@ -117,7 +129,8 @@ def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[s
           break
       else:
         parts[name] = "unattributed"
-  return parts
+  # A loop's own trace event spans its body's: only the instructions inside are counted.
+  return {name: part for name, part in parts.items() if sizes[name] != -1}
 
 
 def trace_events(directory: str) -> list[dict]:
