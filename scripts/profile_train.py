@@ -74,9 +74,13 @@ def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[s
   them from the matrix products it hands to YNNPACK) is a weight gradient when its result has a
   parameter's size (``weight_gradients``), else takes the part of the instructions that use its
   result, or else of those it reads. One inside a loop's body (the chunked attention kernel's)
-  takes the part of the loop when it has no op_name of its own."""
+  takes the part of the loop when it has no op_name of its own. A matrix product that reads a
+  model parameter (X W forward, dY W^T backward) is that parameter's part: XLA fuses products
+  with the elementwise ops around them, whose names (a residual add, a LayerNorm) would
+  otherwise claim it."""
   computation, names_in = None, collections.defaultdict(list)
   own, calls, operands, sizes, caller, home = {}, {}, {}, {}, {}, {}
+  products = set()  # computations with a matrix product in them
   for line in hlo_text.splitlines():
     header = re.match(r"^(?:ENTRY )?%([\w.\-]+) ", line)
     if header and line.rstrip().endswith("{"):
@@ -100,16 +104,42 @@ def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[s
                                                        r"%[\w.\-]+", "", rest))
     if op_name and computation:
       names_in[computation].append(op_name.group(1))
-  parts = {}
+    if re.search(r"\bdot\(", rest):
+      products.add(computation)
+
+  def parameter_part(name, depth=3):
+    """The part of a parameter that reaches instruction ``name`` through layout changes only
+    (bitcasts, copies, transposes), as a product's weight does."""
+    if name.startswith("state_params"):  # e.g. state_params__encoder____block_0____attention..
+      path = name.replace("____", "/") + "/"
+      return next((part for part, pattern in PARTS if re.search(pattern, path)),
+                  "classifier + loss")
+    layout = (n for n in operands.get(name, ()) if re.match(r"(bitcast|copy|transpose|state_)", n))
+    found = (parameter_part(n, depth - 1) for n in layout if depth)
+    return next((part for part in found if part), None)
+
+  parts, nameless_products = {}, {}
   for name, op_name in own.items():
     inside = names_in.get(calls.get(name, ""), [])
     names = inside or ([op_name] if op_name else [])
-    if names:
+    weight_part = parameter_part(name) if calls.get(name) in products else None
+    if weight_part and names:
+      direction = "backward" if any("transpose(" in n for n in names) else "forward"
+      parts[name] = f"{weight_part}, {direction}"
+    elif weight_part:
+      nameless_products[name] = weight_part
+    elif names:
       parts[name] = collections.Counter(part_of(n) for n in names).most_common(1)[0][0]
   users = collections.defaultdict(list)
   for name, reads in operands.items():
     for operand in reads:
       users[operand].append(name)
+  def from_backward_pass(name):  # an op of the backward pass, by its op_name or its fused ones'
+    return any("transpose(" in n for n in [own.get(name, "")] + names_in.get(calls.get(name), []))
+
+  for name, weight_part in nameless_products.items():  # backward when it reads a cotangent
+    backward = any(from_backward_pass(n) for n in operands[name])
+    parts[name] = f"{weight_part}, {'backward' if backward else 'forward'}"
   def loop_part(name):  # the part of the innermost loop around instruction ``name``, if any
     loop = caller.get(home.get(name))
     return None if loop is None else parts.get(loop) or loop_part(loop)

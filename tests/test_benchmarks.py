@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -106,3 +107,37 @@ def test_benchmark_train_times_the_trainers_step_and_it_trains():
                             rounds=2, seconds=0.01)
   assert set(times) == {"attention_jax", "flax.linen"}
   assert all(len(t) == 2 and min(t) > 0 for t in times.values())
+
+
+def test_profile_train_gives_products_and_the_chunked_loops_their_parts(monkeypatch):
+  """A matrix product goes to the part whose parameter it reads, not to the LayerNorm or residual
+  add that XLA fuses it with; the chunked kernel's loop bodies go to the attention core."""
+  import attention_jax as aj
+  monkeypatch.setattr(aj.chunked, "PAIR_BLOCK_BYTES", 2 * 4 * 16 * 16)  # 2 of 8 heads per step
+  profile = _script("profile_train")
+  benchmark = profile.benchmark_train
+  size = (4, 9, 16, 2, 1, 32)
+  config = benchmark.benchmark_config(size, "float32")
+  config.model.attention_impl = "chunked"
+  step_fn, state, batch = benchmark.jax_step(config, *benchmark.random_batch(4, 9))
+  text = step_fn.lower(state, batch).compile().as_text()
+  parts = profile.instruction_parts(text, profile.weight_gradient_parts(state.params))
+
+  loop_bodies = set(re.findall(r"body=%([\w.\-]+)", text))
+  computation, with_product, in_loop, calling = None, set(), set(), {}
+  for line in text.splitlines():
+    header = re.match(r"^(?:ENTRY )?%([\w.\-]+) ", line)
+    if header and line.rstrip().endswith("{"):
+      computation = header.group(1)
+    elif instruction := re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = ", line):
+      with_product.update([computation] if " dot(" in line else [])
+      calling[instruction.group(1)] = re.findall(r"calls=%([\w.\-]+)", line)
+      in_loop.update([instruction.group(1)] if computation in loop_bodies else [])
+  products = [name for name, called in calling.items()
+              if name in parts and set(called) & with_product]
+  assert products and not [name for name in products if parts[name].startswith("LayerNorm")]
+  assert {parts[name] for name in products} >= {
+      "attention projections, forward", "attention projections, backward",
+      "feed-forward, forward", "feed-forward, backward"}
+  loop_parts = {parts[name] for name in in_loop if name in parts}
+  assert loop_parts and loop_parts <= {"attention core, forward", "attention core, backward"}
