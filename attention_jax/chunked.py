@@ -16,8 +16,11 @@ their gradients are summed over the group as they are computed). Key blocks that
 the local window, the sequence lengths or the segment ids rule out entirely are skipped.
 
 Internally tensors are head-major, [B, N, L, H] with B the flattened batch dims, and one
-(batch, head) pair is processed at a time so that each block's [bq, bk] arrays stay in cache.
-Memory is linear in T and S (plus the mask and bias, at whatever size the caller gives them).
+(batch, head) pair is processed at a time so that each block's [bq, bk] arrays stay in cache, or,
+where blocks are small (short sequences), a few pairs side by side (``_Blocks.pairs_per_step``).
+Memory is linear in T and S (plus the mask and bias, at whatever size the caller gives them),
+plus a constant: the pairs that run side by side hold up to PAIR_BLOCK_BYTES of logits in each
+of the few block-sized buffers a step keeps live.
 Autodiff is reverse mode (grad, vjp, jacrev; hessian too, forward mode running through the
 backward pass); forward mode applied to the kernel itself (jvp, jacfwd) raises a
 ValueError naming the implementations that support it.

@@ -265,12 +265,14 @@ def context_parallel_attention_shard(
       query, key, value, bias, mask, scale=scale, geometry=geometry,
       segment_ids=(q_segments, kv_segments),
       positions=(q_positions, kv_positions) if masked_by_position else (None, None))
+  # One (example, head) pair per loop step, as memory per device is what sharding the sequence
+  # is for (several side by side held 1.3-1.4x the all-gather's bytes per device at T = 8192);
+  # and vmapped over several pairs the ring's backward fails shard_map's check_vma (jax 0.10.2:
+  # "Primitive mul requires varying manual axes to match").
+  geometry = dataclasses.replace(geometry, side_by_side=False)
   if strategy == "all_gather":
     out, lse = chunked._attention(*inputs, pattern, geometry)
   else:
-    # One (example, head) pair per loop step: vmapped over several, the ring's backward fails
-    # shard_map's check_vma on jax 0.10-0.12 ("Primitive mul requires varying manual axes").
-    geometry = dataclasses.replace(geometry, side_by_side=False)
     out, lse = _ring(inputs.q, inputs.k, inputs.v, inputs.extras, pattern, geometry, axis_name)
   return chunked.finish(out, lse, query.shape)
 
