@@ -134,12 +134,14 @@ def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[s
   for name, reads in operands.items():
     for operand in reads:
       users[operand].append(name)
+
   def from_backward_pass(name):  # an op of the backward pass, by its op_name or its fused ones'
     return any("transpose(" in n for n in [own.get(name, "")] + names_in.get(calls.get(name), []))
 
   for name, weight_part in nameless_products.items():  # backward when it reads a cotangent
     backward = any(from_backward_pass(n) for n in operands[name])
     parts[name] = f"{weight_part}, {'backward' if backward else 'forward'}"
+
   def loop_part(name):  # the part of the innermost loop around instruction ``name``, if any
     loop = caller.get(home.get(name))
     return None if loop is None else parts.get(loop) or loop_part(loop)
