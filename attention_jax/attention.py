@@ -66,7 +66,7 @@ def unsupported_reason(name, query, key, value, request: _checks.Request, *,
 # `scripts/benchmark_attention.py --rounds 7 --methods reference chunked`), forward+backward
 # time of chunked / reference: (B, T, N, H) = (64, 33, 4, 32): 1.57; (8, 128, 8, 64): 1.49;
 # (32, 128, 8, 32): 1.11; (32, 256, 8, 32): 0.88; (4, 512, 8, 64): 0.79. In the training step at
-# T = 256 (`scripts/benchmark_train.py`'s medium row) chunked took 0.67x the reference's time:
+# T = 256 (`scripts/benchmark_train.py`'s medium row) chunked took 0.67-0.68x the reference's time:
 # it keeps no [B, N, T, S] probabilities for the backward pass.
 CHUNKED_MIN_LENGTH_CPU = 256
 

@@ -12,7 +12,8 @@ backward pass (a custom VJP) recomputes each block's probabilities from it:
 
 Grouped-query attention groups the queries: the G query heads that read one key/value head are
 processed one after another against that head's keys and values, which are never copied (and
-their gradients are summed over the group as they are computed). Key blocks that the causal mask,
+their gradients are summed over the group as they are computed, or, where several heads run side
+by side, afterwards). Key blocks that the causal mask,
 the local window, the sequence lengths or the segment ids rule out entirely are skipped.
 
 Internally tensors are head-major, [B, N, L, H] with B the flattened batch dims, and one
@@ -417,8 +418,9 @@ def _forward(q, k, v, bias, mask, extras, pattern, geometry):
 
 
 def _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse, d_out):
-  """Gradients for q, k, v and bias (compute dtype); one key/value head at a time, its G query
-  heads in turn."""
+  """Gradients for q, k, v and bias (compute dtype): several query heads side by side where
+  ``geometry.pairs_per_step`` allows and no bias gradient is carried, else one key/value head at
+  a time, its G query heads in turn."""
   batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
   group = num_heads // num_kv
   dtype = reference.compute_dtype(q.dtype)

@@ -36,6 +36,7 @@ from jax.sharding import PartitionSpec
 
 from attention_jax import _checks
 from attention_jax import chunked
+from attention_jax import reference
 
 STRATEGIES = ("ring", "all_gather")
 LAYOUTS = ("contiguous", "zigzag")
@@ -101,9 +102,7 @@ def shard_positions(local_length: int, axis_name, layout: str = "contiguous"):
   index, size = lax.axis_index(axis_name), lax.axis_size(axis_name)
   if layout == "contiguous":
     return index * local_length + jnp.arange(local_length)
-  chunk = local_length // 2
-  return jnp.concatenate([index * chunk + jnp.arange(chunk),
-                          (2 * size - 1 - index) * chunk + jnp.arange(chunk)])
+  return jnp.asarray(zigzag_order(local_length * size, size).reshape(size, local_length))[index]
 
 
 def _merge(out, lse, new_out, new_lse):
@@ -177,7 +176,7 @@ def _ring_bwd(pattern, geometry, axis_name, residuals, cotangents):
     d_k, d_v, passing = _rotate((d_k + step_k, d_v + step_v, passing), axis_name)
     return (d_q + step_q, d_k, d_v, passing), None
 
-  dtype = out.dtype if jnp.issubdtype(out.dtype, jnp.float64) else jnp.float32
+  dtype = reference.compute_dtype(out.dtype)
   like = (q, k, v, d_out)
   init = (chunked._zeros(q.shape, dtype, *like), chunked._zeros(k.shape, dtype, *like),
           chunked._zeros(v.shape, dtype, *like), _passing(k, v, extras))
@@ -323,9 +322,8 @@ def context_parallel_attention(
                   for x in (bias, mask))
   if zigzag:  # tokens, segment ids, and the rows and columns of a bias or mask
     query, key, value = (to_zigzag(x, size) for x in (query, key, value))
-    if query_segment_ids is not None:
-      query_segment_ids = to_zigzag(query_segment_ids, size, axis=-1)
-      key_segment_ids = to_zigzag(key_segment_ids, size, axis=-1)
+    query_segment_ids, key_segment_ids = (None if x is None else to_zigzag(x, size, axis=-1)
+                                          for x in (query_segment_ids, key_segment_ids))
     bias, mask = (None if x is None else _permute_logits(x, size) for x in (bias, mask))
 
   def spec(x, sequence_axis):  # shard the sequence axis, leave the rest to the compiler

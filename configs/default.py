@@ -33,9 +33,10 @@ def get_config():
   config.model.pre_layer_norm = False      # False = post-LN as in the paper
   config.model.pooling = "cls"             # cls | mean (sequence-level tasks)
 
-  # The device mesh ("replica", "data", "sequence"). sequence > 1 shards every activation along
-  # the sequence and runs attention context-parallel (strategy "ring", or "all_gather", which
-  # ALiBi's bias needs); data = 0 gives the batch the devices that replicas and sequence leave.
+  # The device mesh ("replica", "data", "sequence"). sequence > 1 runs attention context-parallel
+  # over that axis (strategy "ring", or "all_gather", which ALiBi's bias needs; the other layers
+  # are sharded as XLA propagates it); data = 0 gives the batch the devices that replicas and
+  # sequence leave.
   config.mesh = ml_collections.ConfigDict({"data": 0, "sequence": 1, "strategy": "ring"})
   config.batch_size = 64                   # global batch, split over all devices
   config.learning_rate = 1e-3              # peak learning rate

@@ -13,7 +13,10 @@ the same weight decay and gradient clipping; torch is optional (``pip install to
 columns are left out without it. Every method runs on the same batch of random tokens (no
 padding), in one process, so that they share one environment; each round runs them in a fresh
 random order, each for enough steps to take about ``--seconds``, and the table gives the median
-tokens/s of the rounds and each method's ratio to torch eager (higher is faster).
+tokens/s of the rounds and each method's ratio to torch eager (higher is faster). The training
+commands add glibc's huge-page setting themselves (experiments/launch.py); this script does not,
+so run it as ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python -m scripts.benchmark_train`` to time
+the step as training runs it (docs/performance.md).
 """
 
 from __future__ import annotations

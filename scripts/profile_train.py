@@ -46,6 +46,12 @@ PARTS = (
 OPTIMIZER = "optimizer update + guard"
 
 
+def parameter_part(path: str) -> str:
+  """The part of the model a parameter at ``path`` ('/encoder/block_0/attention/query/...')
+  belongs to; the classifier's for what no pattern names."""
+  return next((part for part, pattern in PARTS if re.search(pattern, path)), "classifier + loss")
+
+
 def part_of(op_name: str) -> str:
   """'<part>, forward|backward' for an op_name; the optimizer for what is outside the model."""
   if not re.search(r"SequenceClassifier|TokenClassifier", op_name):
@@ -62,8 +68,7 @@ def weight_gradient_parts(params) -> dict[int, str]:
   has a parameter's size is that parameter's gradient (dW = X^T dY)."""
   sizes = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    name = "/" + "/".join(str(getattr(key, "key", key)) for key in path) + "/"
-    part = next((part for part, pattern in PARTS if re.search(pattern, name)), "classifier + loss")
+    part = parameter_part("/" + "/".join(str(getattr(key, "key", key)) for key in path) + "/")
     sizes.setdefault(leaf[0].size, f"{part}, backward")  # leaf [R, ...]: one replica's size
   return sizes
 
@@ -107,27 +112,25 @@ def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[s
     if re.search(r"\bdot\(", rest):
       products.add(computation)
 
-  def parameter_part(name, depth=3):
+  def weight_part(name, depth=3):
     """The part of a parameter that reaches instruction ``name`` through layout changes only
     (bitcasts, copies, transposes), as a product's weight does."""
     if name.startswith("state_params"):  # e.g. state_params__encoder____block_0____attention..
-      path = name.replace("____", "/") + "/"
-      return next((part for part, pattern in PARTS if re.search(pattern, path)),
-                  "classifier + loss")
+      return parameter_part(name.replace("____", "/") + "/")
     layout = (n for n in operands.get(name, ()) if re.match(r"(bitcast|copy|transpose|state_)", n))
-    found = (parameter_part(n, depth - 1) for n in layout if depth)
+    found = (weight_part(n, depth - 1) for n in layout if depth)
     return next((part for part in found if part), None)
 
   parts, nameless_products = {}, {}
   for name, op_name in own.items():
     inside = names_in.get(calls.get(name, ""), [])
     names = inside or ([op_name] if op_name else [])
-    weight_part = parameter_part(name) if calls.get(name) in products else None
-    if weight_part and names:
+    weight = weight_part(name) if calls.get(name) in products else None
+    if weight and names:
       direction = "backward" if any("transpose(" in n for n in names) else "forward"
-      parts[name] = f"{weight_part}, {direction}"
-    elif weight_part:
-      nameless_products[name] = weight_part
+      parts[name] = f"{weight}, {direction}"
+    elif weight:
+      nameless_products[name] = weight
     elif names:
       parts[name] = collections.Counter(part_of(n) for n in names).most_common(1)[0][0]
   users = collections.defaultdict(list)
@@ -138,9 +141,9 @@ def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[s
   def from_backward_pass(name):  # an op of the backward pass, by its op_name or its fused ones'
     return any("transpose(" in n for n in [own.get(name, "")] + names_in.get(calls.get(name), []))
 
-  for name, weight_part in nameless_products.items():  # backward when it reads a cotangent
+  for name, weight in nameless_products.items():  # backward when it reads a cotangent
     backward = any(from_backward_pass(n) for n in operands[name])
-    parts[name] = f"{weight_part}, {'backward' if backward else 'forward'}"
+    parts[name] = f"{weight}, {'backward' if backward else 'forward'}"
 
   def loop_part(name):  # the part of the innermost loop around instruction ``name``, if any
     loop = caller.get(home.get(name))
@@ -178,9 +181,9 @@ def profile_jax(size, steps: int) -> dict:
   config = benchmark_train.benchmark_config(size, "float32")
   tokens, labels = benchmark_train.random_batch(size[0], size[1])
   step_fn, state, batch = benchmark_train.jax_step(config, tokens, labels)
-  parts = instruction_parts(step_fn.lower(state, batch).compile().as_text(),
-                            weight_gradient_parts(state.params))
-  for _ in range(2):  # compile and warm up
+  step_fn = step_fn.lower(state, batch).compile()  # the program both attributed and run
+  parts = instruction_parts(step_fn.as_text(), weight_gradient_parts(state.params))
+  for _ in range(2):  # warm up
     state, metrics = step_fn(state, batch)
   jax.block_until_ready(metrics)
   with tempfile.TemporaryDirectory() as directory:
