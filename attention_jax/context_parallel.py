@@ -412,12 +412,14 @@ class ContextParallel:
   load_balance: bool = True
 
   def __call__(self, query, key, value, bias=None, mask=None, *, dropout_rate=0.0,
-               dropout_rng=None, return_weights=False, implementation=None, **options):
+               dropout_rng=None, return_weights=False, return_residual=False,
+               implementation=None, **options):
     del dropout_rng, implementation  # the chunked kernel runs on every device
-    if dropout_rate or return_weights:
-      raise ValueError("context-parallel attention has no attention dropout and returns no "
-                       "weights; set the attention dropout rate to 0 and take the maps from "
-                       "attention_maps on one device.")
+    if dropout_rate or return_weights or return_residual:
+      raise ValueError("context-parallel attention has no attention dropout and returns neither "
+                       "weights nor the log-sum-exp; set the attention dropout rate to 0 and take "
+                       "the maps (attention_maps) or the residual from dot_product_attention on "
+                       "one device.")
     return context_parallel_attention(query, key, value, bias, mask, mesh=self.mesh,
                                       axis_name=self.axis_name, strategy=self.strategy,
                                       load_balance=self.load_balance, **options)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
+from attention_jax.products import dense_dot_general
 
 POOLINGS = ("cls", "mean")
 
@@ -118,9 +119,9 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
-    y = nn.relu(nn.Dense(self.mlp_dim, name="hidden")(x))  # [..., mlp_dim]
-    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    return nn.Dense(x.shape[-1], name="output")(y)
+    y = nn.relu(nn.Dense(self.mlp_dim, dot_general=dense_dot_general, name="hidden")(x))
+    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)  # [..., mlp_dim]
+    return nn.Dense(x.shape[-1], dot_general=dense_dot_general, name="output")(y)
 
 
 class EncoderBlock(nn.Module):
@@ -215,7 +216,8 @@ class SequenceClassifier(nn.Module):
     x = TransformerEncoder(cfg, cls_token=use_cls, name="encoder")(
         tokens, valid, deterministic=deterministic)  # [B, T(+1), D]
     pooled = x[..., 0, :] if use_cls else masked_mean(x, valid)  # [B, D]
-    return nn.Dense(cfg.num_classes, name="logits")(pooled)  # [B, C]
+    logits = nn.Dense(cfg.num_classes, dot_general=dense_dot_general, name="logits")
+    return logits(pooled)  # [B, C]
 
 
 class TokenClassifier(nn.Module):
@@ -231,4 +233,5 @@ class TokenClassifier(nn.Module):
   def __call__(self, tokens, valid=None, *, deterministic: bool = True):
     x = TransformerEncoder(self.config, name="encoder")(
         tokens, valid, deterministic=deterministic)  # [B, T, D]
-    return nn.Dense(self.config.num_classes, name="logits")(x)  # [B, T, C]
+    return nn.Dense(self.config.num_classes, dot_general=dense_dot_general,
+                    name="logits")(x)  # [B, T, C]

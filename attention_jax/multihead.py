@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from attention_jax import attention as attention_lib
 from attention_jax import reference
+from attention_jax.products import dense_product
 
 QK_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's default, so normalize_qk matches flax's
 
@@ -63,8 +64,7 @@ def head_dim_of(d_model: int, num_heads: int) -> int:
 
 def _project(x, params):
   """x [..., L, D_in] with kernel [D_in, *F] -> [..., L, *F]."""
-  kernel = params["kernel"]
-  y = jnp.tensordot(x, kernel.astype(x.dtype), axes=[[-1], [0]])
+  y = dense_product(x, params["kernel"].astype(x.dtype))
   return y + params["bias"].astype(x.dtype) if "bias" in params else y
 
 
@@ -82,8 +82,9 @@ def project_qkv(params, inputs_q, inputs_kv):
 
 def project_out(params, heads):
   """Concat(head_1..head_N) W_O: [..., T, N, H] -> [..., T, D_out]."""
-  kernel = params["out"]["kernel"].astype(heads.dtype)
-  output = jnp.einsum("...tnh,nhd->...td", heads, kernel)
+  kernel = params["out"]["kernel"].astype(heads.dtype)  # [N, H, D_out]
+  output = dense_product(jnp.reshape(heads, heads.shape[:-2] + (-1,)),  # [..., T, N * H]
+                         jnp.reshape(kernel, (-1, kernel.shape[-1])))
   return output + params["out"]["bias"].astype(heads.dtype) if "bias" in params["out"] else output
 
 

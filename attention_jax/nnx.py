@@ -32,6 +32,7 @@ from attention_jax import encoder as encoder_lib
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
+from attention_jax.products import dense_dot_general
 
 
 def _capturing(module: nnx.Module) -> bool:
@@ -299,8 +300,8 @@ class FeedForward(_Dropping):
   def __init__(self, d_model: int, mlp_dim: int, *, dropout_rate: float,
                deterministic: bool = True, rngs: nnx.Rngs):
     self.deterministic = deterministic
-    self.hidden = nnx.Linear(d_model, mlp_dim, rngs=rngs)
-    self.output = nnx.Linear(mlp_dim, d_model, rngs=rngs)
+    self.hidden = nnx.Linear(d_model, mlp_dim, dot_general=dense_dot_general, rngs=rngs)
+    self.output = nnx.Linear(mlp_dim, d_model, dot_general=dense_dot_general, rngs=rngs)
     self.dropout = nnx.Dropout(dropout_rate, deterministic=deterministic, rngs=rngs)
 
   def __call__(self, x, *, deterministic: bool | None = None):
@@ -412,7 +413,8 @@ class SequenceClassifier(_Dropping):
     self.config, self.deterministic = config, deterministic
     self.encoder = TransformerEncoder(config, cls_token=config.pooling == "cls",
                                       deterministic=deterministic, rngs=rngs)
-    self.logits = nnx.Linear(config.d_model, config.num_classes, rngs=rngs)
+    self.logits = nnx.Linear(config.d_model, config.num_classes, dot_general=dense_dot_general,
+                             rngs=rngs)
 
   def __call__(self, tokens, valid=None, *, deterministic: bool | None = None):
     deterministic = self._deterministic(deterministic)
@@ -434,7 +436,8 @@ class TokenClassifier(_Dropping):
                rngs: nnx.Rngs):
     self.config, self.deterministic = config, deterministic
     self.encoder = TransformerEncoder(config, deterministic=deterministic, rngs=rngs)
-    self.logits = nnx.Linear(config.d_model, config.num_classes, rngs=rngs)
+    self.logits = nnx.Linear(config.d_model, config.num_classes, dot_general=dense_dot_general,
+                             rngs=rngs)
 
   def __call__(self, tokens, valid=None, *, deterministic: bool | None = None):
     deterministic = self._deterministic(deterministic)

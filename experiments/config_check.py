@@ -122,6 +122,9 @@ def validate(config) -> None:
                        ("label_smoothing", config.label_smoothing)):
     if not 0.0 <= value < 1.0:
       raise ConfigError(f"{field} must be in [0, 1), got {value}.")
+  if config.mesh.sequence < 1 or config.mesh.data < 0:
+    raise ConfigError(f"mesh.sequence must be >= 1 and mesh.data >= 0 (0: every device left), "
+                      f"got sequence={config.mesh.sequence}, data={config.mesh.data}.")
   if config.mesh.strategy not in aj.context_parallel.STRATEGIES:
     raise ConfigError(f"mesh.strategy must be one of {list(aj.context_parallel.STRATEGIES)}, got "
                       f"{config.mesh.strategy!r}.")

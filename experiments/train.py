@@ -100,6 +100,25 @@ def replicas_of(config, num_seeds: int = 1, grid: dict | None = None) -> list[di
   return replicas
 
 
+def over_replicas(fn, in_axes=0):
+  """``jax.vmap(fn, in_axes)`` over the leading replica axis of the arguments whose axis is 0,
+  except that one replica runs unbatched, its axis taken off and put back on the results. The
+  same numbers either way; on XLA's CPU backend a batch of one replica costs time in small
+  models: the default config's step took 0.83-0.88x as long without it (scripts/benchmark_train.py,
+  docs/performance.md)."""
+  batched = jax.vmap(fn, in_axes=in_axes)
+
+  def run(*args):
+    axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
+    stacked = [arg for arg, axis in zip(args, axes) if axis == 0]
+    if any(jnp.ndim(x) == 0 or jnp.shape(x)[0] != 1 for x in jax.tree.leaves(stacked)):
+      return batched(*args)
+    args = [jax.tree.map(lambda x: x[0], arg) if axis == 0 else arg
+            for arg, axis in zip(args, axes)]
+    return jax.tree.map(lambda x: x[None], fn(*args))
+  return run
+
+
 def device_mesh(num_replicas: int, data: int = 0, sequence: int = 1) -> Mesh:
   """Devices as ("replica", "data", "sequence"): ``sequence`` along the sequence, ``data`` (0:
   the rest) along the batch, and the replicas over what is left. With data = 0, as many replica
@@ -143,7 +162,7 @@ def train_step_fn(config, model, tx, num_classes: int, sharding=None):
   """The loop's compiled step over the replica axis: (state [R], batch {"tokens": [R, B, T],
   "labels": [R, B(, T)]}) -> (state [R], metrics [R]); the state's buffers are donated. The
   benchmark (scripts/benchmark_train.py) times this same function."""
-  return jax.jit(jax.vmap(functools.partial(
+  return jax.jit(over_replicas(functools.partial(
       steps_lib.train_step, model=model, tx=tx, learning_rate=optim.learning_rate(config),
       compute_dtype=jnp.dtype(config.compute_dtype), label_smoothing=config.label_smoothing,
       num_classes=num_classes)), out_shardings=None if sharding is None else (sharding, sharding),
@@ -221,10 +240,10 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
 
   compute_dtype = jnp.dtype(config.compute_dtype)
   step_fn = train_step_fn(config, model, tx, task.num_classes, by_replica)
-  eval_fn = jax.jit(jax.vmap(functools.partial(
+  eval_fn = jax.jit(over_replicas(functools.partial(
       steps_lib.eval_step, model=model, compute_dtype=compute_dtype,
       num_classes=task.num_classes), in_axes=(0, None)), out_shardings=by_replica)
-  max_logit_fn = jax.jit(jax.vmap(functools.partial(probes_lib.max_attention_logit, model)),
+  max_logit_fn = jax.jit(over_replicas(functools.partial(probes_lib.max_attention_logit, model)),
                          out_shardings=by_replica)
   sources = {seed: input_pipeline.TrainBatches(task.train, config.batch_size, seed)
              for seed in sorted({replica["seed"] for replica in replicas})}
@@ -332,7 +351,7 @@ def _check_diverged(state, replicas, reported, last_saved, progress) -> set:
 def _prober(model, task, config):
   """prefix, params [R, ...] -> {prefix_<probe>: [R] list} on one test batch."""
   batch = next(input_pipeline.eval_batches(task.test, config.batch_size))
-  probe_fn = jax.jit(jax.vmap(lambda params: probes_lib.summary(
+  probe_fn = jax.jit(over_replicas(lambda params: probes_lib.summary(
       model, params, batch["tokens"], batch["labels"], task.num_classes)))
   def probe(prefix, params):
     return {f"{prefix}_{name}": np.asarray(value).tolist()

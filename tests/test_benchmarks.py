@@ -1,5 +1,6 @@
 """scripts/benchmark_attention.py runs end to end on a tiny shape and times what it was asked to."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -7,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 import numpy_reference
@@ -49,12 +52,18 @@ def test_benchmark_attention_names_a_malformed_block_size():
   assert "'1024by4096' is not BQxBK" in result.stderr
 
 
-def test_block_math_floor_computes_attention():
+def test_block_math_floor_computes_attention_and_its_gradients():
   benchmark = _script("benchmark_attention")
+  floor = functools.partial(benchmark.block_math_floor, block_q=8)
   rng = np.random.default_rng(0)
-  query, key, value = (rng.standard_normal((1, 24, 2, 8)).astype(np.float32) for _ in range(3))
-  expected = numpy_reference.attention(query, key, value)[0]
-  assert_close(benchmark.block_math_floor(query, key, value, block_q=8), expected, 1e-5)
+  query, key, value, cotangent = (rng.standard_normal((2, 24, 2, 8)).astype(np.float32)
+                                  for _ in range(4))
+  expected, _, cache = numpy_reference.attention(query, key, value)
+  assert_close(floor(query, key, value), expected, 1e-5)
+  gradients = jax.grad(lambda *qkv: jnp.sum(floor(*qkv) * cotangent), argnums=(0, 1, 2))
+  for ours, reference in zip(gradients(query, key, value),
+                             numpy_reference.attention_vjp(cache, cotangent)):
+    assert_close(ours, reference, 1e-5)
 
 
 def test_benchmark_structure_times_windows_and_measures_gqa_memory(tmp_path):

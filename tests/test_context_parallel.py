@@ -107,6 +107,8 @@ for name, call in {
         query, key, value, mesh=mesh, axis_name="sequence"),
     "unknown strategy": lambda: aj.context_parallel_attention(
         query, key, value, mesh=mesh, axis_name="seq", strategy="ulysses"),
+    "residual requested": lambda: aj.ContextParallel(mesh, "seq")(
+        query, key, value, return_residual=True),
 }.items():
   try:
     call()
@@ -138,6 +140,7 @@ def test_malformed_calls_name_the_cause_in_one_line(outcome):
   assert "must have one length" in errors["cross-attention"]
   assert "'sequence' is not an axis" in errors["unknown axis"]
   assert "strategy must be one of" in errors["unknown strategy"]
+  assert "nor the log-sum-exp" in errors["residual requested"]
   assert all("\n" not in message for message in errors.values())
 
 

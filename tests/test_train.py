@@ -70,6 +70,8 @@ def test_bad_config_exits_nonzero_within_seconds_naming_the_field(override, mess
     ("model.dropout_rate", 1.0, r"model.dropout_rate must be in \[0, 1\)"),
     ("num_train_steps", 2.5, "must be int"),
     ("mesh.strategy", "ulysses", "mesh.strategy must be one of"),
+    ("mesh.sequence", 0, "mesh.sequence must be >= 1"),
+    ("mesh.data", -2, "mesh.data >= 0"),
     ("model.attention_impl", *(("pallas_tpu", "runs only on tpu") if jax.default_backend() == "gpu"
                                else ("cudnn", "runs only on gpu"))),
 ])
