@@ -402,7 +402,8 @@ def _permute_logits(x, size):
 class ContextParallel:
   """``dot_product_attention``'s signature, run by ``context_parallel_attention`` over
   ``axis_name`` of ``mesh``: the ``attention_fn`` of MultiHeadAttention (and EncoderConfig).
-  Attention dropout and returned weights are refused (they would be [T, S] per device).
+  Attention dropout and returned weights are refused (they would be [T, S] per device), and so
+  is the log-sum-exp residual.
 
   >>> layer = MultiHeadAttention(num_heads=8, attention_fn=ContextParallel(mesh, "seq"))
   """

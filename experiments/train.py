@@ -103,9 +103,9 @@ def replicas_of(config, num_seeds: int = 1, grid: dict | None = None) -> list[di
 def over_replicas(fn, in_axes=0):
   """``jax.vmap(fn, in_axes)`` over the leading replica axis of the arguments whose axis is 0,
   except that one replica runs unbatched, its axis taken off and put back on the results. The
-  same numbers either way; on XLA's CPU backend a batch of one replica costs time in small
-  models: the default config's step took 0.83-0.88x as long without it (scripts/benchmark_train.py,
-  docs/performance.md)."""
+  same numbers either way, but XLA's CPU backend compiles a batch of one replica into slower
+  code: unbatched, the training step took 0.88x / 0.97x / 0.96x as long at the three sizes of
+  scripts/benchmark_train.py (docs/performance.md)."""
   batched = jax.vmap(fn, in_axes=in_axes)
 
   def run(*args):

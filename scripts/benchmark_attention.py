@@ -76,9 +76,9 @@ def block_math_floor(query, key, value, block_q=1024):
   """Attention as the least work a blockwise kernel in plain JAX ops can do: not a usable kernel.
 
   The operations are the ones every implementation must do. The inputs are moved to head-major
-  order and scaled. Then, per (example, head) pair and block of up to ``block_q`` queries, the forward
-  pass computes logits = Q K^T, their row max, exp, the row sum, P V / sum and the log-sum-exp,
-  and moves the output back to [B, T, N, H]. The backward pass (a custom VJP) recomputes each
+  order and scaled. Then, per (example, head) pair and block of up to ``block_q`` queries, the
+  forward pass computes logits = Q K^T, their row max, exp, the row sum, P V / sum and the
+  log-sum-exp, and moves the output back to [B, T, N, H]. The backward pass (a custom VJP) recomputes each
   block's probabilities from the log-sum-exp and does the five products of a flash backward, as
   the chunked kernel does (transposed blocks: dV += P^T dO, dK += dS^T Q, dQ^T = K^T dS^T).
   Pairs run side by side as in the chunked kernel (up to ``chunked.PAIR_BLOCK_BYTES`` of logits).
