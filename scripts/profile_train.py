@@ -44,6 +44,9 @@ PARTS = (
     ("classifier + loss", r"SequenceClassifier|TokenClassifier"),
 )
 OPTIMIZER = "optimizer update + guard"
+# The HLO name of a model parameter: the step's state argument (named ``state``, or ``args_0``
+# when the step takes *args) and its params field.
+PARAMETER = r"(state|args_0)_+params__"
 
 
 def parameter_part(path: str) -> str:
@@ -115,9 +118,10 @@ def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[s
   def weight_part(name, depth=3):
     """The part of a parameter that reaches instruction ``name`` through layout changes only
     (bitcasts, copies, transposes), as a product's weight does."""
-    if name.startswith("state_params"):  # e.g. state_params__encoder____block_0____attention..
+    if re.match(PARAMETER, name):  # e.g. args_0__params__encoder____block_0____attention..
       return parameter_part(name.replace("____", "/") + "/")
-    layout = (n for n in operands.get(name, ()) if re.match(r"(bitcast|copy|transpose|state_)", n))
+    layout = (n for n in operands.get(name, ()) if re.match(r"bitcast|copy|transpose", n)
+              or re.match(PARAMETER, n))
     found = (weight_part(n, depth - 1) for n in layout if depth)
     return next((part for part in found if part), None)
 

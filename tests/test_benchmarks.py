@@ -85,7 +85,7 @@ def test_benchmark_context_parallel_reports_memory_per_device_and_the_paper_rati
   output = tmp_path / "context_parallel.json"
   result = subprocess.run([sys.executable, "scripts/benchmark_context_parallel.py", "--devices",
                            "2", "--length", "256", "--heads", "2", "--kv-heads", "1",
-                           "--head-dim", "8", "--rounds", "1", "--budget-mib", "2",
+                           "--head-dim", "8", "--rounds", "1", "--budget-mib", "3",
                            "--max-length", "4096", "--json", str(output)], cwd=ROOT,
                           capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-2000:]
