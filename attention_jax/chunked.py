@@ -361,7 +361,7 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
     d_k, d_v, d_q_t, d_bias = lax.fori_loop(lo, hi, query_step, init)
     return (d_q_t, d_bias), (d_k, d_v)
 
-  init = (_zeros(k_t.shape[:1] + q.shape[:1], dtype, q, k, v, d_out, head), d_bias)  # [H, Tp]
+  init = (_zeros(q.shape[::-1], dtype, q, k, v, d_out, head), d_bias)  # dQ^T [H, Tp]
   (d_q_t, d_bias), (d_k, d_v) = lax.scan(key_block, init, jnp.arange(g.num_k))
   return d_q_t.T, d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias  # [K blocks, bk, .] -> [Sp, .]
 

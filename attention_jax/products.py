@@ -6,8 +6,9 @@ from it. Without the batch dimension, XLA's CPU backend transposes dY (a copy) a
 product with both operands transposed on its own emitter; with it, the product is (dY^T X)^T, a
 plain matrix product that it hands to YNNPACK. The feed-forward sublayer alone, forward and
 backward at the medium size of scripts/benchmark_train.py, took 0.80x as long
-(docs/performance.md). Other backends are indifferent to a batch of one. Every derivative (grad,
-jvp, vmap, higher orders) is that of x @ W.
+(docs/performance.md). On other backends the batch of one is a degenerate dimension for the
+compiler to drop (not measured there). Every derivative (grad, jvp, vmap, higher orders) is that
+of x @ W.
 """
 
 from __future__ import annotations

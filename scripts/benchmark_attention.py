@@ -78,10 +78,10 @@ def block_math_floor(query, key, value, block_q=1024):
   The operations are the ones every implementation must do. The inputs are moved to head-major
   order and scaled. Then, per (example, head) pair and block of up to ``block_q`` queries, the
   forward pass computes logits = Q K^T, their row max, exp, the row sum, P V / sum and the
-  log-sum-exp, and moves the output back to [B, T, N, H]. The backward pass (a custom VJP) recomputes each
-  block's probabilities from the log-sum-exp and does the five products of a flash backward, as
-  the chunked kernel does (transposed blocks: dV += P^T dO, dK += dS^T Q, dQ^T = K^T dS^T).
-  Pairs run side by side as in the chunked kernel (up to ``chunked.PAIR_BLOCK_BYTES`` of logits).
+  log-sum-exp, and moves the output back to [B, T, N, H]. The backward pass (a custom VJP)
+  recomputes each block's probabilities from the log-sum-exp and does the five products of a
+  flash backward, as the chunked kernel does (transposed blocks: dV += P^T dO, dK += dS^T Q,
+  dQ^T = K^T dS^T). As many pairs run side by side as in the chunked kernel.
 
   Everything else is left out: no masks or padding, no online softmax (all S keys form one block,
   so there is no running max, sum or correction). It needs non-causal attention and T a multiple
@@ -89,8 +89,7 @@ def block_math_floor(query, key, value, block_q=1024):
   """
   batch, length, heads, dim = query.shape
   block_q = min(length, block_q)
-  pairs = aj.chunked.PAIR_BLOCK_BYTES // (4 * block_q * key.shape[1])
-  pairs = pairs if pairs > 1 else None
+  pairs = aj.chunked._Blocks(length, key.shape[1], block_q, key.shape[1]).pairs_per_step
   heads_first = lambda x: x.transpose(0, 2, 1, 3).reshape(batch * heads, -1, dim)  # [B * N, L, H]
   blocks = lambda x: x.reshape((-1, block_q) + x.shape[1:])  # [T, ...] -> [T / bq, bq, ...]
 

@@ -44,9 +44,9 @@ PARTS = (
     ("classifier + loss", r"SequenceClassifier|TokenClassifier"),
 )
 OPTIMIZER = "optimizer update + guard"
-# The HLO name of a model parameter: the step's state argument (named ``state``, or ``args_0``
-# when the step takes *args) and its params field.
-PARAMETER = r"(state|args_0)_+params__"
+# The HLO name of a model parameter: the params field of the step's first argument, the state
+# (``args_0``, as experiments.train.over_replicas passes the arguments on).
+PARAMETER = r"args_0__params__"
 
 
 def parameter_part(path: str) -> str:
