@@ -15,12 +15,13 @@ import jax.numpy as jnp
 @dataclasses.dataclass(frozen=True)
 class Request:
   """What a call asks of an implementation beyond its query, key and value, and where it runs
-  (``device_kind`` as jax reports it, None when unknown)."""
+  (``backend`` and ``device_kind`` as jax names them, None when unknown)."""
   dropout_rate: float = 0.0
   return_weights: bool = False
   return_residual: bool = False
   logits_soft_cap: float | None = None
   device_kind: str | None = None
+  backend: str | None = None
 
 
 def check_qkv(query, key, value) -> None:

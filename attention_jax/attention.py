@@ -70,12 +70,21 @@ def unsupported_reason(name, query, key, value, request: _checks.Request, *,
 # it keeps no [B, N, T, S] probabilities for the backward pass.
 CHUNKED_MIN_LENGTH_CPU = 256
 
-# Accelerator kernels are chosen automatically only on the devices where they have been run
-# against the float64 reference and timed (jax's device_kind, by prefix). cuDNN: an H100 80GB
-# HBM3, 2026-11-23 (docs/performance.md, "On an NVIDIA H100"). The Pallas TPU flash kernel has
-# not run on a TPU yet, so on TPU the automatic choice is "xla"; it stays available by name (not
-# on TPU v2/v3, where it fails: jax issue 18595).
-MEASURED_ON = {"cudnn": ("NVIDIA H100",), "pallas_tpu": ()}
+# Accelerator kernels are chosen automatically only on the architectures where they have been
+# run against the float64 reference and timed: for cuDNN, CUDA compute capabilities (Hopper, 9.0,
+# measured on an H100 80GB HBM3: docs/performance.md, "On an NVIDIA H100"), so that every GPU of
+# that architecture (H100, H200, GH200) gets it; for the Pallas TPU kernel, TPU device kinds by
+# prefix. The Pallas TPU flash kernel has not run on a TPU yet, so on TPU the automatic choice is
+# "xla"; it stays available by name (not on TPU v2/v3, where it fails: jax issue 18595).
+MEASURED_ON = {"cudnn": ("9.0",), "pallas_tpu": ()}
+
+# The compute capability of NVIDIA GPUs by device kind (prefix), for when only the kind is known
+# (a question asked off the GPU, or a device that does not report its capability).
+COMPUTE_CAPABILITY = {
+    "NVIDIA H100": "9.0", "NVIDIA H200": "9.0", "NVIDIA GH200": "9.0", "NVIDIA H800": "9.0",
+    "NVIDIA B200": "10.0", "NVIDIA GB200": "10.0", "NVIDIA A100": "8.0", "NVIDIA A10": "8.6",
+    "NVIDIA L4": "8.9", "NVIDIA L40": "8.9", "Tesla T4": "7.5", "Tesla V100": "7.0",
+}
 
 # On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's attention ran
 # 2-9x faster than the chunked kernel's loops on an H100 but materialises the [..., N, T, S]
@@ -87,13 +96,30 @@ MEASURED_ON = {"cudnn": ("NVIDIA H100",), "pallas_tpu": ()}
 XLA_MAX_LOGITS_BYTES_GPU = 2 ** 31
 
 
-def _measured(name: str, device_kind: str | None) -> bool:
-  return device_kind is not None and any(device_kind.startswith(kind)
-                                         for kind in MEASURED_ON[name])
+def architecture(backend: str, device_kind: str | None,
+                 compute_capability: str | None = None) -> str | None:
+  """What MEASURED_ON is keyed by: on GPU the CUDA compute capability (given, else looked up from
+  the device kind in COMPUTE_CAPABILITY), elsewhere the device kind; None when unknown.
+
+  >>> architecture("gpu", "NVIDIA H200")
+  '9.0'
+  """
+  if backend != "gpu":
+    return device_kind
+  if compute_capability is not None:
+    return str(compute_capability)
+  return next((capability for kind, capability in COMPUTE_CAPABILITY.items()
+               if device_kind is not None and device_kind.startswith(kind)), None)
 
 
-def _automatic_order(query, key, backend: str, device_kind: str | None) -> tuple[str, ...]:
-  """Implementations to try, fastest first, for this backend, device and shape."""
+def _measured(name: str, arch: str | None) -> bool:
+  if name == "cudnn":
+    return arch in MEASURED_ON[name]
+  return arch is not None and any(arch.startswith(kind) for kind in MEASURED_ON[name])
+
+
+def _automatic_order(query, key, backend: str, arch: str | None) -> tuple[str, ...]:
+  """Implementations to try, fastest first, for this backend, architecture and shape."""
   longest = max(query.shape[-3], key.shape[-3])
   if backend == "cpu":
     return ("chunked", "reference") if longest >= CHUNKED_MIN_LENGTH_CPU else ("reference",)
@@ -101,56 +127,64 @@ def _automatic_order(query, key, backend: str, device_kind: str | None) -> tuple
     logits_bytes = 4 * math.prod(query.shape[:-1]) * key.shape[-3]  # [..., T, N] x S float32
     portable = ("chunked", "xla") if logits_bytes > XLA_MAX_LOGITS_BYTES_GPU else (
         "xla", "chunked")
-    return ("cudnn",) * _measured("cudnn", device_kind) + portable + ("reference",)
+    return ("cudnn",) * _measured("cudnn", arch) + portable + ("reference",)
   if backend == "tpu":
-    return ("pallas_tpu",) * _measured("pallas_tpu", device_kind) + ("xla", "reference")
+    return ("pallas_tpu",) * _measured("pallas_tpu", arch) + ("xla", "reference")
   return ("xla", "reference")
 
 
-def _device_kind(backend: str) -> str | None:
-  """The device kind of ``backend`` when it is the one JAX runs on, else None (unknown)."""
-  return jax.devices()[0].device_kind if backend == jax.default_backend() else None
+def _device(backend: str):
+  """The first device of ``backend`` when it is the one JAX runs on, else None (unknown)."""
+  return jax.devices()[0] if backend == jax.default_backend() else None
 
 
 def select_implementation(query, key, value, bias=None, mask=None, *, dropout_rate: float = 0.0,
                           return_weights: bool = False, return_residual: bool = False,
                           logits_soft_cap: float | None = None,
                           implementation: str | None = None, backend: str | None = None,
-                          device_kind: str | None = None) -> str:
+                          device_kind: str | None = None,
+                          compute_capability: str | None = None) -> str:
   """The name of the implementation ``dot_product_attention`` runs for these arguments.
 
   ``implementation=None`` picks the first implementation that can serve the request from a list
   per backend (``backend`` defaults to ``jax.default_backend()``, ``device_kind`` to the kind of
-  its first device, e.g. "NVIDIA H100 80GB HBM3" or "TPU v4"):
+  its first device, e.g. "NVIDIA H100 80GB HBM3" or "TPU v4", and on GPU ``compute_capability``
+  to that device's, e.g. "9.0", or else the one COMPUTE_CAPABILITY gives for the kind):
 
   - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference" (both measured
     faster than jax.nn here);
-  - gpu: "cudnn" on the GPUs in MEASURED_ON (float16/bfloat16, head_dim a multiple of 8 up to
-    128, value shaped like key), else "xla" while the float32 logits would take at most
+  - gpu: "cudnn" on the architectures in MEASURED_ON (float16/bfloat16, head_dim a multiple of 8
+    up to 128, value shaped like key), else "xla" while the float32 logits would take at most
     XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
   - tpu: "pallas_tpu" on the TPUs in MEASURED_ON (none yet), else "xla";
   - and "reference" when none of these can (attention dropout, returned weights).
 
   A named implementation that cannot serve the request raises ``ValueError`` with the reason;
   nothing falls back silently. Shapes are enough: pass ``jax.ShapeDtypeStruct``s to ask what a
-  call would run, and ``backend="gpu", device_kind="NVIDIA H100 80GB HBM3"`` to ask what it
-  would run there.
+  call would run, and ``backend="gpu", device_kind="NVIDIA H200"`` (or
+  ``compute_capability="9.0"``) to ask what it would run there.
 
+  >>> q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
   >>> select_implementation(q, k, v, return_weights=True)
   'reference'
-  >>> select_implementation(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16),
-  ...                       v.astype(jnp.bfloat16), backend="gpu",
-  ...                       device_kind="NVIDIA H100 80GB HBM3")
+  >>> select_implementation(q, k, v, backend="gpu", device_kind="NVIDIA H200")
   'cudnn'
+  >>> select_implementation(q, k, v, backend="gpu", compute_capability="8.0")  # not measured
+  'xla'
   """
   del bias, mask  # every implementation serves any mask and bias
   backend = jax.default_backend() if backend is None else backend
-  device_kind = _device_kind(backend) if device_kind is None else device_kind
+  device = _device(backend)
+  if device_kind is None and device is not None:
+    device_kind = device.device_kind
+  if compute_capability is None and device is not None:
+    compute_capability = getattr(device, "compute_capability", None)
   request = _checks.Request(dropout_rate=dropout_rate, return_weights=return_weights,
                             return_residual=return_residual, logits_soft_cap=logits_soft_cap,
-                            device_kind=device_kind)
+                            device_kind=device_kind, backend=backend)
   if implementation is None:
-    for name in _automatic_order(query, key, backend, device_kind):
+    arch = architecture(backend, device_kind, compute_capability)
+    for name in _automatic_order(query, key, backend, arch):
       if unsupported_reason(name, query, key, value, request, backend=backend) is None:
         return name
   if implementation not in IMPLEMENTATIONS:

@@ -251,7 +251,7 @@ class _Blocks:
 
 def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Blocks, dtype,
             transposed=False):
-  """(Z_ij + bias_ij, -inf where not allowed: [bq, bk]; tanh(Z / cap) or None), or both
+  """(Z_ij + bias_ij, ``reference.masked_logit`` where not allowed: [bq, bk]; tanh(Z / cap) or None), or both
   transposed, [bk, bq], with ``transposed`` (from the product K_j Q_i^T, not a transpose)."""
   turn = (lambda x: None if x is None else x.T) if transposed else (lambda x: x)
   logits = (jnp.einsum("kh,qh->kq", k_block, q_block, preferred_element_type=dtype) if transposed
@@ -263,12 +263,15 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Bl
   bias = turn(geometry.cut(head.bias, i, j))
   logits = logits if bias is None else logits + bias
   allowed = turn(geometry.allowed(i, j, pattern, head))
-  return (logits if allowed is None else jnp.where(allowed, logits, -jnp.inf)), squashed
+  masked = reference.masked_logit(logits.dtype)  # finite: jax.debug_infs stays quiet
+  return (logits if allowed is None else jnp.where(allowed, logits, masked)), squashed
 
 
 def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
-  """q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv], lse [Tp] (+inf where a row has no key)."""
+  """q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv], lse [Tp] (EMPTY_ROW where a row has no
+  key)."""
   dtype = reference.compute_dtype(q.dtype)
+  least_max = reference.least_row_max(dtype)  # a masked logit minus it underflows to exp = 0
 
   def query_block(i):
     q_block = lax.dynamic_slice_in_dim(q, i * g.block_q, g.block_q)
@@ -279,10 +282,9 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
         k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
         v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
         logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype)
-        new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))
-        safe_max = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
-        correction = jnp.exp(row_max - safe_max)  # 0 while the row had nothing
-        probs = jnp.exp(logits - safe_max[:, None])
+        new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))  # >= least_max: finite
+        correction = jnp.exp(row_max - new_max)
+        probs = jnp.exp(logits - new_max[:, None])  # 0 where masked
         row_sum = row_sum * correction + jnp.sum(probs, axis=-1)
         acc = acc * correction[:, None] + jnp.einsum(
             "qk,kh->qh", probs.astype(v.dtype), v_block, preferred_element_type=dtype)
@@ -291,19 +293,19 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
 
     if g.num_k == 1:  # all keys in one block: a plain softmax, with nothing to rescale
       logits, _ = _logits(q_block, k, i, 0, pattern, head, g, dtype)
-      row_max = jnp.max(logits, axis=-1)
-      probs = jnp.exp(logits - jnp.where(jnp.isfinite(row_max), row_max, 0.0)[:, None])
+      row_max = jnp.max(logits, axis=-1, initial=least_max)
+      probs = jnp.exp(logits - row_max[:, None])  # 0 where masked
       row_sum = jnp.sum(probs, axis=-1)
       acc = jnp.einsum("qk,kh->qh", probs.astype(v.dtype), v, preferred_element_type=dtype)
     else:
       zeros = _zeros((g.block_q,), dtype, q, k, v, head)
-      init = (zeros - jnp.inf, zeros, _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
+      init = (zeros + least_max, zeros, _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
       lo, hi = g.key_range(i, pattern, head)
       row_max, row_sum, acc = lax.fori_loop(lo, hi, key_step, init)
     has_key = row_sum > 0.0
     out = acc / jnp.where(has_key, row_sum, 1.0)[:, None]
-    lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, row_sum, 1.0)), jnp.inf)
-    return out, lse  # an empty row: out 0, lse +inf so that exp(logit - lse) = 0 later
+    lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, row_sum, 1.0)), least_max)
+    return out, lse  # an empty row: out 0, lse = least_max, so that exp(logit - lse) = 0 later
 
   out, lse = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq]
   return out.reshape(-1, v.shape[-1]), lse.reshape(-1)  # out in the compute dtype
@@ -490,8 +492,12 @@ def _attention_fwd(q, k, v, bias, mask, extras, pattern, geometry):
 def _attention_bwd(pattern, geometry, residuals, cotangents):
   q, k, v, bias, mask, extras, out, lse = residuals
   d_out, _ = cotangents  # the log-sum-exp is returned under stop_gradient
-  d_q, d_k, d_v, d_bias = _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse,
-                                    d_out)
+  # The backward's products run in the compute dtype (float32 for bfloat16 and float16 inputs):
+  # dS rounded to bfloat16 cost dQ a third more error than jax.nn's, and XLA's CPU backend has no
+  # bfloat16 x bfloat16 = float32 product outside a fusion.
+  wide = lambda x: x.astype(reference.compute_dtype(x.dtype))
+  d_q, d_k, d_v, d_bias = _backward(wide(q), wide(k), wide(v), bias, mask, extras, pattern,
+                                    geometry, wide(out), lse, wide(d_out))
   d_bias = None if d_bias is None else d_bias.astype(bias.dtype)
   return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias, None, None
 
@@ -499,9 +505,10 @@ def _attention_bwd(pattern, geometry, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _pad_axis(array, axis, length, mode="constant"):
-  """Pads ``axis`` to ``length`` unless it is a broadcast axis of size 1."""
-  if array is None or array.shape[axis] in (1, length):
+def _pad_axis(array, axis, length, mode="constant", broadcasts=True):
+  """Pads ``axis`` to ``length``, unless it has size 1 and ``broadcasts`` (a mask's or bias's
+  axis that stands for every query or key)."""
+  if array is None or array.shape[axis] == length or (broadcasts and array.shape[axis] == 1):
     return array
   widths = [(0, 0)] * array.ndim
   widths[axis] = (0, length - array.shape[axis])
@@ -575,7 +582,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks
   padded_q, padded_k = geometry.num_q * geometry.block_q, geometry.num_k * geometry.block_k
 
   def head_major(x, length):  # [..., L, N, H] -> [B, N, L_padded, H]
-    return _pad_axis(reference.flat_heads_first(x), 2, length)
+    return _pad_axis(reference.flat_heads_first(x), 2, length, broadcasts=False)
 
   q = head_major(query * jnp.asarray(scale, query.dtype), padded_q)  # autodiff applies the scale
   k, v = head_major(key, padded_k), head_major(value, padded_k)
@@ -593,7 +600,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks
       x = jnp.reshape(x, (1,) + tail)
     else:
       x = jnp.reshape(jnp.broadcast_to(x, batch_shape + tail), (-1,) + tail)
-    return x if length is None else _pad_axis(x, 1, length, mode="edge")
+    return x if length is None else _pad_axis(x, 1, length, mode="edge", broadcasts=False)
 
   extras = _Extras(per_example(segment_ids[0], padded_q), per_example(segment_ids[1], padded_k),
                    per_example(seq_lengths[0]), per_example(seq_lengths[1]),
@@ -602,7 +609,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks
 
 
 def finish(out, lse, query_shape, return_residual=False):
-  """The kernel's out [B, N, Tp, H_v] and lse [B, N, Tp] (+inf on empty rows) -> out
+  """The kernel's out [B, N, Tp, H_v] and lse [B, N, Tp] (see ``residual_of``) -> out
   [..., T, N, H_v] (and lse [..., T, N], -inf on empty rows, without gradient) for a query of
   ``query_shape`` [..., T, N, H]."""
   batch_shape, q_len = query_shape[:-3], query_shape[-3]
@@ -610,6 +617,16 @@ def finish(out, lse, query_shape, return_residual=False):
   out = jnp.reshape(out, batch_shape + out.shape[1:])
   if not return_residual:
     return out
-  lse = jnp.where(lse == jnp.inf, -jnp.inf, lse)  # log of an empty sum
-  lse = jnp.swapaxes(lse[:, :, :q_len], 1, 2)  # [B, T, N]
+  lse = jnp.swapaxes(residual_of(lse)[:, :, :q_len], 1, 2)  # [B, T, N]
   return out, lax.stop_gradient(jnp.reshape(lse, batch_shape + lse.shape[1:]))
+
+
+def residual_of(lse):
+  """The kernel's lse (``reference.least_row_max`` on a row with no key) -> the contract's
+  residual (-inf there: the log of an empty sum)."""
+  return jnp.where(lse > reference.least_row_max(lse.dtype), lse, -jnp.inf)
+
+
+def lse_of(residual):
+  """The inverse of ``residual_of``: -inf -> ``reference.least_row_max``."""
+  return jnp.maximum(residual, reference.least_row_max(residual.dtype))

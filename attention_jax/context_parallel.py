@@ -137,12 +137,12 @@ def _ring(q, k, v, extras, pattern, geometry, axis_name):
 
 def _ring_fwd(q, k, v, extras, pattern, geometry, axis_name):
   """q [B, N, Tp, H], k and v [B, K, Sp, H] (this device's shards) -> out [B, N, Tp, H_v],
-  lse [B, N, Tp] (+inf on a row with no key, the kernel's convention)."""
+  lse [B, N, Tp] (``reference.least_row_max`` on a row with no key, the kernel's convention)."""
 
   def attend(passing):  # -> out, lse (-inf on an empty row)
     k_step, v_step, extras_step = _arriving(extras, passing)
     out, lse = chunked._forward(q, k_step, v_step, None, None, extras_step, pattern, geometry)
-    return out, jnp.where(lse == jnp.inf, -jnp.inf, lse)
+    return out, chunked.residual_of(lse)
 
   def step(carry, _):
     out, lse, passing = carry
@@ -154,7 +154,7 @@ def _ring_fwd(q, k, v, extras, pattern, geometry, axis_name):
   out, lse = attend(passing)
   (out, lse, _), _ = lax.scan(step, (out, lse, passing), None,
                               length=lax.axis_size(axis_name) - 1)
-  lse = jnp.where(lse == -jnp.inf, jnp.inf, lse)
+  lse = chunked.lse_of(lse)
   out = out.astype(q.dtype)
   return (out, lse), (q, k, v, extras, out, lse)
 

@@ -15,14 +15,17 @@ Parameters (the layout of ``flax.linen.MultiHeadDotProductAttention``, so weight
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from attention_jax import attention as attention_lib
+from attention_jax import kv_cache
+from attention_jax import masks as masks_lib
 from attention_jax import reference
 from attention_jax.products import dense_product
 
@@ -62,30 +65,35 @@ def head_dim_of(d_model: int, num_heads: int) -> int:
   return d_model // num_heads
 
 
-def _project(x, params):
-  """x [..., L, D_in] with kernel [D_in, *F] -> [..., L, *F]."""
-  y = dense_product(x, params["kernel"].astype(x.dtype))
-  return y + params["bias"].astype(x.dtype) if "bias" in params else y
+def _project(x, params, *, dtype=None, precision=None):
+  """x [..., L, D_in] with kernel [D_in, *F] -> [..., L, *F], computed in ``dtype`` (None: the
+  promoted dtype of x and the parameters, as flax's DenseGeneral)."""
+  dtype = dtype or jnp.result_type(x, *params.values())
+  y = dense_product(x.astype(dtype), params["kernel"].astype(dtype), precision=precision)
+  return y + params["bias"].astype(dtype) if "bias" in params else y
 
 
-def project_qkv(params, inputs_q, inputs_kv):
+def project_qkv(params, inputs_q, inputs_kv, *, dtype=None, precision=None):
   """Per-head projections: [..., T, D_in], [..., S, D_in] -> query [..., T, N, H], key and value
-  [..., S, N, H]. The fused kernel needs self-attention (inputs_kv is inputs_q)."""
+  [..., S, K, H] (K = N unless the key/value kernels have fewer heads: grouped-query attention).
+  The fused kernel needs self-attention (inputs_kv is inputs_q)."""
+  project = lambda x, name: _project(x, params[name], dtype=dtype, precision=precision)
   if "qkv" in params:
     if inputs_kv is not inputs_q:
       raise ValueError("fused qkv projections need self-attention (inputs_kv=None).")
-    qkv = _project(inputs_q, params["qkv"])  # [..., T, 3, N, H]
+    qkv = project(inputs_q, "qkv")  # [..., T, 3, N, H]
     return qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
-  return (_project(inputs_q, params["query"]), _project(inputs_kv, params["key"]),
-          _project(inputs_kv, params["value"]))
+  return project(inputs_q, "query"), project(inputs_kv, "key"), project(inputs_kv, "value")
 
 
-def project_out(params, heads):
+def project_out(params, heads, *, dtype=None, precision=None):
   """Concat(head_1..head_N) W_O: [..., T, N, H] -> [..., T, D_out]."""
-  kernel = params["out"]["kernel"].astype(heads.dtype)  # [N, H, D_out]
-  output = dense_product(jnp.reshape(heads, heads.shape[:-2] + (-1,)),  # [..., T, N * H]
-                         jnp.reshape(kernel, (-1, kernel.shape[-1])))
-  return output + params["out"]["bias"].astype(heads.dtype) if "bias" in params["out"] else output
+  out = params["out"]
+  dtype = dtype or jnp.result_type(heads, *out.values())
+  kernel = out["kernel"].astype(dtype)  # [N, H, D_out]
+  output = dense_product(jnp.reshape(heads, heads.shape[:-2] + (-1,)).astype(dtype),  # [..., T, N H]
+                         jnp.reshape(kernel, (-1, kernel.shape[-1])), precision=precision)
+  return output + out["bias"].astype(dtype) if "bias" in out else output
 
 
 def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
@@ -93,7 +101,11 @@ def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
   query (or key) vector normalised to zero mean and unit variance, times a learned ``scale`` [H].
   Statistics in float32 whatever the input dtype: [..., N, H] -> [..., N, H].
 
-  >>> qk_layer_norm(query, params["query_ln"]["scale"])  # query [B, T, N, H] -> [B, T, N, H]
+  >>> query = jnp.arange(12.0).reshape(1, 2, 3, 2)  # [B, T, N, H]
+  >>> qk_layer_norm(query, jnp.ones(2))[0, 0]
+  Array([[-0.99999..., 0.99999...],
+         [-0.99999..., 0.99999...],
+         [-0.99999..., 0.99999...]], dtype=float32)
   """
   y = x.astype(jnp.promote_types(x.dtype, jnp.float32))
   y = y - jnp.mean(y, axis=-1, keepdims=True)
@@ -102,22 +114,102 @@ def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
 
 
 def attention_inputs(params, inputs_q, inputs_kv=None, *, scale: float | str = "inv_sqrt",
-                     qk_transform: Callable | None = None):
+                     qk_transform: Callable | None = None, dtype=None, precision=None,
+                     positions=None):
   """Projected, normalised (with query_ln/key_ln), transformed query/key/value and the scale left
   to apply to Q K^T.
 
-  [..., T, D_in], [..., S, D_in] -> query [..., T, N, H], key, value [..., S, N, H], scale.
+  [..., T, D_in], [..., S, D_in] -> query [..., T, N, H], key, value [..., S, K, H], scale.
+  ``positions`` [T] (decoding: where the new tokens sit) reach ``qk_transform`` as
+  ``positions=``; by default it sees positions 0, 1, ...
   """
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
-  query, key, value = project_qkv(params, inputs_q, inputs_kv)  # [..., T|S, N, H]
+  query, key, value = project_qkv(params, inputs_q, inputs_kv, dtype=dtype,
+                                  precision=precision)  # [..., T|S, N|K, H]
   if "query_ln" in params:
     query = qk_layer_norm(query, params["query_ln"]["scale"])
     key = qk_layer_norm(key, params["key_ln"]["scale"])
   if qk_transform is not None:
-    query, key = qk_transform(query, key)
+    query, key = (qk_transform(query, key) if positions is None else
+                  qk_transform(query, key, positions=positions))
   if scale == "learned":  # a per-head temperature, folded into the query
     return query * params["temperature"][:, None].astype(query.dtype), key, value, 1.0
   return query, key, value, resolve_scale(scale, query.shape[-1])
+
+
+def matmul_precision(precision) -> str | None:
+  """flax's ``precision`` (a lax.Precision, its name, or a pair) as the name that
+  ``jax.default_matmul_precision`` takes, for the products inside attention; None stays None."""
+  if precision is None:
+    return None
+  if isinstance(precision, (tuple, list)):  # (lhs, rhs): the higher of the two
+    return max((matmul_precision(p) for p in precision), key=_PRECISIONS.index)
+  return str(jax.lax.Precision(precision)).lower()
+
+
+_PRECISIONS = ("default", "high", "highest")
+
+
+class Step(NamedTuple):
+  """What one multi-head attention call computes: its output ([..., T, D_out], or a tuple with
+  the weights and residual when asked for), the updated cache (decoding) and the maps (logits,
+  weights), each [..., N, T, S], when asked for; None otherwise."""
+  output: Any
+  cache: kv_cache.KVCache | None = None
+  maps: tuple[jax.Array, jax.Array] | None = None
+
+
+def multi_head_attention_step(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
+                              scale: float | str = "inv_sqrt", is_causal: bool = False,
+                              qk_transform: Callable | None = None, dropout_rate: float = 0.0,
+                              dropout_rng=None, implementation: str | None = None,
+                              return_weights: bool = False, attention_fn: Callable | None = None,
+                              dtype=None, precision=None, cache: kv_cache.KVCache | None = None,
+                              return_maps: bool = False, **attention_args) -> Step:
+  """``multi_head_attention`` with a key/value cache and the attention maps: what the modules
+  run. With ``cache`` (decoding), inputs_q [..., T, D_in] are the next T tokens: their keys and
+  values are appended to the cache, and they attend to every cached position up to their own
+  (causal by construction; ``is_causal`` is then implied). ``return_maps``: also the logits and
+  weights [..., N, T, S] that the softmax sees and gives (before dropout), computed from the same
+  queries and keys beside the output, which they leave unchanged.
+
+  >>> x = jnp.ones((2, 5, 16))  # [B, T, D_in]
+  >>> variables = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)
+  >>> cache = kv_cache.init_kv_cache((2,), 8, 4, 4)  # 8 positions, 4 heads of 4
+  >>> step = multi_head_attention_step(variables["params"], x[:, :1], cache=cache)
+  >>> step.output.shape, int(step.cache.index)
+  ((2, 1, 16), 1)
+  """
+  positions = None if cache is None else kv_cache.positions(cache, inputs_q.shape[-2])
+  # The named scopes label the three parts in profiles (scripts/profile_train.py).
+  with jax.named_scope("qkv_projection"):
+    query, key, value, scale = attention_inputs(
+        params, inputs_q, inputs_kv, scale=scale, qk_transform=qk_transform, dtype=dtype,
+        precision=precision, positions=positions)
+  if cache is not None:
+    cache, visible = kv_cache.append(cache, key, value)  # visible [T, L]
+    key, value = cache.key.astype(query.dtype), cache.value.astype(query.dtype)
+    mask, is_causal = masks_lib.combine_masks(mask, visible), False
+  attention_fn = attention_fn or attention_lib.dot_product_attention
+  with jax.named_scope("dot_product_attention"), _default_precision(precision):
+    result = attention_fn(
+        query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+        dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights,
+        implementation=implementation, **attention_args)
+  heads, *extras = result if isinstance(result, tuple) else (result,)  # heads [..., T, N, H]
+  with jax.named_scope("out_projection"):
+    output = project_out(params, heads, dtype=dtype, precision=precision)  # [..., T, D_out]
+  maps = None
+  if return_maps:
+    with _default_precision(precision):
+      maps = head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal,
+                       **attention_args)
+  return Step((output, *extras) if extras else output, cache, maps)
+
+
+def _default_precision(precision):
+  name = matmul_precision(precision)
+  return contextlib.nullcontext() if name is None else jax.default_matmul_precision(name)
 
 
 def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
@@ -125,7 +217,7 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
                          qk_transform: Callable | None = None, dropout_rate: float = 0.0,
                          dropout_rng=None, implementation: str | None = None,
                          return_weights: bool = False, attention_fn: Callable | None = None,
-                         **attention_args):
+                         dtype=None, precision=None, **attention_args):
   """Multi-head attention as a pure function of its parameters (layout in the module docstring).
 
   Args:
@@ -138,6 +230,9 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
     dropout_rate, dropout_rng, implementation, return_weights: as in ``dot_product_attention``.
     attention_fn: what computes attention from the projected heads, with the signature of
       ``dot_product_attention`` (the default), e.g. ``ContextParallel(mesh, axis_name)``.
+    dtype: the dtype of the computation (None: the promoted dtype of the inputs and the
+      parameters), e.g. bfloat16 over float32 parameters, as flax's ``dtype``.
+    precision: of the matrix products (a ``jax.lax.Precision`` or its name), as flax's.
     **attention_args: the other keyword arguments of ``dot_product_attention``
       (query_seq_lengths, key_value_seq_lengths, local_window_size, logits_soft_cap,
       query_segment_ids, key_segment_ids, return_residual).
@@ -146,23 +241,58 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
     [..., T, D_out]; followed by the weights [..., N, T, S] with ``return_weights`` and the
     log-sum-exp [..., T, N] with ``return_residual`` (a tuple then).
 
-  >>> variables = MultiHeadAttention(num_heads=8, d_model=256).init(rng, x)  # x: [B, T, 128]
-  >>> multi_head_attention(variables["params"], x).shape  # [B, T, 128]
+  >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
+  >>> variables = MultiHeadAttention(num_heads=8, d_model=256).init(jax.random.key(0), x)
+  >>> multi_head_attention(variables["params"], x).shape  # 8 heads of d_k = 32
+  (2, 10, 128)
   """
-  # The named scopes label the three parts in profiles (scripts/profile_train.py).
-  with jax.named_scope("qkv_projection"):
-    query, key, value, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
-                                                qk_transform=qk_transform)
-  attention_fn = attention_fn or attention_lib.dot_product_attention
-  with jax.named_scope("dot_product_attention"):
-    result = attention_fn(
-        query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-        dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights,
-        implementation=implementation, **attention_args)
-  heads, *extras = result if isinstance(result, tuple) else (result,)  # heads [..., T, N, H]
-  with jax.named_scope("out_projection"):
-    output = project_out(params, heads)  # [..., T, D_out]
-  return (output, *extras) if extras else output
+  return multi_head_attention_step(
+      params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=scale, is_causal=is_causal,
+      qk_transform=qk_transform, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+      implementation=implementation, return_weights=return_weights, attention_fn=attention_fn,
+      dtype=dtype, precision=precision, **attention_args).output
+
+
+def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool = False,
+              logits_soft_cap: float | None = None, return_residual: bool = False,
+              **structure):
+  """(logits, weights), each [..., N, T, S], of projected query [..., T, N, H] and key
+  [..., S, K, H]: the logits Q K^T * scale + bias and the masked softmax that
+  ``dot_product_attention`` with the same arguments applies (before dropout). ``structure``:
+  the sequence lengths, local window and segment ids, as there.
+
+  >>> q = k = jnp.ones((2, 6, 4, 8))  # [B, T, N, H]
+  >>> logits, weights = head_maps(q, k, scale=0.5, is_causal=True)
+  >>> weights.shape, float(weights[0, 0, 1, 0])
+  ((2, 4, 6, 6), 0.5)
+  """
+  del return_residual  # the maps are the same either way
+  logits = reference.attention_logits(query, key, scale=scale,
+                                      logits_soft_cap=logits_soft_cap)  # [..., N, T, S]
+  logits = logits if bias is None else logits + bias
+  mask = attention_lib.structure_mask(mask, *logits.shape[-2:], **structure)
+  return logits, reference.logits_to_weights(logits, mask, is_causal=is_causal)
+
+
+def attention_maps(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
+                   scale: float | str = "inv_sqrt", is_causal: bool = False,
+                   qk_transform: Callable | None = None, dtype=None, precision=None,
+                   **options):
+  """(logits, weights), each [..., N, T, S]: what ``multi_head_attention`` with the same
+  arguments computes inside (the weights before dropout). ``options``: those of ``head_maps``
+  (logits_soft_cap, sequence lengths, local window, segment ids). The modules sow these when
+  asked.
+
+  >>> x = jnp.ones((2, 6, 32))  # [B, T, D_in]
+  >>> params = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)["params"]
+  >>> logits, weights = attention_maps(params, x, local_window_size=2)
+  >>> weights.shape
+  (2, 4, 6, 6)
+  """
+  query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
+                                          qk_transform=qk_transform, dtype=dtype,
+                                          precision=precision)
+  return head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal, **options)
 
 
 def multi_head_attention_logits(params, inputs_q, inputs_kv=None, *, bias=None,
@@ -171,38 +301,23 @@ def multi_head_attention_logits(params, inputs_q, inputs_kv=None, *, bias=None,
                                 logits_soft_cap: float | None = None):
   """The logits Q K^T * scale + bias [..., N, T, S] that the softmax of each head sees.
 
-  >>> multi_head_attention_logits(params, x).shape  # x [B, T, D_in], 8 heads -> (B, 8, T, T)
+  >>> x = jnp.ones((2, 6, 32))  # [B, T, D_in]
+  >>> params = MultiHeadAttention(num_heads=8).init(jax.random.key(0), x)["params"]
+  >>> multi_head_attention_logits(params, x).shape
+  (2, 8, 6, 6)
   """
-  query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
-                                          qk_transform=qk_transform)
-  logits = reference.attention_logits(query, key, scale=scale,
-                                      logits_soft_cap=logits_soft_cap)  # [..., N, T, S]
-  return logits if bias is None else logits + bias
-
-
-def attention_maps(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
-                   scale: float | str = "inv_sqrt", is_causal: bool = False,
-                   qk_transform: Callable | None = None, logits_soft_cap: float | None = None,
-                   return_residual: bool = False, **structure):
-  """(logits, weights), each [..., N, T, S]: what ``multi_head_attention`` with the same
-  arguments computes inside (the weights before dropout). ``structure``: the sequence lengths,
-  local window and segment ids, as there. The modules sow these when asked.
-
-  >>> logits, weights = attention_maps(params, x, local_window_size=2)  # x [B, T, D_in]
-  """
-  del return_residual  # the maps are the same either way
-  logits = multi_head_attention_logits(params, inputs_q, inputs_kv, bias=bias, scale=scale,
-                                       qk_transform=qk_transform,
-                                       logits_soft_cap=logits_soft_cap)
-  mask = attention_lib.structure_mask(mask, *logits.shape[-2:], **structure)
-  return logits, reference.logits_to_weights(logits, mask, is_causal=is_causal)
+  return attention_maps(params, inputs_q, inputs_kv, bias=bias, scale=scale,
+                        qk_transform=qk_transform, logits_soft_cap=logits_soft_cap)[0]
 
 
 def multi_head_attention_weights(params, inputs_q, inputs_kv=None, **options):
   """The softmax weights [..., N, T, S] that ``multi_head_attention`` applies (before dropout);
   ``options`` as ``attention_maps``.
 
-  >>> multi_head_attention_weights(params, x).shape  # x [B, T, D_in], 8 heads -> (B, 8, T, T)
+  >>> x = jnp.ones((2, 6, 32))  # [B, T, D_in]
+  >>> params = MultiHeadAttention(num_heads=8).init(jax.random.key(0), x)["params"]
+  >>> multi_head_attention_weights(params, x, is_causal=True).shape
+  (2, 8, 6, 6)
   """
   return attention_maps(params, inputs_q, inputs_kv, **options)[1]
 
@@ -246,35 +361,67 @@ class _NormScale(nn.Module):
                                 self.param_dtype)}
 
 
+def check_heads(num_heads: int, num_kv_heads: int | None, fused_qkv: bool = False) -> int:
+  """K, the number of key/value heads (N unless given), checked against N."""
+  num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+  if num_kv_heads <= 0 or num_heads % num_kv_heads:
+    raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads} "
+                     f"(grouped-query attention); choose num_kv_heads among its divisors.")
+  if fused_qkv and num_kv_heads != num_heads:
+    raise ValueError("fused_qkv=True needs as many key/value heads as query heads; leave "
+                     "num_kv_heads=None or set fused_qkv=False.")
+  return num_kv_heads
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention (Vaswani et al. 2017, section 3.2.2) as a Flax Linen module.
 
+  The arguments that flax's ``MultiHeadDotProductAttention`` has keep its names and meaning
+  (``d_model`` is its ``qkv_features``), and its parameters load here unchanged.
+
   Attributes:
     num_heads: N.
-    d_model: total width of the projected queries/keys/values, N * H; default: input width.
+    d_model: total width of the projected queries, N * H; default: input width.
     out_features: D_out; default: the width of inputs_q.
+    num_kv_heads: K key/value heads (grouped-query attention; N a multiple of K); default N.
     scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (per-head temperature, starting at
       1/sqrt(H)).
-    dropout_rate: attention dropout; draws from the "dropout" rng when not deterministic.
+    dropout_rate: attention dropout; draws from the "dropout" rng (or the call's dropout_rng)
+      when not deterministic.
     implementation: passed to ``dot_product_attention``.
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
-    qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings.
+    qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings; while
+      decoding it is called with ``positions=`` [T], the new tokens' positions.
     normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys before
       the dot product, as flax's ``normalize_qk`` (Dehghani et al. 2023; Wortsman et al. 2023).
     attention_fn: replaces ``dot_product_attention`` (same signature), e.g.
       ``ContextParallel(mesh, axis_name)`` for a sequence sharded over a mesh axis.
+    dtype: the computation's dtype (None: promoted from the inputs and parameters), e.g.
+      bfloat16 over float32 parameters.
+    param_dtype: the parameters' dtype.
+    precision: of the matrix products, a ``jax.lax.Precision`` (or its name).
+    kernel_init, bias_init: initialisers of the projections; out_kernel_init and out_bias_init
+      those of W_O (None: the same).
+    decode: autoregressive decoding with a key/value cache, as flax: ``init`` with the whole
+      input [..., L, D_in] makes the "cache" collection (cached_key, cached_value
+      [..., L, K, H], cache_index); then each ``apply(..., mutable=["cache"])`` takes the next
+      token (or tokens) [..., T, D_in], which attend to every cached position up to their own.
 
-  When the "intermediates" collection is mutable, the logits and the weights [..., N, T, S] are
-  sown there as "attention_logits" and "attention_weights", computed beside the output so the
-  output does not change.
+  With ``sow_weights`` (default: whenever the "intermediates" collection is mutable) the logits
+  and the weights [..., N, T, S] are sown there as "attention_logits" and "attention_weights",
+  computed beside the output so the output does not change.
 
-  >>> layer = MultiHeadAttention(num_heads=8, d_model=256)  # embed 128 -> 8 heads of d_k = 32
-  >>> variables = layer.init(jax.random.key(0), x)  # x: [B, T, 128]
-  >>> y, state = layer.apply(variables, x, mutable="intermediates")  # y: [B, T, 128]
+  >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
+  >>> layer = MultiHeadAttention(num_heads=8, d_model=256)  # 8 heads of d_k = 32
+  >>> variables = layer.init(jax.random.key(0), x)
+  >>> y, state = layer.apply(variables, x, mutable="intermediates")
+  >>> y.shape, state["intermediates"]["attention_weights"][0].shape
+  ((2, 10, 128), (2, 8, 10, 10))
   """
   num_heads: int
   d_model: int | None = None
   out_features: int | None = None
+  num_kv_heads: int | None = None
   scale: float | str = "inv_sqrt"
   dropout_rate: float = 0.0
   implementation: str | None = None
@@ -283,23 +430,32 @@ class MultiHeadAttention(nn.Module):
   qk_transform: Callable | None = None
   normalize_qk: bool = False
   attention_fn: Callable | None = None
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  precision: Any = None
   kernel_init: Callable = nn.initializers.lecun_normal()
   bias_init: Callable = nn.initializers.zeros_init()
-  param_dtype: Any = jnp.float32
+  out_kernel_init: Callable | None = None
+  out_bias_init: Callable | None = None
+  decode: bool = False
 
-  def _weights(self, name, kernel_shape, bias_shape, input_dims=1):
-    return _Weights(kernel_shape, input_dims, bias_shape, self.use_bias, self.kernel_init,
-                    self.bias_init, self.param_dtype, name=name)()
+  def _weights(self, name, kernel_shape, bias_shape, input_dims=1, out=False):
+    kernel_init = (out and self.out_kernel_init) or self.kernel_init
+    bias_init = (out and self.out_bias_init) or self.bias_init
+    return _Weights(kernel_shape, input_dims, bias_shape, self.use_bias, kernel_init, bias_init,
+                    self.param_dtype, name=name)()
 
   def _parameters(self, d_in: int, head_dim: int):
     heads = (self.num_heads, head_dim)
+    kv_heads = (check_heads(self.num_heads, self.num_kv_heads, self.fused_qkv), head_dim)
     d_out = self.out_features or d_in
     if self.fused_qkv:
       params = {"qkv": self._weights("qkv", (d_in, 3) + heads, (3,) + heads)}
     else:
-      params = {name: self._weights(name, (d_in,) + heads, heads)
-                for name in ("query", "key", "value")}
-    params["out"] = self._weights("out", heads + (d_out,), (d_out,), input_dims=2)
+      params = {"query": self._weights("query", (d_in,) + heads, heads)}
+      params.update({name: self._weights(name, (d_in,) + kv_heads, kv_heads)
+                     for name in ("key", "value")})
+    params["out"] = self._weights("out", heads + (d_out,), (d_out,), input_dims=2, out=True)
     if self.normalize_qk:
       for name in ("query_ln", "key_ln"):
         params[name] = _NormScale(head_dim, self.param_dtype, name=name)()
@@ -309,27 +465,51 @@ class MultiHeadAttention(nn.Module):
           (self.num_heads,), self.param_dtype)
     return params
 
+  def _cache(self, params, inputs_q, inputs_kv):
+    """The cache while decoding (None at init, which makes it, and when not decoding), and a
+    function that stores an updated one."""
+    if not self.decode:
+      return None, None
+    initialized = self.has_variable("cache", "cached_key")
+    _, key, value, _ = jax.eval_shape(
+        lambda p, xq, xkv: attention_inputs(p, xq, xkv, dtype=self.dtype), params, inputs_q,
+        inputs_kv)  # [..., L, K, H] at init: the longest sequence
+    variables = [self.variable("cache", name, jnp.zeros, shape.shape, shape.dtype)
+                 for name, shape in (("cached_key", key), ("cached_value", value))]
+    variables.append(self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32)))
+
+    def store(cache):
+      for variable, array in zip(variables, cache):
+        variable.value = array
+    return (kv_cache.KVCache(*(v.value for v in variables)) if initialized else None), store
+
   @nn.compact
   def __call__(self, inputs_q, inputs_kv=None, *, mask=None, bias=None, is_causal=False,
-               deterministic: bool = True, **attention_args):
+               deterministic: bool = True, dropout_rng=None, sow_weights: bool | None = None,
+               **attention_args):
     """inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None -> [..., T, D_out].
 
-    ``attention_args``: further keyword arguments of ``multi_head_attention`` (sequence lengths,
-    local window, soft cap, segment ids, return_residual)."""
+    ``dropout_rng``: the key of attention dropout (default: the "dropout" rng stream);
+    ``sow_weights``: sow the maps (None: when "intermediates" is mutable); ``attention_args``:
+    further keyword arguments of ``multi_head_attention`` (sequence lengths, local window, soft
+    cap, segment ids, return_residual)."""
     head_dim = head_dim_of(self.d_model or inputs_q.shape[-1], self.num_heads)
     resolve_scale(self.scale, head_dim)  # an unknown name fails before any parameter is made
     params = self._parameters(inputs_q.shape[-1], head_dim)
     dropout_rate = 0.0 if deterministic else self.dropout_rate
-    dropout_rng = self.make_rng("dropout") if dropout_rate > 0.0 else None
-    output = multi_head_attention(
+    if dropout_rate > 0.0 and dropout_rng is None:
+      dropout_rng = self.make_rng("dropout")
+    cache, store = self._cache(params, inputs_q, inputs_kv)
+    sow = self.is_mutable_collection("intermediates") if sow_weights is None else sow_weights
+    step = multi_head_attention_step(
         params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale,
         is_causal=is_causal, qk_transform=self.qk_transform, dropout_rate=dropout_rate,
-        dropout_rng=dropout_rng, implementation=self.implementation,
-        attention_fn=self.attention_fn, **attention_args)
-    if self.is_mutable_collection("intermediates"):
-      logits, weights = attention_maps(params, inputs_q, inputs_kv, mask=mask, bias=bias,
-                                       scale=self.scale, is_causal=is_causal,
-                                       qk_transform=self.qk_transform, **attention_args)
-      self.sow("intermediates", "attention_logits", logits)
-      self.sow("intermediates", "attention_weights", weights)
-    return output
+        dropout_rng=dropout_rng if dropout_rate > 0.0 else None,
+        implementation=self.implementation, attention_fn=self.attention_fn, dtype=self.dtype,
+        precision=self.precision, cache=cache, return_maps=sow, **attention_args)
+    if step.cache is not None:
+      store(step.cache)
+    if step.maps is not None:
+      self.sow("intermediates", "attention_logits", step.maps[0])
+      self.sow("intermediates", "attention_weights", step.maps[1])
+    return step.output

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_jax import encoder as encoder_lib
+from attention_jax import kv_cache
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
@@ -90,64 +91,94 @@ class _Scale(nnx.Module):
 
 class MultiHeadAttention(_Dropping):
   """Multi-head attention (Vaswani et al. 2017) as a Flax NNX module; the twin of
-  ``attention_jax.MultiHeadAttention``, computed by ``multihead.multi_head_attention``.
+  ``attention_jax.MultiHeadAttention``, computed by ``multihead.multi_head_attention_step``.
+  The arguments that ``flax.nnx.MultiHeadAttention`` has keep its names and meaning
+  (``d_model`` is its ``qkv_features``).
 
   inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None (self-attention) -> [..., T, D_out].
 
   Args:
     num_heads: N.
     in_features: D_in, the width of the inputs.
-    d_model: N * H, the width of the projected queries/keys/values; default: in_features.
+    d_model: N * H, the width of the projected queries; default: in_features.
     out_features: D_out; default: in_features.
+    num_kv_heads: K key/value heads (grouped-query attention; N a multiple of K); default N.
     scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (a per-head temperature [N]).
     dropout_rate: attention dropout, with keys from ``rngs`` when not deterministic.
     implementation: passed to ``dot_product_attention``.
     attention_fn: replaces ``dot_product_attention`` (same signature), e.g.
       ``ContextParallel(mesh, axis_name)``.
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
-    qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
+    qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE; while
+      decoding it is called with ``positions=`` [T].
     normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys.
+    dtype: the computation's dtype (None: promoted from the inputs and parameters).
+    param_dtype: the parameters' dtype. precision: of the matrix products.
+    kernel_init, bias_init, out_kernel_init, out_bias_init: as the Linen twin.
+    decode: autoregressive decoding against the key/value cache that ``init_cache`` makes
+      (here or at the call).
     deterministic: no dropout unless False (here or at the call).
 
-  Parameters: query/key/value {kernel [D_in, N, H], bias [N, H]} (or qkv), out {kernel
-  [N, H, D_out], bias [D_out]}, query_ln/key_ln {scale [H]}, temperature [N].
+  Parameters: query {kernel [D_in, N, H], bias [N, H]}, key/value {kernel [D_in, K, H], bias
+  [K, H]} (or qkv), out {kernel [N, H, D_out], bias [D_out]}, query_ln/key_ln {scale [H]},
+  temperature [N].
 
   >>> layer = MultiHeadAttention(8, 128, d_model=256, rngs=nnx.Rngs(0))  # 8 heads of d_k = 32
-  >>> y = layer(x)  # x [B, T, 128] -> y [B, T, 128]
+  >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
+  >>> layer(x).shape
+  (2, 10, 128)
   >>> y, maps = nnx.capture(layer, nnx.Intermediate)(x)
-  >>> maps["attention_weights"][0].shape  # [B, 8, T, T], as Linen sows them
+  >>> maps["attention_weights"][0].shape  # [B, N, T, T], as Linen sows them
+  (2, 8, 10, 10)
   """
 
   def __init__(self, num_heads: int, in_features: int, *, d_model: int | None = None,
-               out_features: int | None = None, scale: float | str = "inv_sqrt",
-               dropout_rate: float = 0.0, implementation: str | None = None,
-               fused_qkv: bool = False, use_bias: bool = True,
+               out_features: int | None = None, num_kv_heads: int | None = None,
+               scale: float | str = "inv_sqrt", dropout_rate: float = 0.0,
+               implementation: str | None = None, fused_qkv: bool = False, use_bias: bool = True,
                qk_transform: Callable | None = None, normalize_qk: bool = False,
-               attention_fn: Callable | None = None, kernel_init: Callable = nnx.initializers.lecun_normal(),
-               bias_init: Callable = nnx.initializers.zeros_init(), param_dtype: Any = jnp.float32,
-               deterministic: bool = True, rngs: nnx.Rngs):
+               attention_fn: Callable | None = None, dtype: Any = None,
+               param_dtype: Any = jnp.float32, precision: Any = None,
+               kernel_init: Callable = nnx.initializers.lecun_normal(),
+               bias_init: Callable = nnx.initializers.zeros_init(),
+               out_kernel_init: Callable | None = None, out_bias_init: Callable | None = None,
+               decode: bool = False, deterministic: bool = True, rngs: nnx.Rngs):
     head_dim = multihead.head_dim_of(d_model or in_features, num_heads)
     multihead.resolve_scale(scale, head_dim)  # an unknown name fails before any parameter
+    num_kv_heads = multihead.check_heads(num_heads, num_kv_heads, fused_qkv)
     self.num_heads, self.scale, self.dropout_rate = num_heads, scale, dropout_rate
     self.implementation, self.fused_qkv, self.qk_transform = implementation, fused_qkv, qk_transform
     self.normalize_qk, self.deterministic = normalize_qk, deterministic
-    self.attention_fn = attention_fn
-    heads, d_out = (num_heads, head_dim), out_features or in_features
+    self.attention_fn, self.dtype, self.precision, self.decode = (attention_fn, dtype, precision,
+                                                                  decode)
+    self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+    heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
+    d_out = out_features or in_features
     weights = dict(use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
                    param_dtype=param_dtype, rngs=rngs)
     if fused_qkv:
       self.qkv = _Projection((in_features, 3) + heads, 1, **weights)  # [D_in, 3, N, H]
     else:
       self.query = _Projection((in_features,) + heads, 1, **weights)  # [D_in, N, H]
-      self.key = _Projection((in_features,) + heads, 1, **weights)
-      self.value = _Projection((in_features,) + heads, 1, **weights)
-    self.out = _Projection(heads + (d_out,), 2, **weights)  # [N, H, D_out]
+      self.key = _Projection((in_features,) + kv_heads, 1, **weights)  # [D_in, K, H]
+      self.value = _Projection((in_features,) + kv_heads, 1, **weights)
+    out_weights = dict(weights, kernel_init=out_kernel_init or kernel_init,
+                       bias_init=out_bias_init or bias_init)
+    self.out = _Projection(heads + (d_out,), 2, **out_weights)  # [N, H, D_out]
     if normalize_qk:
       self.query_ln, self.key_ln = _Scale(head_dim, param_dtype), _Scale(head_dim, param_dtype)
     if scale == "learned":
       self.temperature = nnx.Param(
           jnp.full((num_heads,), multihead.resolve_scale("learned", head_dim), param_dtype))
     self.rngs = rngs["dropout"].fork() if dropout_rate > 0.0 else None
+    self.cached_key = self.cached_value = self.cache_index = nnx.data(None)
+
+  def init_cache(self, input_shape, dtype=jnp.float32):
+    """An empty key/value cache for inputs of ``input_shape`` [..., L, D_in] (L: the longest
+    sequence), as ``flax.nnx.MultiHeadAttention.init_cache``."""
+    cache = kv_cache.init_kv_cache(input_shape[:-2], input_shape[-2], self.num_kv_heads,
+                                   self.head_dim, dtype)
+    self.cached_key, self.cached_value, self.cache_index = (nnx.Cache(array) for array in cache)
 
   def params(self) -> dict:
     """The parameters as the dict that ``multihead.multi_head_attention`` takes."""
@@ -158,32 +189,43 @@ class MultiHeadAttention(_Dropping):
       params["temperature"] = self.temperature[...]
     return params
 
+  def _cache(self, decode: bool | None):
+    decode = self.decode if decode is None else decode
+    if not decode:
+      return None
+    if self.cached_key is None:
+      raise ValueError("decode=True needs a key/value cache: call init_cache(input_shape) first.")
+    return kv_cache.KVCache(self.cached_key[...], self.cached_value[...], self.cache_index[...])
+
   def __call__(self, inputs_q, inputs_kv=None, *, mask=None, bias=None, is_causal=False,
-               deterministic: bool | None = None, **attention_args):
+               deterministic: bool | None = None, dropout_rng=None, rngs=None,
+               sow_weights: bool | None = None, decode: bool | None = None, **attention_args):
     """inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None -> [..., T, D_out].
 
-    mask (True = attend) and bias broadcast to [..., N, T, S]; ``attention_args``: further
-    keyword arguments of ``multihead.multi_head_attention``, as the Linen module takes them.
+    mask (True = attend) and bias broadcast to [..., N, T, S]; ``dropout_rng`` (a key) or
+    ``rngs`` (an ``nnx.Rngs`` or stream) override the constructor's dropout keys;
+    ``sow_weights``: sow the maps (None: inside ``nnx.capture(..., nnx.Intermediate)``);
+    ``decode``: overrides the constructor's; ``attention_args``: further keyword arguments of
+    ``multihead.multi_head_attention``, as the Linen module takes them.
     """
-    params = self.params()
     dropout = self.dropout_rate > 0.0 and not self._deterministic(deterministic)
-    output = multihead.multi_head_attention(
-        params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale,
+    if dropout and dropout_rng is None:
+      stream = rngs["dropout"] if isinstance(rngs, nnx.Rngs) else (rngs or self.rngs)
+      dropout_rng = stream()
+    sow = _capturing(self) if sow_weights is None else sow_weights
+    step = multihead.multi_head_attention_step(
+        self.params(), inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale,
         is_causal=is_causal, qk_transform=self.qk_transform,
         dropout_rate=self.dropout_rate if dropout else 0.0,
-        dropout_rng=self.rngs() if dropout else None, implementation=self.implementation,
-        attention_fn=self.attention_fn, **attention_args)
-    if _capturing(self):
-      self._sow_maps(params, inputs_q, inputs_kv, mask, bias, is_causal, attention_args)
-    return output
-
-  def _sow_maps(self, params, inputs_q, inputs_kv, mask, bias, is_causal, attention_args):
-    """Sows the logits and the weights [..., N, T, S] as the Linen module does."""
-    logits, weights = multihead.attention_maps(
-        params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale, is_causal=is_causal,
-        qk_transform=self.qk_transform, **attention_args)
-    self.sow(nnx.Intermediate, "attention_logits", logits)
-    self.sow(nnx.Intermediate, "attention_weights", weights)
+        dropout_rng=dropout_rng if dropout else None, implementation=self.implementation,
+        attention_fn=self.attention_fn, dtype=self.dtype, precision=self.precision,
+        cache=self._cache(decode), return_maps=sow, **attention_args)
+    if step.cache is not None:
+      self.cached_key[...], self.cached_value[...], self.cache_index[...] = step.cache
+    if step.maps is not None:
+      self.sow(nnx.Intermediate, "attention_logits", step.maps[0])
+      self.sow(nnx.Intermediate, "attention_weights", step.maps[1])
+    return step.output
 
 
 # Positional encodings: the Linen ones' three methods, over the same pure functions. ``rotate`` is

@@ -17,6 +17,19 @@ def compute_dtype(dtype):
   return jnp.promote_types(dtype, jnp.float32)
 
 
+def masked_logit(dtype):
+  """The finite logit that masked entries get: -0.7 times the largest ``dtype`` number, as jax.nn
+  masks. Finite, so that ``jax.debug_infs(True)`` stays quiet; far below any real logit."""
+  return -0.7 * float(jnp.finfo(dtype).max)
+
+
+def least_row_max(dtype):
+  """The softmax subtracts max(row max, this): halfway to ``masked_logit``, so that a row whose
+  entries are all masked gets exp(masked_logit - this) = 0 (zeros, not a uniform average), and
+  below any real logit, which leaves every other row's max as it is."""
+  return 0.5 * masked_logit(dtype)
+
+
 def heads_first(array):
   """[..., L, N, H] -> [..., N, L, H], and back (it is its own inverse). XLA's CPU dots run several
   times faster on head-major operands than when they have to gather each head's rows from the
@@ -60,11 +73,11 @@ def attention_logits(query, key, *, scale: float, logits_soft_cap: float | None 
 
 @jax.custom_jvp
 def _softmax(logits):
-  """Softmax over the last axis; a row of -inf logits gives zeros (not NaN)."""
-  # Such a row gets the finite minimum as its max, so exp(-inf - min) = 0; every other row gets its
+  """Softmax over the last axis; a row of masked (or -inf) logits gives zeros (not NaN)."""
+  # Such a row gets least_row_max as its max, so exp(masked - max) = 0; every other row gets its
   # true max. (Passed as `initial`, this costs XLA no extra pass over the logits.)
-  row_max = jnp.max(logits, axis=-1, keepdims=True, initial=jnp.finfo(logits.dtype).min)
-  unnormalized = jnp.exp(logits - row_max)  # exp(-inf) = 0 where masked
+  row_max = jnp.max(logits, axis=-1, keepdims=True, initial=least_row_max(logits.dtype))
+  unnormalized = jnp.exp(logits - row_max)  # 0 where masked
   row_sum = jnp.sum(unnormalized, axis=-1, keepdims=True)
   return unnormalized / jnp.where(row_sum == 0.0, 1.0, row_sum)
 
@@ -78,12 +91,12 @@ def _softmax_jvp(primals, tangents):
 
 
 def mask_logits(logits, mask=None, *, is_causal: bool = False):
-  """Logits [..., N, T, S] in float32 (or wider), -inf where ``mask`` is False or, with
-  ``is_causal``, above the diagonal."""
+  """Logits [..., N, T, S] in float32 (or wider), ``masked_logit`` where ``mask`` is False or,
+  with ``is_causal``, above the diagonal."""
   logits = logits.astype(compute_dtype(logits.dtype))
   if is_causal:
     mask = masks_lib.combine_masks(mask, masks_lib.causal_mask(*logits.shape[-2:]))
-  return logits if mask is None else jnp.where(mask, logits, -jnp.inf)
+  return logits if mask is None else jnp.where(mask, logits, masked_logit(logits.dtype))
 
 
 def masked_softmax(logits, mask=None):
@@ -155,5 +168,6 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale: float
   extras = (weights,) if return_weights else ()
   if return_residual:
     residual = jax.nn.logsumexp(logits, axis=-1)  # [..., N, T]
+    residual = jnp.where(residual > least_row_max(logits.dtype), residual, -jnp.inf)
     extras += (jax.lax.stop_gradient(jnp.swapaxes(residual, -1, -2)),)
   return (output, *extras) if extras else output

@@ -17,7 +17,6 @@ from attention_jax import masks as masks_lib
 def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
   """Why jax.nn cannot serve this request, or None if it can (any mask and bias; lengths, windows
   and segment ids arrive as a mask)."""
-  del query  # any shape jax.nn takes
   if request.dropout_rate > 0.0:
     return "jax.nn.dot_product_attention has no attention dropout"
   if request.return_weights:
@@ -26,6 +25,9 @@ def unsupported_reason(query, key, value, request: _checks.Request) -> str | Non
     return "jax.nn.dot_product_attention has no logits soft cap"
   if value.shape != key.shape:
     return "jax.nn.dot_product_attention needs value.shape == key.shape"
+  if request.backend == "cpu" and query.dtype == jnp.float16:
+    return ("jax.nn.dot_product_attention cannot run float16 on the CPU backend (XLA:CPU has no "
+            "float16 x float16 = float32 product); cast to float32 or bfloat16")
   return None
 
 

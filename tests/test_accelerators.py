@@ -111,6 +111,9 @@ H100 = "NVIDIA H100 80GB HBM3"  # where cuDNN has been measured (attention.MEASU
     ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"return_weights": True}, "reference"),
     ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"logits_soft_cap": 30.0}, "chunked"),
     ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"return_residual": True}, "cudnn"),
+    ("gpu", "NVIDIA H200", _shapes(100, dtype=jnp.bfloat16), {}, "cudnn"),  # Hopper, as H100
+    ("gpu", "NVIDIA GH200 480GB", _shapes(100, dtype=jnp.bfloat16), {}, "cudnn"),
+    ("gpu", "NVIDIA A100-SXM4-40GB", _shapes(100, dtype=jnp.bfloat16), {}, "xla"),  # Ampere
     ("gpu", "Tesla T4", _shapes(100, dtype=jnp.bfloat16), {}, "xla"),  # cuDNN not measured there
     ("gpu", None, _shapes(100, dtype=jnp.bfloat16), {}, "xla"),  # an unknown GPU
     ("tpu", "TPU v4", _shapes(4096), {}, "xla"),  # the Pallas kernel has not run on a TPU yet
@@ -122,6 +125,22 @@ def test_automatic_choice_per_backend(backend, device_kind, shapes, options, exp
   bias, mask = options.pop("bias", None), options.pop("mask", None)
   assert aj.select_implementation(*shapes, bias, mask, backend=backend, device_kind=device_kind,
                                   **options) == expected
+
+
+@pytest.mark.parametrize("compute_capability, expected", [
+    ("9.0", "cudnn"), ("8.0", "xla"), ("8.9", "xla"), ("10.0", "xla"), (None, "xla")])
+def test_automatic_choice_on_gpu_follows_the_architecture(compute_capability, expected):
+  """The device's own compute capability decides, whatever its name says (an unknown kind)."""
+  shapes = _shapes(128, dtype=jnp.bfloat16)
+  assert aj.select_implementation(*shapes, backend="gpu", device_kind="NVIDIA Future GPU",
+                                  compute_capability=compute_capability) == expected
+
+
+def test_float16_on_xla_is_refused_on_cpu_in_one_line():
+  shapes = _shapes(64, dtype=jnp.float16)
+  with pytest.raises(ValueError, match="cannot run float16 on the CPU backend"):
+    aj.select_implementation(*shapes, implementation="xla", backend="cpu")
+  assert aj.select_implementation(*shapes, implementation="xla", backend="gpu") == "xla"
 
 
 @pytest.mark.parametrize("implementation, backend, shapes, match", [
