@@ -247,8 +247,8 @@ class NoPositionalEncoding(nnx.Module):
     return x
 
   @staticmethod
-  def rotate(query, key):
-    """[B, T, N, H], [B, S, N, H] -> same."""
+  def rotate(query, key, positions=None):
+    """[B, T, N, H], [B, S, N, H] -> same (``positions`` [T]: those of the tokens, decoding)."""
     return query, key
 
   def attention_bias(self, q_len: int, kv_len: int):
@@ -287,8 +287,8 @@ class RotaryEncoding(NoPositionalEncoding):
   """
 
   @staticmethod
-  def rotate(query, key):
-    return positional.apply_rope(query), positional.apply_rope(key)
+  def rotate(query, key, positions=None):
+    return positional.rope_transform(query, key, positions)
 
 
 class ALiBiEncoding(NoPositionalEncoding):

@@ -56,6 +56,17 @@ def apply_rope(x, positions=None, *, base: float = 10000.0):
   return rotated.reshape(x.shape).astype(x.dtype)  # [..., T, N, H/2, 2] -> [..., T, N, H]
 
 
+def rope_transform(query, key, positions=None):
+  """The ``qk_transform`` of rotary encodings: query [..., T, N, H] and key [..., T, K, H] each
+  rotated by their positions (0..T-1, or ``positions`` [T] while decoding, where both are the new
+  tokens').
+
+  >>> x = jnp.ones((1, 4, 2, 8))  # [B, T, N, H]
+  >>> query, key = rope_transform(x, x, positions=jnp.arange(3, 7))
+  """
+  return apply_rope(query, positions), apply_rope(key, positions)
+
+
 def alibi_slopes(num_heads: int):
   """Head slopes of ALiBi (Press et al. 2022): 2^(-8/n), 2^(-16/n), ... for n a power of two,
   interleaved from the next power of two otherwise. [num_heads] float32."""
@@ -106,7 +117,7 @@ class NoPositionalEncoding(nn.Module):
   def embed(self, x):
     return x
 
-  def rotate(self, query, key):
+  def rotate(self, query, key, positions=None):
     return query, key
 
   def attention_bias(self, q_len, kv_len):
@@ -132,8 +143,8 @@ class LearnedEncoding(NoPositionalEncoding):
 class RotaryEncoding(NoPositionalEncoding):
   """Rotates queries and keys by their positions (RoPE)."""
 
-  def rotate(self, query, key):
-    return apply_rope(query), apply_rope(key)
+  def rotate(self, query, key, positions=None):
+    return rope_transform(query, key, positions)
 
 
 class ALiBiEncoding(NoPositionalEncoding):
