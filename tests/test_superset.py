@@ -125,6 +125,15 @@ def test_every_case_has_an_empty_row_or_a_skipped_block():
   assert any(case[-1].get("segments") == "packed" and case[1] > 8 for case in CASES.values())
 
 
+def _jax_nn_ignores_window_without_mask() -> bool:
+  """Whether this jax's jax.nn.dot_product_attention has the bug its own regression test
+  (testDotProductAttention_localWindowSizeWithoutMask) guards against."""
+  x = jnp.eye(4)[None, :, None, :]  # [1, T, 1, H]: query t matches key t alone
+  windowed = jax.nn.dot_product_attention(x, x, 10.0 * x, local_window_size=(0, 0), scale=1.0)
+  plain = jax.nn.dot_product_attention(x, x, 10.0 * x, scale=1.0)
+  return bool(jnp.allclose(windowed, plain))
+
+
 @pytest.mark.parametrize("options", [
     dict(key_value_seq_lengths=np.array([5, 9], np.int32)),
     dict(query_seq_lengths=np.array([3, 9], np.int32)),
@@ -136,6 +145,9 @@ def test_every_case_has_an_empty_row_or_a_skipped_block():
 def test_equal_to_jax_nn_where_both_apply(options, implementation):
   """jax.nn's own arguments give jax.nn's answers, output and residual (on the rows that have a
   key: jax.nn averages an empty row's values where the contract asks for zeros)."""
+  if set(options) == {"local_window_size"} and _jax_nn_ignores_window_without_mask():
+    pytest.skip("jax.nn before 0.8.2 ignores local_window_size without a mask or is_causal "
+                "(jax commit 099f0a1708), so it is no reference for it")
   query, key, value, _, _ = _random_case(5, (2,), 9, 9, 4, 2, 8)
   ours, residual = aj.dot_product_attention(query, key, value, return_residual=True,
                                             implementation=implementation, **options)
