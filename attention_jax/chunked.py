@@ -485,8 +485,8 @@ def _attention(q, k, v, bias, mask, extras, pattern, geometry):
 
 def _attention_fwd(q, k, v, bias, mask, extras, pattern, geometry):
   out, lse = _forward(q, k, v, bias, mask, extras, pattern, geometry)
-  out = out.astype(q.dtype)
-  return (out, lse), (q, k, v, bias, mask, extras, out, lse)
+  # The backward's rowsum(dO * O) reads O as computed, not rounded to a 16-bit query's dtype.
+  return (out.astype(q.dtype), lse), (q, k, v, bias, mask, extras, out, lse)
 
 
 def _attention_bwd(pattern, geometry, residuals, cotangents):
@@ -548,7 +548,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
     if "forward-mode" in str(error):
       raise ValueError(FORWARD_MODE_ERROR) from None
     raise
-  return finish(out, lse, query.shape, return_residual)
+  return finish(out, lse, query, return_residual)
 
 
 def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap=None,
@@ -584,7 +584,9 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks
   def head_major(x, length):  # [..., L, N, H] -> [B, N, L_padded, H]
     return _pad_axis(reference.flat_heads_first(x), 2, length, broadcasts=False)
 
-  q = head_major(query * jnp.asarray(scale, query.dtype), padded_q)  # autodiff applies the scale
+  # The scale is applied in the compute dtype (float32 for a 16-bit query), as the reference
+  # applies it to the logits: a bfloat16 query times 1/sqrt(H) would be rounded again.
+  q = head_major(query.astype(reference.compute_dtype(query.dtype)) * scale, padded_q)
   k, v = head_major(key, padded_k), head_major(value, padded_k)
 
   def pad_logits(x):  # a mask or bias -> [B or 1, N or 1, T_padded or 1, S_padded or 1]
@@ -608,12 +610,12 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks
   return Inputs(q, k, v, pad_logits(bias), pad_logits(mask), extras)
 
 
-def finish(out, lse, query_shape, return_residual=False):
+def finish(out, lse, query, return_residual=False):
   """The kernel's out [B, N, Tp, H_v] and lse [B, N, Tp] (see ``residual_of``) -> out
   [..., T, N, H_v] (and lse [..., T, N], -inf on empty rows, without gradient) for a query of
-  ``query_shape`` [..., T, N, H]."""
-  batch_shape, q_len = query_shape[:-3], query_shape[-3]
-  out = reference.heads_first(out[:, :, :q_len])  # [B, T, N, H_v]
+  ``query`` [..., T, N, H], in its dtype."""
+  batch_shape, q_len = query.shape[:-3], query.shape[-3]
+  out = reference.heads_first(out[:, :, :q_len]).astype(query.dtype)  # [B, T, N, H_v]
   out = jnp.reshape(out, batch_shape + out.shape[1:])
   if not return_residual:
     return out

@@ -273,7 +273,7 @@ def context_parallel_attention_shard(
     out, lse = chunked._attention(*inputs, pattern, geometry)
   else:
     out, lse = _ring(inputs.q, inputs.k, inputs.v, inputs.extras, pattern, geometry, axis_name)
-  return chunked.finish(out, lse, query.shape)
+  return chunked.finish(out, lse, query)
 
 
 def context_parallel_attention(
