@@ -204,7 +204,8 @@ def structure_mask(mask, q_len: int, kv_len: int, *, local_window_size=None,
   """``mask`` combined with the masks that the jax.nn-style arguments describe, broadcastable to
   [..., N, T, S] (None when there is nothing to mask). Causality is not included.
 
-  >>> structure_mask(None, 4, 4, local_window_size=1).shape  # (4, 4)
+  >>> structure_mask(None, 4, 4, local_window_size=1).shape
+  (4, 4)
   """
   window = _checks.local_window(local_window_size)
   return masks_lib.combine_masks(

@@ -535,7 +535,9 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   ``block_q`` queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most 1024
   queries and 4096 keys, or 1024 keys when causal or windowed). Inputs are assumed validated.
 
-  >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256)
+  >>> q = k = v = jnp.ones((2, 512, 4, 64))  # [B, T, N, H]
+  >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256).shape
+  (2, 512, 4, 64)
   """
   pattern, geometry = plan(query, key, is_causal=is_causal, local_window_size=local_window_size,
                            logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k)

@@ -73,7 +73,9 @@ def to_zigzag(x, num_shards: int, axis: int = -3):
 def from_zigzag(x, num_shards: int, axis: int = -3):
   """The inverse of ``to_zigzag``: x back in sequence order.
 
-  >>> from_zigzag(to_zigzag(x, 8), 8)  # x [B, T, N, H], T a multiple of 16: x again
+  >>> x = jnp.arange(8)
+  >>> from_zigzag(to_zigzag(x, 2, axis=0), 2, axis=0).tolist()
+  [0, 1, 2, 3, 4, 5, 6, 7]
   """
   return _take(x, np.argsort(zigzag_order(x.shape[axis], num_shards)), axis)
 
@@ -97,7 +99,10 @@ _take.defvjp(lambda x, order, axis: (_take(x, order, axis), None),
 def shard_positions(local_length: int, axis_name, layout: str = "contiguous"):
   """The sequence positions [T / P] of this device's shard (inside ``shard_map``).
 
-  >>> shard_positions(4, "seq", "zigzag")  # on device 1 of 2: [2, 3, 4, 5]
+  >>> # Two devices (simulated by vmap over the axis "seq"), T = 8: chunks 0 and 3, then 1 and 2.
+  >>> jax.vmap(lambda _: shard_positions(4, "seq", "zigzag"), axis_name="seq")(jnp.arange(2))
+  Array([[0, 1, 6, 7],
+         [2, 3, 4, 5]], dtype=int32)
   """
   index, size = lax.axis_index(axis_name), lax.axis_size(axis_name)
   if layout == "contiguous":
@@ -211,9 +216,14 @@ def context_parallel_attention_shard(
   mask: a key mask [..., 1, 1, S/P] (this device's keys), or (strategy "all_gather" only)
   [..., N or 1, T/P or 1, S], as bias. -> [..., T/P, N, H_v].
 
-  >>> out = jax.shard_map(functools.partial(context_parallel_attention_shard, axis_name="seq",
-  ...                                       is_causal=True), mesh=mesh,
-  ...                     in_specs=P(None, "seq"), out_specs=P(None, "seq"))(q, k, v)
+  >>> from jax.sharding import AxisType, PartitionSpec as P
+  >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",), axis_types=(AxisType.Auto,))
+  >>> q = k = v = jnp.ones((1, 64, 4, 8))  # [B, T, N, H], T split over the devices
+  >>> attend = functools.partial(context_parallel_attention_shard, axis_name="seq",
+  ...                            is_causal=True)
+  >>> jax.shard_map(attend, mesh=mesh, in_specs=P(None, "seq"),
+  ...               out_specs=P(None, "seq"))(q, k, v).shape
+  (1, 64, 4, 8)
   """
   query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
   _checks.check_qkv(query, key, value)
@@ -294,8 +304,11 @@ def context_parallel_attention(
   layout (tokens are permuted in and out: keep your activations in ``to_zigzag`` order and call
   ``context_parallel_attention_shard(layout="zigzag")`` to save the two permutations).
 
-  >>> mesh = jax.make_mesh((8,), ("seq",))
-  >>> out = context_parallel_attention(q, k, v, mesh=mesh, axis_name="seq", is_causal=True)
+  >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",))  # e.g. 8 devices
+  >>> q = jnp.ones((1, 64, 8, 16))  # [B, T, N, H]
+  >>> k = v = jnp.ones((1, 64, 2, 16))  # [B, S, K, H]: grouped-query
+  >>> context_parallel_attention(q, k, v, mesh=mesh, axis_name="seq", is_causal=True).shape
+  (1, 64, 8, 16)
   """
   query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
   _checks.check_qkv(query, key, value)
@@ -405,7 +418,12 @@ class ContextParallel:
   Attention dropout and returned weights are refused (they would be [T, S] per device), and so
   is the log-sum-exp residual.
 
-  >>> layer = MultiHeadAttention(num_heads=8, attention_fn=ContextParallel(mesh, "seq"))
+  >>> from attention_jax import MultiHeadAttention
+  >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",))
+  >>> layer = MultiHeadAttention(num_heads=4, attention_fn=ContextParallel(mesh, "seq"))
+  >>> x = jnp.ones((1, 32, 16))  # [B, T, D_in]
+  >>> layer.apply(layer.init(jax.random.key(0), x), x).shape
+  (1, 32, 16)
   """
   mesh: jax.sharding.Mesh
   axis_name: str

@@ -76,8 +76,11 @@ def head_statistics(logits, weights, valid):
   ``valid`` [..., 1|N, T, S]: the pairs that exist. Returns a dict of [N] arrays: logit_variance,
   entropy, max_weight, distance, diagonal_max (fraction of queries whose own key wins).
 
-  >>> stats = head_statistics(logits, weights, valid)  # e.g. from MultiHeadAttention's sow
-  >>> stats["entropy"].shape  # (N,)
+  >>> logits = jnp.zeros((2, 4, 6, 6))  # [B, N, T, S], e.g. from MultiHeadAttention's sow
+  >>> weights = jax.nn.softmax(logits)
+  >>> stats = head_statistics(logits, weights, jnp.ones((1, 1, 6, 6), bool))
+  >>> stats["entropy"].shape
+  (4,)
   """
   query_valid = jnp.any(valid, axis=-1)  # [..., 1|N, T]
   square = logits.shape[-1] == logits.shape[-2]

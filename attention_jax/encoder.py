@@ -31,7 +31,13 @@ POOLINGS = ("cls", "mean")
 class EncoderConfig:
   """Hyperparameters of the encoder; invalid combinations raise ValueError when constructed.
 
-  >>> EncoderConfig(vocab_size=32, d_model=128, num_heads=4, positional_encoding="rope")
+  >>> config = EncoderConfig(vocab_size=32, d_model=128, num_heads=4, positional_encoding="rope")
+  >>> config.mlp_dim, config.pooling
+  (512, 'cls')
+  >>> EncoderConfig(vocab_size=32, d_model=100, num_heads=3)
+  Traceback (most recent call last):
+  ...
+  ValueError: ...
   """
   vocab_size: int
   d_model: int = 128
@@ -94,7 +100,10 @@ def residual_sublayer(x, sublayer, norm, dropout, *, pre_layer_norm: bool):
   ``sublayer``, ``norm`` and ``dropout`` are callables [B, T, D] -> [B, T, D], so the Linen and
   NNX blocks share this arrangement.
 
-  >>> residual_sublayer(x, feed_forward, layer_norm, lambda y: y, pre_layer_norm=True)
+  >>> x = jnp.ones((2, 8, 16))  # [B, T, D]
+  >>> residual_sublayer(x, lambda y: 2 * y, lambda y: y - 1, lambda y: y,
+  ...                   pre_layer_norm=True)[0, 0, 0]  # x + 2 (x - 1)
+  Array(1., dtype=float32)
   """
   if pre_layer_norm:
     return x + dropout(sublayer(norm(x)))
@@ -105,7 +114,9 @@ def prepend_cls(x, valid, cls):
   """Puts the CLS vector before the tokens, always valid:
   x [B, T, D], valid [B, T], cls [D] -> x [B, T + 1, D], valid [B, T + 1].
 
-  >>> x, valid = prepend_cls(x, valid, params["cls"])  # [2, 8, 64], [2, 8] -> [2, 9, 64], [2, 9]
+  >>> x, valid = prepend_cls(jnp.ones((2, 8, 64)), jnp.ones((2, 8), bool), jnp.zeros(64))
+  >>> x.shape, valid.shape
+  ((2, 9, 64), (2, 9))
   """
   x = jnp.concatenate([jnp.broadcast_to(cls, x.shape[:-2] + (1, x.shape[-1])), x], axis=-2)
   valid = jnp.concatenate([jnp.ones(valid.shape[:-1] + (1,), bool), valid], axis=-1)
@@ -129,8 +140,13 @@ class EncoderBlock(nn.Module):
 
   ``mask`` broadcasts to [B, N, T, T]; ``attention_bias`` to [N, T, T] (or None).
 
+  >>> from attention_jax import positional_encoding
+  >>> config = EncoderConfig(vocab_size=32, d_model=64, num_heads=4)
   >>> block = EncoderBlock(config, positional_encoding("none", max_length=64, num_heads=4))
-  >>> y = block.apply(variables, x, mask, None, True)  # x [B, T, D] -> y [B, T, D]
+  >>> x, mask = jnp.ones((2, 10, 64)), jnp.ones((2, 1, 10, 10), bool)  # [B, T, D], [B, 1, T, S]
+  >>> variables = block.init(jax.random.key(0), x, mask, None, True)
+  >>> block.apply(variables, x, mask, None, True).shape
+  (2, 10, 64)
   """
   config: EncoderConfig
   encoding: positional.NoPositionalEncoding
@@ -164,7 +180,10 @@ class TransformerEncoder(nn.Module):
   ``valid`` [B, T] marks real tokens (default: tokens != pad_id); padded keys get no attention.
 
   >>> config = EncoderConfig(vocab_size=32, d_model=64, num_heads=4, num_layers=2)
-  >>> variables = TransformerEncoder(config).init(jax.random.key(0), tokens)  # tokens [B, T]
+  >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding
+  >>> encoder = TransformerEncoder(config)
+  >>> encoder.apply(encoder.init(jax.random.key(0), tokens), tokens).shape
+  (2, 4, 64)
   """
   config: EncoderConfig
   cls_token: bool = False
@@ -204,7 +223,9 @@ class SequenceClassifier(nn.Module):
   """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token or masked mean.
 
   >>> model = SequenceClassifier(EncoderConfig(vocab_size=32, num_classes=10, pooling="mean"))
-  >>> logits = model.apply(model.init(jax.random.key(0), tokens), tokens)  # [B, T] -> [B, 10]
+  >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding
+  >>> model.apply(model.init(jax.random.key(0), tokens), tokens).shape
+  (2, 10)
   """
   config: EncoderConfig
 
@@ -225,7 +246,9 @@ class TokenClassifier(nn.Module):
   target per token; the loss belongs to the caller, which masks padding and untargeted positions.
 
   >>> model = TokenClassifier(EncoderConfig(vocab_size=32, num_classes=16))
-  >>> logits = model.apply(model.init(jax.random.key(0), tokens), tokens)  # [B, T] -> [B, T, 16]
+  >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding
+  >>> model.apply(model.init(jax.random.key(0), tokens), tokens).shape
+  (2, 4, 16)
   """
   config: EncoderConfig
 

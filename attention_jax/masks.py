@@ -14,7 +14,9 @@ import jax.numpy as jnp
 def lengths_to_valid(lengths, max_length: int):
   """Token validity from sequence lengths: [...] int -> [..., max_length] bool.
 
-  >>> lengths_to_valid(jnp.array([2, 3]), 4)  # [[T T F F], [T T T F]]
+  >>> lengths_to_valid(jnp.array([2, 3]), 4)
+  Array([[ True,  True, False, False],
+         [ True,  True,  True, False]], dtype=bool)
   """
   return jnp.arange(max_length) < jnp.asarray(lengths)[..., None]
 
@@ -22,7 +24,8 @@ def lengths_to_valid(lengths, max_length: int):
 def tokens_to_valid(tokens, pad_id: int = 0):
   """Token validity from token ids: [..., L] int -> [..., L] bool, False where tokens == pad_id.
 
-  >>> tokens_to_valid(jnp.array([[5, 3, 0, 0]]))  # [[T T F F]]
+  >>> tokens_to_valid(jnp.array([[5, 3, 0, 0]]))
+  Array([[ True,  True, False, False]], dtype=bool)
   """
   return jnp.asarray(tokens) != pad_id
 
@@ -52,7 +55,10 @@ def causal_mask(q_len: int, kv_len: int | None = None):
 
   This is the convention of ``jax.nn.dot_product_attention(is_causal=True)``.
 
-  >>> causal_mask(3).astype(int)  # [[1 0 0], [1 1 0], [1 1 1]]
+  >>> causal_mask(3).astype(int)
+  Array([[1, 0, 0],
+         [1, 1, 0],
+         [1, 1, 1]], dtype=int32)
   """
   kv_len = q_len if kv_len is None else kv_len
   return jnp.tril(jnp.ones((q_len, kv_len), dtype=jnp.bool_))
@@ -62,7 +68,11 @@ def local_window_mask(q_len: int, kv_len: int, window: tuple[int, int]):
   """[q_len, kv_len]: query t attends to keys t - left <= s <= t + right, (left, right) = window.
 
   The convention of ``jax.nn.dot_product_attention(local_window_size=...)``.
-  >>> local_window_mask(4, 4, (1, 0)).astype(int)  # [[1 0 0 0], [1 1 0 0], [0 1 1 0], [0 0 1 1]]
+  >>> local_window_mask(4, 4, (1, 0)).astype(int)
+  Array([[1, 0, 0, 0],
+         [1, 1, 0, 0],
+         [0, 1, 1, 0],
+         [0, 0, 1, 1]], dtype=int32)
   """
   offset = jnp.arange(kv_len)[None, :] - jnp.arange(q_len)[:, None]  # s - t
   return (offset >= -window[0]) & (offset <= window[1])
@@ -72,6 +82,9 @@ def segment_mask(query_segment_ids, key_segment_ids):
   """Packed sequences: [..., T] and [..., S] ids -> [..., 1, T, S], True where the ids are equal.
 
   >>> segment_mask(jnp.array([0, 0, 1]), jnp.array([0, 0, 1])).astype(int)[0]
+  Array([[1, 1, 0],
+         [1, 1, 0],
+         [0, 0, 1]], dtype=int32)
   """
   return (jnp.asarray(query_segment_ids)[..., None, :, None]
           == jnp.asarray(key_segment_ids)[..., None, None, :])
@@ -81,7 +94,8 @@ def seq_lengths_mask(query_seq_lengths, key_value_seq_lengths, q_len: int, kv_le
   """[...] lengths (either may be None) -> [..., 1, T, S]: query rows t < query length attend to
   keys s < key length; None when both are None.
 
-  >>> seq_lengths_mask(jnp.array([2]), jnp.array([3]), 4, 4).shape  # (1, 1, 4, 4)
+  >>> seq_lengths_mask(jnp.array([2]), jnp.array([3]), 4, 4).shape
+  (1, 1, 4, 4)
   """
   masks = []
   if query_seq_lengths is not None:
@@ -94,7 +108,9 @@ def seq_lengths_mask(query_seq_lengths, key_value_seq_lengths, q_len: int, kv_le
 def combine_masks(*masks):
   """Logical AND of the masks that are not None, broadcast together; None if all are None.
 
-  >>> combine_masks(padding_mask(valid), causal_mask(length))  # [..., 1, T, S]
+  >>> valid = lengths_to_valid(jnp.array([3, 4]), 4)  # [B, S]
+  >>> combine_masks(padding_mask(valid), causal_mask(4), None).shape  # [B, 1, T, S]
+  (2, 1, 4, 4)
   """
   masks = [jnp.asarray(m, dtype=jnp.bool_) for m in masks if m is not None]
   if not masks:

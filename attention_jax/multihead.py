@@ -103,9 +103,9 @@ def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
 
   >>> query = jnp.arange(12.0).reshape(1, 2, 3, 2)  # [B, T, N, H]
   >>> qk_layer_norm(query, jnp.ones(2))[0, 0]
-  Array([[-0.99999..., 0.99999...],
-         [-0.99999..., 0.99999...],
-         [-0.99999..., 0.99999...]], dtype=float32)
+  Array([[-1., 1.],
+         [-1., 1.],
+         [-1., 1.]], dtype=float32)
   """
   y = x.astype(jnp.promote_types(x.dtype, jnp.float32))
   y = y - jnp.mean(y, axis=-1, keepdims=True)

@@ -259,7 +259,10 @@ class NoPositionalEncoding(nnx.Module):
 class SinusoidalEncoding(NoPositionalEncoding):
   """Adds the fixed sinusoidal table to the embeddings; any length.
 
-  >>> positional_encoding("sinusoidal", max_length=64, d_model=32, num_heads=4, rngs=rngs)
+  >>> encoding = positional_encoding("sinusoidal", max_length=64, d_model=32, num_heads=4,
+  ...                                rngs=nnx.Rngs(0))
+  >>> encoding.embed(jnp.zeros((2, 10, 32))).shape  # [B, T, D]
+  (2, 10, 32)
   """
 
   def embed(self, x):
@@ -269,7 +272,10 @@ class SinusoidalEncoding(NoPositionalEncoding):
 class LearnedEncoding(NoPositionalEncoding):
   """Adds a learned table [max_length, D] ("table", as the Linen one).
 
-  >>> positional_encoding("learned", max_length=64, d_model=32, num_heads=4, rngs=rngs)
+  >>> encoding = positional_encoding("learned", max_length=64, d_model=32, num_heads=4,
+  ...                                rngs=nnx.Rngs(0))
+  >>> encoding.table.shape
+  (64, 32)
   """
 
   def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs):
@@ -283,7 +289,10 @@ class LearnedEncoding(NoPositionalEncoding):
 class RotaryEncoding(NoPositionalEncoding):
   """Rotates queries and keys by their positions (RoPE).
 
-  >>> RotaryEncoding.rotate(query, key)  # [B, T, N, H] each -> same
+  >>> query = key = jnp.ones((2, 10, 4, 8))  # [B, T, N, H]
+  >>> query, key = RotaryEncoding.rotate(query, key)
+  >>> query.shape
+  (2, 10, 4, 8)
   """
 
   @staticmethod
@@ -295,7 +304,7 @@ class ALiBiEncoding(NoPositionalEncoding):
   """Adds -slope_n * |t - s| to the logits of head n (ALiBi).
 
   >>> positional_encoding("alibi", max_length=64, d_model=32, num_heads=4,
-  ...                     rngs=rngs).attention_bias(10, 10).shape
+  ...                     rngs=nnx.Rngs(0)).attention_bias(10, 10).shape
   (4, 10, 10)
   """
 
@@ -336,7 +345,9 @@ def _check_attention_module(config: encoder_lib.EncoderConfig):
 class FeedForward(_Dropping):
   """Position-wise FFN(x) = max(0, x W_1 + b_1) W_2 + b_2: [..., D] -> [..., D].
 
-  >>> FeedForward(32, 64, dropout_rate=0.1, rngs=nnx.Rngs(0))(x)  # x [B, T, 32] -> [B, T, 32]
+  >>> x = jnp.ones((2, 10, 32))  # [B, T, D]
+  >>> FeedForward(32, 64, dropout_rate=0.1, rngs=nnx.Rngs(0))(x).shape
+  (2, 10, 32)
   """
 
   def __init__(self, d_model: int, mlp_dim: int, *, dropout_rate: float,
@@ -359,8 +370,12 @@ class EncoderBlock(_Dropping):
   ``mask`` broadcasts to [B, N, T, T]; ``attention_bias`` to [N, T, T] (or None). RoPE comes from
   ``config.positional_encoding``; the other encodings act outside the block.
 
+  >>> from attention_jax import EncoderConfig, lengths_to_valid, padding_mask
   >>> block = EncoderBlock(EncoderConfig(vocab_size=32, d_model=64), rngs=nnx.Rngs(0))
-  >>> y = block(x, padding_mask(valid))  # x [B, T, 64] -> y [B, T, 64]
+  >>> x = jnp.ones((2, 10, 64))  # [B, T, D]
+  >>> valid = lengths_to_valid(jnp.array([10, 7]), 10)  # [B, T]
+  >>> block(x, padding_mask(valid)).shape
+  (2, 10, 64)
   """
 
   def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
@@ -398,9 +413,12 @@ class TransformerEncoder(_Dropping):
 
   ``valid`` [B, T] marks real tokens (default: tokens != pad_id); padded keys get no attention.
 
+  >>> from attention_jax import EncoderConfig
   >>> config = EncoderConfig(vocab_size=32, d_model=64, num_heads=4, num_layers=2)
   >>> encoder = TransformerEncoder(config, rngs=nnx.Rngs(0))
-  >>> x = encoder(tokens)  # tokens [B, T] -> x [B, T, 64]
+  >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding
+  >>> encoder(tokens).shape  # [B, T, D]
+  (2, 4, 64)
   """
 
   def __init__(self, config: encoder_lib.EncoderConfig, *, cls_token: bool = False,
@@ -445,9 +463,12 @@ class SequenceClassifier(_Dropping):
   """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token or masked mean;
   the twin of ``attention_jax.SequenceClassifier`` (encoder, logits).
 
+  >>> from attention_jax import EncoderConfig
   >>> model = SequenceClassifier(EncoderConfig(vocab_size=32, num_classes=10, pooling="mean"),
   ...                            rngs=nnx.Rngs(0))
-  >>> logits = model(tokens)  # [B, T] -> [B, 10]
+  >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding
+  >>> model(tokens).shape  # [B, C]
+  (2, 10)
   """
 
   def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
@@ -470,8 +491,11 @@ class TokenClassifier(_Dropping):
   """Token ids [B, T] -> logits [B, T, C] at every position (no CLS token); the twin of
   ``attention_jax.TokenClassifier`` (encoder, logits).
 
+  >>> from attention_jax import EncoderConfig
   >>> model = TokenClassifier(EncoderConfig(vocab_size=32, num_classes=16), rngs=nnx.Rngs(0))
-  >>> logits = model(tokens)  # [B, T] -> [B, T, 16]
+  >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding
+  >>> model(tokens).shape  # [B, T, C]
+  (2, 4, 16)
   """
 
   def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
@@ -491,8 +515,14 @@ def linen_params(module: nnx.Module) -> dict:
   """The parameters of ``module`` as the Linen twin's ``variables["params"]`` (nested dicts of
   arrays; a leading axis stays where nnx.vmap made one).
 
+  >>> import attention_jax
+  >>> config = attention_jax.EncoderConfig(vocab_size=32, d_model=32, num_heads=4)
+  >>> nnx_model = SequenceClassifier(config, rngs=nnx.Rngs(0))
+  >>> tokens = jnp.array([[5, 7, 9, 0]])
   >>> variables = {"params": linen_params(nnx_model)}
-  >>> attention_jax.SequenceClassifier(config).apply(variables, tokens)  # == nnx_model(tokens)
+  >>> linen_logits = attention_jax.SequenceClassifier(config).apply(variables, tokens)
+  >>> bool(jnp.allclose(linen_logits, nnx_model(tokens), atol=1e-6))
+  True
   """
   return nnx.to_pure_dict(nnx.state(module, nnx.Param))
 
@@ -516,8 +546,14 @@ def load_linen_params(module: nnx.Module, params) -> nnx.Module:
   """Sets the parameters of ``module`` (in place) to the Linen twin's ``variables["params"]``
   (or the variables dict itself); returns the module. A different tree raises ValueError.
 
-  >>> variables = attention_jax.SequenceClassifier(config).init(jax.random.key(0), tokens)
-  >>> model = load_linen_params(SequenceClassifier(config, rngs=nnx.Rngs(0)), variables)
+  >>> import attention_jax
+  >>> config = attention_jax.EncoderConfig(vocab_size=32, d_model=32, num_heads=4)
+  >>> tokens = jnp.array([[5, 7, 9, 0]])
+  >>> linen_model = attention_jax.SequenceClassifier(config)
+  >>> variables = linen_model.init(jax.random.key(0), tokens)
+  >>> model = load_linen_params(SequenceClassifier(config, rngs=nnx.Rngs(1)), variables)
+  >>> bool(jnp.allclose(model(tokens), linen_model.apply(variables, tokens), atol=1e-6))
+  True
   """
   params = _plain(params)
   if set(params) == {"params"}:

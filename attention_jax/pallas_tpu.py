@@ -61,8 +61,11 @@ def pallas_tpu_attention(query, key, value, bias=None, mask=None, *, scale: floa
   ``block_sizes`` is a ``flash_attention.BlockSizes``; None takes the kernel's default (128
   everywhere). Inputs are assumed validated and servable (see ``unsupported_reason``).
 
+  >>> from jax.experimental.pallas import tpu as pltpu
+  >>> q = k = v = jnp.ones((1, 128, 2, 128))  # [B, T, N, H]
   >>> with pltpu.force_tpu_interpret_mode():  # on CPU; on a TPU call it directly
-  ...   pallas_tpu_attention(q, k, v, scale=0.125, is_causal=True)
+  ...   pallas_tpu_attention(q, k, v, scale=0.125, is_causal=True).shape
+  (1, 128, 2, 128)
   """
   from jax.experimental.pallas.ops.tpu import flash_attention  # pylint: disable=g-import-not-at-top
 

@@ -42,7 +42,9 @@ def apply_rope(x, positions=None, *, base: float = 10000.0):
   x: [..., T, N, H] (H even); positions: [..., T] or None for 0..T-1. theta_i = base^(-2i/H).
   Then q_t . k_s depends on the positions only through t - s.
 
-  >>> query = apply_rope(query)  # [B, T, N, H] -> [B, T, N, H], positions 0..T-1
+  >>> query = jnp.ones((2, 10, 4, 8))  # [B, T, N, H]
+  >>> apply_rope(query).shape  # positions 0..T-1
+  (2, 10, 4, 8)
   """
   length, head_dim = x.shape[-3], x.shape[-1]
   if head_dim % 2:
@@ -82,7 +84,12 @@ def alibi_slopes(num_heads: int):
 def alibi_bias(num_heads: int, q_len: int, kv_len: int | None = None):
   """Symmetric ALiBi logit bias for an encoder: -slope_n * |t - s|, [N, T, S] float32.
 
-  >>> dot_product_attention(q, k, v, bias=alibi_bias(8, 128))  # q, k, v [B, 128, 8, H]
+  >>> from attention_jax import dot_product_attention
+  >>> q = k = v = jnp.ones((2, 128, 8, 16))  # [B, T, N, H]
+  >>> alibi_bias(8, 128).shape  # [N, T, S]
+  (8, 128, 128)
+  >>> dot_product_attention(q, k, v, bias=alibi_bias(8, 128)).shape
+  (2, 128, 8, 16)
   """
   kv_len = q_len if kv_len is None else kv_len
   distance = jnp.abs(jnp.arange(q_len)[:, None] - jnp.arange(kv_len)[None, :])  # [T, S]
@@ -96,7 +103,8 @@ learned_table_init = nn.initializers.normal(stddev=math.sqrt(0.5))
 def add_learned_table(x, table):
   """Adds the first T rows of a learned table [max_length, D] to x [..., T, D] -> [..., T, D].
 
-  >>> add_learned_table(x, table)  # x [B, 10, 64], table [512, 64] -> [B, 10, 64]
+  >>> add_learned_table(jnp.ones((2, 10, 64)), jnp.zeros((512, 64))).shape  # [B, T, D]
+  (2, 10, 64)
   """
   length = x.shape[-2]
   if length > table.shape[0]:

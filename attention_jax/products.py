@@ -20,7 +20,9 @@ from jax import lax
 def dense_product(x, kernel, *, precision=None, preferred_element_type=None):
   """x [..., D_in] times kernel [D_in, *F] -> [..., *F].
 
-  >>> dense_product(x, params["query"]["kernel"])  # x [B, T, 64], kernel [64, 8, 8] -> [B, T, 8, 8]
+  >>> x, kernel = jnp.ones((2, 10, 64)), jnp.ones((64, 8, 8))  # [B, T, D_in], [D_in, N, H]
+  >>> dense_product(x, kernel).shape  # [B, T, N, H]
+  (2, 10, 8, 8)
   """
   matrix = jnp.reshape(kernel, (kernel.shape[0], -1))  # [D_in, F]
   y = lax.dot_general(x[None], matrix[None], (((x.ndim,), (1,)), ((0,), (0,))),

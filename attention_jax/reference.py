@@ -121,8 +121,9 @@ def attention_weights(query, key, bias=None, mask=None, *, scale: float,
     is_causal: query t attends only to keys s <= t.
     logits_soft_cap: optional c: the logits c * tanh(scale * Q K^T / c), before bias and mask.
 
-  >>> attention_weights(q, k, scale=1 / 8.0).shape  # q [B, T, N, 64], k [B, S, K, 64]
-  (B, N, T, S)
+  >>> q, k = jnp.ones((2, 5, 4, 64)), jnp.ones((2, 7, 2, 64))  # [B, T, N, H], [B, S, K, H]
+  >>> attention_weights(q, k, scale=1 / 8.0).shape  # [B, N, T, S]
+  (2, 4, 5, 7)
   """
   logits = attention_logits(query, key, scale=scale, logits_soft_cap=logits_soft_cap)
   if bias is not None:
