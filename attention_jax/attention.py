@@ -62,17 +62,13 @@ def unsupported_reason(name, query, key, value, request: _checks.Request, *,
 
 
 # On CPU, blockwise attention from this length on; below it the reference formula, whose
-# head-major einsums beat jax.nn's [B, T, N, H] ones. Measured on the 2-core CPU (2026-11-23,
-# `scripts/benchmark_attention.py --rounds 7 --methods reference chunked`), forward+backward
-# time of chunked / reference: (B, T, N, H) = (64, 33, 4, 32): 1.57; (8, 128, 8, 64): 1.49;
-# (32, 128, 8, 32): 1.11; (32, 256, 8, 32): 0.88; (4, 512, 8, 64): 0.79. In the training step at
-# T = 256 (`scripts/benchmark_train.py`'s medium row) chunked took 0.67-0.68x the reference's time:
-# it keeps no [B, N, T, S] probabilities for the backward pass.
+# head-major einsums beat jax.nn's [B, T, N, H] ones. The measurements behind the threshold:
+# docs/performance.md, "Where the defaults come from".
 CHUNKED_MIN_LENGTH_CPU = 256
 
 # Accelerator kernels are chosen automatically only on the architectures where they have been
 # run against the float64 reference and timed: for cuDNN, CUDA compute capabilities (Hopper, 9.0,
-# measured on an H100 80GB HBM3: docs/performance.md, "On an NVIDIA H100"), so that every GPU of
+# measured on an H100: docs/performance.md, "On an NVIDIA H100"), so that every GPU of
 # that architecture (H100, H200, GH200) gets it; for the Pallas TPU kernel, TPU device kinds by
 # prefix. The Pallas TPU flash kernel has not run on a TPU yet, so on TPU the automatic choice is
 # "xla"; it stays available by name (not on TPU v2/v3, where it fails: jax issue 18595).
@@ -86,13 +82,11 @@ COMPUTE_CAPABILITY = {
     "NVIDIA L4": "8.9", "NVIDIA L40": "8.9", "Tesla T4": "7.5", "Tesla V100": "7.0",
 }
 
-# On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's attention ran
-# 2-9x faster than the chunked kernel's loops on an H100 but materialises the [..., N, T, S]
-# logits and probabilities: its forward+backward held 2.5x the float32 logits' bytes in temporary
-# memory (10 GiB at B = 1, N = 16, T = S = 8192), per attention call and layer. Above this many
-# bytes of float32 logits the chunked kernel (memory linear in T) takes over, so that one call
-# holds about 5 GiB at most, within a 16 GB GPU such as Colab's T4 (not measured on one).
-# docs/performance.md, "On an NVIDIA H100", has the measurements.
+# On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's attention is faster
+# than the chunked kernel's loops but materialises the [..., N, T, S] logits and probabilities.
+# Above this many bytes of float32 logits the chunked kernel (memory linear in T) takes over, so
+# that one call stays within a 16 GB GPU. The measurements behind the threshold:
+# docs/performance.md, "Where the defaults come from".
 XLA_MAX_LOGITS_BYTES_GPU = 2 ** 31
 
 

@@ -41,14 +41,10 @@ from attention_jax import _checks
 from attention_jax import masks as masks_lib
 from attention_jax import reference
 
-# The largest query and key blocks by default, measured on the 2-core CPU (B = 1, N = 8, H = 64;
-# `scripts/benchmark_attention.py --rounds 7 --shapes 1,2048,8,64 1,4096,8,64 --blocks 1024x1024
-# 1024x2048 1024x4096 512x4096`, and `--causal --rounds 5 --shapes 1,4096,8,64 --blocks ...`).
-# Without a causal mask long key blocks win: forward at T = 4096 took 222 / 215 / 204 / 231 ms with
-# those four, forward+backward 910 / 859 / 862 / 867 ms (T = 2048: 55 / 56 / 52 / 60 forward).
-# Causal attention wants short key blocks, so that whole blocks above the diagonal are skipped:
-# forward 163 ms with (1024, 1024), 183 with (1024, 2048), 233 with (1024, 4096), 182 with
-# (512, 1024); forward+backward 588 / 649 / 830 / 616 ms. A local window skips blocks the same way.
+# The largest query and key blocks by default. Without a causal mask long key blocks win; causal
+# attention wants short key blocks, so that whole blocks above the diagonal are skipped (a local
+# window skips blocks the same way). The measurements behind them: docs/performance.md, "Where
+# the defaults come from".
 DEFAULT_BLOCK_Q = 1024
 DEFAULT_BLOCK_K = 4096
 DEFAULT_BLOCK_K_CAUSAL = 1024
@@ -322,7 +318,8 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
   # computed transposed, [bk, bq] (S_ij^T = K_j Q_i^T, dP_ij^T = V_j dO_i^T), so that two of the
   # three gradient products are plain matrix products: dV_j += P_ij^T dO_i, dK_j += dS_ij^T Q_i,
   # and dQ_i^T += K_j^T dS_ij^T accumulates dQ transposed, from K^T [H, Sp]. XLA's CPU backend
-  # runs a product with a transposed operand (P_ij^T dO_i from P_ij) at 0.3-0.6x the speed.
+  # runs a product with a transposed operand (P_ij^T dO_i from P_ij) markedly slower
+  # (docs/performance.md, "Where the defaults come from").
   k_t = lax.optimization_barrier(k.T)  # kept, not folded back into the product
 
   def key_block(carry, j):

@@ -275,7 +275,8 @@ def context_parallel_attention_shard(
       segment_ids=(q_segments, kv_segments),
       positions=(q_positions, kv_positions) if masked_by_position else (None, None))
   # One (example, head) pair per loop step, as memory per device is what sharding the sequence
-  # is for (several side by side held 1.3-1.4x the all-gather's bytes per device at T = 8192);
+  # is for (several side by side hold more bytes per device: docs/performance.md, "Where the
+  # defaults come from");
   # and vmapped over several pairs the ring's backward fails shard_map's check_vma (jax 0.10.2:
   # "Primitive mul requires varying manual axes to match").
   geometry = dataclasses.replace(geometry, side_by_side=False)

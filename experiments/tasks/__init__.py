@@ -86,8 +86,13 @@ def _to_split(source, featurize, max_length: int) -> Split:
 def load_task(name: str, options: dict | None = None, data_dir: str | None = None) -> Task:
   """Generates (once, cached under data_dir) and loads a task by name.
 
-  >>> task = load_task("order", {"max_length": 32}, "/tmp/tfds")
-  >>> task.train.tokens.shape  # (20000, 32)
+  >>> import tempfile
+  >>> task = load_task("order", {"max_length": 32, "num_train": 100, "num_test": 20},
+  ...                  data_dir=tempfile.mkdtemp())
+  Downloading and preparing dataset ...
+  Dataset order downloaded and prepared to ...
+  >>> task.train.tokens.shape, task.test.tokens.shape
+  ((100, 32), (20, 32))
   """
   options = {**task_options(name), **(options or {})}
   data_dir = os.path.expanduser(data_dir or "~/tensorflow_datasets")

@@ -1,0 +1,104 @@
+"""Sphinx configuration: the attention-jax documentation site.
+
+Build it from the repository root (what .ci/run and Read the Docs run):
+
+  pip install -r requirements.txt -r docs/requirements.txt
+  sphinx-build -W --keep-going -n -b html docs docs/_build/html
+"""
+
+import inspect
+import os
+import sys
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # attention_jax and experiments from this checkout
+
+with open(os.path.join(ROOT, "pyproject.toml"), "rb") as file:
+  _PROJECT = tomllib.load(file)["project"]
+
+project = "attention-jax"
+author = "The attention-jax authors"
+copyright = "The attention-jax authors"  # pylint: disable=redefined-builtin
+release = version = _PROJECT["version"]
+REPOSITORY = _PROJECT["urls"]["Repository"]
+
+extensions = [
+    "myst_nb",  # Markdown pages (MyST) and the notebook, rendered without executing it
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    "sphinx_copybutton",
+]
+
+exclude_patterns = [
+    "_build",
+    # The sweeps' and scripts' own outputs: the results pages include them.
+    "results/*/results.md",
+    "results/theory_checks.md",
+    "results/diagnostics/*/head_diagnostics.md",
+]
+templates_path = ["_templates"]
+
+# Markdown and notebooks.
+myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
+myst_heading_anchors = 3
+nb_execution_mode = "off"  # the notebook renders as stored; tests/test_notebook.py runs it
+nb_merge_streams = True
+
+# The API reference, from the docstrings.
+autosummary_generate = True
+autosummary_ignore_module_all = False
+autodoc_default_options = {"members": True, "show-inheritance": False}
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autodoc_preserve_defaults = True
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_rtype = False
+
+# Broken references fail the build (-n with -W). References into other projects' docs are not
+# resolved (no intersphinx: the build works offline), so their types are left as plain text.
+nitpicky = True
+nitpick_ignore_regex = [
+    (r"py:.*", r"(jax|jaxlib|flax|numpy|np|jnp|chex|optax|ml_collections|orbax|nn|nnx)(\..*)?"),
+    (r"py:.*", r"(Any|Callable|Mapping|Sequence|Iterable|Iterator|Literal|Optional|Union)"),
+    (r"py:.*", r"(typing|collections|dataclasses|enum|pathlib|os)\..*"),
+    (r"py:class", r"(Array|ArrayLike|PRNGKey|Shape|Dtype|DTypeLike|PrecisionLike|Initializer)"),
+    (r"py:class", r"(attention_jax|experiments)\..*\._.*"),  # private bases
+    (r"py:class", r"(float|int|str|bool|dict|tuple|list|object|None)"),
+]
+
+html_theme = "sphinx_book_theme"
+html_title = "attention-jax"
+html_theme_options = {
+    "repository_url": REPOSITORY,
+    "use_repository_button": True,
+    "show_toc_level": 2,
+}
+html_static_path = []
+suppress_warnings = ["mystnb.unknown_mime_type"]
+
+# Linen modules are dataclasses: their signatures end in Flax's own fields (parent, name), which
+# are not arguments a user passes. Leave them out of the rendered signatures.
+_LINEN_FIELDS = ("parent", "name")
+
+
+def _drop_linen_fields(app, what, name, obj, options, signature, return_annotation):
+  del app, name, options
+  if what != "class" or not signature or not inspect.isclass(obj):
+    return None
+  try:
+    import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None
+  if not issubclass(obj, nn.Module):
+    return None
+  parameters = [p for p in inspect.signature(obj).parameters.values()
+                if p.name not in _LINEN_FIELDS]
+  return str(inspect.Signature(parameters)), return_annotation
+
+
+def setup(app):
+  app.connect("autodoc-process-signature", _drop_linen_fields)
