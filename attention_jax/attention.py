@@ -18,13 +18,14 @@ from attention_jax import pallas_tpu
 from attention_jax import reference
 from attention_jax import xla
 
+#: The names ``implementation=`` takes.
 IMPLEMENTATIONS = ("reference", "xla", "chunked", "cudnn", "pallas_tpu")
 
-# Accelerator kernels run on one backend only; the other implementations run everywhere.
+#: Accelerator kernels run on one backend only; the other implementations run everywhere.
 REQUIRED_BACKEND = {"cudnn": "gpu", "pallas_tpu": "tpu"}
 
-# What each implementation supports under JAX's transformations, beyond jit, vmap, grad, remat,
-# scan, shard_map and sharded jit, which all of them do.
+#: What each implementation supports under JAX's transformations, beyond jit, vmap, grad, remat,
+#: scan, shard_map and sharded jit, which all of them do.
 TRANSFORMS = {
     "reference": "forward and reverse mode (jvp, jacfwd, hessian)",
     "xla": "forward and reverse mode (jvp, jacfwd, hessian)",
@@ -61,32 +62,32 @@ def unsupported_reason(name, query, key, value, request: _checks.Request, *,
   return _UNSUPPORTED_REASON[name](query, key, value, request)
 
 
-# On CPU, blockwise attention from this length on; below it the reference formula, whose
-# head-major einsums beat jax.nn's [B, T, N, H] ones. The measurements behind the threshold:
-# docs/performance.md, "Where the defaults come from".
+#: On CPU, blockwise attention from this length on; below it the reference formula, whose
+#: head-major einsums beat jax.nn's [B, T, N, H] ones. The measurements behind the threshold:
+#: docs/performance.md, "Where the defaults come from".
 CHUNKED_MIN_LENGTH_CPU = 256
 
-# Accelerator kernels are chosen automatically only on the architectures where they have been
-# run against the float64 reference and timed: for cuDNN, CUDA compute capabilities (Hopper, 9.0,
-# measured on an H100: docs/performance.md, "On an NVIDIA H100"), so that every GPU of
-# that architecture (H100, H200, GH200) gets it; for the Pallas TPU kernel, TPU device kinds by
-# prefix. The Pallas TPU flash kernel has not run on a TPU yet, so on TPU the automatic choice is
-# "xla"; it stays available by name (not on TPU v2/v3, where it fails: jax issue 18595).
+#: Accelerator kernels are chosen automatically only on the architectures where they have been
+#: run against the float64 reference and timed: for cuDNN, CUDA compute capabilities (Hopper, 9.0,
+#: measured on an H100: docs/performance.md, "On an NVIDIA H100"), so that every GPU of
+#: that architecture (H100, H200, GH200) gets it; for the Pallas TPU kernel, TPU device kinds by
+#: prefix. The Pallas TPU flash kernel has not run on a TPU yet, so on TPU the automatic choice is
+#: "xla"; it stays available by name (not on TPU v2/v3, where it fails: jax issue 18595).
 MEASURED_ON = {"cudnn": ("9.0",), "pallas_tpu": ()}
 
-# The compute capability of NVIDIA GPUs by device kind (prefix), for when only the kind is known
-# (a question asked off the GPU, or a device that does not report its capability).
+#: The compute capability of NVIDIA GPUs by device kind (prefix), for when only the kind is known
+#: (a question asked off the GPU, or a device that does not report its capability).
 COMPUTE_CAPABILITY = {
     "NVIDIA H100": "9.0", "NVIDIA H200": "9.0", "NVIDIA GH200": "9.0", "NVIDIA H800": "9.0",
     "NVIDIA B200": "10.0", "NVIDIA GB200": "10.0", "NVIDIA A100": "8.0", "NVIDIA A10": "8.6",
     "NVIDIA L4": "8.9", "NVIDIA L40": "8.9", "Tesla T4": "7.5", "Tesla V100": "7.0",
 }
 
-# On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's attention is faster
-# than the chunked kernel's loops but materialises the [..., N, T, S] logits and probabilities.
-# Above this many bytes of float32 logits the chunked kernel (memory linear in T) takes over, so
-# that one call stays within a 16 GB GPU. The measurements behind the threshold:
-# docs/performance.md, "Where the defaults come from".
+#: On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's attention is faster
+#: than the chunked kernel's loops but materialises the [..., N, T, S] logits and probabilities.
+#: Above this many bytes of float32 logits the chunked kernel (memory linear in T) takes over, so
+#: that one call stays within a 16 GB GPU. The measurements behind the threshold:
+#: docs/performance.md, "Where the defaults come from".
 XLA_MAX_LOGITS_BYTES_GPU = 2 ** 31
 
 

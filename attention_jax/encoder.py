@@ -85,7 +85,7 @@ class EncoderConfig:
 
   @property
   def key_dim(self) -> int:
-    """d_k of every head: head_dim, or d_model / num_heads (which must divide)."""
+    """The d_k of every head (head_dim, or d_model / num_heads, which must divide)."""
     if self.head_dim:
       if self.num_heads <= 0:
         raise ValueError(f"num_heads must be positive, got {self.num_heads}.")

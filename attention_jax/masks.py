@@ -68,6 +68,7 @@ def local_window_mask(q_len: int, kv_len: int, window: tuple[int, int]):
   """[q_len, kv_len]: query t attends to keys t - left <= s <= t + right, (left, right) = window.
 
   The convention of ``jax.nn.dot_product_attention(local_window_size=...)``.
+
   >>> local_window_mask(4, 4, (1, 0)).astype(int)
   Array([[1, 0, 0, 0],
          [1, 1, 0, 0],
@@ -119,7 +120,7 @@ def combine_masks(*masks):
 
 
 def flatten_batch(array, batch_shape):
-  """[..., N', T', S'] broadcastable to [*batch_shape, N, T, S] -> [B or 1, N', T', S'].
+  """[..., N', T', S'] broadcastable to ``[*batch_shape, N, T, S]`` -> [B or 1, N', T', S'].
 
   Flattens the batch dims into one, as kernels with a single batch axis want; a mask or bias that
   is shared across the batch stays shared (no copy per example). None stays None.

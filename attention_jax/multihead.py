@@ -31,6 +31,7 @@ from attention_jax.products import dense_product
 
 QK_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's default, so normalize_qk matches flax's
 
+#: The named attention scales, as functions of the head dim d_k.
 SCALES = {
     "inv_sqrt": lambda head_dim: 1.0 / math.sqrt(head_dim),  # the paper
     "none": lambda head_dim: 1.0,
@@ -400,8 +401,10 @@ class MultiHeadAttention(nn.Module):
       bfloat16 over float32 parameters.
     param_dtype: the parameters' dtype.
     precision: of the matrix products, a ``jax.lax.Precision`` (or its name).
-    kernel_init, bias_init: initialisers of the projections; out_kernel_init and out_bias_init
-      those of W_O (None: the same).
+    kernel_init: initialiser of the projections' kernels.
+    bias_init: initialiser of the projections' biases.
+    out_kernel_init: initialiser of W_O's kernel (None: ``kernel_init``).
+    out_bias_init: initialiser of W_O's bias (None: ``bias_init``).
     decode: autoregressive decoding with a key/value cache, as flax: ``init`` with the whole
       input [..., L, D_in] makes the "cache" collection (cached_key, cached_value
       [..., L, K, H], cache_index); then each ``apply(..., mutable=["cache"])`` takes the next

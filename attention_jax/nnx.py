@@ -301,7 +301,7 @@ class RotaryEncoding(NoPositionalEncoding):
 
 
 class ALiBiEncoding(NoPositionalEncoding):
-  """Adds -slope_n * |t - s| to the logits of head n (ALiBi).
+  """Adds ``-slope_n * |t - s|`` to the logits of head n (ALiBi).
 
   >>> positional_encoding("alibi", max_length=64, d_model=32, num_heads=4,
   ...                     rngs=nnx.Rngs(0)).attention_bias(10, 10).shape
@@ -312,6 +312,7 @@ class ALiBiEncoding(NoPositionalEncoding):
     return positional.alibi_bias(self.num_heads, q_len, kv_len)
 
 
+#: The positional encodings by name, as NNX modules.
 POSITIONAL_ENCODINGS = {
     "none": NoPositionalEncoding,
     "sinusoidal": SinusoidalEncoding,

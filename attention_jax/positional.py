@@ -82,7 +82,7 @@ def alibi_slopes(num_heads: int):
 
 
 def alibi_bias(num_heads: int, q_len: int, kv_len: int | None = None):
-  """Symmetric ALiBi logit bias for an encoder: -slope_n * |t - s|, [N, T, S] float32.
+  """Symmetric ALiBi logit bias for an encoder: ``-slope_n * |t - s|``, [N, T, S] float32.
 
   >>> from attention_jax import dot_product_attention
   >>> q = k = v = jnp.ones((2, 128, 8, 16))  # [B, T, N, H]
@@ -156,12 +156,13 @@ class RotaryEncoding(NoPositionalEncoding):
 
 
 class ALiBiEncoding(NoPositionalEncoding):
-  """Adds -slope * |t - s| to the logits of each head (ALiBi)."""
+  """Adds ``-slope * |t - s|`` to the logits of each head (ALiBi)."""
 
   def attention_bias(self, q_len, kv_len):
     return alibi_bias(self.num_heads, q_len, kv_len)
 
 
+#: The positional encodings by name, as Linen modules.
 POSITIONAL_ENCODINGS = {
     "none": NoPositionalEncoding,
     "sinusoidal": SinusoidalEncoding,

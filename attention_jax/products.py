@@ -18,7 +18,7 @@ from jax import lax
 
 
 def dense_product(x, kernel, *, precision=None, preferred_element_type=None):
-  """x [..., D_in] times kernel [D_in, *F] -> [..., *F].
+  """x [..., D_in] times kernel ``[D_in, *F]`` -> ``[..., *F]``.
 
   >>> x, kernel = jnp.ones((2, 10, 64)), jnp.ones((64, 8, 8))  # [B, T, D_in], [D_in, N, H]
   >>> dense_product(x, kernel).shape  # [B, T, N, H]

@@ -50,13 +50,14 @@ nb_merge_streams = True
 # The API reference, from the docstrings.
 autosummary_generate = True
 autosummary_ignore_module_all = False
-autodoc_default_options = {"members": True, "show-inheritance": False}
+autodoc_default_options = {"members": True, "undoc-members": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
+napoleon_use_ivar = True  # Linen modules' "Attributes:" are their dataclass fields
 
 # Broken references fail the build (-n with -W). References into other projects' docs are not
 # resolved (no intersphinx: the build works offline), so their types are left as plain text.
@@ -66,7 +67,8 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(Any|Callable|Mapping|Sequence|Iterable|Iterator|Literal|Optional|Union)"),
     (r"py:.*", r"(typing|collections|dataclasses|enum|pathlib|os)\..*"),
     (r"py:class", r"(Array|ArrayLike|PRNGKey|Shape|Dtype|DTypeLike|PrecisionLike|Initializer)"),
-    (r"py:class", r"(attention_jax|experiments)\..*\._.*"),  # private bases
+    (r"py:.*", r"(attention_jax|experiments)(\..*)?\._.*"),  # private names
+    (r"py:.*", r"_.*"),
     (r"py:class", r"(float|int|str|bool|dict|tuple|list|object|None)"),
 ]
 

@@ -157,10 +157,10 @@ def test_zigzag_gives_every_device_equal_causal_work():
     aj.zigzag_order(30, 4)
 
 
-def test_the_readme_example_runs_on_eight_devices_at_a_shorter_length():
+def test_the_guide_example_runs_on_eight_devices_at_a_shorter_length():
   import re
-  readme = open(os.path.join(ROOT, "README.md")).read()
-  block = re.search(r"```python context-parallel\n(.*?)```", readme, re.S).group(1)
+  guide = open(os.path.join(ROOT, "docs", "guides", "context_parallel.md")).read()
+  block = re.search(r"```python context-parallel\n(.*?)```", guide, re.S).group(1)
   assert "T = 65536" in block
   code = block.replace("T = 65536", "T = 1024") + "\nassert out.shape == (1, T, 8, 64)\n" + \
       "assert d_q.shape == q.shape and bool(jnp.all(jnp.isfinite(d_q.astype(jnp.float32))))\n"
