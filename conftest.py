@@ -4,17 +4,16 @@ Every example may use ``jax``, ``jnp``, ``np`` and ``nnx`` without importing the
 name it uses it defines itself.
 """
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
-from flax import nnx
 
-# Modules that cannot be imported merely to collect their docstrings: command-line programs whose
-# flags or backends are set up at import time. (They have no examples.)
-collect_ignore_glob = []
+# Nothing is imported here at module level: tests/conftest.py sets JAX's environment (compilation
+# cache, matmul precision) before JAX is first imported, and this file is loaded before it.
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _doctest_names(doctest_namespace):
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
   doctest_namespace.update(jax=jax, jnp=jnp, np=np, nnx=nnx)

@@ -6,7 +6,7 @@
 The two markers can sit up to 2047 tokens apart, so attention has to span the whole sequence; the
 attention products are 57% of the model FLOPs here (4 T d of 8 d^2 + 4 d mlp + 4 T d per token
 and layer at T = 2048). On a GPU in bfloat16 the automatic choice is cuDNN's flash kernel. Meant
-for an accelerator; the README's GPU section gives its measured throughput.
+for an accelerator; docs/performance.md ("On an NVIDIA H100") gives its measured throughput.
 """
 
 import ml_collections

@@ -22,7 +22,7 @@ sooner and more reliably -- 1 head 0.846 +- 0.624 (95% interval; 2 of 3 seeds, 5
 90%), 2 heads 0.920 (2/3), 4 heads 0.981 (3/3), 8 to 32 heads 1.000 (3/3, 433 -> 267 steps); the
 differences are not significant with 3 seeds (Welch p >= 0.35). Too many heads did not hurt: the
 2-pair lookup does not need more than d_k = 2, so the low-rank bottleneck does not bind.
-Details: README, Results.
+Details: docs/results/heads.md.
 """
 
 import ml_collections

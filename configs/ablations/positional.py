@@ -24,7 +24,7 @@ Result (test accuracy, trained lengths / 21-40 / 61-80): even_pairs -- only RoPE
 distribution (0.789); cycle_navigation (order-free) -- none best past 20 (0.828 at 21-40), all
 near chance (0.2) at 61-80; order -- ALiBi flat as Press et al. found (1.000 / 0.991 / 0.847),
 then RoPE (0.972 / 0.587), sinusoidal collapsing (0.796 / 0.454), none cannot learn it (0.492).
-Details: README, Results.
+Details: docs/results/positional.md.
 """
 
 from configs.ablations import sweep_config

@@ -26,7 +26,7 @@ clipping). Without scaling no d_k learned the lookup at any learning rate. 1/d_k
 rate 1e-2 was best at d_k = 64 (0.979, 3/3 seeds); most other runs were still on the plateau
 after 600 steps, so the differences between 1/sqrt(d_k), 1/d_k, the learned temperature and
 QK-norm at their best learning rates are mostly not significant.
-Details: README, Results.
+Details: docs/results/scaling.md.
 """
 
 import ml_collections
