@@ -6,7 +6,6 @@ Build it from the repository root (what .ci/run and Read the Docs run):
   sphinx-build -W --keep-going -n -b html docs docs/_build/html
 """
 
-import inspect
 import os
 import sys
 import tomllib
@@ -84,22 +83,11 @@ suppress_warnings = ["mystnb.unknown_mime_type"]
 
 # Linen modules are dataclasses: their signatures end in Flax's own fields (parent, name), which
 # are not arguments a user passes. Leave them out of the rendered signatures.
-_LINEN_FIELDS = ("parent", "name")
-
-
 def _drop_linen_fields(app, what, name, obj, options, signature, return_annotation):
-  del app, name, options
-  if what != "class" or not signature or not inspect.isclass(obj):
-    return None
-  try:
-    import flax.linen as nn  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    return None
-  if not issubclass(obj, nn.Module):
-    return None
-  parameters = [p for p in inspect.signature(obj).parameters.values()
-                if p.name not in _LINEN_FIELDS]
-  return str(inspect.Signature(parameters)), return_annotation
+  del app, what, name, obj, options
+  if signature and ", parent" in signature and signature.rstrip(")").split(", parent", 1)[1]:
+    return signature[:signature.index(", parent")] + ")", return_annotation
+  return None
 
 
 def setup(app):
