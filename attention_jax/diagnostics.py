@@ -21,7 +21,8 @@ def entropy(weights):
 
 
 def attention_distance(weights):
-  """Mean distance ``|t - s|`` a query looks at, ``sum_s w_ts |t - s|``: [..., N, T, S] -> [..., N, T].
+  """Mean distance ``|t - s|`` a query looks at, ``sum_s w_ts |t - s|``:
+  [..., N, T, S] -> [..., N, T].
 
   >>> attention_distance(jnp.eye(3)[None])  # every query attends to itself
   Array([[0., 0., 0.]], dtype=float32)

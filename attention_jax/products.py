@@ -5,9 +5,9 @@ forward product is the same; what changes is the weight gradient dW = X^T dY tha
 from it. Without the batch dimension, XLA's CPU backend transposes dY (a copy) and then runs the
 product with both operands transposed on its own emitter; with it, the product is (dY^T X)^T, a
 plain matrix product that it hands to YNNPACK, which runs faster (the measurement:
-docs/performance_history.md, "2026-11-23, second round"). On other backends the batch of one is a degenerate dimension for the
-compiler to drop (not measured there). Every derivative (grad, jvp, vmap, higher orders) is that
-of x @ W.
+docs/performance_history.md, "2026-11-23, second round"). On other backends the batch of one is
+a degenerate dimension for the compiler to drop (not measured there). Every derivative (grad,
+jvp, vmap, higher orders) is that of x @ W.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
 # and every subprocess they start: the tiny training runs are mostly XLA compilation, and many
 # tests compile the same programs. Only programs that take 0.3 s or more to compile are kept
 # (writing every small eager op's executable cost more than it saved; docs/contributing.md,
-# "Tests", has the timings). Its size limit turns on jax's file lock, so that no process reads an entry another is
-# still writing. The key covers the program, the flags and the devices, so a cached executable is
-# the one a fresh compilation would give. The process that owns the session (the xdist
-# controller, or pytest itself) removes it at the end.
+# "Tests", has the timings). Its size limit turns on jax's file lock, so that no process reads an
+# entry another is still writing. The key covers the program, the flags and the devices, so a
+# cached executable is the one a fresh compilation would give. The process that owns the session
+# (the xdist controller, or pytest itself) removes it at the end.
 _WORKER = "PYTEST_XDIST_WORKER" in os.environ
 _CACHE = os.path.join(tempfile.gettempdir(),
                       f"attention-jax-tests-{os.getppid() if _WORKER else os.getpid()}-jit-cache")

@@ -52,8 +52,8 @@ def test_the_repository_url_is_pyproject_s_everywhere():
   repository, documentation = urls["Repository"], urls["Documentation"]
   readme = (ROOT / "README.md").read_text()
   assert f'pip install "git+{repository}"' in readme
-  texts = {"README.md": readme,
-           "notebooks/colab_quickstart.ipynb": (ROOT / "notebooks/colab_quickstart.ipynb").read_text()}
+  notebook = (ROOT / "notebooks" / "colab_quickstart.ipynb").read_text()
+  texts = {"README.md": readme, "notebooks/colab_quickstart.ipynb": notebook}
   texts.update({str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "docs").rglob("*.md")})
   assert repository in texts["notebooks/colab_quickstart.ipynb"]
   for name, text in texts.items():
