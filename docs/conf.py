@@ -38,7 +38,8 @@ exclude_patterns = [
     "results/theory_checks.md",
     "results/diagnostics/*/head_diagnostics.md",
 ]
-templates_path = ["_templates"]
+templates_path = []
+smartquotes = False  # command lines in docstrings keep their "--" and quotes
 
 # Markdown and notebooks.
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
