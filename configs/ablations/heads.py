@@ -14,15 +14,8 @@ fail first. Each head count runs over a learning-rate grid x 3 seeds; the report
 learning rate per head count with its interval, the steps to 90% accuracy and the learning-rate
 curves.
 
-Runtime of the full sweep (6 head counts x 4 learning rates x 3 seeds, 1000 steps): 19.9 minutes
-on the 2-core CPU (2026-11-23), tests running beside it part of the time; `:quick` is a
-smoke test of the pipeline (100 steps, no head count leaves the plateau).
-Result (best learning rate per head count): every head count learns the lookup, more heads
-sooner and more reliably -- 1 head 0.846 +- 0.624 (95% interval; 2 of 3 seeds, 550 steps to
-90%), 2 heads 0.920 (2/3), 4 heads 0.981 (3/3), 8 to 32 heads 1.000 (3/3, 433 -> 267 steps); the
-differences are not significant with 3 seeds (Welch p >= 0.35). Too many heads did not hurt: the
-2-pair lookup does not need more than d_k = 2, so the low-rank bottleneck does not bind.
-Details: docs/results/heads.md.
+`:quick` is a smoke test of the pipeline (100 steps, no head count leaves the plateau). The
+results, with their runtime and provenance: docs/results/heads.md.
 """
 
 import ml_collections

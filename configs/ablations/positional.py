@@ -16,15 +16,8 @@ sinusoidal collapses; Ruoss et al. (2023) find every standard encoding fails to 
 most of these tasks, relative ones (RoPE, ALiBi) doing best. Both studied mostly causal models;
 this is an encoder classifier reading a CLS token, which sees both sides of every token.
 
-Runtime of the full sweep (15 variants x 3 seeds, 1000 steps): 36.7 minutes on the 2-core CPU
-(2026-11-23), low-priority tests running beside it; `:quick` (even_pairs only, tested at 61-80) is
-a smoke test of the pipeline.
-Result (test accuracy, trained lengths / 21-40 / 61-80): even_pairs -- only RoPE generalises
-(1.000 / 0.959 / 0.517), sinusoidal and learned are at chance past 20, ALiBi fails in
-distribution (0.789); cycle_navigation (order-free) -- none best past 20 (0.828 at 21-40), all
-near chance (0.2) at 61-80; order -- ALiBi flat as Press et al. found (1.000 / 0.991 / 0.847),
-then RoPE (0.972 / 0.587), sinusoidal collapsing (0.796 / 0.454), none cannot learn it (0.492).
-Details: docs/results/positional.md.
+`:quick` (even_pairs only, tested at 61-80) is a smoke test of the pipeline. The results, with
+their runtime and provenance: docs/results/positional.md.
 """
 
 from configs.ablations import sweep_config
