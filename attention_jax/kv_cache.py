@@ -71,7 +71,8 @@ def append(cache: KVCache, key, value):
   if filled is not None and filled + num_new > max_length:
     raise ValueError(f"the cache holds {max_length} positions and {filled} are filled; "
                      f"{num_new} more do not fit: initialise it with a longer length.")
-  start = (0,) * batch_dims + (cache.index, 0, 0)
+  zero = jnp.zeros((), cache.index.dtype)  # one index dtype, also under jax_enable_x64
+  start = (zero,) * batch_dims + (cache.index, zero, zero)
   new_key = lax.dynamic_update_slice(cache.key, key.astype(cache.key.dtype), start)
   new_value = lax.dynamic_update_slice(cache.value, value.astype(cache.value.dtype), start)
   query_position = positions(cache, num_new)[:, None]  # [T, 1]
