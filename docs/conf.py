@@ -7,6 +7,7 @@ Build it from the repository root (what .ci/run and Read the Docs run):
 """
 
 import os
+import re
 import sys
 import tomllib
 
@@ -33,6 +34,7 @@ extensions = [
 
 exclude_patterns = [
     "_build",
+    "api/_public.rst",  # included by api/index.md
     # The sweeps' and scripts' own outputs: the results pages include them.
     "results/*/results.md",
     "results/theory_checks.md",
@@ -89,6 +91,26 @@ def _drop_linen_fields(app, what, name, obj, options, signature, return_annotati
   if signature and ", parent" in signature and signature.rstrip(")").split(", parent", 1)[1]:
     return signature[:signature.index(", parent")] + ")", return_annotation
   return None
+
+
+def _write_public_names():
+  """docs/api/_public.rst: the autosummary of the names ``attention_jax`` exports, read from its
+  ``__init__.py`` (``from attention_jax.<module> import <name>``), so a new export appears by
+  itself."""
+  with open(os.path.join(ROOT, "attention_jax", "__init__.py")) as file:
+    source = file.read()
+  rows = [f"   ~attention_jax.{module}.{name}" for module, name in
+          re.findall(r"^from attention_jax\.(\w+) import (\w+)$", source, re.M)]
+  rows += [f"   ~attention_jax.{module}" for module in
+           re.findall(r"^from attention_jax import (\w+)$", source, re.M)]
+  text = ".. autosummary::\n   :nosignatures:\n\n" + "\n".join(rows) + "\n"
+  path = os.path.join(ROOT, "docs", "api", "_public.rst")
+  if not os.path.exists(path) or open(path).read() != text:
+    with open(path, "w") as file:
+      file.write(text)
+
+
+_write_public_names()
 
 
 def setup(app):
