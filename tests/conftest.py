@@ -67,9 +67,16 @@ def reference_run(data_dir, tmp_path_factory):
 # The files whose tests start training runs and subprocesses, longest first: run before the
 # quick ones, so that the two xdist workers finish together instead of one waiting on a long
 # test collected last (alphabetical order put most of them at the end).
-HEAVY_FIRST = ("test_notebook.py", "test_train.py", "test_workdir.py", "test_sweep.py",
+HEAVY_FIRST = ("test_multihost.py", "test_notebook.py", "test_train.py", "test_workdir.py", "test_sweep.py",
                "test_context_parallel.py", "test_packaging.py", "test_sharding.py",
                "test_readme.py", "test_superset.py", "test_benchmarks.py")
+
+
+def pytest_configure(config):
+  """With -n, the tests marked with one xdist_group run on one worker (xdist's loadgroup, which
+  is load otherwise): tests/test_multihost.py's jobs share fixtures and run one at a time."""
+  if getattr(config.option, "dist", "no") == "load":
+    config.option.dist = "loadgroup"
 
 
 def pytest_collection_modifyitems(items):

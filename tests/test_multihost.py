@@ -18,19 +18,22 @@ import pytest
 import multiprocess
 from experiments import logbook, trained
 from experiments import workdir as workdir_lib
-from training_helpers import ROOT, TINY, command
+from training_helpers import ROOT, command
 
 pytestmark = pytest.mark.xdist_group("multihost")
 
 # Long enough to signal a run between two of its checkpoints.
 LONG = {"num_train_steps": 100, "checkpoint_every_steps": 20, "log_every_steps": 10,
         "eval_every_steps": 50}
-# The runs compared across topologies: config overrides and the replicas' (seeds, grid).
+# The runs compared across topologies: config overrides and the replicas' (seeds, grid). With 4
+# devices in 2 processes: the batch over all 4; replicas across the processes with the sequence
+# within each; the sequence across the processes.
 RUNS = {
-    "data": (LONG, 1, {}),  # the batch over 4 devices of 2 processes
-    "sequence_within": ({"mesh.sequence": 2, "task_options.max_length": 15}, 1, {}),
+    "data": (LONG, 1, {}),
+    "replicas_across_sequence_within": (
+        {"mesh.sequence": 2, "mesh.data": 1, "task_options.max_length": 15}, 2,
+        {"learning_rate": (1e-3, 3e-3)}),
     "sequence_across": ({"mesh.sequence": 4, "task_options.max_length": 15}, 1, {}),
-    "replicas_across": ({"mesh.data": 1}, 2, {"learning_rate": (1e-3, 3e-3)}),
 }
 # Trains RUNS (argv: output folder, data_dir) in whatever job starts it.
 PROGRAM = r"""
@@ -120,20 +123,20 @@ def test_one_process_writes_each_file_once(topologies):
   assert not glob.glob(f"{fresh}/**/incomplete*", recursive=True)
 
 
-def test_checkpoints_load_on_other_topologies(topologies, data_dir, reference_run, tmp_path):
+def test_checkpoints_load_on_other_topologies(topologies, data_dir, tmp_path):
   one, two, _, _ = topologies
-  for workdir in (f"{one}/replicas_across", f"{two}/replicas_across"):  # 4 devices -> 1
+  for workdir in (f"{one}/replicas_across_sequence_within",
+                  f"{two}/replicas_across_sequence_within"):  # 4 devices, 1 or 2 processes -> 1
     run = trained.load(workdir, replica=3)
     assert run.step == 8 and run.replica["name"] == "seed_1-learning_rate_0.003"
-  # one process's run resumed by two processes from step 6, then loaded again by one
+  # one process's run resumed by two processes from step 80, then loaded by one process
   workdir = str(tmp_path / "grown")
-  shutil.copytree(reference_run[0], workdir)
-  shutil.rmtree(os.path.join(workdir, "checkpoints", "8"))
-  ended = multiprocess.run(multiprocess.distributed(command(workdir, data_dir,
-                                                            attention_maps=1)))
+  shutil.copytree(f"{one}/data", workdir)
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "100"))
+  ended = multiprocess.run(multiprocess.distributed(command(workdir, data_dir, **LONG)))
   assert [e.returncode for e in ended] == [0, 0], [e.stderr[-3000:] for e in ended]
-  assert_same_metrics(workdir, reference_run[0], rtol=1e-4)
-  assert trained.load(workdir).step == 8
+  assert_same_metrics(workdir, f"{two}/data")
+  assert trained.load(workdir).step == 100
 
 
 def test_sigterm_to_one_then_to_both_then_sigkill_then_the_rerun_ends_as_uninterrupted(
@@ -188,17 +191,17 @@ def test_a_busy_workdir_is_refused_by_every_process_and_nothing_changes(data_dir
   assert {path: os.path.getmtime(path) for path in glob.glob(f"{workdir}/*")} == before
 
 
-# Process 1 alone sees a full disk once checkpoint 4 exists.
+# Process 1 alone sees a full disk once checkpoint 20 exists.
 FULL_ON_ONE = r"""
 import os, shutil, sys
 from experiments import checkpoints, train
 real = shutil.disk_usage
-def full_after_step_4(path):
+def full_after_step_20(path):
   usage = real(path)
-  full = os.path.isdir(os.path.join(path, "4"))
+  full = os.path.isdir(os.path.join(path, "20"))
   return usage._replace(free=1000) if full else usage
 if os.environ["JAX_PROCESS_ID"] == "1":
-  checkpoints.shutil.disk_usage = full_after_step_4
+  checkpoints.shutil.disk_usage = full_after_step_20
 sys.argv = ["experiments.train"] + sys.argv[1:]
 train.main()
 """
@@ -207,26 +210,37 @@ train.main()
 def test_a_full_disk_seen_by_one_process_stops_every_process_before_the_checkpoint(
     data_dir, tmp_path):
   workdir = str(tmp_path / "run")
-  argv = multiprocess.distributed(command(workdir, data_dir))
+  argv = multiprocess.distributed(command(workdir, data_dir, **LONG))
   ended = multiprocess.run([sys.executable, "-c", FULL_ON_ONE] + argv[3:])
   line = one_line_each(ended, 1)
-  assert line.startswith(f"workdir error: no space for checkpoint 6 in {workdir}/checkpoints: ")
-  assert "0.0 MiB free" in line and "resumes from step 4" in line
-  assert checkpoint_steps(workdir) == [2, 4]
+  assert line.startswith(f"workdir error: no space for checkpoint 40 in {workdir}/checkpoints: ")
+  assert "0.0 MiB free" in line and "resumes from step 20" in line
+  assert checkpoint_steps(workdir) == [20]
+
+
+# Two variants that differ in a hyperparameter (so they share one compiled step), two seeds each.
+SWEEP = """
+import ml_collections
+from tests.training_helpers import tiny_config
+def get_config(data_dir):
+  sweep = ml_collections.ConfigDict()
+  sweep.train = tiny_config(data_dir, num_train_steps=4, eval_every_steps=2)
+  sweep.num_seeds, sweep.vmap_replicas = 2, True
+  sweep.grid, sweep.extra_evals = ml_collections.ConfigDict(), ml_collections.ConfigDict()
+  sweep.variants = (("slow", {"learning_rate": 1e-3}), ("fast", {"learning_rate": 3e-3}))
+  return sweep
+"""
 
 
 def test_a_two_variant_two_seed_sweep(data_dir, tmp_path):
-  workdir = str(tmp_path / "sweep")
-  shrink = {f"train.{k}": v for k, v in TINY.items()}
-  shrink.update({"train.data_dir": data_dir, "train.model.max_length": 80,
-                 "train.num_train_steps": 4, "train.eval_every_steps": 2, "num_seeds": 2})
+  workdir, config = str(tmp_path / "sweep"), tmp_path / "sweep_config.py"
+  config.write_text(SWEEP)
   ended = multiprocess.run(multiprocess.distributed([
-      sys.executable, "-m", "experiments.sweep", "--config=configs/ablations/positional.py:quick",
-      f"--workdir={workdir}", "--variants=even_pairs-none,even_pairs-rope"]
-      + [f"--config.{k}={v}" for k, v in shrink.items()]), timeout=240)
+      sys.executable, "-m", "experiments.sweep", f"--config={config}:{data_dir}",
+      f"--workdir={workdir}"]), timeout=240)
   assert [e.returncode for e in ended] == [0, 0], [e.stderr[-3000:] for e in ended]
-  assert "[sweep] wrote" in ended[0].stdout and not ended[1].stdout.strip()
-  for variant in ("even_pairs-none", "even_pairs-rope"):
+  assert "[sweep] wrote" in ended[0].stdout and "[sweep]" not in ended[1].stdout
+  for variant in ("slow", "fast"):
     record = workdir_lib.read_result(f"{workdir}/variants/{variant}")
     assert record["status"] == "ok" and record["metrics"]["seed"] == [0, 1]
   with open(f"{workdir}/results.csv") as f:
