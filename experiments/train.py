@@ -377,8 +377,8 @@ def _check_diverged(state, replicas, reported, last_saved, say) -> set:
         f"non-finite loss or gradient norm at step {min(bad.values())} (replicas "
         f"{sorted(bad)}); the last good checkpoint is step {last_saved}. {advice}")
   for name in sorted(set(bad) - reported):
-    say(f"replica {name} diverged at step {bad[name]} (non-finite loss or gradient "
-                   f"norm): frozen there, reported as NaN; the other replicas go on. {advice}")
+    say(f"replica {name} diverged at step {bad[name]} (non-finite loss or gradient norm): "
+        f"frozen there, reported as NaN; the other replicas go on. {advice}")
   return set(bad)
 
 
