@@ -1,22 +1,22 @@
 """Training and sweeps as several processes under jax.distributed, for real: 2 processes x 2 CPU
-devices on localhost (tests/multiprocess.py), against 1 process x 4 devices and 1 device.
+devices on localhost (tests/local_cluster.py), against 1 process x 4 devices and 1 device.
 
 Every job runs under a deadline, so a deadlock fails the test. The module's tests share the
 machine's two cores with nothing else of theirs (one xdist group)."""
 
 import glob
-import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
 
-import multiprocess
-from experiments import logbook, trained
+import local_cluster
+from experiments import hosts, logbook, trained
 from experiments import workdir as workdir_lib
 from training_helpers import ROOT, command
 
@@ -92,9 +92,9 @@ def topologies(data_dir, tmp_path_factory):
   one, two = (str(tmp_path_factory.mktemp(name)) for name in ("one", "two"))
   fresh = str(tmp_path_factory.mktemp("fresh_data"))
   argv = [sys.executable, "-c", PROGRAM]
-  ended = multiprocess.run(argv + [one, data_dir], num_processes=1, devices=4, timeout=240)
+  ended = local_cluster.run(argv + [one, data_dir], num_processes=1, devices=4, timeout=240)
   assert ended[0].returncode == 0, ended[0].stderr[-3000:]
-  ended = multiprocess.run(argv + [two, fresh], timeout=240)
+  ended = local_cluster.run(argv + [two, fresh], timeout=240)
   assert [e.returncode for e in ended] == [0, 0], [e.stderr[-3000:] for e in ended]
   return one, two, fresh, ended
 
@@ -133,7 +133,7 @@ def test_checkpoints_load_on_other_topologies(topologies, data_dir, tmp_path):
   workdir = str(tmp_path / "grown")
   shutil.copytree(f"{one}/data", workdir)
   shutil.rmtree(os.path.join(workdir, "checkpoints", "100"))
-  ended = multiprocess.run(multiprocess.distributed(command(workdir, data_dir, **LONG)))
+  ended = local_cluster.run(local_cluster.distributed(command(workdir, data_dir, **LONG)))
   assert [e.returncode for e in ended] == [0, 0], [e.stderr[-3000:] for e in ended]
   assert_same_metrics(workdir, f"{two}/data")
   assert trained.load(workdir).step == 100
@@ -143,9 +143,9 @@ def test_sigterm_to_one_then_to_both_then_sigkill_then_the_rerun_ends_as_uninter
     topologies, data_dir, tmp_path):
   _, two, _, _ = topologies
   workdir = str(tmp_path / "run")
-  argv = multiprocess.distributed(command(workdir, data_dir, **LONG))
+  argv = local_cluster.distributed(command(workdir, data_dir, **LONG))
 
-  job = multiprocess.start(argv)  # SIGTERM to process 1 alone
+  job = local_cluster.start(argv)  # SIGTERM to process 1 alone
   wait_for_checkpoint(job, workdir, 20)
   job.signal(1, signal.SIGTERM)
   line = one_line_each(job.wait(), 128 + signal.SIGTERM)
@@ -153,27 +153,27 @@ def test_sigterm_to_one_then_to_both_then_sigkill_then_the_rerun_ends_as_uninter
   assert line.startswith(f"stopped by SIGTERM at step {first}: checkpoint saved; resume with: ")
   assert 20 < first < 100
 
-  job = multiprocess.start(argv)  # SIGTERM to both, at different moments
+  job = local_cluster.start(argv)  # SIGTERM to both, at different moments
   wait_for_checkpoint(job, workdir, 40)
   job.signal(0, signal.SIGTERM)
   time.sleep(0.3)
-  multiprocess.stop_all(job)
+  local_cluster.stop_all(job)
   line = one_line_each(job.wait(), 128 + signal.SIGTERM)
   second = max(checkpoint_steps(workdir))
   assert line.startswith(f"stopped by SIGTERM at step {second}: ") and 40 < second < 100
 
-  job = multiprocess.start(argv)  # SIGKILL to process 1: process 0 ends with a line, soon
+  job = local_cluster.start(argv)  # SIGKILL to process 1: process 0 ends with a line, soon
   wait_for_checkpoint(job, workdir, 60)
   job.signal(1, signal.SIGKILL)
   killed = time.time()
   survivor = job.processes[0]
-  survivor.wait(timeout=multiprocess.HEARTBEAT + 10)
-  assert time.time() - killed < multiprocess.HEARTBEAT + 5
+  survivor.wait(timeout=local_cluster.HEARTBEAT + 10)
+  assert time.time() - killed < local_cluster.HEARTBEAT + 5
   ended = job.wait()
   assert ended[1].returncode == -signal.SIGKILL and ended[0].returncode != 0
   assert "process 0 stopped: " in ended[0].last_line, ended[0].stderr[-2000:]
 
-  ended = multiprocess.run(argv)  # the same command again
+  ended = local_cluster.run(argv)  # the same command again
   assert [e.returncode for e in ended] == [0, 0], [e.stderr[-3000:] for e in ended]
   assert logbook.read(workdir) == logbook.read(f"{two}/data")
 
@@ -185,7 +185,7 @@ def test_a_busy_workdir_is_refused_by_every_process_and_nothing_changes(data_dir
     f.write("{}")
   before = {path: os.path.getmtime(path) for path in glob.glob(f"{workdir}/*")}
   with workdir_lib.owned(workdir):
-    ended = multiprocess.run(multiprocess.distributed(command(workdir, data_dir)), timeout=60)
+    ended = local_cluster.run(local_cluster.distributed(command(workdir, data_dir)), timeout=60)
   line = one_line_each(ended, 1)
   assert line.startswith(f"workdir error: {workdir} is in use by process {os.getpid()} on ")
   assert {path: os.path.getmtime(path) for path in glob.glob(f"{workdir}/*")} == before
@@ -210,8 +210,8 @@ train.main()
 def test_a_full_disk_seen_by_one_process_stops_every_process_before_the_checkpoint(
     data_dir, tmp_path):
   workdir = str(tmp_path / "run")
-  argv = multiprocess.distributed(command(workdir, data_dir, **LONG))
-  ended = multiprocess.run([sys.executable, "-c", FULL_ON_ONE] + argv[3:])
+  argv = local_cluster.distributed(command(workdir, data_dir, **LONG))
+  ended = local_cluster.run([sys.executable, "-c", FULL_ON_ONE] + argv[3:])
   line = one_line_each(ended, 1)
   assert line.startswith(f"workdir error: no space for checkpoint 40 in {workdir}/checkpoints: ")
   assert "0.0 MiB free" in line and "resumes from step 20" in line
@@ -235,7 +235,7 @@ def get_config(data_dir):
 def test_a_two_variant_two_seed_sweep(data_dir, tmp_path):
   workdir, config = str(tmp_path / "sweep"), tmp_path / "sweep_config.py"
   config.write_text(SWEEP)
-  ended = multiprocess.run(multiprocess.distributed([
+  ended = local_cluster.run(local_cluster.distributed([
       sys.executable, "-m", "experiments.sweep", f"--config={config}:{data_dir}",
       f"--workdir={workdir}"]), timeout=240)
   assert [e.returncode for e in ended] == [0, 0], [e.stderr[-3000:] for e in ended]
@@ -248,20 +248,18 @@ def test_a_two_variant_two_seed_sweep(data_dir, tmp_path):
   assert not glob.glob(f"{workdir}/**/*.tmp", recursive=True)
 
 
-@pytest.mark.parametrize("flags, environment, message", [
-    (["--distributed"], {}, "--distributed: no cluster to join"),
-    (["--process_id=1"], {}, "--process_id needs --distributed"),
+@pytest.mark.parametrize("flags, message", [
+    (["--distributed"], "--distributed: no cluster to join"),
+    (["--process_id=1"], "--process_id needs --distributed"),
 ])
-def test_the_command_says_what_to_set_without_a_coordinator(flags, environment, message,
-                                                            tmp_path):
-  import subprocess
-  env = {key: value for key, value in os.environ.items() if not key.startswith("JAX_")
-         or key in ("JAX_COMPILATION_CACHE_DIR", "JAX_DEFAULT_MATMUL_PRECISION")}
+def test_the_command_says_what_to_set_without_a_coordinator(flags, message, tmp_path):
+  env = {key: value for key, value in os.environ.items()
+         if key not in hosts.ENVIRONMENT.values()}
   result = subprocess.run(command(str(tmp_path / "run"), str(tmp_path)) + flags, cwd=ROOT,
-                          env={**env, "JAX_PLATFORMS": "cpu", **environment},
-                          capture_output=True, text=True, timeout=60)
+                          env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                          timeout=60)
   assert result.returncode == 1 and "Traceback" not in result.stderr
   line = result.stderr.strip().splitlines()[-1]
   assert line.startswith(message), result.stderr[-2000:]
-  assert "--coordinator_address=HOST:PORT" in line or "--distributed" in line
+  assert "--coordinator_address=HOST:PORT" in line or "add it to every process" in line
   assert not os.path.exists(tmp_path / "run")
