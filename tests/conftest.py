@@ -74,9 +74,18 @@ HEAVY_FIRST = ("test_multihost.py", "test_notebook.py", "test_train.py", "test_w
 
 def pytest_configure(config):
   """With -n, the tests marked with one xdist_group run on one worker (xdist's loadgroup, which
-  is load otherwise): tests/test_multihost.py's jobs share fixtures and run one at a time."""
+  is load otherwise): tests/test_multihost.py's jobs share fixtures and run one at a time. The
+  controller schedules by group; its workers, which parse the command line afresh, name the
+  grouped tests by group (pytest_configure_node tells them)."""
   if getattr(config.option, "dist", "no") == "load":
     config.option.dist = "loadgroup"
+  if getattr(config, "workerinput", {}).get("dist") == "loadgroup":
+    config.option.loadgroup = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+  node.workerinput["dist"] = node.config.option.dist
 
 
 def pytest_collection_modifyitems(items):
