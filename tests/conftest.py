@@ -67,8 +67,8 @@ def reference_run(data_dir, tmp_path_factory):
 # The files whose tests start training runs and subprocesses, longest first: run before the
 # quick ones, so that the two xdist workers finish together instead of one waiting on a long
 # test collected last (alphabetical order put most of them at the end).
-HEAVY_FIRST = ("test_multihost.py", "test_notebook.py", "test_train.py", "test_workdir.py", "test_sweep.py",
-               "test_context_parallel.py", "test_packaging.py", "test_sharding.py",
+HEAVY_FIRST = ("test_multihost.py", "test_notebook.py", "test_train.py", "test_workdir.py",
+               "test_sweep.py", "test_context_parallel.py", "test_packaging.py", "test_sharding.py",
                "test_readme.py", "test_superset.py", "test_benchmarks.py")
 
 
