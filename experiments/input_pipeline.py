@@ -1,7 +1,8 @@
 """Batches from a task's splits, determined by the step alone (so a resumed run sees the same data).
 
-The global batch at step s is a slice of a per-epoch permutation drawn from (seed, epoch); each
-process takes its rows and places them on its devices, sharded along the batch axis.
+The global batch at step s is a slice of a per-epoch permutation drawn from (seed, epoch). Every
+process computes it and places the pieces its own devices hold, as the sharding's index map says
+(any mesh: replica, data or sequence axes may span processes).
 """
 
 from __future__ import annotations
@@ -48,12 +49,8 @@ def eval_batches(split, batch_size: int):
     yield {"tokens": tokens, "labels": labels, "weight": weight}
 
 
-def shard(batch: dict, sharding, batch_axis: int = 0) -> dict:
-  """Global NumPy batch -> global jax.Arrays, each process contributing its own rows (its slice
-  of ``batch_axis``)."""
-  count, index = jax.process_count(), jax.process_index()
-  def local(x):
-    rows = x.shape[batch_axis] // count
-    own = (slice(None),) * batch_axis + (slice(index * rows, (index + 1) * rows),)
-    return jax.make_array_from_process_local_data(sharding, x[own], x.shape)
-  return {name: local(x) for name, x in batch.items()}
+def shard(batch: dict, sharding) -> dict:
+  """Global NumPy batch -> global jax.Arrays laid out by ``sharding``: each process places the
+  slices its devices own (``jax.make_array_from_callback`` asks for them by index)."""
+  return {name: jax.make_array_from_callback(x.shape, sharding, lambda index, x=x: x[index])
+          for name, x in batch.items()}

@@ -16,6 +16,9 @@ the same command skips the variants that finished and resumes the one that was i
 its checkpoint. A variant that fails is recorded with its error and the sweep goes on (a full
 disk, a busy workdir and SIGTERM/SIGINT stop the sweep instead, as they stop a run). At the end
 <workdir> holds results.csv, results.md and the plots (experiments/sweep_report.py).
+
+With --distributed (README "Many hosts") every process trains every variant together; whether a
+variant failed is agreed by all of them, and one process writes the records and reports.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import sys
 import traceback
 
 from experiments import config_check
+from experiments import hosts
 from experiments import train as train_lib
 from experiments import workdir as workdir_lib
 
@@ -113,9 +117,9 @@ def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
                                    f"{[name for name, _ in sweep.variants]}.")
   selected = [(name, overrides) for name, overrides in sweep.variants
               if not only or name in only]
-  for name, overrides in selected:
-    _check_existing(sweep, name, variant_config(sweep, overrides),
-                    os.path.join(workdir, "variants", name))
+  hosts.agree(lambda: [_check_existing(sweep, name, variant_config(sweep, overrides),
+                                       os.path.join(workdir, "variants", name))
+                        for name, overrides in selected])
   with workdir_lib.owned(workdir):
     return [_run_variant(sweep, name, overrides, os.path.join(workdir, "variants", name))
             for name, overrides in selected]
@@ -123,26 +127,30 @@ def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
 
 def _run_variant(sweep, name, overrides, directory) -> dict:
   """The record of one variant: trained now, or as it finished earlier."""
-  record = workdir_lib.read_result(directory)
+  say = print if hosts.writer() else lambda *args, **kwargs: None
+  record = hosts.agree(workdir_lib.read_result, directory)
   if record is not None and record["status"] == "ok":
-    print(f"[sweep] {name}: finished earlier, skipped", flush=True)
+    say(f"[sweep] {name}: finished earlier, skipped", flush=True)
     return record
   config = variant_config(sweep, overrides)
-  workdir_lib.claim(config, directory)
+  hosts.agree(lambda: workdir_lib.claim(config, directory) if hosts.writer() else None)
   count = len(train_lib.replicas_of(config, sweep.num_seeds, grid(sweep)))
-  print(f"[sweep] {name}: training {count} replicas (seeds x grid)", flush=True)
+  say(f"[sweep] {name}: training {count} replicas (seeds x grid)", flush=True)
   record = {"variant": name, "overrides": overrides}
   try:
-    record.update(status="ok", metrics=train_variant(sweep, config, directory))
-    print(f"[sweep] {name}: eval_accuracy {record['metrics']['eval_accuracy']}", flush=True)
+    record.update(status="ok", metrics=hosts.agree(train_variant, sweep, config, directory))
+    say(f"[sweep] {name}: eval_accuracy {record['metrics']['eval_accuracy']}", flush=True)
   except (workdir_lib.WorkdirError, train_lib.Interrupted):
     raise  # the sweep cannot go on either; the same command resumes it
   except Exception as error:  # noqa: BLE001 -- recorded; the other variants still run
     record.update(status="failed", error=f"{type(error).__name__}: {error}")
-    with workdir_lib.writing(directory):
-      workdir_lib.write_atomically(os.path.join(directory, "error.txt"), traceback.format_exc())
-    print(f"[sweep] {name}: FAILED, {record['error']}", flush=True)
-  workdir_lib.write_result(directory, record)
+    if hosts.writer():
+      with workdir_lib.writing(directory):
+        workdir_lib.write_atomically(os.path.join(directory, "error.txt"),
+                                     traceback.format_exc())
+    say(f"[sweep] {name}: FAILED, {record['error']}", flush=True)
+  if hosts.writer():
+    workdir_lib.write_result(directory, record)
   return record
 
 
@@ -154,6 +162,7 @@ def main():
                                   lock_config=True)
   flags.DEFINE_string("workdir", None, "Directory for the runs, tables and plots.", required=True)
   flags.DEFINE_list("variants", None, "Run only these variants (default: all).")
+  hosts.define_flags(flags)
 
   def run(argv):
     del argv
@@ -161,12 +170,13 @@ def main():
     from experiments import sweep_report  # matplotlib only here
     workdir = flags.FLAGS.workdir
     records = []
-    train_lib.run_command(lambda: records.extend(
-        run_sweep(flags.FLAGS.config, workdir, flags.FLAGS.variants)))
-    paths = sweep_report.write(records, workdir, tuple(flags.FLAGS.config.extra_evals))
-    with open(paths["markdown"]) as f:
-      print(f.read())
-    print("[sweep] wrote " + ", ".join(sorted(paths.values())))
+    train_lib.run_command(lambda: (hosts.initialize_from(flags.FLAGS), records.extend(
+        run_sweep(flags.FLAGS.config, workdir, flags.FLAGS.variants))))
+    if hosts.writer():
+      paths = sweep_report.write(records, workdir, tuple(flags.FLAGS.config.extra_evals))
+      with open(paths["markdown"]) as f:
+        print(f.read())
+      print("[sweep] wrote " + ", ".join(sorted(paths.values())))
     failed = [record["variant"] for record in records if record["status"] != "ok"]
     if failed:
       sys.exit(f"[sweep] {len(failed)} variant(s) failed: {failed}; see "

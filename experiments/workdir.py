@@ -22,8 +22,7 @@ import socket
 import sys
 import time
 
-import jax
-
+from experiments import hosts
 from experiments.config_check import ConfigError
 
 
@@ -77,8 +76,9 @@ def writing(workdir: str):
 
 
 def write_atomically(path: str, text: str) -> None:
-  """Replaces ``path`` with ``text`` all at once: a full disk leaves the old file as it was."""
-  temporary = f"{path}.tmp"
+  """Replaces ``path`` with ``text`` all at once: a full disk leaves the old file as it was. The
+  temporary file's name is this process's own, so concurrent writers never share one."""
+  temporary = f"{path}.{socket.gethostname()}-{os.getpid()}.tmp"
   try:
     with open(temporary, "w") as f:
       f.write(text)
@@ -129,12 +129,17 @@ def command_line() -> str:
 def owned(workdir: str):
   """Holds ``workdir`` for this process (an flock on <workdir>/.lock) for the block. A second
   process is refused at once with a WorkdirError naming the holder; the kernel drops the lock
-  when its holder dies, so a killed run never blocks its restart. In a multi-process run only
-  process 0 holds it (the others write nothing of their own)."""
-  check_is_directory(workdir)
-  if jax.process_index() != 0:
+  when its holder dies, so a killed run never blocks its restart. In a multi-process run the
+  writing process holds it for all, and every process is refused with its error."""
+  with contextlib.ExitStack() as stack:
+    hosts.agree(lambda: stack.enter_context(_locked(workdir)) if hosts.writer()
+                else check_is_directory(workdir))
     yield
-    return
+
+
+@contextlib.contextmanager
+def _locked(workdir: str):
+  check_is_directory(workdir)
   with writing(workdir):
     os.makedirs(workdir, exist_ok=True)
     descriptor = os.open(os.path.join(workdir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)

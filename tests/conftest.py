@@ -67,9 +67,25 @@ def reference_run(data_dir, tmp_path_factory):
 # The files whose tests start training runs and subprocesses, longest first: run before the
 # quick ones, so that the two xdist workers finish together instead of one waiting on a long
 # test collected last (alphabetical order put most of them at the end).
-HEAVY_FIRST = ("test_notebook.py", "test_train.py", "test_workdir.py", "test_sweep.py",
-               "test_context_parallel.py", "test_packaging.py", "test_sharding.py",
+HEAVY_FIRST = ("test_multihost.py", "test_notebook.py", "test_train.py", "test_workdir.py",
+               "test_sweep.py", "test_context_parallel.py", "test_packaging.py", "test_sharding.py",
                "test_readme.py", "test_superset.py", "test_benchmarks.py")
+
+
+def pytest_configure(config):
+  """With -n, the tests marked with one xdist_group run on one worker (xdist's loadgroup, which
+  is load otherwise): tests/test_multihost.py's jobs share fixtures and run one at a time. The
+  controller schedules by group; its workers, which parse the command line afresh, name the
+  grouped tests by group (pytest_configure_node tells them)."""
+  if getattr(config.option, "dist", "no") == "load":
+    config.option.dist = "loadgroup"
+  if getattr(config, "workerinput", {}).get("dist") == "loadgroup":
+    config.option.loadgroup = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+  node.workerinput["dist"] = node.config.option.dist
 
 
 def pytest_collection_modifyitems(items):

@@ -1,0 +1,102 @@
+"""A job of N processes on this machine, as JAX's multi-process runtime runs one per host.
+
+Each process gets its own CPU devices and joins the coordinator on a free localhost port through
+the environment the training commands read (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+JAX_PROCESS_ID); collectives between processes go through gloo, JAX's CPU default. Every wait has
+a deadline, after which the whole job is killed: a deadlock fails a test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from training_helpers import ROOT
+
+HEARTBEAT = 10  # --heartbeat_timeout of the jobs here: a silent process ends the others in 10 s
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def environment(process_id: int, num_processes: int, devices: int, port: int) -> dict:
+  env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+  return {**env, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices),
+          "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": str(num_processes),
+          "JAX_PROCESS_ID": str(process_id)}
+
+
+@dataclasses.dataclass
+class Job:
+  """The processes of one job, started together; ``wait`` collects them."""
+  processes: list[subprocess.Popen]
+  deadline: float
+
+  def wait(self) -> list[Ended]:
+    ended = []
+    for process in self.processes:
+      try:
+        out, err = process.communicate(timeout=max(self.deadline - time.time(), 0.1))
+      except subprocess.TimeoutExpired:
+        self.kill()
+        raise AssertionError(f"the job did not end by its deadline (a deadlock?); process "
+                             f"{self.processes.index(process)} was still running") from None
+      ended.append(Ended(process.returncode, out, err))
+    return ended
+
+  def kill(self) -> None:
+    for process in self.processes:
+      if process.poll() is None:
+        process.kill()
+        process.communicate()
+
+  def signal(self, process_id: int, signum: int) -> None:
+    self.processes[process_id].send_signal(signum)
+
+
+@dataclasses.dataclass
+class Ended:
+  returncode: int
+  stdout: str
+  stderr: str
+
+  @property
+  def last_line(self) -> str:
+    return (self.stderr.strip().splitlines() or [""])[-1]
+
+
+def start(argv: list[str], num_processes: int = 2, devices: int = 2, timeout: float = 120,
+          per_process: dict | None = None) -> Job:
+  """Starts ``argv`` (a command reading the coordinator from the environment) as processes
+  0 .. num_processes - 1 with ``devices`` CPU devices each; ``per_process``: {process id: extra
+  environment}. The job must end within ``timeout`` seconds."""
+  port = free_port()
+  processes = [subprocess.Popen(
+      argv, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      env={**environment(i, num_processes, devices, port), **(per_process or {}).get(i, {})})
+      for i in range(num_processes)]
+  return Job(processes, time.time() + timeout)
+
+
+def run(argv: list[str], **options) -> list[Ended]:
+  """Starts the job (as ``start``) and waits for all of its processes."""
+  return start(argv, **options).wait()
+
+
+def distributed(argv: list[str]) -> list[str]:
+  """A training or sweep command joined to the job's coordinator."""
+  return argv + ["--distributed", f"--heartbeat_timeout={HEARTBEAT}"]
+
+
+def stop_all(job: Job) -> None:
+  """Sends SIGTERM to every process of a job that is still running."""
+  for process in job.processes:
+    if process.poll() is None:
+      process.send_signal(signal.SIGTERM)
