@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_jax import attention as attention_lib
+from attention_jax import head_variants
 from attention_jax import reference
 from attention_jax.products import dense_product
 
@@ -102,14 +103,17 @@ def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
 
 
 def attention_inputs(params, inputs_q, inputs_kv=None, *, scale: float | str = "inv_sqrt",
-                     qk_transform: Callable | None = None):
+                     qk_transform: Callable | None = None, head_variant=None):
   """Projected, normalised (with query_ln/key_ln), transformed query/key/value and the scale left
   to apply to Q K^T.
 
   [..., T, D_in], [..., S, D_in] -> query [..., T, N, H], key, value [..., S, N, H], scale.
+  ``head_variant`` (head_variants.HeadVariant): overlapping heads widen H to H + 2o here.
   """
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
   query, key, value = project_qkv(params, inputs_q, inputs_kv)  # [..., T|S, N, H]
+  head_dim = query.shape[-1]  # the scale's d_k, before a head variant widens the heads (MOHSA)
+  query, key, value = head_variants.head_layout(head_variant, query, key, value)
   if "query_ln" in params:
     query = qk_layer_norm(query, params["query_ln"]["scale"])
     key = qk_layer_norm(key, params["key_ln"]["scale"])
@@ -117,7 +121,7 @@ def attention_inputs(params, inputs_q, inputs_kv=None, *, scale: float | str = "
     query, key = qk_transform(query, key)
   if scale == "learned":  # a per-head temperature, folded into the query
     return query * params["temperature"][:, None].astype(query.dtype), key, value, 1.0
-  return query, key, value, resolve_scale(scale, query.shape[-1])
+  return query, key, value, resolve_scale(scale, head_dim)
 
 
 def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
@@ -125,7 +129,7 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
                          qk_transform: Callable | None = None, dropout_rate: float = 0.0,
                          dropout_rng=None, implementation: str | None = None,
                          return_weights: bool = False, attention_fn: Callable | None = None,
-                         **attention_args):
+                         head_variant=None, **attention_args):
   """Multi-head attention as a pure function of its parameters (layout in the module docstring).
 
   Args:
@@ -138,6 +142,8 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
     dropout_rate, dropout_rng, implementation, return_weights: as in ``dot_product_attention``.
     attention_fn: what computes attention from the projected heads, with the signature of
       ``dot_product_attention`` (the default), e.g. ``ContextParallel(mesh, axis_name)``.
+    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping heads)
+      or None (plain multi-head attention); its parameters are in ``params``.
     **attention_args: the other keyword arguments of ``dot_product_attention``
       (query_seq_lengths, key_value_seq_lengths, local_window_size, logits_soft_cap,
       query_segment_ids, key_segment_ids, return_residual).
@@ -152,14 +158,18 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
   # The named scopes label the three parts in profiles (scripts/profile_train.py).
   with jax.named_scope("qkv_projection"):
     query, key, value, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
-                                                qk_transform=qk_transform)
-  attention_fn = attention_fn or attention_lib.dot_product_attention
+                                                qk_transform=qk_transform,
+                                                head_variant=head_variant)
+  # head variants: talking heads and DCMHA mix heads inside attention, MoH gates heads after it
+  attention_fn = head_variants.attention_fn(params, inputs_q, inputs_kv, head_variant,
+                                            attention_fn)
   with jax.named_scope("dot_product_attention"):
     result = attention_fn(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights,
         implementation=implementation, **attention_args)
   heads, *extras = result if isinstance(result, tuple) else (result,)  # heads [..., T, N, H]
+  heads = head_variants.gate_heads(params, inputs_q, heads, head_variant)
   with jax.named_scope("out_projection"):
     output = project_out(params, heads)  # [..., T, D_out]
   return (output, *extras) if extras else output
@@ -168,13 +178,14 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
 def multi_head_attention_logits(params, inputs_q, inputs_kv=None, *, bias=None,
                                 scale: float | str = "inv_sqrt",
                                 qk_transform: Callable | None = None,
-                                logits_soft_cap: float | None = None):
-  """The logits Q K^T * scale + bias [..., N, T, S] that the softmax of each head sees.
+                                logits_soft_cap: float | None = None, head_variant=None):
+  """The logits Q K^T * scale + bias [..., N, T, S] that the softmax of each head sees (a mixing
+  head variant's are in ``attention_maps``).
 
   >>> multi_head_attention_logits(params, x).shape  # x [B, T, D_in], 8 heads -> (B, 8, T, T)
   """
   query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
-                                          qk_transform=qk_transform)
+                                          qk_transform=qk_transform, head_variant=head_variant)
   logits = reference.attention_logits(query, key, scale=scale,
                                       logits_soft_cap=logits_soft_cap)  # [..., N, T, S]
   return logits if bias is None else logits + bias
@@ -183,17 +194,25 @@ def multi_head_attention_logits(params, inputs_q, inputs_kv=None, *, bias=None,
 def attention_maps(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
                    scale: float | str = "inv_sqrt", is_causal: bool = False,
                    qk_transform: Callable | None = None, logits_soft_cap: float | None = None,
-                   return_residual: bool = False, **structure):
+                   return_residual: bool = False, head_variant=None, **structure):
   """(logits, weights), each [..., N, T, S]: what ``multi_head_attention`` with the same
   arguments computes inside (the weights before dropout). ``structure``: the sequence lengths,
-  local window and segment ids, as there. The modules sow these when asked.
+  local window and segment ids, as there. The modules sow these when asked. With talking heads
+  or DCMHA: the mixed logits and the mixed (possibly negative) weights that it applies.
 
   >>> logits, weights = attention_maps(params, x, local_window_size=2)  # x [B, T, D_in]
   """
   del return_residual  # the maps are the same either way
+  if head_variants.mixes(head_variant):  # head variants: the maps the mixes give
+    query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
+                                            qk_transform=qk_transform, head_variant=head_variant)
+    logits_mix, weights_mix = head_variants.head_mixes(params, inputs_q, inputs_kv, head_variant)
+    return head_variants.mixed_maps(query, key, bias, mask, logits_mix=logits_mix,
+                                    weights_mix=weights_mix, scale=scale, is_causal=is_causal,
+                                    logits_soft_cap=logits_soft_cap, **structure)
   logits = multi_head_attention_logits(params, inputs_q, inputs_kv, bias=bias, scale=scale,
                                        qk_transform=qk_transform,
-                                       logits_soft_cap=logits_soft_cap)
+                                       logits_soft_cap=logits_soft_cap, head_variant=head_variant)
   mask = attention_lib.structure_mask(mask, *logits.shape[-2:], **structure)
   return logits, reference.logits_to_weights(logits, mask, is_causal=is_causal)
 
@@ -246,6 +265,17 @@ class _NormScale(nn.Module):
                                 self.param_dtype)}
 
 
+class _VariantParams(nn.Module):
+  """Holds the parameters a head variant adds, {name: array}, from head_variants.parameter_specs."""
+  specs: Any  # ((name, shape, initializer), ...)
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self):
+    return {name: self.param(name, init, shape, self.param_dtype)
+            for name, shape, init in self.specs}
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention (Vaswani et al. 2017, section 3.2.2) as a Flax Linen module.
 
@@ -263,10 +293,14 @@ class MultiHeadAttention(nn.Module):
       the dot product, as flax's ``normalize_qk`` (Dehghani et al. 2023; Wortsman et al. 2023).
     attention_fn: replaces ``dot_product_attention`` (same signature), e.g.
       ``ContextParallel(mesh, axis_name)`` for a sequence sharded over a mesh axis.
+    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping
+      heads); None: plain multi-head attention. Its parameters sit under params[variant name].
 
   When the "intermediates" collection is mutable, the logits and the weights [..., N, T, S] are
   sown there as "attention_logits" and "attention_weights", computed beside the output so the
-  output does not change.
+  output does not change (with MoH also its "head_gates" [..., T, N], zero for the heads a token
+  did not use). MoH sows its weighted load-balancing loss in the "losses" collection when that
+  is mutable (the trainer adds it to the task loss).
 
   >>> layer = MultiHeadAttention(num_heads=8, d_model=256)  # embed 128 -> 8 heads of d_k = 32
   >>> variables = layer.init(jax.random.key(0), x)  # x: [B, T, 128]
@@ -283,6 +317,7 @@ class MultiHeadAttention(nn.Module):
   qk_transform: Callable | None = None
   normalize_qk: bool = False
   attention_fn: Callable | None = None
+  head_variant: Any = None
   kernel_init: Callable = nn.initializers.lecun_normal()
   bias_init: Callable = nn.initializers.zeros_init()
   param_dtype: Any = jnp.float32
@@ -299,10 +334,15 @@ class MultiHeadAttention(nn.Module):
     else:
       params = {name: self._weights(name, (d_in,) + heads, heads)
                 for name in ("query", "key", "value")}
-    params["out"] = self._weights("out", heads + (d_out,), (d_out,), input_dims=2)
+    width = head_variants.head_width(self.head_variant, head_dim)  # H, or H + 2o (MOHSA)
+    params["out"] = self._weights("out", (self.num_heads, width, d_out), (d_out,), input_dims=2)
     if self.normalize_qk:
       for name in ("query_ln", "key_ln"):
-        params[name] = _NormScale(head_dim, self.param_dtype, name=name)()
+        params[name] = _NormScale(width, self.param_dtype, name=name)()
+    for group, specs in head_variants.parameter_specs(
+        self.head_variant, in_features=d_in, num_heads=self.num_heads).items():
+      params[group] = _VariantParams(tuple((name, shape, init) for name, (shape, init)
+                                           in specs.items()), self.param_dtype, name=group)()
     if self.scale == "learned":
       params["temperature"] = self.param(
           "temperature", nn.initializers.constant(resolve_scale("learned", head_dim)),
@@ -325,11 +365,16 @@ class MultiHeadAttention(nn.Module):
         params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale,
         is_causal=is_causal, qk_transform=self.qk_transform, dropout_rate=dropout_rate,
         dropout_rng=dropout_rng, implementation=self.implementation,
-        attention_fn=self.attention_fn, **attention_args)
+        attention_fn=self.attention_fn, head_variant=self.head_variant, **attention_args)
     if self.is_mutable_collection("intermediates"):
       logits, weights = attention_maps(params, inputs_q, inputs_kv, mask=mask, bias=bias,
                                        scale=self.scale, is_causal=is_causal,
-                                       qk_transform=self.qk_transform, **attention_args)
+                                       qk_transform=self.qk_transform,
+                                       head_variant=self.head_variant, **attention_args)
       self.sow("intermediates", "attention_logits", logits)
       self.sow("intermediates", "attention_weights", weights)
+    for collection, name, value in head_variants.sown(
+        params, inputs_q, self.head_variant, self.num_heads,
+        collections=[c for c in head_variants.SOWN if self.is_mutable_collection(c)]):
+      self.sow(collection, name, value)
     return output
