@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_jax import encoder as encoder_lib
+from attention_jax import head_variants
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
@@ -88,6 +89,18 @@ class _Scale(nnx.Module):
     return {"scale": self.scale[...]}
 
 
+class _VariantParams(nnx.Module):
+  """The parameters a head variant adds ({name: array}, head_variants.parameter_specs)."""
+
+  def __init__(self, specs: dict, param_dtype, rngs: nnx.Rngs):
+    self.names = tuple(specs)
+    for name, (shape, init) in specs.items():
+      setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype)))
+
+  def __call__(self):
+    return {name: getattr(self, name)[...] for name in self.names}
+
+
 class MultiHeadAttention(_Dropping):
   """Multi-head attention (Vaswani et al. 2017) as a Flax NNX module; the twin of
   ``attention_jax.MultiHeadAttention``, computed by ``multihead.multi_head_attention``.
@@ -107,6 +120,9 @@ class MultiHeadAttention(_Dropping):
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
     qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
     normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys.
+    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping heads);
+      None: plain multi-head attention. Inside ``nnx.capture(..., nnx.Intermediate)`` MoH also
+      sows "head_gates" and its weighted "load_balancing" loss.
     deterministic: no dropout unless False (here or at the call).
 
   Parameters: query/key/value {kernel [D_in, N, H], bias [N, H]} (or qkv), out {kernel
@@ -123,7 +139,8 @@ class MultiHeadAttention(_Dropping):
                dropout_rate: float = 0.0, implementation: str | None = None,
                fused_qkv: bool = False, use_bias: bool = True,
                qk_transform: Callable | None = None, normalize_qk: bool = False,
-               attention_fn: Callable | None = None, kernel_init: Callable = nnx.initializers.lecun_normal(),
+               attention_fn: Callable | None = None, head_variant=None,
+               kernel_init: Callable = nnx.initializers.lecun_normal(),
                bias_init: Callable = nnx.initializers.zeros_init(), param_dtype: Any = jnp.float32,
                deterministic: bool = True, rngs: nnx.Rngs):
     head_dim = multihead.head_dim_of(d_model or in_features, num_heads)
@@ -131,8 +148,9 @@ class MultiHeadAttention(_Dropping):
     self.num_heads, self.scale, self.dropout_rate = num_heads, scale, dropout_rate
     self.implementation, self.fused_qkv, self.qk_transform = implementation, fused_qkv, qk_transform
     self.normalize_qk, self.deterministic = normalize_qk, deterministic
-    self.attention_fn = attention_fn
+    self.attention_fn, self.head_variant = attention_fn, head_variant
     heads, d_out = (num_heads, head_dim), out_features or in_features
+    width = head_variants.head_width(head_variant, head_dim)  # H, or H + 2o (MOHSA)
     weights = dict(use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
                    param_dtype=param_dtype, rngs=rngs)
     if fused_qkv:
@@ -141,9 +159,14 @@ class MultiHeadAttention(_Dropping):
       self.query = _Projection((in_features,) + heads, 1, **weights)  # [D_in, N, H]
       self.key = _Projection((in_features,) + heads, 1, **weights)
       self.value = _Projection((in_features,) + heads, 1, **weights)
-    self.out = _Projection(heads + (d_out,), 2, **weights)  # [N, H, D_out]
+    self.out = _Projection((num_heads, width, d_out), 2, **weights)  # [N, H, D_out]
     if normalize_qk:
-      self.query_ln, self.key_ln = _Scale(head_dim, param_dtype), _Scale(head_dim, param_dtype)
+      self.query_ln, self.key_ln = _Scale(width, param_dtype), _Scale(width, param_dtype)
+    variant_specs = head_variants.parameter_specs(head_variant, in_features=in_features,
+                                                  num_heads=num_heads)
+    for group, specs in variant_specs.items():
+      setattr(self, group, _VariantParams(specs, param_dtype, rngs))
+    self.variant_groups = tuple(variant_specs)
     if scale == "learned":
       self.temperature = nnx.Param(
           jnp.full((num_heads,), multihead.resolve_scale("learned", head_dim), param_dtype))
@@ -152,7 +175,7 @@ class MultiHeadAttention(_Dropping):
   def params(self) -> dict:
     """The parameters as the dict that ``multihead.multi_head_attention`` takes."""
     names = ("qkv",) if self.fused_qkv else ("query", "key", "value")
-    names += ("out",) + (("query_ln", "key_ln") if self.normalize_qk else ())
+    names += ("out",) + (("query_ln", "key_ln") if self.normalize_qk else ()) + self.variant_groups
     params = {name: getattr(self, name)() for name in names}
     if self.scale == "learned":
       params["temperature"] = self.temperature[...]
@@ -172,7 +195,7 @@ class MultiHeadAttention(_Dropping):
         is_causal=is_causal, qk_transform=self.qk_transform,
         dropout_rate=self.dropout_rate if dropout else 0.0,
         dropout_rng=self.rngs() if dropout else None, implementation=self.implementation,
-        attention_fn=self.attention_fn, **attention_args)
+        attention_fn=self.attention_fn, head_variant=self.head_variant, **attention_args)
     if _capturing(self):
       self._sow_maps(params, inputs_q, inputs_kv, mask, bias, is_causal, attention_args)
     return output
@@ -181,9 +204,12 @@ class MultiHeadAttention(_Dropping):
     """Sows the logits and the weights [..., N, T, S] as the Linen module does."""
     logits, weights = multihead.attention_maps(
         params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale, is_causal=is_causal,
-        qk_transform=self.qk_transform, **attention_args)
+        qk_transform=self.qk_transform, head_variant=self.head_variant, **attention_args)
     self.sow(nnx.Intermediate, "attention_logits", logits)
     self.sow(nnx.Intermediate, "attention_weights", weights)
+    for _, name, value in head_variants.sown(params, inputs_q, self.head_variant, self.num_heads,
+                                             collections=head_variants.SOWN):
+      self.sow(nnx.Intermediate, name, value)
 
 
 # Positional encodings: the Linen ones' three methods, over the same pure functions. ``rotate`` is
@@ -321,8 +347,8 @@ class EncoderBlock(_Dropping):
   >>> y = block(x, padding_mask(valid))  # x [B, T, 64] -> y [B, T, 64]
   """
 
-  def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
-               rngs: nnx.Rngs):
+  def __init__(self, config: encoder_lib.EncoderConfig, *, layer: int = 0,
+               deterministic: bool = True, rngs: nnx.Rngs):
     _check_attention_module(config)
     cfg = self.config = config
     self.deterministic = deterministic
@@ -331,7 +357,7 @@ class EncoderBlock(_Dropping):
         scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate,
         implementation=cfg.attention_impl, normalize_qk=cfg.normalize_qk,
         attention_fn=cfg.attention_fn, qk_transform=POSITIONAL_ENCODINGS[cfg.positional_encoding].rotate,
-        deterministic=deterministic, rngs=rngs)
+        head_variant=cfg.head_variant_of(layer), deterministic=deterministic, rngs=rngs)
     self.feed_forward = FeedForward(cfg.d_model, cfg.mlp_dim, dropout_rate=cfg.dropout_rate,
                                     deterministic=deterministic, rngs=rngs)
     self.norm_0 = nnx.LayerNorm(cfg.d_model, rngs=rngs)
@@ -374,7 +400,8 @@ class TransformerEncoder(_Dropping):
         num_heads=cfg.num_heads, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=deterministic, rngs=rngs)
     for layer in range(cfg.num_layers):
-      setattr(self, f"block_{layer}", EncoderBlock(cfg, deterministic=deterministic, rngs=rngs))
+      setattr(self, f"block_{layer}", EncoderBlock(cfg, layer=layer, deterministic=deterministic,
+                                                   rngs=rngs))
     if cfg.pre_layer_norm:
       self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs)
 

@@ -24,7 +24,8 @@ from experiments.steps import HYPERPARAMETERS  # noqa: E402
 LEADING = ("eval_accuracy", "eval_loss")
 PRIMARY = "eval_accuracy"  # the measure arms are ranked and tested by
 MAX_LOGIT = "max_attention_logit"
-PROBES = ("logit_variance", "entropy", "max_weight", "query_grad_norm", "key_grad_norm")
+PROBES = ("logit_variance", "entropy", "max_weight", "negative_weight", "query_grad_norm",
+          "key_grad_norm")
 
 
 # per-replica columns that are not measurements

@@ -74,6 +74,8 @@ def encoder_config(config, task: tasks.Task, mesh: Mesh | None = None) -> aj.Enc
       dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
       pre_layer_norm=model.pre_layer_norm, attention_impl=model.attention_impl or None,
       pad_id=task.pad_id, num_classes=task.num_classes, pooling=model.pooling,
+      head_variant=model.head_variant, moh_shared_heads=model.moh_shared_heads,
+      moh_routed_heads=model.moh_routed_heads, overlap_schedule=model.overlap_schedule,
       attention_fn=aj.ContextParallel(mesh, "sequence", config.mesh.strategy) if sharded else None)
 
 
