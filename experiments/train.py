@@ -201,7 +201,8 @@ def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | Non
   extra test set), with ``probes`` the probe summaries at initialisation ("init_*") and at the end
   ("final_*"), "diverged_at" (the step whose loss or gradient was not finite, 0 if none: such a
   replica is frozen there, its evaluations are NaN, and the others train on; the run stops only
-  when every replica has diverged) and "seconds", the wall time of the whole run.
+  when every replica has diverged), "parameters" (the model's count) and "seconds", the wall time
+  of the whole run.
   """
   config_check.validate(config)
   mesh = device_mesh(len(replicas), config.mesh.data, config.mesh.sequence)
@@ -325,6 +326,8 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
   diverged_at = np.asarray(jax.device_get(state.diverged_at)).tolist()
   return {**columns, **eval_metrics, **init_probes, **final_probes, "diverged_at": diverged_at,
           "num_classes": [task.num_classes] * len(replicas),
+          "parameters": [sum(leaf[0].size for leaf in jax.tree.leaves(state.params))]
+          * len(replicas),
           "seconds": [time.perf_counter() - started] * len(replicas)}
 
 
