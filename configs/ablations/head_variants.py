@@ -40,7 +40,7 @@ VARIANTS = ("mha", "talking_heads", "dcmha", "moh", "overlap")
 LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2)
 ORDER = {"max_length": 16, "num_fillers": 16}  # trained at lengths 2..16
 TEST_LENGTHS = (17, 32)
-STEPS = {"mqar": 300, "order": 300}
+STEPS = {"mqar": 800, "order": 600}
 
 
 def matched_mlp_dim(d_model: int, mlp_dim: int, num_heads: int, variant: str) -> int:
@@ -69,7 +69,7 @@ def get_config(mode=None):
   base = mqar.get_config()
   extra_evals = {f"length_{TEST_LENGTHS[0]}_{TEST_LENGTHS[1]}": {
       "min_length": TEST_LENGTHS[0], "max_length": TEST_LENGTHS[1], "num_train": 1}}
-  sweep = sweep_config(quick, steps=STEPS[task], eval_every=50, warmup=50, base=mqar,
+  sweep = sweep_config(quick, steps=STEPS[task], eval_every=100, warmup=100, base=mqar,
                        variants=_variants(base.model),
                        extra_evals=extra_evals if task == "order" else None)
   if task == "order":
