@@ -390,3 +390,47 @@ def test_moh_adds_its_load_balancing_loss_to_the_training_loss():
 def test_the_module_docstring_examples_run():
   failures, tried = doctest.testmod(hv, extraglobs={"jnp": jnp, "jax": jax}, verbose=False)
   assert tried > 5 and failures == 0
+
+
+@pytest.mark.parametrize("mode", [None, "quick", "order", "order_quick"])
+def test_the_ablation_configs_are_valid_and_a_bad_mode_is_refused(mode):
+  from configs.ablations import head_variants as ablation
+  from experiments import sweep
+  config = ablation.get_config(mode)
+  sweep.check(config)
+  assert config.num_seeds == (2 if mode and mode.endswith("quick") else 3)
+  assert len(config.grid.learning_rate) == (2 if mode and mode.endswith("quick") else 4)
+  assert bool(config.extra_evals) == (mode or "").startswith("order")
+  with pytest.raises(ValueError, match="mode must be one of"):
+    ablation.get_config("listops")
+
+
+def test_the_matched_baseline_has_as_many_parameters_as_dcmha():
+  from configs.ablations import head_variants as ablation
+  from experiments import sweep, tasks, train
+  config = ablation.get_config()
+  task = tasks.Task(name="shapes", train=None, test=None, vocab_size=20, num_classes=8,
+                    max_length=8, token_names=())
+  counts = {}
+  for name, overrides in config.variants:
+    model = aj.TokenClassifier(train.encoder_config(sweep.variant_config(config, overrides), task))
+    shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    counts[name] = sum(leaf.size for leaf in jax.tree.leaves(shapes["params"]))
+  assert abs(counts["dcmha_16"] - counts["mha_matched_16"]) / counts["dcmha_16"] < 0.01
+  assert counts["dcmha_16"] > 1.5 * counts["mha_16"]  # why it needs the baseline
+  assert counts["overlap_4"] > counts["mha_4"] == counts["mha_16"]  # W_O grows in layer 1
+
+
+def test_the_ablation_runs_tiny(data_dir, tmp_path):
+  from configs.ablations import head_variants as ablation
+  from experiments import sweep, sweep_report
+  config = ablation.get_config("quick")
+  config.train.update(data_dir=data_dir, num_train_steps=2, eval_every_steps=2,
+                      checkpoint_every_steps=2, log_every_steps=1, warmup_steps=1, batch_size=8)
+  config.train.task_options.update(num_train=64, num_test=16)
+  config.num_seeds = 1
+  config.variants = tuple(v for v in config.variants if v[0] == "dcmha_16")
+  (record,) = sweep.run_sweep(config, str(tmp_path))
+  assert record["status"] == "ok", record
+  report = sweep_report.markdown("head variants", [record], str(tmp_path))
+  assert f"| {record['metrics']['parameters'][0]} |" in report  # the parameter column
