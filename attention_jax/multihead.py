@@ -11,6 +11,8 @@ Parameters (the layout of ``flax.linen.MultiHeadDotProductAttention``, so weight
   qkv (fused):     {"kernel": [D_in, 3, N, H], "bias": [3, N, H]} replaces query/key/value
   temperature:     [N], only with scale="learned"
   query_ln/key_ln: {"scale": [H]}, only with normalize_qk (as flax's ``normalize_qk``)
+  talking_heads / dcmha / moh: a head variant's own, head_variants.parameter_specs (overlapping
+                   heads widen out's H and query_ln/key_ln's to H + 2o instead)
 """
 
 from __future__ import annotations
