@@ -434,3 +434,13 @@ def test_the_ablation_runs_tiny(data_dir, tmp_path):
   assert record["status"] == "ok", record
   report = sweep_report.markdown("head variants", [record], str(tmp_path))
   assert f"| {record['metrics']['parameters'][0]} |" in report  # the parameter column
+
+
+def test_benchmark_train_times_the_head_variants_beside_mha():
+  import importlib
+  benchmark = importlib.import_module("scripts.benchmark_train")
+  size = (4, 9, 16, 4, 1, 32)  # (B, T with CLS, D, N, L, mlp)
+  steps = benchmark.runners(["attention_jax", "attention_jax+dcmha"], size, "float32")
+  assert steps["attention_jax+dcmha"].parameters > steps["attention_jax"].parameters
+  times = benchmark.measure(steps, rounds=1, seconds=0.01)
+  assert set(times) == set(steps) and all(min(t) > 0 for t in times.values())
