@@ -10,7 +10,22 @@
                 shared heads always on, the top-k of the others routed.
 
 Plain multi-head attention is every hook at its identity: overlap 0, identity mixes, gates 1.
-Each variant follows its authors' code where it differs from the paper (said at each function).
+Each variant follows its authors' code where it differs from the paper or from another port:
+  talking heads  mesh-tensorflow's TalkingHeadsSelfAttention: mixes drawn at random (truncated
+                 normal, variance 1/N), no bias in them; bias and mask added after the logits mix,
+                 dropout after the weights mix. Its 1/sqrt(d_k) sits in W_Q's initialisation;
+                 here it is the usual scale (the same function).
+  DCMHA          DCFormer's JAX code (jax/MaxText/layers/dc_attentions.py), one head group: each
+                 composition is the identity plus a static part drawn small (0.1 x Xavier) plus
+                 dynamic parts drawn tiny, so a layer starts near, not exactly at, plain MHA; the
+                 mask is applied again after the weights composition. Its PyTorch port
+                 (pytorch/dcformer) drops the static part by default and draws the gates 10x
+                 larger; the JAX training code is followed.
+  MoH            MoH-ViT/attention.py: gates scaled by the head counts (shared, k, 2), which the
+                 paper's formula lacks, so that a zero router gives gate 1; its load-balancing
+                 loss, 0.01 x its mean over layers (MoH-ViT/engine.py).
+  overlapping    MOHSA's models/vit.py: zero padding at the ends, the scale 1/sqrt(H) of the
+                 unwidened heads, overlap = layer index ("index" schedule).
 
 Shape letters: B batch dims (``...``), T queries, S keys, L either, N heads, H head dim,
 D input width, I the rank of DCMHA's dynamic mixes, K the hidden width of its network.
