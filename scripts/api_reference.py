@@ -17,6 +17,7 @@ sys.path.insert(0, ROOT)
 import attention_jax as aj  # noqa: E402
 from attention_jax import attention  # noqa: E402
 from attention_jax import diagnostics  # noqa: E402
+from attention_jax import head_variants  # noqa: E402
 from attention_jax import nnx  # noqa: E402
 
 PATH = os.path.join(ROOT, "docs", "API.md")
@@ -60,9 +61,15 @@ def render() -> str:
   for name in sorted(public_names(nnx), key=str.lower):
     if getattr(getattr(nnx, name), "__module__", None) == "attention_jax.nnx":
       parts.append(entry(f"attention_jax.nnx.{name}", getattr(nnx, name)))
+  parts += ["## attention_jax.head_variants: talking heads, DCMHA, MoH, overlapping heads", "",
+            inspect.cleandoc(head_variants.__doc__), ""]
+  for name in ("HeadVariant", "layer_variant", "parameter_specs", "overlapping_heads",
+               "mix_heads", "dcmha_dynamic_weights", "dcmha_compose", "mixed_maps",
+               "mixed_attention", "moh_router", "load_balancing_loss", "sown", "auxiliary_loss"):
+    parts.append(entry(f"attention_jax.head_variants.{name}", getattr(head_variants, name)))
   parts += ["## attention_jax.diagnostics", ""]
   for name in ("entropy", "attention_distance", "diagonal_is_max", "per_head_mean",
-               "logit_variance", "head_statistics"):
+               "logit_variance", "negative_weight", "head_usage", "head_statistics"):
     parts.append(entry(f"attention_jax.diagnostics.{name}", getattr(diagnostics, name)))
   return "\n".join(parts)
 
