@@ -71,11 +71,37 @@ def logit_variance(logits, valid):
   return jnp.sum(centered ** 2 * weight, axis=axes) / count
 
 
+def negative_weight(weights):
+  """The weight a query puts below zero, sum_s min(w_ts, 0): [..., N, T, S] -> [..., N, T].
+  Zero for softmax weights; talking heads and DCMHA mix heads after the softmax, so the weights
+  they apply can be signed (then ``entropy`` counts only the positive ones).
+
+  >>> negative_weight(jnp.array([[[0.75, 0.5, -0.25]]]))
+  Array([[-0.25]], dtype=float32)
+  """
+  return jnp.sum(jnp.minimum(weights, 0.0), axis=-1)
+
+
+def head_usage(gates, query_valid=None):
+  """The fraction of (valid) tokens that use each head, from MoH's gates [..., T, N] (zero for a
+  head a token was not routed to) -> [N].
+
+  >>> head_usage(jnp.array([[1.0, 0.0], [1.0, 2.0]]))  # head 0 always on, head 1 for one token
+  Array([1. , 0.5], dtype=float32)
+  """
+  used = (gates != 0).astype(jnp.float32)
+  weight = jnp.ones(gates.shape[:-1], jnp.float32) if query_valid is None else (
+      query_valid.astype(jnp.float32))
+  axes = tuple(range(gates.ndim - 1))
+  return jnp.sum(used * weight[..., None], axis=axes) / jnp.maximum(jnp.sum(weight), 1.0)
+
+
 def head_statistics(logits, weights, valid):
   """Per-head summary [N] of each quantity above, for logits and weights [..., N, T, S].
 
   ``valid`` [..., 1|N, T, S]: the pairs that exist. Returns a dict of [N] arrays: logit_variance,
-  entropy, max_weight, distance, diagonal_max (fraction of queries whose own key wins).
+  entropy, max_weight, distance, negative_weight (0 unless heads are mixed after the softmax),
+  diagonal_max (fraction of queries whose own key wins).
 
   >>> logits = jnp.zeros((2, 4, 6, 6))  # [B, N, T, S], e.g. from MultiHeadAttention's sow
   >>> weights = jax.nn.softmax(logits)
@@ -90,6 +116,7 @@ def head_statistics(logits, weights, valid):
       "entropy": per_head_mean(entropy(weights), query_valid),
       "max_weight": per_head_mean(jnp.max(weights, axis=-1), query_valid),
       "distance": per_head_mean(attention_distance(weights), query_valid),
+      "negative_weight": per_head_mean(negative_weight(weights), query_valid),
   }
   if square:
     stats["diagonal_max"] = per_head_mean(

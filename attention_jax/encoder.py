@@ -19,6 +19,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from attention_jax import head_variants
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
@@ -56,6 +57,12 @@ class EncoderConfig:
   pad_id: int = 0                       # token id of padding
   num_classes: int = 2                  # classifier only
   pooling: str = "cls"                  # classifier only: "cls" token or masked "mean"
+  # Head variants (head_variants.py): a name in head_variants.VARIANTS, MoH's shared heads and
+  # routed top-k (-1: N // 2 and N // 4), overlapping heads' per-layer overlap schedule.
+  head_variant: str = "mha"
+  moh_shared_heads: int = -1
+  moh_routed_heads: int = -1
+  overlap_schedule: str = "index"       # a name in head_variants.OVERLAP_SCHEDULES (MOHSA's)
   # The self-attention module class; None = MultiHeadAttention. Another class must take the same
   # constructor fields (num_heads, scale, dropout_rate, implementation, qk_transform) and call
   # signature (x, mask=, bias=, deterministic=), e.g. a wrapper of flax's attention; it also gets
@@ -82,6 +89,16 @@ class EncoderConfig:
     for name in ("vocab_size", "num_layers", "mlp_dim", "max_length", "num_classes"):
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
+    variant = self.head_variant_of(0)  # an unknown name or schedule fails here
+    if variant is not None and variant.name == "moh":
+      variant.moh_heads(self.num_heads)  # as do head counts MoH cannot split
+
+  def head_variant_of(self, layer: int):
+    """The head_variants.HeadVariant of block ``layer`` (None: plain multi-head attention)."""
+    return head_variants.layer_variant(
+        self.head_variant, layer=layer, num_layers=self.num_layers,
+        overlap_schedule=self.overlap_schedule, shared_heads=self.moh_shared_heads,
+        routed_heads=self.moh_routed_heads)
 
   @property
   def key_dim(self) -> int:
@@ -150,14 +167,17 @@ class EncoderBlock(nn.Module):
   """
   config: EncoderConfig
   encoding: positional.NoPositionalEncoding
+  layer: int = 0  # the block's index, for head variants whose settings follow the layer
 
   @nn.compact
   def __call__(self, x, mask, attention_bias, deterministic: bool):
     cfg = self.config
     attention_module = cfg.attention_module or multihead.MultiHeadAttention
+    variant = cfg.head_variant_of(self.layer)
     options = {**({"d_model": cfg.num_heads * cfg.head_dim} if cfg.head_dim else {}),
                **({"normalize_qk": True} if cfg.normalize_qk else {}),
-               **({"attention_fn": cfg.attention_fn} if cfg.attention_fn else {})}
+               **({"attention_fn": cfg.attention_fn} if cfg.attention_fn else {}),
+               **({"head_variant": variant} if variant is not None else {})}
     attention = attention_module(
         num_heads=cfg.num_heads, scale=cfg.attention_scale,
         dropout_rate=cfg.attention_dropout_rate, implementation=cfg.attention_impl,
@@ -206,8 +226,8 @@ class TransformerEncoder(nn.Module):
     mask = masks_lib.padding_mask(valid)  # [B, 1, 1, T]
     attention_bias = encoding.attention_bias(length, length)  # [N, T, T] or None
     for layer in range(cfg.num_layers):
-      x = EncoderBlock(cfg, encoding, name=f"block_{layer}")(x, mask, attention_bias,
-                                                              deterministic)
+      x = EncoderBlock(cfg, encoding, layer, name=f"block_{layer}")(x, mask, attention_bias,
+                                                                     deterministic)
     if cfg.pre_layer_norm:
       x = nn.LayerNorm(name="final_norm")(x)
     return x

@@ -5,12 +5,16 @@
 Shape letters: B batch dims, T query length, S key/value length, D_in input width, N heads,
 H = d_model / N head dim (d_k), D_out output width.
 
-Parameters (the layout of ``flax.linen.MultiHeadDotProductAttention``, so weights transfer):
+Parameters (the layout of ``flax.linen.MultiHeadDotProductAttention``, so weights transfer)::
+
   query/key/value: {"kernel": [D_in, N, H], "bias": [N, H]}  -- kernel[:, n, :] is W_Q^n
   out:             {"kernel": [N, H, D_out], "bias": [D_out]}
   qkv (fused):     {"kernel": [D_in, 3, N, H], "bias": [3, N, H]} replaces query/key/value
   temperature:     [N], only with scale="learned"
   query_ln/key_ln: {"scale": [H]}, only with normalize_qk (as flax's ``normalize_qk``)
+  talking_heads / dcmha / moh: a head variant's own, head_variants.parameter_specs (overlapping
+                   heads widen out's H and query_ln/key_ln's to H + 2o instead)
+  key/value with num_kv_heads = K: {"kernel": [D_in, K, H], "bias": [K, H]}
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_jax import attention as attention_lib
+from attention_jax import head_variants
 from attention_jax import kv_cache
 from attention_jax import masks as masks_lib
 from attention_jax import reference
@@ -116,17 +121,20 @@ def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
 
 def attention_inputs(params, inputs_q, inputs_kv=None, *, scale: float | str = "inv_sqrt",
                      qk_transform: Callable | None = None, dtype=None, precision=None,
-                     positions=None):
+                     positions=None, head_variant=None):
   """Projected, normalised (with query_ln/key_ln), transformed query/key/value and the scale left
   to apply to Q K^T.
 
   [..., T, D_in], [..., S, D_in] -> query [..., T, N, H], key, value [..., S, K, H], scale.
   ``positions`` [T] (decoding: where the new tokens sit) reach ``qk_transform`` as
-  ``positions=``; by default it sees positions 0, 1, ...
+  ``positions=``; by default it sees positions 0, 1, ... ``head_variant``
+  (head_variants.HeadVariant): overlapping heads widen H to H + 2o here.
   """
   inputs_kv = inputs_q if inputs_kv is None else inputs_kv
   query, key, value = project_qkv(params, inputs_q, inputs_kv, dtype=dtype,
                                   precision=precision)  # [..., T|S, N|K, H]
+  head_dim = query.shape[-1]  # the scale's d_k, before a head variant widens the heads (MOHSA)
+  query, key, value = head_variants.head_layout(head_variant, query, key, value)
   if "query_ln" in params:
     query = qk_layer_norm(query, params["query_ln"]["scale"])
     key = qk_layer_norm(key, params["key_ln"]["scale"])
@@ -135,7 +143,7 @@ def attention_inputs(params, inputs_q, inputs_kv=None, *, scale: float | str = "
                   qk_transform(query, key, positions=positions))
   if scale == "learned":  # a per-head temperature, folded into the query
     return query * params["temperature"][:, None].astype(query.dtype), key, value, 1.0
-  return query, key, value, resolve_scale(scale, query.shape[-1])
+  return query, key, value, resolve_scale(scale, head_dim)
 
 
 def matmul_precision(precision) -> str | None:
@@ -166,13 +174,16 @@ def multi_head_attention_step(params, inputs_q, inputs_kv=None, *, mask=None, bi
                               dropout_rng=None, implementation: str | None = None,
                               return_weights: bool = False, attention_fn: Callable | None = None,
                               dtype=None, precision=None, cache: kv_cache.KVCache | None = None,
-                              return_maps: bool = False, **attention_args) -> Step:
+                              return_maps: bool = False, head_variant=None,
+                              **attention_args) -> Step:
   """``multi_head_attention`` with a key/value cache and the attention maps: what the modules
   run. With ``cache`` (decoding), inputs_q [..., T, D_in] are the next T tokens: their keys and
   values are appended to the cache, and they attend to every cached position up to their own
   (causal by construction; ``is_causal`` is then implied). ``return_maps``: also the logits and
   weights [..., N, T, S] that the softmax sees and gives (before dropout), computed from the same
-  queries and keys beside the output, which they leave unchanged.
+  queries and keys beside the output, which they leave unchanged (with talking heads or DCMHA:
+  the mixed logits and the mixed, possibly negative, weights that they apply). ``head_variant``:
+  see ``multi_head_attention``.
 
   >>> x = jnp.ones((2, 5, 16))  # [B, T, D_in]
   >>> variables = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)
@@ -181,30 +192,37 @@ def multi_head_attention_step(params, inputs_q, inputs_kv=None, *, mask=None, bi
   >>> step.output.shape, int(step.cache.index)
   ((2, 1, 16), 1)
   """
+  if cache is not None and head_variants.mixes(head_variant):
+    raise ValueError(f"head variant {head_variant.name!r} mixes every head's weights at each "
+                     "(query, key) pair, which decoding with a key/value cache does not keep; "
+                     "decode with plain heads, MoH or overlapping heads.")
   positions = None if cache is None else kv_cache.positions(cache, inputs_q.shape[-2])
   # The named scopes label the three parts in profiles (scripts/profile_train.py).
   with jax.named_scope("qkv_projection"):
     query, key, value, scale = attention_inputs(
         params, inputs_q, inputs_kv, scale=scale, qk_transform=qk_transform, dtype=dtype,
-        precision=precision, positions=positions)
+        precision=precision, positions=positions, head_variant=head_variant)
   if cache is not None:
     cache, visible = kv_cache.append(cache, key, value)  # visible [T, L]
     key, value = cache.key.astype(query.dtype), cache.value.astype(query.dtype)
     mask, is_causal = masks_lib.combine_masks(mask, visible), False
-  attention_fn = attention_fn or attention_lib.dot_product_attention
+  # head variants: talking heads and DCMHA mix heads inside attention, MoH gates heads after it
+  attention_fn = head_variants.attention_fn(params, inputs_q, inputs_kv, head_variant,
+                                            attention_fn)
   with jax.named_scope("dot_product_attention"), _default_precision(precision):
     result = attention_fn(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights,
         implementation=implementation, **attention_args)
   heads, *extras = result if isinstance(result, tuple) else (result,)  # heads [..., T, N, H]
+  heads = head_variants.gate_heads(params, inputs_q, heads, head_variant)
   with jax.named_scope("out_projection"):
     output = project_out(params, heads, dtype=dtype, precision=precision)  # [..., T, D_out]
   maps = None
   if return_maps:
     with _default_precision(precision):
-      maps = head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal,
-                       **attention_args)
+      maps = _maps(params, inputs_q, inputs_kv, query, key, scale=scale, mask=mask, bias=bias,
+                   is_causal=is_causal, head_variant=head_variant, **attention_args)
   return Step((output, *extras) if extras else output, cache, maps)
 
 
@@ -218,7 +236,7 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
                          qk_transform: Callable | None = None, dropout_rate: float = 0.0,
                          dropout_rng=None, implementation: str | None = None,
                          return_weights: bool = False, attention_fn: Callable | None = None,
-                         dtype=None, precision=None, **attention_args):
+                         dtype=None, precision=None, head_variant=None, **attention_args):
   """Multi-head attention as a pure function of its parameters (layout in the module docstring).
 
   Args:
@@ -234,6 +252,8 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
     dtype: the dtype of the computation (None: the promoted dtype of the inputs and the
       parameters), e.g. bfloat16 over float32 parameters, as flax's ``dtype``.
     precision: of the matrix products (a ``jax.lax.Precision`` or its name), as flax's.
+    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping heads)
+      or None (plain multi-head attention); its parameters are in ``params``.
     **attention_args: the other keyword arguments of ``dot_product_attention``
       (query_seq_lengths, key_value_seq_lengths, local_window_size, logits_soft_cap,
       query_segment_ids, key_segment_ids, return_residual).
@@ -251,7 +271,7 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
       params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=scale, is_causal=is_causal,
       qk_transform=qk_transform, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
       implementation=implementation, return_weights=return_weights, attention_fn=attention_fn,
-      dtype=dtype, precision=precision, **attention_args).output
+      dtype=dtype, precision=precision, head_variant=head_variant, **attention_args).output
 
 
 def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool = False,
@@ -275,14 +295,25 @@ def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool
   return logits, reference.logits_to_weights(logits, mask, is_causal=is_causal)
 
 
+def _maps(params, inputs_q, inputs_kv, query, key, *, head_variant=None, **options):
+  """head_maps of the projected query and key, or the maps a mixing head variant applies."""
+  if not head_variants.mixes(head_variant):
+    return head_maps(query, key, **options)
+  options.pop("return_residual", None)  # the maps are the same either way
+  logits_mix, weights_mix = head_variants.head_mixes(params, inputs_q, inputs_kv, head_variant)
+  return head_variants.mixed_maps(query, key, options.pop("bias", None), options.pop("mask", None),
+                                  logits_mix=logits_mix, weights_mix=weights_mix, **options)
+
+
 def attention_maps(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
                    scale: float | str = "inv_sqrt", is_causal: bool = False,
                    qk_transform: Callable | None = None, dtype=None, precision=None,
-                   **options):
+                   head_variant=None, **options):
   """(logits, weights), each [..., N, T, S]: what ``multi_head_attention`` with the same
   arguments computes inside (the weights before dropout). ``options``: those of ``head_maps``
   (logits_soft_cap, sequence lengths, local window, segment ids). The modules sow these when
-  asked.
+  asked. With talking heads or DCMHA: the mixed logits and the mixed (possibly negative) weights
+  that it applies.
 
   >>> x = jnp.ones((2, 6, 32))  # [B, T, D_in]
   >>> params = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)["params"]
@@ -292,15 +323,17 @@ def attention_maps(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
   """
   query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
                                           qk_transform=qk_transform, dtype=dtype,
-                                          precision=precision)
-  return head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal, **options)
+                                          precision=precision, head_variant=head_variant)
+  return _maps(params, inputs_q, inputs_kv, query, key, scale=scale, mask=mask, bias=bias,
+               is_causal=is_causal, head_variant=head_variant, **options)
 
 
 def multi_head_attention_logits(params, inputs_q, inputs_kv=None, *, bias=None,
                                 scale: float | str = "inv_sqrt",
                                 qk_transform: Callable | None = None,
-                                logits_soft_cap: float | None = None):
-  """The logits Q K^T * scale + bias [..., N, T, S] that the softmax of each head sees.
+                                logits_soft_cap: float | None = None, head_variant=None):
+  """The logits Q K^T * scale + bias [..., N, T, S] that the softmax of each head sees (mixed,
+  with talking heads or DCMHA).
 
   >>> x = jnp.ones((2, 6, 32))  # [B, T, D_in]
   >>> params = MultiHeadAttention(num_heads=8).init(jax.random.key(0), x)["params"]
@@ -308,7 +341,8 @@ def multi_head_attention_logits(params, inputs_q, inputs_kv=None, *, bias=None,
   (2, 8, 6, 6)
   """
   return attention_maps(params, inputs_q, inputs_kv, bias=bias, scale=scale,
-                        qk_transform=qk_transform, logits_soft_cap=logits_soft_cap)[0]
+                        qk_transform=qk_transform, logits_soft_cap=logits_soft_cap,
+                        head_variant=head_variant)[0]
 
 
 def multi_head_attention_weights(params, inputs_q, inputs_kv=None, **options):
@@ -349,6 +383,17 @@ class _Weights(nn.Module):
     if self.use_bias:
       weights["bias"] = self.param("bias", self.bias_init, self.bias_shape, self.param_dtype)
     return weights
+
+
+class _VariantParams(nn.Module):
+  """Holds the parameters a head variant adds, {name: array}, from head_variants.parameter_specs."""
+  specs: Any  # ((name, shape, initializer), ...)
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self):
+    return {name: self.param(name, init, shape, self.param_dtype)
+            for name, shape, init in self.specs}
 
 
 class _NormScale(nn.Module):
@@ -397,6 +442,8 @@ class MultiHeadAttention(nn.Module):
       the dot product, as flax's ``normalize_qk`` (Dehghani et al. 2023; Wortsman et al. 2023).
     attention_fn: replaces ``dot_product_attention`` (same signature), e.g.
       ``ContextParallel(mesh, axis_name)`` for a sequence sharded over a mesh axis.
+    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping
+      heads); None: plain multi-head attention. Its parameters sit under params[variant name].
     dtype: the computation's dtype (None: promoted from the inputs and parameters), e.g.
       bfloat16 over float32 parameters.
     param_dtype: the parameters' dtype.
@@ -412,7 +459,9 @@ class MultiHeadAttention(nn.Module):
 
   With ``sow_weights`` (default: whenever the "intermediates" collection is mutable) the logits
   and the weights [..., N, T, S] are sown there as "attention_logits" and "attention_weights",
-  computed beside the output so the output does not change.
+  computed beside the output so the output does not change (with MoH also its "head_gates"
+  [..., T, N], zero for the heads a token did not use). MoH sows its weighted load-balancing loss
+  in the "losses" collection when that is mutable (the trainer adds it to the task loss).
 
   >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
   >>> layer = MultiHeadAttention(num_heads=8, d_model=256)  # 8 heads of d_k = 32
@@ -433,6 +482,7 @@ class MultiHeadAttention(nn.Module):
   qk_transform: Callable | None = None
   normalize_qk: bool = False
   attention_fn: Callable | None = None
+  head_variant: Any = None
   dtype: Any = None
   param_dtype: Any = jnp.float32
   precision: Any = None
@@ -458,10 +508,16 @@ class MultiHeadAttention(nn.Module):
       params = {"query": self._weights("query", (d_in,) + heads, heads)}
       params.update({name: self._weights(name, (d_in,) + kv_heads, kv_heads)
                      for name in ("key", "value")})
-    params["out"] = self._weights("out", heads + (d_out,), (d_out,), input_dims=2, out=True)
+    width = head_variants.head_width(self.head_variant, head_dim)  # H, or H + 2o (MOHSA)
+    params["out"] = self._weights("out", (self.num_heads, width, d_out), (d_out,), input_dims=2,
+                                  out=True)
     if self.normalize_qk:
       for name in ("query_ln", "key_ln"):
-        params[name] = _NormScale(head_dim, self.param_dtype, name=name)()
+        params[name] = _NormScale(width, self.param_dtype, name=name)()
+    for group, specs in head_variants.parameter_specs(
+        self.head_variant, in_features=d_in, num_heads=self.num_heads).items():
+      params[group] = _VariantParams(tuple((name, shape, init) for name, (shape, init)
+                                           in specs.items()), self.param_dtype, name=group)()
     if self.scale == "learned":
       params["temperature"] = self.param(
           "temperature", nn.initializers.constant(resolve_scale("learned", head_dim)),
@@ -475,8 +531,9 @@ class MultiHeadAttention(nn.Module):
       return None, None
     initialized = self.has_variable("cache", "cached_key")
     _, key, value, _ = jax.eval_shape(
-        lambda p, xq, xkv: attention_inputs(p, xq, xkv, dtype=self.dtype), params, inputs_q,
-        inputs_kv)  # [..., L, K, H] at init: the longest sequence
+        lambda p, xq, xkv: attention_inputs(p, xq, xkv, dtype=self.dtype,
+                                            head_variant=self.head_variant),
+        params, inputs_q, inputs_kv)  # [..., L, K, H] at init: the longest sequence
     variables = [self.variable("cache", name, jnp.zeros, shape.shape, shape.dtype)
                  for name, shape in (("cached_key", key), ("cached_value", value))]
     variables.append(self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32)))
@@ -509,10 +566,15 @@ class MultiHeadAttention(nn.Module):
         is_causal=is_causal, qk_transform=self.qk_transform, dropout_rate=dropout_rate,
         dropout_rng=dropout_rng if dropout_rate > 0.0 else None,
         implementation=self.implementation, attention_fn=self.attention_fn, dtype=self.dtype,
-        precision=self.precision, cache=cache, return_maps=sow, **attention_args)
+        precision=self.precision, cache=cache, return_maps=sow, head_variant=self.head_variant,
+        **attention_args)
     if step.cache is not None:
       store(step.cache)
     if step.maps is not None:
       self.sow("intermediates", "attention_logits", step.maps[0])
       self.sow("intermediates", "attention_weights", step.maps[1])
+    for collection, name, value in head_variants.sown(
+        params, inputs_q, self.head_variant, self.num_heads,
+        collections=[c for c in head_variants.SOWN if self.is_mutable_collection(c)]):
+      self.sow(collection, name, value)
     return step.output

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_jax import encoder as encoder_lib
+from attention_jax import head_variants
 from attention_jax import kv_cache
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
@@ -89,6 +90,18 @@ class _Scale(nnx.Module):
     return {"scale": self.scale[...]}
 
 
+class _VariantParams(nnx.Module):
+  """The parameters a head variant adds ({name: array}, head_variants.parameter_specs)."""
+
+  def __init__(self, specs: dict, param_dtype, rngs: nnx.Rngs):
+    self.names = tuple(specs)
+    for name, (shape, init) in specs.items():
+      setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype)))
+
+  def __call__(self):
+    return {name: getattr(self, name)[...] for name in self.names}
+
+
 class MultiHeadAttention(_Dropping):
   """Multi-head attention (Vaswani et al. 2017) as a Flax NNX module; the twin of
   ``attention_jax.MultiHeadAttention``, computed by ``multihead.multi_head_attention_step``.
@@ -112,6 +125,9 @@ class MultiHeadAttention(_Dropping):
     qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE; while
       decoding it is called with ``positions=`` [T].
     normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys.
+    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping heads);
+      None: plain multi-head attention. Inside ``nnx.capture(..., nnx.Intermediate)`` MoH also
+      sows "head_gates" and its weighted "load_balancing" loss.
     dtype: the computation's dtype (None: promoted from the inputs and parameters).
     param_dtype: the parameters' dtype. precision: of the matrix products.
     kernel_init, bias_init, out_kernel_init, out_bias_init: as the Linen twin.
@@ -137,7 +153,7 @@ class MultiHeadAttention(_Dropping):
                scale: float | str = "inv_sqrt", dropout_rate: float = 0.0,
                implementation: str | None = None, fused_qkv: bool = False, use_bias: bool = True,
                qk_transform: Callable | None = None, normalize_qk: bool = False,
-               attention_fn: Callable | None = None, dtype: Any = None,
+               attention_fn: Callable | None = None, head_variant=None, dtype: Any = None,
                param_dtype: Any = jnp.float32, precision: Any = None,
                kernel_init: Callable = nnx.initializers.lecun_normal(),
                bias_init: Callable = nnx.initializers.zeros_init(),
@@ -151,7 +167,8 @@ class MultiHeadAttention(_Dropping):
     self.normalize_qk, self.deterministic = normalize_qk, deterministic
     self.attention_fn, self.dtype, self.precision, self.decode = (attention_fn, dtype, precision,
                                                                   decode)
-    self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+    self.num_kv_heads, self.head_variant = num_kv_heads, head_variant
+    self.head_dim = head_variants.head_width(head_variant, head_dim)  # H, or H + 2o (MOHSA)
     heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
     d_out = out_features or in_features
     weights = dict(use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
@@ -164,9 +181,15 @@ class MultiHeadAttention(_Dropping):
       self.value = _Projection((in_features,) + kv_heads, 1, **weights)
     out_weights = dict(weights, kernel_init=out_kernel_init or kernel_init,
                        bias_init=out_bias_init or bias_init)
-    self.out = _Projection(heads + (d_out,), 2, **out_weights)  # [N, H, D_out]
+    width = self.head_dim
+    self.out = _Projection((num_heads, width, d_out), 2, **out_weights)  # [N, H, D_out]
     if normalize_qk:
-      self.query_ln, self.key_ln = _Scale(head_dim, param_dtype), _Scale(head_dim, param_dtype)
+      self.query_ln, self.key_ln = _Scale(width, param_dtype), _Scale(width, param_dtype)
+    variant_specs = head_variants.parameter_specs(head_variant, in_features=in_features,
+                                                  num_heads=num_heads)
+    for group, specs in variant_specs.items():
+      setattr(self, group, _VariantParams(specs, param_dtype, rngs))
+    self.variant_groups = tuple(variant_specs)
     if scale == "learned":
       self.temperature = nnx.Param(
           jnp.full((num_heads,), multihead.resolve_scale("learned", head_dim), param_dtype))
@@ -183,7 +206,7 @@ class MultiHeadAttention(_Dropping):
   def params(self) -> dict:
     """The parameters as the dict that ``multihead.multi_head_attention`` takes."""
     names = ("qkv",) if self.fused_qkv else ("query", "key", "value")
-    names += ("out",) + (("query_ln", "key_ln") if self.normalize_qk else ())
+    names += ("out",) + (("query_ln", "key_ln") if self.normalize_qk else ()) + self.variant_groups
     params = {name: getattr(self, name)() for name in names}
     if self.scale == "learned":
       params["temperature"] = self.temperature[...]
@@ -219,12 +242,16 @@ class MultiHeadAttention(_Dropping):
         dropout_rate=self.dropout_rate if dropout else 0.0,
         dropout_rng=dropout_rng if dropout else None, implementation=self.implementation,
         attention_fn=self.attention_fn, dtype=self.dtype, precision=self.precision,
-        cache=self._cache(decode), return_maps=sow, **attention_args)
+        cache=self._cache(decode), return_maps=sow, head_variant=self.head_variant,
+        **attention_args)
     if step.cache is not None:
       self.cached_key[...], self.cached_value[...], self.cache_index[...] = step.cache
     if step.maps is not None:
       self.sow(nnx.Intermediate, "attention_logits", step.maps[0])
       self.sow(nnx.Intermediate, "attention_weights", step.maps[1])
+      for _, name, value in head_variants.sown(self.params(), inputs_q, self.head_variant,
+                                               self.num_heads, collections=head_variants.SOWN):
+        self.sow(nnx.Intermediate, name, value)
     return step.output
 
 
@@ -379,8 +406,8 @@ class EncoderBlock(_Dropping):
   (2, 10, 64)
   """
 
-  def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
-               rngs: nnx.Rngs):
+  def __init__(self, config: encoder_lib.EncoderConfig, *, layer: int = 0,
+               deterministic: bool = True, rngs: nnx.Rngs):
     _check_attention_module(config)
     cfg = self.config = config
     self.deterministic = deterministic
@@ -389,7 +416,7 @@ class EncoderBlock(_Dropping):
         scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate,
         implementation=cfg.attention_impl, normalize_qk=cfg.normalize_qk,
         attention_fn=cfg.attention_fn, qk_transform=POSITIONAL_ENCODINGS[cfg.positional_encoding].rotate,
-        deterministic=deterministic, rngs=rngs)
+        head_variant=cfg.head_variant_of(layer), deterministic=deterministic, rngs=rngs)
     self.feed_forward = FeedForward(cfg.d_model, cfg.mlp_dim, dropout_rate=cfg.dropout_rate,
                                     deterministic=deterministic, rngs=rngs)
     self.norm_0 = nnx.LayerNorm(cfg.d_model, rngs=rngs)
@@ -435,7 +462,8 @@ class TransformerEncoder(_Dropping):
         num_heads=cfg.num_heads, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout_rate, deterministic=deterministic, rngs=rngs)
     for layer in range(cfg.num_layers):
-      setattr(self, f"block_{layer}", EncoderBlock(cfg, deterministic=deterministic, rngs=rngs))
+      setattr(self, f"block_{layer}", EncoderBlock(cfg, layer=layer, deterministic=deterministic,
+                                                   rngs=rngs))
     if cfg.pre_layer_norm:
       self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs)
 

@@ -32,6 +32,11 @@ def get_config():
   config.model.attention_dropout_rate = 0.0  # dropout on attention weights
   config.model.pre_layer_norm = False      # False = post-LN as in the paper
   config.model.pooling = "cls"             # cls | mean (sequence-level tasks)
+  # mha | talking_heads | dcmha | moh | overlap (attention_jax/head_variants.py)
+  config.model.head_variant = "mha"
+  config.model.moh_shared_heads = -1       # MoH: always-on heads; -1 = num_heads // 2
+  config.model.moh_routed_heads = -1       # MoH: routed top-k per token; -1 = num_heads // 4
+  config.model.overlap_schedule = "index"  # overlapping heads: overlap per layer (MOHSA's)
 
   # The device mesh ("replica", "data", "sequence"). sequence > 1 runs attention context-parallel
   # over that axis (strategy "ring", or "all_gather", which ALiBi's bias needs; the other layers

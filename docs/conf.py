@@ -37,6 +37,7 @@ exclude_patterns = [
     "api/_public.rst",  # included by api/index.md
     # The sweeps' and scripts' own outputs: the results pages include them.
     "results/*/results.md",
+    "results/*/*/results.md",
     "results/theory_checks.md",
     "results/diagnostics/*/head_diagnostics.md",
 ]

@@ -94,11 +94,15 @@ def validate(config) -> None:
   attention_scale(model.attention_scale)
   choices = {"model.attention_impl": (model.attention_impl, IMPLEMENTATIONS),
              "model.pooling": (model.pooling, aj.encoder.POOLINGS),
+             "model.head_variant": (model.head_variant, aj.head_variants.VARIANTS),
+             "model.overlap_schedule": (model.overlap_schedule,
+                                        tuple(aj.head_variants.OVERLAP_SCHEDULES)),
              "schedule": (config.schedule, optim.SCHEDULES),
              "compute_dtype": (config.compute_dtype, COMPUTE_DTYPES)}
   for field, (value, valid) in choices.items():
     if value not in valid:
       raise ConfigError(f"{field} must be one of {list(valid)}, got {value!r}.")
+  _check_head_variant(config)
   required = aj.attention.REQUIRED_BACKEND.get(model.attention_impl)
   if required is not None and required != jax.default_backend():
     raise ConfigError(f"model.attention_impl={model.attention_impl!r} runs only on {required}, "
@@ -134,6 +138,26 @@ def validate(config) -> None:
                         "set model.attention_dropout_rate=0.")
     if model.positional_encoding == "alibi" and config.mesh.strategy == "ring":
       raise ConfigError("ALiBi's bias needs mesh.strategy='all_gather' when mesh.sequence > 1.")
+
+
+def _check_head_variant(config) -> None:
+  """Talking heads and DCMHA mix every head's logits, which only some implementations form;
+  MoH needs head counts it can split."""
+  model, variants = config.model, aj.head_variants
+  if model.head_variant in variants.MIXING:
+    if model.attention_impl not in ("",) + variants.MIXING_IMPLEMENTATIONS:
+      raise ConfigError(f"model.head_variant={model.head_variant!r} mixes every head's logits at "
+                        f"each (query, key) pair, which {model.attention_impl!r} never forms; use "
+                        f"model.attention_impl='' or one of {list(variants.MIXING_IMPLEMENTATIONS)}.")
+    if config.mesh.sequence > 1:
+      raise ConfigError(f"model.head_variant={model.head_variant!r} runs its own attention, not "
+                        "context-parallel; set mesh.sequence=1.")
+  if model.head_variant == "moh":
+    try:
+      variants.HeadVariant("moh", shared_heads=model.moh_shared_heads,
+                           routed_heads=model.moh_routed_heads).moh_heads(model.num_heads)
+    except ValueError as error:
+      raise ConfigError(f"model.moh_shared_heads / model.moh_routed_heads: {error}") from None
 
 
 def check_batch_split(batch_size: int, num_devices: int) -> None:

@@ -16,7 +16,8 @@ import attention_jax as aj
 from experiments import input_pipeline
 from experiments import steps as steps_lib
 
-STATISTICS = ("logit_variance", "entropy", "max_weight", "distance", "diagonal_max")
+STATISTICS = ("logit_variance", "entropy", "max_weight", "distance", "negative_weight",
+              "diagonal_max")
 
 
 def capture(model, params, tokens):

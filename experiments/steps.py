@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from attention_jax import head_variants
+
 # Hyperparameters that may differ between the replicas of one compiled program: each replica
 # carries its own values in TrainState.hparams (float32 scalars, a leading replica axis when
 # stacked).
@@ -73,10 +75,13 @@ def train_step(state, batch, *, model, tx, learning_rate, compute_dtype, label_s
   dropout_rng = jax.random.fold_in(state.rng, state.step)
 
   def loss_fn(params):
-    logits = model.apply({"params": cast(params, compute_dtype)}, batch["tokens"],
-                         deterministic=False, rngs={"dropout": dropout_rng})
+    logits, sown = model.apply({"params": cast(params, compute_dtype)}, batch["tokens"],
+                               deterministic=False, rngs={"dropout": dropout_rng},
+                               mutable=head_variants.LOSSES)
     loss, correct, weight = cross_entropy(logits, batch["labels"], num_classes, label_smoothing)
-    return mean_over_targets(loss, weight), mean_over_targets(correct, weight)
+    # plus the layers' auxiliary losses (MoH's load balancing), 0 for the other models
+    auxiliary = head_variants.auxiliary_loss(sown)
+    return mean_over_targets(loss, weight) + auxiliary, mean_over_targets(correct, weight)
 
   (loss, accuracy), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   grad_norm = optax.tree.norm(grads)

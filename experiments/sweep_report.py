@@ -24,11 +24,12 @@ from experiments.steps import HYPERPARAMETERS  # noqa: E402
 LEADING = ("eval_accuracy", "eval_loss")
 PRIMARY = "eval_accuracy"  # the measure arms are ranked and tested by
 MAX_LOGIT = "max_attention_logit"
-PROBES = ("logit_variance", "entropy", "max_weight", "query_grad_norm", "key_grad_norm")
+PROBES = ("logit_variance", "entropy", "max_weight", "negative_weight", "query_grad_norm",
+          "key_grad_norm")
 
 
 # per-replica columns that are not measurements
-IDENTITY = ("name", "seed", "num_classes", "diverged_at") + HYPERPARAMETERS
+IDENTITY = ("name", "seed", "num_classes", "diverged_at", "parameters") + HYPERPARAMETERS
 
 
 def rows(records) -> list[dict]:
@@ -80,7 +81,7 @@ def write_csv(records, path):
   table = rows(records)
   settings = sorted({k for record in records for k in workdir_lib.flatten(record["overrides"])})
   columns = (["variant", "seed", *HYPERPARAMETERS, "status", "diverged_at"] + settings
-             + metric_names(records) + ["num_classes", "error"])
+             + metric_names(records) + ["num_classes", "parameters", "error"])
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, columns, restval="")
     writer.writeheader()
@@ -197,7 +198,7 @@ def _best_lr_section(records, workdir) -> list[str]:
            "seeds that got there. LR sensitivity: Wortsman et al. (2023) eq. 1 on eval_loss "
            "over the grid, a diverged run counting as ln(classes), the loss at initialisation.",
            "", f"| variant | learning rate | {PRIMARY} | eval_loss | p | steps to 90% | "
-           "LR sensitivity |", "|---|---|---|---|---|---|---|"]
+           "LR sensitivity | parameters |", "|---|---|---|---|---|---|---|---|"]
   for group, entries in groups.items():
     top = max((entry for entry in entries if np.isfinite(_score(entry[2])[0])),
               key=lambda entry: _score(entry[2]), default=None)
@@ -215,7 +216,8 @@ def _best_lr_section(records, workdir) -> list[str]:
       initial = math.log(record["metrics"].get("num_classes", [2])[0])
       lines.append(f"| {variant} | {rate:g} | {_ci(metrics[PRIMARY])} | "
                    f"{_ci(metrics['eval_loss'])} | {_p_cell(p)} | {reach} | "
-                   f"{statistics.lr_sensitivity(losses, initial):.3f} |")
+                   f"{statistics.lr_sensitivity(losses, initial):.3f} | "
+                   f"{record['metrics'].get('parameters', ['—'])[0]} |")
   return lines
 
 

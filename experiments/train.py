@@ -79,6 +79,8 @@ def encoder_config(config, task: tasks.Task, mesh: Mesh | None = None) -> aj.Enc
       dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
       pre_layer_norm=model.pre_layer_norm, attention_impl=model.attention_impl or None,
       pad_id=task.pad_id, num_classes=task.num_classes, pooling=model.pooling,
+      head_variant=model.head_variant, moh_shared_heads=model.moh_shared_heads,
+      moh_routed_heads=model.moh_routed_heads, overlap_schedule=model.overlap_schedule,
       attention_fn=aj.ContextParallel(mesh, "sequence", config.mesh.strategy) if sharded else None)
 
 
@@ -222,7 +224,8 @@ def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | Non
   extra test set), with ``probes`` the probe summaries at initialisation ("init_*") and at the end
   ("final_*"), "diverged_at" (the step whose loss or gradient was not finite, 0 if none: such a
   replica is frozen there, its evaluations are NaN, and the others train on; the run stops only
-  when every replica has diverged) and "seconds", the wall time of the whole run.
+  when every replica has diverged), "parameters" (the model's count) and "seconds", the wall time
+  of the whole run.
   """
   started = time.perf_counter()
   mesh = hosts.agree(checked_mesh, config, len(replicas))
@@ -357,6 +360,8 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
   diverged_at = hosts.fetch(state.diverged_at).tolist()
   return {**columns, **eval_metrics, **init_probes, **final_probes, "diverged_at": diverged_at,
           "num_classes": [task.num_classes] * len(replicas),
+          "parameters": [sum(leaf[0].size for leaf in jax.tree.leaves(state.params))]
+          * len(replicas),
           "seconds": [time.perf_counter() - started] * len(replicas)}
 
 

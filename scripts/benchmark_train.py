@@ -2,6 +2,7 @@
 
   python -m scripts.benchmark_train [--rounds 5] [--methods ...] [--sizes ...] [--json FILE]
       [--dtype bfloat16] [--accelerator-sizes] [--peak-tflops 989]
+  python -m scripts.benchmark_train --head-variants  # the head variants' cost against MHA
 
 "attention_jax" is ``experiments.train.train_step_fn``, the compiled step the training loop runs
 (one replica, the AdamW update with clipping, the divergence guard), built from
@@ -17,6 +18,11 @@ tokens/s of the rounds and each method's ratio to torch eager (higher is faster)
 commands add glibc's huge-page setting themselves (experiments/launch.py); this script does not,
 so run it as ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python -m scripts.benchmark_train`` to time
 the step as training runs it (docs/performance.md).
+
+``--head-variants`` times the trainer's step with each head variant of attention_jax/head_variants.py
+("attention_jax+talking_heads", ...) beside plain "attention_jax", at the default size and the two
+sizes of the head-variants ablation (configs/ablations/head_variants.py, a CLS token added), and
+gives each one's parameter count and its ratio to plain MHA.
 """
 
 from __future__ import annotations
@@ -53,6 +59,13 @@ ACCELERATOR_SIZES = {
     "accelerator wide": (32, 1024, 1024, 16, 8, 4096),
 }
 METHODS = ("attention_jax", "flax.linen", "torch", "torch.compile")
+HEAD_VARIANT_METHODS = ("attention_jax",) + tuple(
+    f"attention_jax+{name}" for name in aj.head_variants.VARIANTS if name != "mha")
+# (batch, length, d_model, heads, layers, mlp) of configs/ablations/head_variants.py's mqar runs,
+# length 8 + a CLS token.
+HEAD_VARIANT_SIZES = {"default": SIZES["default"],
+                      "ablation 4 heads": (32, 9, 64, 4, 2, 128),
+                      "ablation 16 heads": (32, 9, 64, 16, 2, 128)}
 NUM_CLASSES, VOCAB_SIZE = 2, 19  # the order task's
 
 
@@ -116,6 +129,7 @@ def jax_runner(config, tokens, labels, attention_module=None, on_loss=None):
   """step() runs the trainer's compiled step once on (tokens, labels) and waits for it (and
   passes the loss to ``on_loss``)."""
   step_fn, state, batch = jax_step(config, tokens, labels, attention_module)
+  parameters = sum(leaf[0].size for leaf in jax.tree.leaves(state.params))
   state = [state]
 
   def step():
@@ -123,6 +137,7 @@ def jax_runner(config, tokens, labels, attention_module=None, on_loss=None):
     loss = jax.block_until_ready(metrics["loss"])
     if on_loss is not None:
       on_loss(float(loss[0]))
+  step.parameters = parameters
   return step
 
 
@@ -181,6 +196,11 @@ def runners(methods, size, dtype):
       "torch.compile": lambda: None if dtype != "float32" else torch_runner(
           config, tokens, labels, compile_model=True),
   }
+  for method in methods:
+    if method.startswith("attention_jax+"):  # a head variant of attention_jax's model
+      variant = config.copy_and_resolve_references()
+      variant.model.head_variant = method.partition("+")[2]
+      make[method] = lambda variant=variant: jax_runner(variant, tokens, labels)
   made = {method: make[method]() for method in methods}
   return {method: run for method, run in made.items() if run is not None}
 
@@ -215,7 +235,8 @@ def main():
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--seconds", type=float, default=1.0,
                       help="about this long per method and round")
-  parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+  parser.add_argument("--methods", nargs="+", default=None,
+                      choices=METHODS + HEAD_VARIANT_METHODS[1:])
   parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
   parser.add_argument("--json", help="write the measurements to this file")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
@@ -225,7 +246,11 @@ def main():
                       help="add models sized for a GPU or TPU (longer sequences, wider layers)")
   parser.add_argument("--peak-tflops", type=float, help="the device's peak for --dtype, to "
                       "report model FLOPs utilisation (e.g. 989 for an H100 SXM in bfloat16)")
+  parser.add_argument("--head-variants", action="store_true",
+                      help="time attention_jax's head variants against plain MHA at the default "
+                      "and the head-variants ablation's sizes, with their parameter counts")
   args = parser.parse_args()
+  args.methods = args.methods or list(HEAD_VARIANT_METHODS if args.head_variants else METHODS)
   try:
     import torch
     torch.set_num_threads(os.cpu_count())  # as many threads as XLA's CPU backend uses
@@ -235,26 +260,34 @@ def main():
     print("torch is not installed: its columns are left out (pip install torch).")
   sizes = {**{name: SIZES[name] for name in args.sizes},
            **(ACCELERATOR_SIZES if args.accelerator_sizes else {})}
+  if args.head_variants:
+    sizes = HEAD_VARIANT_SIZES
   results = []
   for name, size in sizes.items():
     batch, length, d_model, heads, layers, mlp = size
-    times = measure(runners(args.methods, size, args.dtype), args.rounds, args.seconds)
+    steps_by_method = runners(args.methods, size, args.dtype)
+    parameters = {method: getattr(step, "parameters", None)
+                  for method, step in steps_by_method.items()}
+    times = measure(steps_by_method, args.rounds, args.seconds)
     step_seconds = {method: statistics.median(t) for method, t in times.items()}
     rates = {method: batch * length / seconds for method, seconds in step_seconds.items()}
     tflops = {method: model_flops_per_step(batch, length, d_model, layers, mlp) / seconds / 1e12
               for method, seconds in step_seconds.items()}
-    baseline = "torch" if "torch" in rates else None
+    baseline = "torch" if "torch" in rates else (
+        "attention_jax" if args.head_variants and "attention_jax" in rates else None)
     ratios = {method: rate / rates[baseline] for method, rate in rates.items()} if baseline else {}
     cells = ", ".join(
         f"{method} {rates[method]:.0f} tok/s ({step_seconds[method] * 1e3:.1f} ms"
+        + (f", {parameters[method]} parameters" if args.head_variants else "")
         + (f", MFU {tflops[method] / args.peak_tflops:.1%}" if args.peak_tflops else "")
-        + (f", {ratios[method]:.2f}x torch" if ratios else "") + ")" for method in rates)
+        + (f", {ratios[method]:.2f}x {baseline}" if ratios else "") + ")" for method in rates)
     print(f"{name} (B={batch}, T={length}, D={d_model}, N={heads}, L={layers}, "
           f"mlp={mlp}): {cells}", flush=True)
     results.append({"size": name, "batch": batch, "length": length, "d_model": d_model,
                     "heads": heads, "layers": layers, "mlp": mlp, "tokens_per_second": rates,
                     "step_seconds": step_seconds, "all_step_seconds": times,
-                    "model_tflops": tflops, "ratio_to_torch": ratios})
+                    "model_tflops": tflops, "parameters": parameters,
+                    f"ratio_to_{baseline or 'torch'}": ratios})
   environment = {"jax": jax.__version__, "torch": torch_version,
                  "device_kind": jax.devices()[0].device_kind, "dtype": args.dtype,
                  "cpus": os.cpu_count(), "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", "")}

@@ -146,3 +146,25 @@ def test_bfloat16_computation_over_float32_parameters():
     ((jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST), "highest")])
 def test_precision_reaches_the_attention_products_by_name(precision, name):
   assert aj.multihead.matmul_precision(precision) == name
+
+
+@pytest.mark.parametrize("variant", [aj.HeadVariant("moh"), aj.HeadVariant("overlap", overlap=1)])
+def test_decoding_with_head_variants_that_keep_per_head_attention(variant):
+  """MoH gates each token's heads and overlapping heads widen them: both decode exactly."""
+  layer = aj_nnx.MultiHeadAttention(N, D, head_variant=variant, rngs=nnx.Rngs(0))
+  full = layer(X, is_causal=True)
+  layer.init_cache(X.shape)
+  outputs = [layer(chunk, decode=True) for chunk in _chunks([3] + [1] * (L - 3))]
+  assert_close(jnp.concatenate(outputs, axis=1), full, 1e-5)
+  linen = aj.MultiHeadAttention(num_heads=N, decode=True, head_variant=variant)
+  variables = {"params": aj.nnx.linen_params(layer),
+               "cache": linen.init(jax.random.key(0), X)["cache"]}
+  assert_close(_linen_decode(linen, variables, _chunks([1] * L)), full, 1e-5)
+
+
+@pytest.mark.parametrize("name", ["talking_heads", "dcmha"])
+def test_decoding_refuses_the_mixing_head_variants_in_one_line(name):
+  layer = aj_nnx.MultiHeadAttention(N, D, head_variant=aj.HeadVariant(name), rngs=nnx.Rngs(0))
+  layer.init_cache(X.shape)
+  with pytest.raises(ValueError, match="mixes every head's weights"):
+    layer(X[:, :1], decode=True)

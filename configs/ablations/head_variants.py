@@ -1,0 +1,84 @@
+"""Head-variants ablation: plain multi-head attention against talking heads, DCMHA, MoH and
+overlapping heads (attention_jax/head_variants.py), at 4 and 16 heads (d_k 16 and 4 at d_model 64),
+on multi-query associative recall and on a length-generalisation task.
+
+  python -m experiments.sweep --config=configs/ablations/head_variants.py:mqar \
+      --workdir=workdir/ablations/head_variants/mqar
+  python -m experiments.sweep --config=configs/ablations/head_variants.py:order \
+      --workdir=workdir/ablations/head_variants/order
+  python -m experiments.sweep --config=configs/ablations/head_variants.py:quick --workdir=/tmp/hv
+
+One sweep per task (a sweep's extra test sets apply to every variant, and only `order` has a
+longer one); the mode is the task, "quick" (mqar) or "<task>_quick".
+
+Question: do the published improvements of multi-head attention buy anything on small tasks where
+heads matter? Claims: talking heads remove the penalty of many small heads (Shazeer et al. 2020);
+DCMHA matches a model trained with 1.7-2x the compute (Xiao et al. 2024); MoH is as good or better
+with 50-75% of the heads active per token (Jin et al. 2024; here 75%: N/2 shared + N/4 routed);
+overlapping heads give small gains at no change in size (Zhang et al. 2024; overlap = layer index,
+so layer 0 is plain MHA). DCMHA's network adds about twice the attention's parameters at 16 heads
+and d_model 64, so a plain model with a wider feed-forward and as many parameters
+("mha_matched") runs beside it. Tasks: `mqar` (configs/mqar.py: a lookup per query) and `order`
+(is marker A before B) trained at lengths up to 16 and tested at 17-32, both with RoPE, each
+variant over a learning-rate grid of 4 x 3 seeds.
+
+`quick` is a smoke test of the pipeline (a tenth of the steps, 2 seeds, two learning rates).
+Runtime, results and the comparison with the papers: docs/results/head_variants/ and the README's
+Results section.
+"""
+
+import math
+
+import ml_collections
+
+from attention_jax import head_variants
+from configs import mqar
+from configs.ablations import sweep_config
+
+HEADS = (4, 16)
+VARIANTS = ("mha", "talking_heads", "dcmha", "moh", "overlap")
+LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2)
+ORDER = {"max_length": 16, "num_fillers": 16}  # trained at lengths 2..16
+TEST_LENGTHS = (17, 32)
+STEPS = {"mqar": 800, "order": 600}
+
+
+def matched_mlp_dim(d_model: int, mlp_dim: int, num_heads: int, variant: str) -> int:
+  """The feed-forward width at which a plain model has as many parameters per layer as ``variant``
+  at ``mlp_dim`` (one hidden unit costs 2 * d_model + 1)."""
+  specs = head_variants.parameter_specs(head_variants.HeadVariant(variant), in_features=d_model,
+                                        num_heads=num_heads)
+  added = sum(math.prod(shape) for group in specs.values() for shape, _ in group.values())
+  return mlp_dim + round(added / (2 * d_model + 1))
+
+
+def _variants(model):
+  for heads in HEADS:
+    for name in VARIANTS:
+      yield f"{name}_{heads}", {"model": {"num_heads": heads, "head_variant": name}}
+  wide = matched_mlp_dim(model.d_model, model.mlp_dim, HEADS[-1], "dcmha")
+  yield f"mha_matched_{HEADS[-1]}", {"model": {"num_heads": HEADS[-1], "mlp_dim": wide}}
+
+
+def get_config(mode=None):
+  task, _, quick = (mode or "mqar").partition("_")
+  task, quick = ("mqar", "quick") if task == "quick" else (task, quick)
+  if task not in STEPS or quick not in ("", "quick"):
+    raise ValueError(f"mode must be one of {list(STEPS)}, 'quick' or '<task>_quick', got {mode!r}.")
+  quick = quick or None
+  base = mqar.get_config()
+  extra_evals = {f"length_{TEST_LENGTHS[0]}_{TEST_LENGTHS[1]}": {
+      "min_length": TEST_LENGTHS[0], "max_length": TEST_LENGTHS[1], "num_train": 1}}
+  sweep = sweep_config(quick, steps=STEPS[task], eval_every=100, warmup=100, base=mqar,
+                       variants=_variants(base.model),
+                       extra_evals=extra_evals if task == "order" else None)
+  if task == "order":
+    options = sweep.train.task_options
+    sweep.train.task = "order"
+    sweep.train.task_options = {**ORDER, "num_train": options.num_train,
+                                "num_test": min(options.num_test, 1000)}
+    sweep.train.model.max_length = TEST_LENGTHS[1]
+    sweep.train.model.pooling = "cls"
+  rates = LEARNING_RATES[1:3] if quick else LEARNING_RATES
+  sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
+  return sweep
