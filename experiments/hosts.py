@@ -41,7 +41,7 @@ class CoordinatorError(RuntimeError):
 def define_flags(flags) -> None:
   """The commands' --distributed and its coordinator (absl ``flags``; for their main())."""
   flags.DEFINE_bool("distributed", False, "Join JAX's multi-process runtime, one process per "
-                    "host: run the same command on every host (README 'Many hosts').")
+                    "host: run the same command on every host (docs/guides/many_hosts.md).")
   flags.DEFINE_string("coordinator_address", None, "With --distributed: HOST:PORT of process "
                       "0, reachable by all (default $JAX_COORDINATOR_ADDRESS, else detected).")
   flags.DEFINE_integer("num_processes", None, "With --distributed: how many processes take "

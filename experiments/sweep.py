@@ -17,8 +17,9 @@ its checkpoint. A variant that fails is recorded with its error and the sweep go
 disk, a busy workdir and SIGTERM/SIGINT stop the sweep instead, as they stop a run). At the end
 <workdir> holds results.csv, results.md and the plots (experiments/sweep_report.py).
 
-With --distributed (README "Many hosts") every process trains every variant together; whether a
-variant failed is agreed by all of them, and one process writes the records and reports.
+With --distributed (docs/guides/many_hosts.md) every process trains every variant together;
+whether a variant failed is agreed by all of them, and one process writes the records and
+reports.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ experiments/workdir.py. A run resumes
 from its newest readable checkpoint when started again with the same command; SIGTERM or SIGINT
 finishes the step, saves a checkpoint and stops with the command that resumes.
 
-Many hosts (one process each; README "Many hosts"): add --distributed to the same command on
+Many hosts (one process each; docs/guides/many_hosts.md): add --distributed to the same command on
 every host; experiments/hosts.py says what the processes agree on.
 """
 

@@ -23,8 +23,7 @@ and d_model 64, so a plain model with a wider feed-forward and as many parameter
 variant over a learning-rate grid of 4 x 3 seeds.
 
 `quick` is a smoke test of the pipeline (a tenth of the steps, 2 seeds, two learning rates).
-Runtime, results and the comparison with the papers: docs/results/head_variants/ and the README's
-Results section.
+Runtime, results and the comparison with the papers: docs/results/head_variants.md.
 """
 
 import math
