@@ -247,7 +247,8 @@ class _Blocks:
 
 def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Blocks, dtype,
             transposed=False):
-  """(Z_ij + bias_ij, ``reference.masked_logit`` where not allowed: [bq, bk]; tanh(Z / cap) or None), or both
+  """(Z_ij + bias_ij, ``reference.masked_logit`` where not allowed: [bq, bk]; tanh(Z / cap) or
+  None), or both
   transposed, [bk, bq], with ``transposed`` (from the product K_j Q_i^T, not a transpose)."""
   turn = (lambda x: None if x is None else x.T) if transposed else (lambda x: x)
   logits = (jnp.einsum("kh,qh->kq", k_block, q_block, preferred_element_type=dtype) if transposed

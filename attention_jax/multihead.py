@@ -97,8 +97,8 @@ def project_out(params, heads, *, dtype=None, precision=None):
   out = params["out"]
   dtype = dtype or jnp.result_type(heads, *out.values())
   kernel = out["kernel"].astype(dtype)  # [N, H, D_out]
-  output = dense_product(jnp.reshape(heads, heads.shape[:-2] + (-1,)).astype(dtype),  # [..., T, N H]
-                         jnp.reshape(kernel, (-1, kernel.shape[-1])), precision=precision)
+  heads = jnp.reshape(heads, heads.shape[:-2] + (-1,)).astype(dtype)  # [..., T, N * H]
+  output = dense_product(heads, jnp.reshape(kernel, (-1, kernel.shape[-1])), precision=precision)
   return output + out["bias"].astype(dtype) if "bias" in out else output
 
 

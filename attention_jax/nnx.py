@@ -415,7 +415,8 @@ class EncoderBlock(_Dropping):
         cfg.num_heads, cfg.d_model, d_model=cfg.num_heads * cfg.key_dim,
         scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate,
         implementation=cfg.attention_impl, normalize_qk=cfg.normalize_qk,
-        attention_fn=cfg.attention_fn, qk_transform=POSITIONAL_ENCODINGS[cfg.positional_encoding].rotate,
+        attention_fn=cfg.attention_fn,
+        qk_transform=POSITIONAL_ENCODINGS[cfg.positional_encoding].rotate,
         head_variant=cfg.head_variant_of(layer), deterministic=deterministic, rngs=rngs)
     self.feed_forward = FeedForward(cfg.d_model, cfg.mlp_dim, dropout_rate=cfg.dropout_rate,
                                     deterministic=deterministic, rngs=rngs)

@@ -148,7 +148,8 @@ def _check_head_variant(config) -> None:
     if model.attention_impl not in ("",) + variants.MIXING_IMPLEMENTATIONS:
       raise ConfigError(f"model.head_variant={model.head_variant!r} mixes every head's logits at "
                         f"each (query, key) pair, which {model.attention_impl!r} never forms; use "
-                        f"model.attention_impl='' or one of {list(variants.MIXING_IMPLEMENTATIONS)}.")
+                        "model.attention_impl='' or one of "
+                        f"{list(variants.MIXING_IMPLEMENTATIONS)}.")
     if config.mesh.sequence > 1:
       raise ConfigError(f"model.head_variant={model.head_variant!r} runs its own attention, not "
                         "context-parallel; set mesh.sequence=1.")

@@ -1,4 +1,5 @@
-"""The one training loop: a stack of replicas (seeds x hyperparameters) trained by one compiled step.
+"""The one training loop: a stack of replicas (seeds x hyperparameters) trained by one compiled
+step.
 
   python -m experiments.train --config=configs/default.py --workdir=/tmp/run [--config.seed=1]
 
