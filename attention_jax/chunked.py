@@ -482,9 +482,10 @@ def _attention(q, k, v, bias, mask, extras, pattern, geometry):
 
 
 def _attention_fwd(q, k, v, bias, mask, extras, pattern, geometry):
+  # q is in the compute dtype (prepare), so out is too: the backward's rowsum(dO * O) reads O
+  # unrounded, and finish() casts it to the caller's dtype.
   out, lse = _forward(q, k, v, bias, mask, extras, pattern, geometry)
-  # The backward's rowsum(dO * O) reads O as computed, not rounded to a 16-bit query's dtype.
-  return (out.astype(q.dtype), lse), (q, k, v, bias, mask, extras, out, lse)
+  return (out, lse), (q, k, v, bias, mask, extras, out, lse)
 
 
 def _attention_bwd(pattern, geometry, residuals, cotangents):

@@ -422,7 +422,7 @@ def check_heads(num_heads: int, num_kv_heads: int | None, fused_qkv: bool = Fals
 class MultiHeadAttention(nn.Module):
   """Multi-head attention (Vaswani et al. 2017, section 3.2.2) as a Flax Linen module.
 
-  The arguments that flax's ``MultiHeadDotProductAttention`` has keep its names and meaning
+  The arguments it shares with flax's ``MultiHeadDotProductAttention`` keep their names and meaning
   (``d_model`` is its ``qkv_features``), and its parameters load here unchanged.
 
   Attributes:

@@ -105,7 +105,7 @@ class _VariantParams(nnx.Module):
 class MultiHeadAttention(_Dropping):
   """Multi-head attention (Vaswani et al. 2017) as a Flax NNX module; the twin of
   ``attention_jax.MultiHeadAttention``, computed by ``multihead.multi_head_attention_step``.
-  The arguments that ``flax.nnx.MultiHeadAttention`` has keep its names and meaning
+  The arguments it shares with ``flax.nnx.MultiHeadAttention`` keep their names and meaning
   (``d_model`` is its ``qkv_features``).
 
   inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None (self-attention) -> [..., T, D_out].
