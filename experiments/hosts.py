@@ -12,14 +12,19 @@ needs on top of that, in one place:
   writer()         whether this process writes files (process 0)
   fetch(tree)      global arrays as NumPy values, the same on every process
   preempted(step)  JAX's preemption sync point: a SIGTERM to any process stops all at one step
+  Watchdog         ends this process with one line once another one has gone silent
 
 With one process each of these is the plain single-process behaviour at no cost.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import sys
+import threading
+import time
 
 import jax
 import numpy as np
@@ -49,7 +54,8 @@ def define_flags(flags) -> None:
   flags.DEFINE_integer("process_id", None, "With --distributed: this process's number, 0 .. "
                        "num_processes - 1 (default $JAX_PROCESS_ID, else detected).")
   flags.DEFINE_integer("heartbeat_timeout", 100, "With --distributed: seconds after which a "
-                       "silent process counts as dead and ends the others.")
+                       "silent process counts as dead; the others end with a line after half "
+                       "of it (at least 4).")
 
 
 def initialize_from(values) -> None:
@@ -68,15 +74,18 @@ def initialize_from(values) -> None:
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, heartbeat_timeout: int = 100) -> None:
   """``jax.distributed.initialize`` with the coordinator given here, else in the environment,
-  else auto-detected (TPU pods, Slurm, Open MPI, Kubernetes). A process that stops sending
-  heartbeats for ``heartbeat_timeout`` seconds ends the others, and a process that stops alone
-  waits as long at most for the others at shutdown. Raises CoordinatorError (one line) when no
-  coordinator is given or found."""
+  else auto-detected (TPU pods, Slurm, Open MPI, Kubernetes). A process silent for half of
+  ``heartbeat_timeout`` seconds makes the others end with a line (Watchdog), and a process that
+  stops alone waits that long at most for the others at shutdown. Raises CoordinatorError (one
+  line) when no coordinator is given or found."""
   given = {"coordinator_address": coordinator_address, "num_processes": num_processes,
            "process_id": process_id}
   for name, variable in ENVIRONMENT.items():
     if given[name] is None and os.environ.get(variable):
       given[name] = os.environ[variable]
+  if heartbeat_timeout < 4:
+    raise CoordinatorError(f"--heartbeat_timeout={heartbeat_timeout} is too short to tell a "
+                           "silent process from a busy one; use at least 4 (seconds).")
   try:
     for name in ("num_processes", "process_id"):
       given[name] = None if given[name] is None else int(given[name])
@@ -88,6 +97,66 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         "or Kubernetes it is detected, elsewhere pass --coordinator_address=HOST:PORT "
         "--num_processes=N --process_id=I (or set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, "
         "JAX_PROCESS_ID) to every process.") from None
+  if jax.process_count() > 1:
+    Watchdog(heartbeat_timeout / 2).start()
+
+
+class Watchdog(threading.Thread):
+  """Ends this process with one line (exit status 1) once another process has shown no sign of
+  life for ``silence`` seconds, or the coordinator has been unreachable as long.
+
+  JAX's runtime ends the survivors of a dead process too, but only after its heartbeat timeout
+  and with an abort and a stack dump; a collective with the dead process fails at once only when
+  its connection was already open. Each process here counts up a key of the coordinator's
+  key-value store every second and reads everyone's; set ``silence`` below JAX's heartbeat
+  timeout so that this line comes first. A process that ends normally marks its key done."""
+
+  PREFIX = "attention_jax/alive/"
+
+  def __init__(self, silence: float, interval: float = 1.0):
+    super().__init__(name="attention_jax-watchdog", daemon=True)
+    from jax._src import distributed  # the runtime's client: its key-value store
+    self.client, self.silence, self.interval = distributed.global_state.client, silence, interval
+    self.me, self.stopped = jax.process_index(), threading.Event()
+    atexit.register(self.stop)
+
+  def run(self) -> None:
+    count, seen, heard = 0, {}, time.monotonic()
+    while not self.stopped.wait(self.interval):
+      now, count = time.monotonic(), count + 1
+      try:
+        self.client.key_value_set(f"{self.PREFIX}{self.me}", str(count), allow_overwrite=True)
+        values = dict(self.client.key_value_dir_get(self.PREFIX))
+        heard = now
+      except Exception:  # noqa: BLE001 -- the coordinator is gone or unreachable
+        if now - heard > self.silence:
+          self.end("the coordinator (process 0) has been unreachable")
+        continue
+      for process in range(jax.process_count()):
+        value = values.get(f"{self.PREFIX}{process}", "")
+        if process == self.me or value == "done":
+          continue
+        if seen.get(process, (None,))[0] != value:
+          seen[process] = (value, now)
+        elif now - seen[process][1] > self.silence:
+          self.end(f"process {process} has shown no sign of life")
+
+  def end(self, what: str) -> None:
+    if not self.stopped.is_set():
+      print(f"process {self.me} stopped: {what} for {self.silence:g} s (killed, crashed or "
+            "hanging: its own output says why); rerun the same command on every host to resume "
+            "from the last checkpoint.", file=sys.stderr, flush=True)
+      sys.stdout.flush()
+      os._exit(1)
+
+  def stop(self) -> None:
+    """Marks this process done (its peers stop watching it) and ends the watch."""
+    if not self.stopped.is_set():
+      self.stopped.set()
+      try:
+        self.client.key_value_set(f"{self.PREFIX}{self.me}", "done", allow_overwrite=True)
+      except Exception:  # noqa: BLE001 -- nobody left to tell
+        pass
 
 
 def agreed(error: BaseException) -> bool:
