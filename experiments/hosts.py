@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
+import socket
 import sys
 import threading
 import time
@@ -56,6 +57,8 @@ def define_flags(flags) -> None:
   flags.DEFINE_integer("heartbeat_timeout", 100, "With --distributed: seconds after which a "
                        "silent process counts as dead; the others end with a line after half "
                        "of it (at least 4).")
+  flags.DEFINE_integer("initialization_timeout", 300, "With --distributed: seconds to wait "
+                       "for every process to join the coordinator.")
 
 
 def initialize_from(values) -> None:
@@ -68,16 +71,18 @@ def initialize_from(values) -> None:
                              "command.")
     return
   initialize(values.coordinator_address, values.num_processes, values.process_id,
-             values.heartbeat_timeout)
+             values.heartbeat_timeout, values.initialization_timeout)
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, heartbeat_timeout: int = 100) -> None:
+               process_id: int | None = None, heartbeat_timeout: int = 100,
+               initialization_timeout: int = 300) -> None:
   """``jax.distributed.initialize`` with the coordinator given here, else in the environment,
   else auto-detected (TPU pods, Slurm, Open MPI, Kubernetes). A process silent for half of
   ``heartbeat_timeout`` seconds makes the others end with a line (Watchdog), and a process that
   stops alone waits that long at most for the others at shutdown. Raises CoordinatorError (one
-  line) when no coordinator is given or found."""
+  line) when no coordinator is given or found, or nothing answers at its address within
+  ``initialization_timeout`` seconds."""
   given = {"coordinator_address": coordinator_address, "num_processes": num_processes,
            "process_id": process_id}
   for name, variable in ENVIRONMENT.items():
@@ -89,8 +94,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   try:
     for name in ("num_processes", "process_id"):
       given[name] = None if given[name] is None else int(given[name])
+    if given["coordinator_address"] and given["process_id"] not in (None, 0):
+      _wait_for_coordinator(given["coordinator_address"], initialization_timeout)
     jax.distributed.initialize(**given, heartbeat_timeout_seconds=heartbeat_timeout,
-                               shutdown_timeout_seconds=heartbeat_timeout)
+                               shutdown_timeout_seconds=heartbeat_timeout,
+                               initialization_timeout=initialization_timeout)
   except (ValueError, TypeError) as error:
     raise CoordinatorError(
         f"--distributed: no cluster to join ({error}); on a TPU pod slice, Slurm, Open MPI "
@@ -157,6 +165,30 @@ class Watchdog(threading.Thread):
         self.client.key_value_set(f"{self.PREFIX}{self.me}", "done", allow_overwrite=True)
       except Exception:  # noqa: BLE001 -- nobody left to tell
         pass
+
+
+def _wait_for_coordinator(address: str, timeout: float) -> None:
+  """Waits until something listens at ``address`` (HOST:PORT), as process 0's coordinator does
+  once it has started: JAX's runtime would end this process with an abort when it cannot reach
+  the coordinator, so an address nobody serves is told in one line here instead."""
+  host, _, port = address.rpartition(":")
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+      return
+    except OSError as error:
+      if time.monotonic() > deadline:
+        raise CoordinatorError(
+            f"--distributed: nothing answered at the coordinator address {address} within "
+            f"{timeout:g} s ({error}); start the same command on every host (process 0 serves "
+            "it), check the address and port, or raise --initialization_timeout.") from None
+      time.sleep(0.5)
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+  """The first line of an error's message (its type's name when it has none), cut at limit."""
+  return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]
 
 
 def agreed(error: BaseException) -> bool:

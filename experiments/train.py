@@ -425,8 +425,8 @@ def run_command(main_function, *args) -> None:
       raise
     if line is None:
       traceback.print_exc()
-      first = (str(error).strip().splitlines() or [""])[0][:300]
-      line = (f"process {jax.process_index()} stopped: {type(error).__name__}: {first}; if "
+      line = (f"process {jax.process_index()} stopped: {type(error).__name__}: "
+              f"{hosts.first_line(error)}; if "
               "another process stopped first, its output says why.")
     print(line, file=sys.stderr, flush=True)
     if alone:

@@ -293,3 +293,19 @@ def test_the_command_says_what_to_set_without_a_coordinator(flags, message, tmp_
   assert any(fix in line for fix in ("--coordinator_address=HOST:PORT", "add it to every "
                                      "process", "use at least 4"))
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_job_that_does_not_assemble_ends_in_one_line(tmp_path):
+  """Process 1 of 2 alone, with nobody serving the coordinator's address."""
+  address = f"localhost:{local_cluster.free_port()}"
+  flags = ["--distributed", f"--coordinator_address={address}", "--num_processes=2",
+           "--process_id=1", "--initialization_timeout=3"]
+  result = subprocess.run(command(str(tmp_path / "run"), str(tmp_path)) + flags, cwd=ROOT,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                          text=True, timeout=60)
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+  line = result.stderr.strip().splitlines()[-1]
+  assert line.startswith(f"--distributed: nothing answered at the coordinator address {address} "
+                         "within 3 s (")
+  assert line.endswith("or raise --initialization_timeout.") and "\n" not in line
+  assert not os.path.exists(tmp_path / "run")
