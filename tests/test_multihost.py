@@ -63,16 +63,19 @@ def checkpoint_steps(workdir):
   return sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
 
 
-def wait_for_checkpoint(job, workdir, step, timeout=60):
+def wait_for_checkpoint(job, workdir, after, timeout=60):
+  """Waits until the job has written a checkpoint past step ``after`` (one that an earlier job
+  left does not count: a signal sent before the processes set up their handlers would just kill
+  them)."""
   deadline = time.time() + timeout
   while time.time() < deadline:
     if os.path.isdir(os.path.join(workdir, "checkpoints")) and any(
-        s >= step for s in checkpoint_steps(workdir)):
+        s > after for s in checkpoint_steps(workdir)):
       return
     assert all(p.poll() is None for p in job.processes), "the job ended before the signal"
     time.sleep(0.02)
   job.kill()
-  raise AssertionError(f"no checkpoint {step} within {timeout} s")
+  raise AssertionError(f"no checkpoint after step {after} within {timeout} s")
 
 
 def one_line_each(ended, status):
@@ -146,7 +149,7 @@ def test_sigterm_to_one_then_to_both_then_sigkill_then_the_rerun_ends_as_uninter
   argv = local_cluster.distributed(command(workdir, data_dir, **LONG))
 
   job = local_cluster.start(argv)  # SIGTERM to process 1 alone
-  wait_for_checkpoint(job, workdir, 20)
+  wait_for_checkpoint(job, workdir, 0)
   job.signal(1, signal.SIGTERM)
   line = one_line_each(job.wait(), 128 + signal.SIGTERM)
   first = max(checkpoint_steps(workdir))
@@ -154,16 +157,16 @@ def test_sigterm_to_one_then_to_both_then_sigkill_then_the_rerun_ends_as_uninter
   assert 20 < first < 100
 
   job = local_cluster.start(argv)  # SIGTERM to both, at different moments
-  wait_for_checkpoint(job, workdir, 40)
+  wait_for_checkpoint(job, workdir, first)
   job.signal(0, signal.SIGTERM)
   time.sleep(0.3)
   local_cluster.stop_all(job)
   line = one_line_each(job.wait(), 128 + signal.SIGTERM)
   second = max(checkpoint_steps(workdir))
-  assert line.startswith(f"stopped by SIGTERM at step {second}: ") and 40 < second < 100
+  assert line.startswith(f"stopped by SIGTERM at step {second}: ") and first < second < 100
 
   job = local_cluster.start(argv)  # SIGKILL to process 1: process 0 ends with a line, soon
-  wait_for_checkpoint(job, workdir, 60)
+  wait_for_checkpoint(job, workdir, second)
   job.signal(1, signal.SIGKILL)
   killed = time.time()
   survivor = job.processes[0]
