@@ -53,12 +53,12 @@ _UNSUPPORTED_REASON = {
 }
 
 
-def unsupported_reason(name, query, key, value, request: _checks.Request, *,
-                       backend: str) -> str | None:
-  """Why implementation ``name`` cannot serve this request on ``backend``, or None if it can."""
+def unsupported_reason(name, query, key, value, request: _checks.Request) -> str | None:
+  """Why implementation ``name`` cannot serve this request (on ``request.backend``), or None if
+  it can."""
   required = REQUIRED_BACKEND.get(name)
-  if required is not None and backend != required:
-    return f"{name!r} runs only on the {required} backend, and this one is {backend}"
+  if required is not None and request.backend != required:
+    return f"{name!r} runs only on the {required} backend, and this one is {request.backend}"
   return _UNSUPPORTED_REASON[name](query, key, value, request)
 
 
@@ -103,13 +103,12 @@ def architecture(backend: str, device_kind: str | None,
     return device_kind
   if compute_capability is not None:
     return str(compute_capability)
-  return next((capability for kind, capability in COMPUTE_CAPABILITY.items()
-               if device_kind is not None and device_kind.startswith(kind)), None)
+  kinds = [kind for kind in COMPUTE_CAPABILITY
+           if device_kind is not None and device_kind.startswith(kind)]
+  return COMPUTE_CAPABILITY[max(kinds, key=len)] if kinds else None  # the longest prefix
 
 
 def _measured(name: str, arch: str | None) -> bool:
-  if name == "cudnn":
-    return arch in MEASURED_ON[name]
   return arch is not None and any(arch.startswith(kind) for kind in MEASURED_ON[name])
 
 
@@ -170,9 +169,9 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   del bias, mask  # every implementation serves any mask and bias
   backend = jax.default_backend() if backend is None else backend
   device = _device(backend)
-  if device_kind is None and device is not None:
+  if device is not None and device_kind is None and compute_capability is None:
+    # the device this runs on; a kind or capability given asks about another device
     device_kind = device.device_kind
-  if compute_capability is None and device is not None:
     compute_capability = getattr(device, "compute_capability", None)
   request = _checks.Request(dropout_rate=dropout_rate, return_weights=return_weights,
                             return_residual=return_residual, logits_soft_cap=logits_soft_cap,
@@ -180,12 +179,12 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   if implementation is None:
     arch = architecture(backend, device_kind, compute_capability)
     for name in _automatic_order(query, key, backend, arch):
-      if unsupported_reason(name, query, key, value, request, backend=backend) is None:
+      if unsupported_reason(name, query, key, value, request) is None:
         return name
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
         f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}.")
-  reason = unsupported_reason(implementation, query, key, value, request, backend=backend)
+  reason = unsupported_reason(implementation, query, key, value, request)
   if reason is not None:
     raise ValueError(
         f"implementation={implementation!r} cannot serve this call: {reason}; "

@@ -265,8 +265,8 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Bl
 
 
 def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
-  """q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv], lse [Tp] (EMPTY_ROW where a row has no
-  key)."""
+  """q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv], lse [Tp] (``reference.least_row_max``
+  where a row has no key)."""
   dtype = reference.compute_dtype(q.dtype)
   least_max = reference.least_row_max(dtype)  # a masked logit minus it underflows to exp = 0
 
@@ -430,6 +430,10 @@ def _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse, d_out):
   batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
   group = num_heads // num_kv
   dtype = reference.compute_dtype(q.dtype)
+  # The products run in the compute dtype (float32 for bfloat16 and float16 inputs): dS rounded
+  # to bfloat16 cost dQ a third more error than jax.nn's, and XLA's CPU backend has no
+  # bfloat16 x bfloat16 = float32 product outside a fusion.
+  q, k, v, out, d_out = (x.astype(dtype) for x in (q, k, v, out, d_out))
 
   def one_kv_head(d_bias, index):
     b, h = index // num_kv, index % num_kv
@@ -491,12 +495,8 @@ def _attention_fwd(q, k, v, bias, mask, extras, pattern, geometry):
 def _attention_bwd(pattern, geometry, residuals, cotangents):
   q, k, v, bias, mask, extras, out, lse = residuals
   d_out, _ = cotangents  # the log-sum-exp is returned under stop_gradient
-  # The backward's products run in the compute dtype (float32 for bfloat16 and float16 inputs):
-  # dS rounded to bfloat16 cost dQ a third more error than jax.nn's, and XLA's CPU backend has no
-  # bfloat16 x bfloat16 = float32 product outside a fusion.
-  wide = lambda x: x.astype(reference.compute_dtype(x.dtype))
-  d_q, d_k, d_v, d_bias = _backward(wide(q), wide(k), wide(v), bias, mask, extras, pattern,
-                                    geometry, wide(out), lse, wide(d_out))
+  d_q, d_k, d_v, d_bias = _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse,
+                                    d_out)
   d_bias = None if d_bias is None else d_bias.astype(bias.dtype)
   return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias, None, None
 
@@ -612,7 +612,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks
 
 
 def finish(out, lse, query, return_residual=False):
-  """The kernel's out [B, N, Tp, H_v] and lse [B, N, Tp] (see ``residual_of``) -> out
+  """The kernel's out [B, N, Tp, H_v] and lse [B, N, Tp] (see ``reference.residual_of``) -> out
   [..., T, N, H_v] (and lse [..., T, N], -inf on empty rows, without gradient) for a query of
   ``query`` [..., T, N, H], in its dtype."""
   batch_shape, q_len = query.shape[:-3], query.shape[-3]
@@ -620,16 +620,5 @@ def finish(out, lse, query, return_residual=False):
   out = jnp.reshape(out, batch_shape + out.shape[1:])
   if not return_residual:
     return out
-  lse = jnp.swapaxes(residual_of(lse)[:, :, :q_len], 1, 2)  # [B, T, N]
+  lse = jnp.swapaxes(reference.residual_of(lse)[:, :, :q_len], 1, 2)  # [B, T, N]
   return out, lax.stop_gradient(jnp.reshape(lse, batch_shape + lse.shape[1:]))
-
-
-def residual_of(lse):
-  """The kernel's lse (``reference.least_row_max`` on a row with no key) -> the contract's
-  residual (-inf there: the log of an empty sum)."""
-  return jnp.where(lse > reference.least_row_max(lse.dtype), lse, -jnp.inf)
-
-
-def lse_of(residual):
-  """The inverse of ``residual_of``: -inf -> ``reference.least_row_max``."""
-  return jnp.maximum(residual, reference.least_row_max(residual.dtype))

@@ -147,7 +147,7 @@ def _ring_fwd(q, k, v, extras, pattern, geometry, axis_name):
   def attend(passing):  # -> out, lse (-inf on an empty row)
     k_step, v_step, extras_step = _arriving(extras, passing)
     out, lse = chunked._forward(q, k_step, v_step, None, None, extras_step, pattern, geometry)
-    return out, chunked.residual_of(lse)
+    return out, reference.residual_of(lse)
 
   def step(carry, _):
     out, lse, passing = carry
@@ -159,7 +159,7 @@ def _ring_fwd(q, k, v, extras, pattern, geometry, axis_name):
   out, lse = attend(passing)
   (out, lse, _), _ = lax.scan(step, (out, lse, passing), None,
                               length=lax.axis_size(axis_name) - 1)
-  lse = chunked.lse_of(lse)
+  lse = reference.lse_of(lse)
   out = out.astype(q.dtype)
   return (out, lse), (q, k, v, extras, out, lse)
 

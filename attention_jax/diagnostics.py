@@ -89,11 +89,8 @@ def head_usage(gates, query_valid=None):
   >>> head_usage(jnp.array([[1.0, 0.0], [1.0, 2.0]]))  # head 0 always on, head 1 for one token
   Array([1. , 0.5], dtype=float32)
   """
-  used = (gates != 0).astype(jnp.float32)
-  weight = jnp.ones(gates.shape[:-1], jnp.float32) if query_valid is None else (
-      query_valid.astype(jnp.float32))
-  axes = tuple(range(gates.ndim - 1))
-  return jnp.sum(used * weight[..., None], axis=axes) / jnp.maximum(jnp.sum(weight), 1.0)
+  used = jnp.swapaxes((gates != 0).astype(jnp.float32), -1, -2)  # [..., N, T]
+  return per_head_mean(used, True if query_valid is None else query_valid[..., None, :])
 
 
 def head_statistics(logits, weights, valid):

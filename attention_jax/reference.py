@@ -30,6 +30,17 @@ def least_row_max(dtype):
   return 0.5 * masked_logit(dtype)
 
 
+def residual_of(lse):
+  """A log-sum-exp computed with ``least_row_max`` (that value on a row with no key) -> the
+  contract's residual (-inf there: the log of an empty sum)."""
+  return jnp.where(lse > least_row_max(lse.dtype), lse, -jnp.inf)
+
+
+def lse_of(residual):
+  """The inverse of ``residual_of``: -inf -> ``least_row_max``."""
+  return jnp.maximum(residual, least_row_max(residual.dtype))
+
+
 def heads_first(array):
   """[..., L, N, H] -> [..., N, L, H], and back (it is its own inverse). XLA's CPU dots run several
   times faster on head-major operands than when they have to gather each head's rows from the
@@ -169,6 +180,6 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale: float
   extras = (weights,) if return_weights else ()
   if return_residual:
     residual = jax.nn.logsumexp(logits, axis=-1)  # [..., N, T]
-    residual = jnp.where(residual > least_row_max(logits.dtype), residual, -jnp.inf)
+    residual = residual_of(residual)
     extras += (jax.lax.stop_gradient(jnp.swapaxes(residual, -1, -2)),)
   return (output, *extras) if extras else output

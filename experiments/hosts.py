@@ -55,8 +55,8 @@ def define_flags(flags) -> None:
   flags.DEFINE_integer("process_id", None, "With --distributed: this process's number, 0 .. "
                        "num_processes - 1 (default $JAX_PROCESS_ID, else detected).")
   flags.DEFINE_integer("heartbeat_timeout", 100, "With --distributed: seconds after which a "
-                       "silent process counts as dead; the others end with a line after half "
-                       "of it (at least 4).")
+                       "silent process counts as dead (at least 4); the others end with a line "
+                       "after half of it.")
   flags.DEFINE_integer("initialization_timeout", 300, "With --distributed: seconds to wait "
                        "for every process to join the coordinator.")
 
@@ -80,9 +80,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   """``jax.distributed.initialize`` with the coordinator given here, else in the environment,
   else auto-detected (TPU pods, Slurm, Open MPI, Kubernetes). A process silent for half of
   ``heartbeat_timeout`` seconds makes the others end with a line (Watchdog), and a process that
-  stops alone waits that long at most for the others at shutdown. Raises CoordinatorError (one
-  line) when no coordinator is given or found, or nothing answers at its address within
-  ``initialization_timeout`` seconds."""
+  stops alone waits ``heartbeat_timeout`` seconds at most for the others at shutdown. Raises
+  CoordinatorError (one line) when no coordinator is given or found, or nothing answers at its
+  address within ``initialization_timeout`` seconds."""
   given = {"coordinator_address": coordinator_address, "num_processes": num_processes,
            "process_id": process_id}
   for name, variable in ENVIRONMENT.items():
@@ -187,8 +187,8 @@ def _wait_for_coordinator(address: str, timeout: float) -> None:
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
-  """The first line of an error's message (its type's name when it has none), cut at limit."""
-  return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]
+  """The first line of an error's message ("" when it has none), cut at ``limit``."""
+  return (str(error).strip().splitlines() or [""])[0][:limit]
 
 
 def agreed(error: BaseException) -> bool:

@@ -361,8 +361,7 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
   diverged_at = hosts.fetch(state.diverged_at).tolist()
   return {**columns, **eval_metrics, **init_probes, **final_probes, "diverged_at": diverged_at,
           "num_classes": [task.num_classes] * len(replicas),
-          "parameters": [sum(leaf[0].size for leaf in jax.tree.leaves(state.params))]
-          * len(replicas),
+          "parameters": [parameter_count(state.params)] * len(replicas),
           "seconds": [time.perf_counter() - started] * len(replicas)}
 
 
@@ -407,6 +406,11 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if hosts.writer():
     print("final: " + json.dumps({"step": config.num_train_steps, **final}))
   return final
+
+
+def parameter_count(params) -> int:
+  """The number of parameters of one replica, from a stacked [R, ...] parameter tree's shapes."""
+  return sum(math.prod(leaf.shape[1:]) for leaf in jax.tree.leaves(params))
 
 
 def run_command(main_function, *args) -> None:

@@ -129,7 +129,7 @@ def jax_runner(config, tokens, labels, attention_module=None, on_loss=None):
   """step() runs the trainer's compiled step once on (tokens, labels) and waits for it (and
   passes the loss to ``on_loss``)."""
   step_fn, state, batch = jax_step(config, tokens, labels, attention_module)
-  parameters = sum(leaf[0].size for leaf in jax.tree.leaves(state.params))
+  parameters = train.parameter_count(state.params)
   state = [state]
 
   def step():

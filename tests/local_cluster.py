@@ -17,7 +17,7 @@ import time
 
 from training_helpers import ROOT
 
-HEARTBEAT = 10  # --heartbeat_timeout of the jobs here: a silent process ends the others in 10 s
+HEARTBEAT = 10  # --heartbeat_timeout of the jobs here: a silent process ends the others in 5 s
 
 
 def free_port() -> int:

@@ -136,6 +136,19 @@ def test_automatic_choice_on_gpu_follows_the_architecture(compute_capability, ex
                                   compute_capability=compute_capability) == expected
 
 
+def test_a_kind_asked_about_on_a_gpu_host_is_not_overridden_by_the_host_device(monkeypatch):
+  """On an H200 host, asking about an A100 must answer for the A100 (the host's own compute
+  capability is used only when neither a kind nor a capability is given)."""
+  class H200:
+    device_kind, compute_capability = "NVIDIA H200", "9.0"
+  monkeypatch.setattr(aj.attention, "_device", lambda backend: H200())
+  shapes = _shapes(100, dtype=jnp.bfloat16)
+  assert aj.select_implementation(*shapes, backend="gpu") == "cudnn"
+  assert aj.select_implementation(*shapes, backend="gpu",
+                                  device_kind="NVIDIA A100-SXM4-80GB") == "xla"
+  assert aj.select_implementation(*shapes, backend="gpu", device_kind="Tesla T4") == "xla"
+
+
 def test_float16_on_xla_is_refused_on_cpu_in_one_line():
   shapes = _shapes(64, dtype=jnp.float16)
   with pytest.raises(ValueError, match="cannot run float16 on the CPU backend"):
