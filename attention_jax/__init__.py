@@ -32,6 +32,8 @@ from attention_jax.masks import seq_lengths_mask
 from attention_jax.masks import tokens_to_valid
 from attention_jax.multihead import SCALES
 from attention_jax.multihead import MultiHeadAttention
+from attention_jax.multihead import MultiHeadDotProductAttention
+from attention_jax.multihead import SelfAttention
 from attention_jax.multihead import attention_maps
 from attention_jax.multihead import multi_head_attention
 from attention_jax.multihead import multi_head_attention_logits

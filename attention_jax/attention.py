@@ -5,6 +5,7 @@ Shape letters: T query length, S key/value length, N query heads, K key/value he
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import jax
@@ -217,18 +218,75 @@ _KERNELS = {
 }
 
 
-def dot_product_attention(query, key, value, bias=None, mask=None, *,
-                          scale: float | None = None, is_causal: bool = False,
-                          query_seq_lengths=None, key_value_seq_lengths=None,
+#: What a query row with no key to attend to returns (``empty_rows=``): "mean", as jax.nn and
+#: flax (their masked logits are all equal, so the softmax is uniform and the row is the mean of
+#: the values over all S keys, with uniform weights), or "zero" (zeros and zero weights).
+#: Rows past ``query_seq_lengths`` are zeros either way, as in jax.nn.
+EMPTY_ROWS = ("mean", "zero")
+
+#: flax's arguments that choose how products are computed; we compute them our own way and refuse
+#: any other choice in one line rather than ignore it.
+_FLAX_PRODUCT_ARGUMENTS = ("einsum_dot_general", "qk_attn_weights_einsum",
+                           "attn_weights_value_einsum")
+
+
+def matmul_precision(precision) -> str | None:
+  """flax's ``precision`` (a lax.Precision, its name, or a pair) as the name that
+  ``jax.default_matmul_precision`` takes, for the products inside attention; None stays None.
+
+  >>> matmul_precision(jax.lax.Precision.HIGHEST), matmul_precision(None)
+  ('highest', None)
+  """
+  if precision is None:
+    return None
+  if isinstance(precision, (tuple, list)):  # (lhs, rhs): the higher of the two
+    return max((matmul_precision(p) for p in precision), key=_PRECISIONS.index)
+  return str(jax.lax.Precision(precision)).lower()
+
+
+_PRECISIONS = ("default", "high", "highest")
+
+
+def default_precision(precision):
+  """A context in which the matrix products run at ``precision`` (None: as they would)."""
+  name = matmul_precision(precision)
+  return contextlib.nullcontext() if name is None else jax.default_matmul_precision(name)
+
+
+def _sow(module, weights) -> None:
+  """Sows the weights as flax's attention functions do with ``module=``: in "intermediates" for a
+  Linen module, as an ``nnx.Intermediate`` for an NNX one."""
+  if hasattr(module, "is_mutable_collection"):  # Linen
+    module.sow("intermediates", "attention_weights", weights)
+  else:
+    from flax import nnx  # pylint: disable=g-import-not-at-top (imported by the caller already)
+    module.sow(nnx.Intermediate, "attention_weights", weights)
+
+
+def _can_empty_rows(mask, structure, window) -> bool:
+  """Whether a row can be left with no key (a mask, a window, key lengths or segment ids)."""
+  return mask is not None or window is not None or any(
+      structure[name] is not None for name in ("key_value_seq_lengths", "query_segment_ids"))
+
+
+def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dropout: bool = True,
+                          dropout_rng=None, dropout_rate: float = 0.0,
+                          deterministic: bool = False, dtype=None, precision=None, module=None,
+                          force_fp32_for_softmax: bool = False, einsum_dot_general=None,
+                          qk_attn_weights_einsum=None, attn_weights_value_einsum=None,
+                          promote_dtype=None, *, scale: float | None = None,
+                          is_causal: bool = False, query_seq_lengths=None,
+                          key_value_seq_lengths=None,
                           local_window_size: int | tuple[int, int] | None = None,
                           logits_soft_cap: float | None = None,
                           query_segment_ids=None, key_segment_ids=None,
-                          dropout_rate: float = 0.0, dropout_rng=None,
                           return_weights: bool = False, return_residual: bool = False,
-                          implementation: str | None = None):
+                          implementation: str | None = None, empty_rows: str = "mean"):
   r"""Scaled dot-product attention, softmax(Q K^T * scale + bias) V, per head.
 
-  A superset of ``jax.nn.dot_product_attention``: its arguments keep their names and meaning.
+  A superset of ``jax.nn.dot_product_attention`` and of flax's ``dot_product_attention`` (Linen
+  and NNX): every argument either takes keeps its name, position and meaning, so it can replace
+  them in a call and serve as the ``attention_fn`` of flax's attention modules.
 
   Args:
     query: [..., T, N, H].
@@ -236,7 +294,23 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
       key/value head n // (N // K); the queries are grouped, keys and values never copied).
     value: [..., S, K, H_v].
     bias: optional additive logits broadcastable to [..., N, T, S]; -inf means "do not attend".
-    mask: optional bool broadcastable to [..., N, T, S], True = attend.
+    mask: optional, broadcastable to [..., N, T, S]: attend where True or, for a mask of another
+      dtype (flax's ``make_attention_mask`` gives float32), where nonzero. Boolean is the fast path.
+    broadcast_dropout: one dropout mask [T, S] shared by the batch and the heads (flax's default),
+      or (False) one per weight.
+    dropout_rng: a PRNG key for attention dropout.
+    dropout_rate: attention dropout on the weights; needs ``dropout_rng`` unless deterministic.
+      The masks are flax's for the same key: bernoulli(dropout_rng, 1 - rate, shape).
+    deterministic: no dropout (flax's switch).
+    dtype: the dtype the query, key and value are cast to (None: as they come).
+    precision: of the matrix products (a ``jax.lax.Precision``, its name or a pair), as flax's.
+    module: a Linen or NNX module in which to sow the weights [..., N, T, S] as
+      "attention_weights", as flax does (Linen: the "intermediates" collection).
+    force_fp32_for_softmax: accepted for flax's signature; the softmax always runs in float32 or
+      wider here, which is what True asks for.
+    einsum_dot_general, qk_attn_weights_einsum, attn_weights_value_einsum: flax's ways to replace
+      the products; only None is served (anything else raises ValueError naming it).
+    promote_dtype: flax NNX's ``(arrays, dtype=) -> arrays`` applied to (query, key, value).
     scale: multiplies Q K^T; None means 1 / sqrt(H). Any float is allowed.
     is_causal: query t attends only to keys s <= t (top-left aligned, as jax.nn).
     query_seq_lengths: optional int [...]: query rows t >= length attend to nothing (zeros).
@@ -247,8 +321,6 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
       bias and the mask (Gemma 2).
     query_segment_ids, key_segment_ids: optional int [..., T] and [..., S], both or neither:
       attend only where the ids are equal (packed examples).
-    dropout_rate: attention dropout on the weights; needs ``dropout_rng``. 0 disables it.
-    dropout_rng: a PRNG key for attention dropout.
     return_weights: also return the softmax weights [..., N, T, S] (float32, before dropout).
     return_residual: also return the log-sum-exp of each row's logits, [..., T, N] (float32,
       -inf for a row with nothing to attend to, without gradient), as jax.nn names it.
@@ -258,11 +330,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
       (cuDNN flash attention on NVIDIA GPUs), "pallas_tpu" (the Pallas flash kernel on TPU) or
       None (automatic, see ``select_implementation``). TRANSFORMS says which autodiff modes each
       supports.
+    empty_rows: what a query row with no key to attend to returns: "mean" (default, as jax.nn
+      and flax: the mean of the values over all keys, uniform weights) or "zero" (zeros and zero
+      weights). Rows past ``query_seq_lengths`` are zeros either way. Gradients stay finite.
 
   Returns:
     [..., T, N, H_v] in the dtype of ``query``, followed by the weights and the residual when
-    asked for (a tuple then). The softmax runs in float32 (at least) with the row max subtracted;
-    a query row with no key to attend to gives zeros and zero weights, with finite gradients.
+    asked for (a tuple then). The softmax runs in float32 (at least) with the row max subtracted.
 
   Raises:
     ValueError: at trace time, for malformed shapes or dtypes, or an implementation that cannot
@@ -274,8 +348,23 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
     (2, 16, 4, 8)
     >>> out, lse = dot_product_attention(q, k, v, local_window_size=(4, 0), return_residual=True)
   """
+  for name, argument in zip(_FLAX_PRODUCT_ARGUMENTS, (einsum_dot_general, qk_attn_weights_einsum,
+                                                      attn_weights_value_einsum)):
+    if argument is not None:
+      raise ValueError(f"{name}={argument!r} is not served: attention_jax computes its own "
+                       f"products (precision= sets their precision); leave {name}=None.")
+  del force_fp32_for_softmax  # the softmax is float32 or wider whatever it says
+  if empty_rows not in EMPTY_ROWS:
+    raise ValueError(f"empty_rows must be one of {EMPTY_ROWS}, got {empty_rows!r}.")
   query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+  if promote_dtype is not None:
+    query, key, value = promote_dtype((query, key, value), dtype=dtype)
+  elif dtype is not None:
+    query, key, value = (x.astype(dtype) for x in (query, key, value))
   mask = None if mask is None else jnp.asarray(mask)
+  if mask is not None and mask.dtype != jnp.bool_ and (
+      jnp.issubdtype(mask.dtype, jnp.number)):
+    mask = mask != 0  # flax's reading of a float or int mask: nonzero = attend
   bias = None if bias is None else jnp.asarray(bias)
   structure = {name: None if array is None else jnp.asarray(array) for name, array in (
       ("query_seq_lengths", query_seq_lengths), ("key_value_seq_lengths", key_value_seq_lengths),
@@ -290,24 +379,59 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *,
   logits_soft_cap = _checks.soft_cap(logits_soft_cap)
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
+  dropout_rate = 0.0 if deterministic else dropout_rate
   if dropout_rate > 0.0 and dropout_rng is None:
-    raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key).")
+    raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key), or "
+                     "deterministic=True.")
+  want_weights = return_weights or module is not None
+  if not _can_empty_rows(mask, structure, window):
+    empty_rows = "zero"  # no row can be empty: nothing to fill in
   name = select_implementation(query, key, value, dropout_rate=dropout_rate,
-                               return_weights=return_weights, return_residual=return_residual,
+                               return_weights=want_weights, return_residual=return_residual,
                                logits_soft_cap=logits_soft_cap, implementation=implementation)
-
   scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+  with default_precision(precision):
+    result = _run(name, query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+                  window=window, logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate,
+                  dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout,
+                  return_weights=want_weights, return_residual=return_residual,
+                  empty_rows=empty_rows, structure=structure)
+  output, *extras = result if isinstance(result, tuple) else (result,)
+  if module is not None:
+    _sow(module, extras[0].astype(query.dtype))
+    if not return_weights:
+      extras = extras[1:]
+  return (output, *extras) if extras else output
+
+
+def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logits_soft_cap,
+         dropout_rate, dropout_rng, broadcast_dropout, return_weights, return_residual,
+         empty_rows, structure):
+  """The named implementation on validated arguments: (output, weights?, residual?) or output."""
   if name == "chunked":  # the structure stays implicit, so that whole blocks can be skipped
     return chunked.chunked_attention(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         local_window_size=window, logits_soft_cap=logits_soft_cap,
-        return_residual=return_residual, **structure)
+        return_residual=return_residual, empty_rows=empty_rows, **structure)
+  q_len, kv_len = query.shape[-3], key.shape[-3]
   mask = structure_mask(mask, q_len, kv_len, local_window_size=window, **structure)
   if name in _KERNELS:
     options = {"return_residual": True} if return_residual else {}
-    return _KERNELS[name](query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-                          **options)
-  return reference.reference_attention(
-      query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-      logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-      return_weights=return_weights, return_residual=return_residual)
+    result = _KERNELS[name](query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+                            **options)
+  else:
+    result = reference.reference_attention(
+        query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+        logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+        broadcast_dropout=broadcast_dropout, return_weights=return_weights,
+        return_residual=return_residual)
+  if empty_rows == "zero":
+    return result
+  output, *extras = result if isinstance(result, tuple) else (result,)
+  has_key = masks_lib.rows_with_keys(mask, q_len, kv_len, is_causal=is_causal)  # [..., T, N]
+  lengths = structure["query_seq_lengths"]
+  query_valid = None if lengths is None else masks_lib.lengths_to_valid(lengths, q_len)
+  weights = extras[0] if return_weights else None
+  output, weights = masks_lib.uniform_empty_rows(output, has_key, value, weights, query_valid)
+  extras = [weights] + extras[1:] if return_weights else extras
+  return (output, *extras) if extras else output

@@ -525,12 +525,12 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                       logits_soft_cap: float | None = None, query_segment_ids=None,
                       key_segment_ids=None, query_seq_lengths=None, key_value_seq_lengths=None,
                       return_residual: bool = False, block_q: int | None = None,
-                      block_k: int | None = None):
+                      block_k: int | None = None, empty_rows: str = "zero"):
   """Memory-efficient attention, blockwise in both directions; same contract as the reference.
 
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> [..., T, N, H_v] (and the
   log-sum-exp [..., T, N], float32, -inf on empty rows, with ``return_residual``). The other
-  arguments as ``dot_product_attention``. Blocks of
+  arguments as ``dot_product_attention`` (``empty_rows`` defaults to "zero" here). Blocks of
   ``block_q`` queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most 1024
   queries and 4096 keys, or 1024 keys when causal or windowed). Inputs are assumed validated.
 
@@ -549,7 +549,24 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
     if "forward-mode" in str(error):
       raise ValueError(FORWARD_MODE_ERROR) from None
     raise
-  return finish(out, lse, query, return_residual)
+  result = finish(out, lse, query, return_residual)
+  if empty_rows == "zero":
+    return result
+  has_key = _has_key(lse, query)
+  query_valid = None if query_seq_lengths is None else masks_lib.lengths_to_valid(
+      query_seq_lengths, query.shape[-3])
+  if not return_residual:
+    return masks_lib.uniform_empty_rows(result, has_key, value, None, query_valid)[0]
+  output, residual = result
+  return masks_lib.uniform_empty_rows(output, has_key, value, None, query_valid)[0], residual
+
+
+def _has_key(lse, query):
+  """Which query rows of the kernel's lse [B, N, Tp] attended to some key -> [..., T, N] (a row
+  with none has lse at ``reference.least_row_max``, finite, so jax.debug_infs stays quiet)."""
+  has_key = lse[:, :, :query.shape[-3]] > reference.least_row_max(lse.dtype)  # [B, N, T]
+  return jnp.reshape(jnp.swapaxes(has_key, 1, 2), query.shape[:-3] + has_key.shape[2:] +
+                     has_key.shape[1:2])
 
 
 def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap=None,

@@ -417,7 +417,10 @@ class ContextParallel:
   """``dot_product_attention``'s signature, run by ``context_parallel_attention`` over
   ``axis_name`` of ``mesh``: the ``attention_fn`` of MultiHeadAttention (and EncoderConfig).
   Attention dropout and returned weights are refused (they would be [T, S] per device), and so
-  is the log-sum-exp residual.
+  is the log-sum-exp residual. A query row with no key to attend to gives zeros (what
+  ``empty_rows="zero"`` asks of ``dot_product_attention``; the ring does not compute the mean of
+  the values that flax gives there). ``dtype`` casts the query, key and value; ``precision``
+  is the caller's (the module runs it under ``jax.default_matmul_precision``).
 
   >>> from attention_jax import MultiHeadAttention
   >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",))
@@ -433,8 +436,13 @@ class ContextParallel:
 
   def __call__(self, query, key, value, bias=None, mask=None, *, dropout_rate=0.0,
                dropout_rng=None, return_weights=False, return_residual=False,
-               implementation=None, **options):
-    del dropout_rng, implementation  # the chunked kernel runs on every device
+               implementation=None, dtype=None, precision=None, empty_rows="zero", **options):
+    del dropout_rng, implementation, precision  # the chunked kernel runs on every device
+    if empty_rows != "zero":
+      raise ValueError(f"context-parallel attention gives zeros on a query row with no key; "
+                       f"empty_rows={empty_rows!r} is not served, use empty_rows='zero'.")
+    if dtype is not None:
+      query, key, value = (x.astype(dtype) for x in (query, key, value))
     if dropout_rate or return_weights or return_residual:
       raise ValueError("context-parallel attention has no attention dropout and returns neither "
                        "weights nor the log-sum-exp; set the attention dropout rate to 0 and take "

@@ -66,7 +66,7 @@ class EncoderConfig:
   # The self-attention module class; None = MultiHeadAttention. Another class must take the same
   # constructor fields (num_heads, scale, dropout_rate, implementation, qk_transform) and call
   # signature (x, mask=, bias=, deterministic=), e.g. a wrapper of flax's attention; it also gets
-  # d_model= (N * head_dim) when head_dim is set and normalize_qk=True when that is.
+  # qkv_features= (N * head_dim) when head_dim is set and normalize_qk=True when that is.
   attention_module: Any = None
   # Replaces dot_product_attention in every layer (same signature), e.g.
   # context_parallel.ContextParallel(mesh, "sequence") for a sequence sharded over devices.
@@ -174,7 +174,7 @@ class EncoderBlock(nn.Module):
     cfg = self.config
     attention_module = cfg.attention_module or multihead.MultiHeadAttention
     variant = cfg.head_variant_of(self.layer)
-    options = {**({"d_model": cfg.num_heads * cfg.head_dim} if cfg.head_dim else {}),
+    options = {**({"qkv_features": cfg.num_heads * cfg.head_dim} if cfg.head_dim else {}),
                **({"normalize_qk": True} if cfg.normalize_qk else {}),
                **({"attention_fn": cfg.attention_fn} if cfg.attention_fn else {}),
                **({"head_variant": variant} if variant is not None else {})}
@@ -185,7 +185,8 @@ class EncoderBlock(nn.Module):
     feed_forward = FeedForward(cfg.mlp_dim, cfg.dropout_rate, name="feed_forward")
     dropout = nn.Dropout(cfg.dropout_rate)
     sublayers = (
-        lambda y: attention(y, mask=mask, bias=attention_bias, deterministic=deterministic),
+        lambda y: attention(y, mask=mask, bias=attention_bias, deterministic=deterministic,
+                            **({} if cfg.attention_module else {"sow_weights": None})),
         lambda y: feed_forward(y, deterministic=deterministic))
     for index, sublayer in enumerate(sublayers):
       x = residual_sublayer(x, sublayer, nn.LayerNorm(name=f"norm_{index}"),

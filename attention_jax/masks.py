@@ -168,3 +168,33 @@ def zero_empty_rows(output, mask, kv_len: int, *, is_causal: bool):
   if has_key is None:
     return output
   return jnp.where(has_key[..., None], output, jnp.zeros((), output.dtype))
+
+
+def uniform_empty_rows(output, has_key, value, weights=None, query_valid=None):
+  """jax.nn's and flax's answer for the query rows that have no key to attend to, given a
+  kernel's zeros there: their masked logits are all equal, so the softmax is uniform and the row
+  is the mean of ``value`` [..., S, K, H_v] over all S keys. ``has_key`` [..., T, N]
+  (broadcastable, see ``rows_with_keys``; None: every row has one); ``weights`` [..., N, T, S]
+  become uniform on those rows (None stays None); ``query_valid`` [..., T]: rows past the query
+  length stay zeros, as in jax.nn. Returns (output, weights).
+
+  >>> value = jnp.arange(6.0).reshape(1, 3, 1, 2)  # [B, S, K, H]
+  >>> has_key = jnp.array([[[True], [False]]])  # [B, T, N]: row 1 has no key
+  >>> output, _ = uniform_empty_rows(jnp.zeros((1, 2, 1, 2)), has_key, value)
+  >>> output[0, :, 0]
+  Array([[0., 0.],
+         [2., 3.]], dtype=float32)
+  """
+  if has_key is None:
+    return output, weights
+  empty = ~has_key  # [..., T, N]
+  if query_valid is not None:
+    empty = empty & query_valid[..., :, None]
+  num_heads, num_kv_heads = output.shape[-2], value.shape[-2]
+  mean = jnp.mean(value.astype(jnp.promote_types(value.dtype, jnp.float32)), axis=-3)
+  mean = jnp.repeat(mean, num_heads // num_kv_heads, axis=-2)  # [..., K, H_v] -> [..., N, H_v]
+  output = jnp.where(empty[..., None], mean[..., None, :, :].astype(output.dtype), output)
+  if weights is not None:
+    uniform = jnp.asarray(1.0 / weights.shape[-1], weights.dtype)
+    weights = jnp.where(jnp.swapaxes(empty, -1, -2)[..., None], uniform, weights)
+  return output, weights

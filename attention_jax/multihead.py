@@ -19,10 +19,12 @@ Parameters (the layout of ``flax.linen.MultiHeadDotProductAttention``, so weight
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import math
+import sys
 from typing import Any, Callable, NamedTuple
 
+from flax.core import meta
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -79,17 +81,26 @@ def _project(x, params, *, dtype=None, precision=None):
   return y + params["bias"].astype(dtype) if "bias" in params else y
 
 
-def project_qkv(params, inputs_q, inputs_kv, *, dtype=None, precision=None):
-  """Per-head projections: [..., T, D_in], [..., S, D_in] -> query [..., T, N, H], key and value
-  [..., S, K, H] (K = N unless the key/value kernels have fewer heads: grouped-query attention).
-  The fused kernel needs self-attention (inputs_kv is inputs_q)."""
+def project_qkv(params, inputs_q, inputs_k, inputs_v, *, dtype=None, precision=None):
+  """Per-head projections: [..., T, D_in], [..., S, D_k], [..., S, D_v] -> query [..., T, N, H],
+  key and value [..., S, K, H] (K = N unless the key/value kernels have fewer heads:
+  grouped-query attention). The fused kernel needs self-attention (all three inputs the same)."""
   project = lambda x, name: _project(x, params[name], dtype=dtype, precision=precision)
   if "qkv" in params:
-    if inputs_kv is not inputs_q:
-      raise ValueError("fused qkv projections need self-attention (inputs_kv=None).")
+    if not inputs_q is inputs_k is inputs_v:
+      raise ValueError("fused qkv projections need self-attention (inputs_k=inputs_v=None).")
     qkv = project(inputs_q, "qkv")  # [..., T, 3, N, H]
     return qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
-  return project(inputs_q, "query"), project(inputs_kv, "key"), project(inputs_kv, "value")
+  return project(inputs_q, "query"), project(inputs_k, "key"), project(inputs_v, "value")
+
+
+def key_value_inputs(inputs_q, inputs_k=None, inputs_v=None):
+  """flax's defaults: inputs_k is inputs_q when None, inputs_v is inputs_k when None."""
+  if inputs_k is None and inputs_v is not None:
+    raise ValueError("inputs_v needs inputs_k: pass the same array as inputs_k and leave "
+                     "inputs_v=None to use it for both.")
+  inputs_k = inputs_q if inputs_k is None else inputs_k
+  return inputs_k, inputs_k if inputs_v is None else inputs_v
 
 
 def project_out(params, heads, *, dtype=None, precision=None):
@@ -119,19 +130,20 @@ def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
   return (y * scale).astype(x.dtype)
 
 
-def attention_inputs(params, inputs_q, inputs_kv=None, *, scale: float | str = "inv_sqrt",
-                     qk_transform: Callable | None = None, dtype=None, precision=None,
-                     positions=None, head_variant=None):
+def attention_inputs(params, inputs_q, inputs_k=None, inputs_v=None, *,
+                     scale: float | str = "inv_sqrt", qk_transform: Callable | None = None,
+                     dtype=None, precision=None, positions=None, head_variant=None):
   """Projected, normalised (with query_ln/key_ln), transformed query/key/value and the scale left
   to apply to Q K^T.
 
-  [..., T, D_in], [..., S, D_in] -> query [..., T, N, H], key, value [..., S, K, H], scale.
+  [..., T, D_in], [..., S, D_k], [..., S, D_v] -> query [..., T, N, H], key, value [..., S, K, H],
+  scale (inputs_k, inputs_v: flax's defaults, see ``key_value_inputs``).
   ``positions`` [T] (decoding: where the new tokens sit) reach ``qk_transform`` as
   ``positions=``; by default it sees positions 0, 1, ... ``head_variant``
   (head_variants.HeadVariant): overlapping heads widen H to H + 2o here.
   """
-  inputs_kv = inputs_q if inputs_kv is None else inputs_kv
-  query, key, value = project_qkv(params, inputs_q, inputs_kv, dtype=dtype,
+  inputs_k, inputs_v = key_value_inputs(inputs_q, inputs_k, inputs_v)
+  query, key, value = project_qkv(params, inputs_q, inputs_k, inputs_v, dtype=dtype,
                                   precision=precision)  # [..., T|S, N|K, H]
   head_dim = query.shape[-1]  # the scale's d_k, before a head variant widens the heads (MOHSA)
   query, key, value = head_variants.head_layout(head_variant, query, key, value)
@@ -146,17 +158,44 @@ def attention_inputs(params, inputs_q, inputs_kv=None, *, scale: float | str = "
   return query, key, value, resolve_scale(scale, head_dim)
 
 
-def matmul_precision(precision) -> str | None:
-  """flax's ``precision`` (a lax.Precision, its name, or a pair) as the name that
-  ``jax.default_matmul_precision`` takes, for the products inside attention; None stays None."""
-  if precision is None:
-    return None
-  if isinstance(precision, (tuple, list)):  # (lhs, rhs): the higher of the two
-    return max((matmul_precision(p) for p in precision), key=_PRECISIONS.index)
-  return str(jax.lax.Precision(precision)).lower()
+#: The arguments an ``attention_fn`` may be handed and the values that ask nothing of it: a
+#: function that does not take one of them can serve a call only where it has this value.
+NEUTRAL_ARGUMENTS = {
+    "bias": None, "mask": None, "is_causal": False, "dropout_rate": 0.0, "dropout_rng": None,
+    "broadcast_dropout": True, "deterministic": True, "dtype": None, "precision": None,
+    "force_fp32_for_softmax": False, "return_weights": False, "implementation": None,
+    "empty_rows": "mean", "module": None,
+}
 
 
-_PRECISIONS = ("default", "high", "highest")
+def _neutral(name, value, head_dim: int) -> bool:
+  """Whether ``value`` of argument ``name`` asks nothing of an attention function."""
+  if name == "scale":  # flax's functions scale by 1/sqrt(H) themselves
+    return value is None or value == resolve_scale("inv_sqrt", head_dim)
+  want = NEUTRAL_ARGUMENTS.get(name)  # None for the structure arguments (lengths, window, ...)
+  return value is want or (isinstance(value, (bool, int, float, str)) and value == want)
+
+
+def call_attention_fn(attention_fn, query, key, value, **arguments):
+  """``attention_fn(query, key, value, **arguments)`` handing it only what it takes, as flax's
+  modules do (``dot_product_attention``, flax's functions or yours); an argument it does not take
+  whose value asks something of it raises ValueError naming it. A function with ``**kwargs``
+  gets the arguments whose value asks something."""
+  parameters = inspect.signature(attention_fn).parameters
+  takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+  head_dim = query.shape[-1]
+  call = {}
+  for name, argument in arguments.items():
+    if name in parameters:
+      call[name] = argument
+    elif not _neutral(name, argument, head_dim):
+      if not takes_any:
+        raise ValueError(
+            f"attention_fn {getattr(attention_fn, '__name__', attention_fn)!r} takes no "
+            f"{name!r}, which this call sets to {argument!r}; use an attention_fn that takes it "
+            "(attention_jax.dot_product_attention takes every argument) or leave it unset.")
+      call[name] = argument
+  return attention_fn(query, key, value, **call)
 
 
 class Step(NamedTuple):
@@ -168,14 +207,14 @@ class Step(NamedTuple):
   maps: tuple[jax.Array, jax.Array] | None = None
 
 
-def multi_head_attention_step(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
-                              scale: float | str = "inv_sqrt", is_causal: bool = False,
+def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
+                              bias=None, scale: float | str = "inv_sqrt", is_causal: bool = False,
                               qk_transform: Callable | None = None, dropout_rate: float = 0.0,
-                              dropout_rng=None, implementation: str | None = None,
-                              return_weights: bool = False, attention_fn: Callable | None = None,
-                              dtype=None, precision=None, cache: kv_cache.KVCache | None = None,
-                              return_maps: bool = False, head_variant=None,
-                              **attention_args) -> Step:
+                              dropout_rng=None, broadcast_dropout: bool = True,
+                              implementation: str | None = None, return_weights: bool = False,
+                              attention_fn: Callable | None = None, dtype=None, precision=None,
+                              cache: kv_cache.KVCache | None = None, return_maps: bool = False,
+                              head_variant=None, **attention_args) -> Step:
   """``multi_head_attention`` with a key/value cache and the attention maps: what the modules
   run. With ``cache`` (decoding), inputs_q [..., T, D_in] are the next T tokens: their keys and
   values are appended to the cache, and they attend to every cached position up to their own
@@ -197,58 +236,61 @@ def multi_head_attention_step(params, inputs_q, inputs_kv=None, *, mask=None, bi
                      "(query, key) pair, which decoding with a key/value cache does not keep; "
                      "decode with plain heads, MoH or overlapping heads.")
   positions = None if cache is None else kv_cache.positions(cache, inputs_q.shape[-2])
+  inputs_k, inputs_v = key_value_inputs(inputs_q, inputs_k, inputs_v)
   # The named scopes label the three parts in profiles (scripts/profile_train.py).
   with jax.named_scope("qkv_projection"):
     query, key, value, scale = attention_inputs(
-        params, inputs_q, inputs_kv, scale=scale, qk_transform=qk_transform, dtype=dtype,
-        precision=precision, positions=positions, head_variant=head_variant)
+        params, inputs_q, inputs_k, inputs_v, scale=scale, qk_transform=qk_transform,
+        dtype=dtype, precision=precision, positions=positions, head_variant=head_variant)
   if cache is not None:
     cache, visible = kv_cache.append(cache, key, value)  # visible [T, L]
     key, value = cache.key.astype(query.dtype), cache.value.astype(query.dtype)
     mask, is_causal = masks_lib.combine_masks(mask, visible), False
   # head variants: talking heads and DCMHA mix heads inside attention, MoH gates heads after it
-  attention_fn = head_variants.attention_fn(params, inputs_q, inputs_kv, head_variant,
+  attention_fn = head_variants.attention_fn(params, inputs_q, inputs_k, head_variant,
                                             attention_fn)
-  with jax.named_scope("dot_product_attention"), _default_precision(precision):
-    result = attention_fn(
-        query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-        dropout_rate=dropout_rate, dropout_rng=dropout_rng, return_weights=return_weights,
-        implementation=implementation, **attention_args)
+  dropout = {"dropout_rate": dropout_rate, "dropout_rng": dropout_rng,
+             "broadcast_dropout": broadcast_dropout, "deterministic": False} if (
+                 dropout_rate > 0.0) else {}
+  with jax.named_scope("dot_product_attention"), attention_lib.default_precision(precision):
+    result = call_attention_fn(
+        attention_fn, query, key, value, bias=bias, mask=mask, scale=scale,
+        is_causal=is_causal, return_weights=return_weights, implementation=implementation,
+        dtype=dtype, precision=precision, **dropout, **attention_args)
   heads, *extras = result if isinstance(result, tuple) else (result,)  # heads [..., T, N, H]
   heads = head_variants.gate_heads(params, inputs_q, heads, head_variant)
   with jax.named_scope("out_projection"):
     output = project_out(params, heads, dtype=dtype, precision=precision)  # [..., T, D_out]
   maps = None
   if return_maps:
-    with _default_precision(precision):
-      maps = _maps(params, inputs_q, inputs_kv, query, key, scale=scale, mask=mask, bias=bias,
+    with attention_lib.default_precision(precision):
+      maps = _maps(params, inputs_q, inputs_k, query, key, scale=scale, mask=mask, bias=bias,
                    is_causal=is_causal, head_variant=head_variant, **attention_args)
   return Step((output, *extras) if extras else output, cache, maps)
 
 
-def _default_precision(precision):
-  name = matmul_precision(precision)
-  return contextlib.nullcontext() if name is None else jax.default_matmul_precision(name)
-
-
-def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
-                         scale: float | str = "inv_sqrt", is_causal: bool = False,
+def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
+                         bias=None, scale: float | str = "inv_sqrt", is_causal: bool = False,
                          qk_transform: Callable | None = None, dropout_rate: float = 0.0,
-                         dropout_rng=None, implementation: str | None = None,
-                         return_weights: bool = False, attention_fn: Callable | None = None,
-                         dtype=None, precision=None, head_variant=None, **attention_args):
+                         dropout_rng=None, broadcast_dropout: bool = True,
+                         implementation: str | None = None, return_weights: bool = False,
+                         attention_fn: Callable | None = None, dtype=None, precision=None,
+                         head_variant=None, **attention_args):
   """Multi-head attention as a pure function of its parameters (layout in the module docstring).
 
   Args:
     params: the parameter dict of ``MultiHeadAttention`` (``variables["params"]``).
     inputs_q: [..., T, D_in].
-    inputs_kv: [..., S, D_in]; None for self-attention.
+    inputs_k: [..., S, D_k]; None for self-attention (inputs_q).
+    inputs_v: [..., S, D_v]; None: inputs_k.
     mask, bias, is_causal: as in ``dot_product_attention``, broadcastable to [..., N, T, S].
     scale: a number or "inv_sqrt" (1/sqrt(H)), "none" (1), "inv" (1/H), "learned".
     qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
-    dropout_rate, dropout_rng, implementation, return_weights: as in ``dot_product_attention``.
-    attention_fn: what computes attention from the projected heads, with the signature of
-      ``dot_product_attention`` (the default), e.g. ``ContextParallel(mesh, axis_name)``.
+    dropout_rate, dropout_rng, broadcast_dropout, implementation, return_weights: as in
+      ``dot_product_attention``.
+    attention_fn: what computes attention from the projected heads: ``dot_product_attention``
+      (None, the default), flax's functions, ``ContextParallel(mesh, axis_name)`` or yours; it
+      is handed the arguments it takes (``call_attention_fn``).
     dtype: the dtype of the computation (None: the promoted dtype of the inputs and the
       parameters), e.g. bfloat16 over float32 parameters, as flax's ``dtype``.
     precision: of the matrix products (a ``jax.lax.Precision`` or its name), as flax's.
@@ -256,27 +298,28 @@ def multi_head_attention(params, inputs_q, inputs_kv=None, *, mask=None, bias=No
       or None (plain multi-head attention); its parameters are in ``params``.
     **attention_args: the other keyword arguments of ``dot_product_attention``
       (query_seq_lengths, key_value_seq_lengths, local_window_size, logits_soft_cap,
-      query_segment_ids, key_segment_ids, return_residual).
+      query_segment_ids, key_segment_ids, return_residual, empty_rows).
 
   Returns:
     [..., T, D_out]; followed by the weights [..., N, T, S] with ``return_weights`` and the
     log-sum-exp [..., T, N] with ``return_residual`` (a tuple then).
 
   >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
-  >>> variables = MultiHeadAttention(num_heads=8, d_model=256).init(jax.random.key(0), x)
+  >>> variables = MultiHeadAttention(num_heads=8, qkv_features=256).init(jax.random.key(0), x)
   >>> multi_head_attention(variables["params"], x).shape  # 8 heads of d_k = 32
   (2, 10, 128)
   """
   return multi_head_attention_step(
-      params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=scale, is_causal=is_causal,
-      qk_transform=qk_transform, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-      implementation=implementation, return_weights=return_weights, attention_fn=attention_fn,
-      dtype=dtype, precision=precision, head_variant=head_variant, **attention_args).output
+      params, inputs_q, inputs_k, inputs_v, mask=mask, bias=bias, scale=scale,
+      is_causal=is_causal, qk_transform=qk_transform, dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout, implementation=implementation,
+      return_weights=return_weights, attention_fn=attention_fn, dtype=dtype, precision=precision,
+      head_variant=head_variant, **attention_args).output
 
 
 def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool = False,
               logits_soft_cap: float | None = None, return_residual: bool = False,
-              **structure):
+              empty_rows: str = "mean", **structure):
   """(logits, weights), each [..., N, T, S], of projected query [..., T, N, H] and key
   [..., S, K, H]: the logits Q K^T * scale + bias and the masked softmax that
   ``dot_product_attention`` with the same arguments applies (before dropout). ``structure``:
@@ -291,21 +334,26 @@ def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool
   logits = reference.attention_logits(query, key, scale=scale,
                                       logits_soft_cap=logits_soft_cap)  # [..., N, T, S]
   logits = logits if bias is None else logits + bias
-  mask = attention_lib.structure_mask(mask, *logits.shape[-2:], **structure)
-  return logits, reference.logits_to_weights(logits, mask, is_causal=is_causal)
+  mask = attention_lib.structure_mask(None if mask is None else jnp.asarray(mask) != 0,
+                                      *logits.shape[-2:], **structure)
+  weights = reference.logits_to_weights(logits, mask, is_causal=is_causal)
+  if empty_rows == "mean":  # what dot_product_attention applies to a row with no key
+    empty = ~jnp.any(weights > 0.0, axis=-1, keepdims=True)  # [..., N, T, 1]
+    weights = jnp.where(empty, jnp.asarray(1.0 / weights.shape[-1], weights.dtype), weights)
+  return logits, weights
 
 
-def _maps(params, inputs_q, inputs_kv, query, key, *, head_variant=None, **options):
+def _maps(params, inputs_q, inputs_k, query, key, *, head_variant=None, **options):
   """head_maps of the projected query and key, or the maps a mixing head variant applies."""
   if not head_variants.mixes(head_variant):
     return head_maps(query, key, **options)
   options.pop("return_residual", None)  # the maps are the same either way
-  logits_mix, weights_mix = head_variants.head_mixes(params, inputs_q, inputs_kv, head_variant)
+  logits_mix, weights_mix = head_variants.head_mixes(params, inputs_q, inputs_k, head_variant)
   return head_variants.mixed_maps(query, key, options.pop("bias", None), options.pop("mask", None),
                                   logits_mix=logits_mix, weights_mix=weights_mix, **options)
 
 
-def attention_maps(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
+def attention_maps(params, inputs_q, inputs_k=None, *, mask=None, bias=None,
                    scale: float | str = "inv_sqrt", is_causal: bool = False,
                    qk_transform: Callable | None = None, dtype=None, precision=None,
                    head_variant=None, **options):
@@ -321,14 +369,14 @@ def attention_maps(params, inputs_q, inputs_kv=None, *, mask=None, bias=None,
   >>> weights.shape
   (2, 4, 6, 6)
   """
-  query, key, _, scale = attention_inputs(params, inputs_q, inputs_kv, scale=scale,
+  query, key, _, scale = attention_inputs(params, inputs_q, inputs_k, scale=scale,
                                           qk_transform=qk_transform, dtype=dtype,
                                           precision=precision, head_variant=head_variant)
-  return _maps(params, inputs_q, inputs_kv, query, key, scale=scale, mask=mask, bias=bias,
+  return _maps(params, inputs_q, inputs_k, query, key, scale=scale, mask=mask, bias=bias,
                is_causal=is_causal, head_variant=head_variant, **options)
 
 
-def multi_head_attention_logits(params, inputs_q, inputs_kv=None, *, bias=None,
+def multi_head_attention_logits(params, inputs_q, inputs_k=None, *, bias=None,
                                 scale: float | str = "inv_sqrt",
                                 qk_transform: Callable | None = None,
                                 logits_soft_cap: float | None = None, head_variant=None):
@@ -340,12 +388,12 @@ def multi_head_attention_logits(params, inputs_q, inputs_kv=None, *, bias=None,
   >>> multi_head_attention_logits(params, x).shape
   (2, 8, 6, 6)
   """
-  return attention_maps(params, inputs_q, inputs_kv, bias=bias, scale=scale,
+  return attention_maps(params, inputs_q, inputs_k, bias=bias, scale=scale,
                         qk_transform=qk_transform, logits_soft_cap=logits_soft_cap,
                         head_variant=head_variant)[0]
 
 
-def multi_head_attention_weights(params, inputs_q, inputs_kv=None, **options):
+def multi_head_attention_weights(params, inputs_q, inputs_k=None, **options):
   """The softmax weights [..., N, T, S] that ``multi_head_attention`` applies (before dropout);
   ``options`` as ``attention_maps``.
 
@@ -354,34 +402,49 @@ def multi_head_attention_weights(params, inputs_q, inputs_kv=None, **options):
   >>> multi_head_attention_weights(params, x, is_causal=True).shape
   (2, 8, 6, 6)
   """
-  return attention_maps(params, inputs_q, inputs_kv, **options)[1]
+  return attention_maps(params, inputs_q, inputs_k, **options)[1]
+
+
+def flat_init(init: Callable, shape, input_dims: int) -> Callable:
+  """``init`` drawn as the matrix [prod(shape[:input_dims]), prod(shape[input_dims:])] (a vector
+  when input_dims is 0) and reshaped to ``shape``, as flax's DenseGeneral and LinearGeneral draw
+  theirs (so the same key gives flax's numbers, and the initial scale of q . k does not depend on
+  how the output is split into heads). Sharding metadata (Linen's ``with_logical_partitioning``,
+  NNX's ``with_partitioning``) stays on the result."""
+  flat = ((math.prod(shape[:input_dims]),) if input_dims else ()) + (
+      math.prod(shape[input_dims:]),)
+
+  def initialize(rng, _shape=None, dtype=jnp.float32):
+    value = init(rng, flat, dtype)
+    if isinstance(value, meta.AxisMetadata):
+      return meta.replace_boxed(value, jnp.reshape(value.unbox(), shape))
+    nnx = sys.modules.get("flax.nnx")  # NNX's metadata exists only once NNX is imported
+    if nnx is not None and isinstance(value, nnx.VariableMetadata):
+      value.raw_value = jnp.reshape(value.raw_value, shape)
+      return value
+    return jnp.reshape(value, shape)
+  return initialize
 
 
 class _Weights(nn.Module):
-  """Holds one projection's kernel (and bias) and hands them back as a dict.
-
-  The kernel is drawn as the matrix [prod(input dims), prod(output dims)] and reshaped, as
-  ``flax.linen.DenseGeneral`` does, so fan-in and fan-out (and the initial scale of q . k) do not
-  depend on how the output is split into heads.
-  """
+  """Holds one projection's kernel (and bias) and hands them back as a dict (the parameters of
+  flax's DenseGeneral, drawn as it draws them: ``flat_init``)."""
   kernel_shape: tuple[int, ...]
   input_dims: int  # how many leading kernel dims are contracted with the input
-  bias_shape: tuple[int, ...]
   use_bias: bool
   kernel_init: Callable
   bias_init: Callable
   param_dtype: Any
 
-  def _init_kernel(self, rng, shape, dtype):
-    matrix = (math.prod(shape[:self.input_dims]), math.prod(shape[self.input_dims:]))
-    return jnp.reshape(self.kernel_init(rng, matrix, dtype), shape)
-
   @nn.compact
   def __call__(self):
-    weights = {"kernel": self.param("kernel", self._init_kernel, self.kernel_shape,
-                                    self.param_dtype)}
+    shape = self.kernel_shape
+    weights = {"kernel": self.param("kernel", flat_init(self.kernel_init, shape, self.input_dims),
+                                    shape, self.param_dtype)}
     if self.use_bias:
-      weights["bias"] = self.param("bias", self.bias_init, self.bias_shape, self.param_dtype)
+      bias_shape = shape[self.input_dims:]
+      weights["bias"] = self.param("bias", flat_init(self.bias_init, bias_shape, 0), bias_shape,
+                                   self.param_dtype)
     return weights
 
 
@@ -419,101 +482,137 @@ def check_heads(num_heads: int, num_kv_heads: int | None, fused_qkv: bool = Fals
   return num_kv_heads
 
 
-class MultiHeadAttention(nn.Module):
-  """Multi-head attention (Vaswani et al. 2017, section 3.2.2) as a Flax Linen module.
+def refuse_unserved(**arguments) -> None:
+  """flax arguments that choose how products are computed or sharded: only None (flax's default)
+  is served; anything else raises ValueError naming it, never ignored."""
+  for name, value in arguments.items():
+    if value is not None:
+      raise ValueError(f"{name}={value!r} is not served: attention_jax computes its own products "
+                       f"(dtype= and precision= choose their dtype and precision; parameters shard "
+                       f"by their partitioning metadata); leave {name} unset.")
 
-  The arguments it shares with flax's ``MultiHeadDotProductAttention`` keep their names and meaning
-  (``d_model`` is its ``qkv_features``), and its parameters load here unchanged.
 
-  Attributes:
+class MultiHeadDotProductAttention(nn.Module):
+  """Multi-head attention (Vaswani et al. 2017, section 3.2.2) as a Flax Linen module: a drop-in
+  for ``flax.linen.MultiHeadDotProductAttention``.
+
+  flax's attributes come first, in flax's order, with flax's names, defaults and meaning, so
+  replacing ``nn.MultiHeadDotProductAttention(`` by ``aj.MultiHeadDotProductAttention(`` with the
+  same arguments gives the same parameter tree, auto-name, initial parameters, outputs, dropout
+  masks, decode cache, sown weights and partitioning metadata. ``MultiHeadAttention`` and
+  ``SelfAttention`` are flax's two other names for it. Our extras follow flax's attributes.
+
+  Attributes (flax's):
     num_heads: N.
-    d_model: total width of the projected queries, N * H; default: input width.
-    out_features: D_out; default: the width of inputs_q.
-    num_kv_heads: K key/value heads (grouped-query attention; N a multiple of K); default N.
-    scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (per-head temperature, starting at
-      1/sqrt(H)).
-    dropout_rate: attention dropout; draws from the "dropout" rng (or the call's dropout_rng)
-      when not deterministic.
-    implementation: passed to ``dot_product_attention``.
-    fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
-    qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings; while
-      decoding it is called with ``positions=`` [T], the new tokens' positions.
-    normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys before
-      the dot product, as flax's ``normalize_qk`` (Dehghani et al. 2023; Wortsman et al. 2023).
-    attention_fn: replaces ``dot_product_attention`` (same signature), e.g.
-      ``ContextParallel(mesh, axis_name)`` for a sequence sharded over a mesh axis.
-    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping
-      heads); None: plain multi-head attention. Its parameters sit under params[variant name].
-    dtype: the computation's dtype (None: promoted from the inputs and parameters), e.g.
-      bfloat16 over float32 parameters.
+    dtype: the computation's dtype (None: promoted from the inputs and parameters).
     param_dtype: the parameters' dtype.
+    qkv_features: N * H, the width of the projected queries; default: the width of inputs_q.
+    out_features: D_out; default: the width of inputs_q.
+    broadcast_dropout: one attention dropout mask [T, S] for every batch entry and head (True,
+      flax's default) or one per weight.
+    dropout_rate: attention dropout; then ``deterministic`` must be given here or at the call
+      (not both, as flax), and the keys come from the "dropout" rng or the call's dropout_rng.
+    deterministic: no dropout.
     precision: of the matrix products, a ``jax.lax.Precision`` (or its name).
-    kernel_init: initialiser of the projections' kernels.
-    bias_init: initialiser of the projections' biases.
-    out_kernel_init: initialiser of W_O's kernel (None: ``kernel_init``).
-    out_bias_init: initialiser of W_O's bias (None: ``bias_init``).
+    kernel_init, bias_init: initialisers of the projections (``with_logical_partitioning`` ones
+      keep their metadata); out_kernel_init, out_bias_init: of W_O's (None: the former).
+    use_bias: biases on the four projections.
+    attention_fn: what computes attention from the projected heads: None or
+      ``attention_jax.dot_product_attention`` (the same), flax's ``dot_product_attention``,
+      ``ContextParallel(mesh, axis_name)`` or yours; handed the arguments it takes.
     decode: autoregressive decoding with a key/value cache, as flax: ``init`` with the whole
       input [..., L, D_in] makes the "cache" collection (cached_key, cached_value
       [..., L, K, H], cache_index); then each ``apply(..., mutable=["cache"])`` takes the next
       token (or tokens) [..., T, D_in], which attend to every cached position up to their own.
+    normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys before
+      the dot product (Dehghani et al. 2023; Wortsman et al. 2023).
+    force_fp32_for_softmax: accepted; the softmax always runs in float32 or wider here.
+    qkv_dot_general, out_dot_general, qkv_dot_general_cls, out_dot_general_cls,
+    qk_attn_weights_einsum_cls, attn_weights_value_einsum_cls: only None is served; anything
+      else raises ValueError naming it.
 
-  With ``sow_weights`` (default: whenever the "intermediates" collection is mutable) the logits
-  and the weights [..., N, T, S] are sown there as "attention_logits" and "attention_weights",
-  computed beside the output so the output does not change (with MoH also its "head_gates"
-  [..., T, N], zero for the heads a token did not use). MoH sows its weighted load-balancing loss
-  in the "losses" collection when that is mutable (the trainer adds it to the task loss).
+  Attributes (ours):
+    num_kv_heads: K key/value heads (grouped-query attention; N a multiple of K); default N.
+    scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (per-head temperature, starting at
+      1/sqrt(H)).
+    implementation: passed to ``dot_product_attention``.
+    fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
+    qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings; while
+      decoding it is called with ``positions=`` [T], the new tokens' positions.
+    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping
+      heads); None: plain multi-head attention. Its parameters sit under params[variant name].
+    empty_rows: what a query row with no key to attend to gives, "mean" (flax's) or "zero" (see
+      ``dot_product_attention``).
+
+  The call: ``(inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
+  deterministic=None, dropout_rng=None, sow_weights=False)`` as flax's, plus ``bias``,
+  ``is_causal`` and the keyword arguments of ``multi_head_attention``. With ``sow_weights`` the
+  weights [..., N, T, S] are sown in "intermediates" as "attention_weights" (as flax), beside
+  the logits "attention_logits", computed beside the output (which they leave unchanged);
+  ``sow_weights=None`` sows whenever "intermediates" is mutable. MoH sows its "head_gates" in
+  "intermediates" and its weighted load-balancing loss in "losses" when they are mutable.
 
   >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
-  >>> layer = MultiHeadAttention(num_heads=8, d_model=256)  # 8 heads of d_k = 32
+  >>> layer = MultiHeadDotProductAttention(num_heads=8, qkv_features=256)  # 8 heads of d_k = 32
   >>> variables = layer.init(jax.random.key(0), x)
-  >>> y, state = layer.apply(variables, x, mutable="intermediates")
+  >>> y, state = layer.apply(variables, x, sow_weights=True, mutable="intermediates")
   >>> y.shape, state["intermediates"]["attention_weights"][0].shape
   ((2, 10, 128), (2, 8, 10, 10))
   """
   num_heads: int
-  d_model: int | None = None
-  out_features: int | None = None
-  num_kv_heads: int | None = None
-  scale: float | str = "inv_sqrt"
-  dropout_rate: float = 0.0
-  implementation: str | None = None
-  fused_qkv: bool = False
-  use_bias: bool = True
-  qk_transform: Callable | None = None
-  normalize_qk: bool = False
-  attention_fn: Callable | None = None
-  head_variant: Any = None
   dtype: Any = None
   param_dtype: Any = jnp.float32
+  qkv_features: int | None = None
+  out_features: int | None = None
+  broadcast_dropout: bool = True
+  dropout_rate: float = 0.0
+  deterministic: bool | None = None
   precision: Any = None
   kernel_init: Callable = nn.initializers.lecun_normal()
-  bias_init: Callable = nn.initializers.zeros_init()
   out_kernel_init: Callable | None = None
+  bias_init: Callable = nn.initializers.zeros_init()
   out_bias_init: Callable | None = None
+  use_bias: bool = True
+  attention_fn: Callable | None = None
   decode: bool = False
+  normalize_qk: bool = False
+  force_fp32_for_softmax: bool = False
+  qkv_dot_general: Any = None
+  out_dot_general: Any = None
+  qkv_dot_general_cls: Any = None
+  out_dot_general_cls: Any = None
+  qk_attn_weights_einsum_cls: Any = None
+  attn_weights_value_einsum_cls: Any = None
+  # ours
+  num_kv_heads: int | None = None
+  scale: float | str = "inv_sqrt"
+  implementation: str | None = None
+  fused_qkv: bool = False
+  qk_transform: Callable | None = None
+  head_variant: Any = None
+  empty_rows: str = "mean"
 
-  def _weights(self, name, kernel_shape, bias_shape, input_dims=1, out=False):
+  def _weights(self, name, kernel_shape, input_dims=1, out=False):
     kernel_init = (out and self.out_kernel_init) or self.kernel_init
     bias_init = (out and self.out_bias_init) or self.bias_init
-    return _Weights(kernel_shape, input_dims, bias_shape, self.use_bias, kernel_init, bias_init,
+    return _Weights(kernel_shape, input_dims, self.use_bias, kernel_init, bias_init,
                     self.param_dtype, name=name)()
 
-  def _parameters(self, d_in: int, head_dim: int):
+  def _parameters(self, d_in: int, d_k: int, d_v: int, head_dim: int):
     heads = (self.num_heads, head_dim)
     kv_heads = (check_heads(self.num_heads, self.num_kv_heads, self.fused_qkv), head_dim)
     d_out = self.out_features or d_in
     if self.fused_qkv:
-      params = {"qkv": self._weights("qkv", (d_in, 3) + heads, (3,) + heads)}
+      params = {"qkv": self._weights("qkv", (d_in, 3) + heads)}
     else:
-      params = {"query": self._weights("query", (d_in,) + heads, heads)}
-      params.update({name: self._weights(name, (d_in,) + kv_heads, kv_heads)
-                     for name in ("key", "value")})
+      params = {"query": self._weights("query", (d_in,) + heads),
+                "key": self._weights("key", (d_k,) + kv_heads),
+                "value": self._weights("value", (d_v,) + kv_heads)}
     width = head_variants.head_width(self.head_variant, head_dim)  # H, or H + 2o (MOHSA)
-    params["out"] = self._weights("out", (self.num_heads, width, d_out), (d_out,), input_dims=2,
-                                  out=True)
     if self.normalize_qk:
       for name in ("query_ln", "key_ln"):
         params[name] = _NormScale(width, self.param_dtype, name=name)()
+    params["out"] = self._weights("out", (self.num_heads, width, d_out), input_dims=2, out=True)
     for group, specs in head_variants.parameter_specs(
         self.head_variant, in_features=d_in, num_heads=self.num_heads).items():
       params[group] = _VariantParams(tuple((name, shape, init) for name, (shape, init)
@@ -524,16 +623,16 @@ class MultiHeadAttention(nn.Module):
           (self.num_heads,), self.param_dtype)
     return params
 
-  def _cache(self, params, inputs_q, inputs_kv):
+  def _cache(self, params, inputs_q, inputs_k, inputs_v):
     """The cache while decoding (None at init, which makes it, and when not decoding), and a
     function that stores an updated one."""
     if not self.decode:
       return None, None
     initialized = self.has_variable("cache", "cached_key")
     _, key, value, _ = jax.eval_shape(
-        lambda p, xq, xkv: attention_inputs(p, xq, xkv, dtype=self.dtype,
-                                            head_variant=self.head_variant),
-        params, inputs_q, inputs_kv)  # [..., L, K, H] at init: the longest sequence
+        lambda p, xq, xk, xv: attention_inputs(p, xq, xk, xv, dtype=self.dtype,
+                                               head_variant=self.head_variant),
+        params, inputs_q, inputs_k, inputs_v)  # [..., L, K, H] at init: the longest sequence
     variables = [self.variable("cache", name, jnp.zeros, shape.shape, shape.dtype)
                  for name, shape in (("cached_key", key), ("cached_value", value))]
     variables.append(self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32)))
@@ -544,29 +643,45 @@ class MultiHeadAttention(nn.Module):
     return (kv_cache.KVCache(*(v.value for v in variables)) if initialized else None), store
 
   @nn.compact
-  def __call__(self, inputs_q, inputs_kv=None, *, mask=None, bias=None, is_causal=False,
-               deterministic: bool = True, dropout_rng=None, sow_weights: bool | None = None,
+  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
+               deterministic: bool | None = None, dropout_rng=None,
+               sow_weights: bool | None = False, bias=None, is_causal: bool = False,
                **attention_args):
-    """inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None -> [..., T, D_out].
-
-    ``dropout_rng``: the key of attention dropout (default: the "dropout" rng stream);
-    ``sow_weights``: sow the maps (None: when "intermediates" is mutable); ``attention_args``:
-    further keyword arguments of ``multi_head_attention`` (sequence lengths, local window, soft
-    cap, segment ids, return_residual)."""
-    head_dim = head_dim_of(self.d_model or inputs_q.shape[-1], self.num_heads)
+    """inputs_q [..., T, D_in], inputs_k [..., S, D_k] (None: inputs_q), inputs_v [..., S, D_v]
+    (None: inputs_k) -> [..., T, D_out]. ``inputs_kv``: flax's older name for inputs_k and
+    inputs_v together. ``attention_args``: further keyword arguments of
+    ``multi_head_attention`` (sequence lengths, local window, soft cap, segment ids,
+    return_residual)."""
+    refuse_unserved(qkv_dot_general=self.qkv_dot_general, out_dot_general=self.out_dot_general,
+                    qkv_dot_general_cls=self.qkv_dot_general_cls,
+                    out_dot_general_cls=self.out_dot_general_cls,
+                    qk_attn_weights_einsum_cls=self.qk_attn_weights_einsum_cls,
+                    attn_weights_value_einsum_cls=self.attn_weights_value_einsum_cls)
+    if inputs_kv is not None:
+      if inputs_k is not None or inputs_v is not None:
+        raise ValueError("pass either inputs_kv or inputs_k/inputs_v, not both (inputs_kv is "
+                         "flax's older name for the two together).")
+      inputs_k = inputs_kv
+    inputs_k, inputs_v = key_value_inputs(inputs_q, inputs_k, inputs_v)
+    head_dim = head_dim_of(self.qkv_features or inputs_q.shape[-1], self.num_heads)
     resolve_scale(self.scale, head_dim)  # an unknown name fails before any parameter is made
-    params = self._parameters(inputs_q.shape[-1], head_dim)
-    dropout_rate = 0.0 if deterministic else self.dropout_rate
-    if dropout_rate > 0.0 and dropout_rng is None:
-      dropout_rng = self.make_rng("dropout")
-    cache, store = self._cache(params, inputs_q, inputs_kv)
+    params = self._parameters(inputs_q.shape[-1], inputs_k.shape[-1], inputs_v.shape[-1],
+                              head_dim)
+    dropout_rate = 0.0
+    if self.dropout_rate > 0.0:  # deterministic is asked for only with dropout, as flax
+      if not nn.merge_param("deterministic", self.deterministic, deterministic):
+        dropout_rate = self.dropout_rate
+        dropout_rng = self.make_rng("dropout") if dropout_rng is None else dropout_rng
+    cache, store = self._cache(params, inputs_q, inputs_k, inputs_v)
     sow = self.is_mutable_collection("intermediates") if sow_weights is None else sow_weights
     step = multi_head_attention_step(
-        params, inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale,
+        params, inputs_q, inputs_k, inputs_v, mask=mask, bias=bias, scale=self.scale,
         is_causal=is_causal, qk_transform=self.qk_transform, dropout_rate=dropout_rate,
         dropout_rng=dropout_rng if dropout_rate > 0.0 else None,
-        implementation=self.implementation, attention_fn=self.attention_fn, dtype=self.dtype,
-        precision=self.precision, cache=cache, return_maps=sow, head_variant=self.head_variant,
+        broadcast_dropout=self.broadcast_dropout, implementation=self.implementation,
+        attention_fn=self.attention_fn, dtype=self.dtype, precision=self.precision, cache=cache,
+        return_maps=sow, head_variant=self.head_variant,
+        **({"empty_rows": self.empty_rows} if self.empty_rows != "mean" else {}),
         **attention_args)
     if step.cache is not None:
       store(step.cache)
@@ -578,3 +693,32 @@ class MultiHeadAttention(nn.Module):
         collections=[c for c in head_variants.SOWN if self.is_mutable_collection(c)]):
       self.sow(collection, name, value)
     return step.output
+
+
+class MultiHeadAttention(MultiHeadDotProductAttention):
+  """``MultiHeadDotProductAttention`` under flax's other name (auto-named
+  ``MultiHeadAttention_{i}``, as flax's ``nn.MultiHeadAttention``).
+
+  >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
+  >>> layer = MultiHeadAttention(num_heads=8, qkv_features=256)  # 8 heads of d_k = 32
+  >>> layer.apply(layer.init(jax.random.key(0), x), x).shape
+  (2, 10, 128)
+  """
+
+
+class SelfAttention(MultiHeadDotProductAttention):
+  """Self-attention, flax's ``nn.SelfAttention``: ``(inputs_q, mask=None, deterministic=None,
+  dropout_rng=None, sow_weights=False)`` (plus ``MultiHeadDotProductAttention``'s keyword
+  arguments).
+
+  >>> x = jnp.ones((2, 10, 16))  # [B, T, D]
+  >>> layer = SelfAttention(num_heads=4)
+  >>> layer.apply(layer.init(jax.random.key(0), x), x).shape
+  (2, 10, 16)
+  """
+
+  @nn.compact
+  def __call__(self, inputs_q, mask=None, deterministic: bool | None = None, dropout_rng=None,
+               sow_weights: bool | None = False, **options):
+    return super().__call__(inputs_q, mask=mask, deterministic=deterministic,
+                            dropout_rng=dropout_rng, sow_weights=sow_weights, **options)

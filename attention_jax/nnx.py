@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 import math
+from types import MappingProxyType
 from typing import Any, Callable
 
 from flax import nnx
+from flax.nnx.nn import dtypes as nnx_dtypes
 import jax
 import jax.numpy as jnp
 
@@ -35,6 +37,9 @@ from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
 from attention_jax.products import dense_dot_general
+
+
+_FLAX_PROMOTE_DTYPE = nnx_dtypes.promote_dtype  # the *_promote_dtype arguments' default
 
 
 def _capturing(module: nnx.Module) -> bool:
@@ -59,19 +64,18 @@ class _Dropping(nnx.Module):
 
 
 class _Projection(nnx.Module):
-  """A kernel [*in, *out] (and bias [*out]) that returns itself as {"kernel", "bias"}.
-
-  The kernel is drawn as the matrix [prod(in), prod(out)] and reshaped, as the Linen module does,
-  so the initial scale of q . k does not depend on how the output is split into heads.
-  """
+  """A kernel [*in, *out] (and bias [*out]) that returns itself as {"kernel", "bias"}: the
+  parameters of flax's LinearGeneral, drawn as it draws them (``multihead.flat_init``; sharding
+  metadata kept) with ``metadata`` on the variables."""
 
   def __init__(self, kernel_shape, input_dims, *, use_bias, kernel_init, bias_init, param_dtype,
-               rngs: nnx.Rngs):
-    matrix = (math.prod(kernel_shape[:input_dims]), math.prod(kernel_shape[input_dims:]))
-    kernel = kernel_init(rngs.params(), matrix, param_dtype)
-    self.kernel = nnx.Param(jnp.reshape(kernel, kernel_shape))
+               rngs: nnx.Rngs, kernel_metadata=MappingProxyType({}),
+               bias_metadata=MappingProxyType({})):
+    init = multihead.flat_init(kernel_init, kernel_shape, input_dims)
+    self.kernel = nnx.Param(init(rngs.params(), kernel_shape, param_dtype), **kernel_metadata)
     bias_shape = kernel_shape[input_dims:]
-    self.bias = nnx.Param(bias_init(rngs.params(), bias_shape, param_dtype)) if use_bias else None
+    self.bias = nnx.Param(multihead.flat_init(bias_init, bias_shape, 0)(
+        rngs.params(), bias_shape, param_dtype), **bias_metadata) if use_bias else nnx.data(None)
 
   def __call__(self):
     weights = {"kernel": self.kernel[...]}
@@ -81,10 +85,13 @@ class _Projection(nnx.Module):
 
 
 class _Scale(nnx.Module):
-  """The learned scale [H] of a QK LayerNorm (flax's LayerNorm(use_bias=False) layout)."""
+  """The learned scale [H] of a QK LayerNorm (flax's LayerNorm(use_bias=False) layout; it draws a
+  key as flax's does, so the parameters after it get flax's keys)."""
 
-  def __init__(self, features: int, param_dtype):
-    self.scale = nnx.Param(jnp.ones((features,), param_dtype))
+  def __init__(self, features: int, param_dtype, *, rngs: nnx.Rngs,
+               metadata=MappingProxyType({})):
+    self.scale = nnx.Param(nnx.initializers.ones_init()(rngs.params(), (features,), param_dtype),
+                           **metadata)
 
   def __call__(self):
     return {"scale": self.scale[...]}
@@ -103,88 +110,137 @@ class _VariantParams(nnx.Module):
 
 
 class MultiHeadAttention(_Dropping):
-  """Multi-head attention (Vaswani et al. 2017) as a Flax NNX module; the twin of
-  ``attention_jax.MultiHeadAttention``, computed by ``multihead.multi_head_attention_step``.
-  The arguments it shares with ``flax.nnx.MultiHeadAttention`` keep their names and meaning
-  (``d_model`` is its ``qkv_features``).
+  """Multi-head attention (Vaswani et al. 2017) as a Flax NNX module: a drop-in for
+  ``flax.nnx.MultiHeadAttention``, computed by ``multihead.multi_head_attention_step`` (the Linen
+  twin is ``attention_jax.MultiHeadDotProductAttention``).
 
-  inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None (self-attention) -> [..., T, D_out].
+  flax's arguments come first, in flax's order, with flax's names, defaults and meaning, so
+  replacing ``nnx.MultiHeadAttention(`` by ``ajnnx.MultiHeadAttention(`` with the same arguments
+  gives the same state (``nnx.update(ours, nnx.state(theirs))`` loads flax's weights; the same
+  ``rngs`` give the same parameters and dropout masks), outputs, decode cache, sown weights and
+  partitioning metadata. Our extras follow.
 
-  Args:
+  inputs_q [..., T, D_in], inputs_k [..., S, D_kv] (None: inputs_q), inputs_v (None: inputs_k)
+  -> [..., T, D_out].
+
+  Args (flax's):
     num_heads: N.
-    in_features: D_in, the width of the inputs.
-    d_model: N * H, the width of the projected queries; default: in_features.
+    in_features: D_in, the width of inputs_q.
+    qkv_features: N * H, the width of the projected queries; default: in_features.
     out_features: D_out; default: in_features.
     num_kv_heads: K key/value heads (grouped-query attention; N a multiple of K); default N.
+    in_kv_features: D_kv, the width of inputs_k and inputs_v; default: in_features.
+    dtype: the computation's dtype (None: promoted from the inputs and parameters).
+    param_dtype: the parameters' dtype.
+    broadcast_dropout: one dropout mask [T, S] for every batch entry and head (flax's default).
+    dropout_rate: attention dropout, with keys from ``rngs``; ``deterministic`` must then be set
+      here, by ``model.train()``/``eval()``/``nnx.view`` or at the call (the call wins).
+    deterministic: no dropout.
+    precision: of the matrix products.
+    kernel_init, out_kernel_init, bias_init, out_bias_init, use_bias: as flax's.
+    attention_fn: None or ``attention_jax.dot_product_attention`` (the same), flax's functions,
+      ``ContextParallel(mesh, axis_name)`` or yours; handed the arguments it takes.
+    decode: autoregressive decoding against the key/value cache that ``init_cache`` makes
+      (here or at the call).
+    normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys.
+    qkv_promote_dtype, out_promote_dtype, ln_promote_dtype: only flax's default is served.
+    qkv_dot_general, out_dot_general, qkv_dot_general_cls, out_dot_general_cls: only None is
+      served; anything else raises ValueError naming it.
+    rngs: the keys of the parameters, and of dropout ("dropout" stream, forked and kept when
+      ``keep_rngs``; else the call's ``rngs``).
+    keep_rngs: keep a dropout stream in the module (flax's default).
+    kernel_metadata, out_kernel_metadata, bias_metadata, out_bias_metadata,
+    query_ln_scale_metadata, key_ln_scale_metadata: metadata of the variables (e.g.
+      ``sharding_names``), as flax's.
+
+  Args (ours):
     scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (a per-head temperature [N]).
-    dropout_rate: attention dropout, with keys from ``rngs`` when not deterministic.
     implementation: passed to ``dot_product_attention``.
-    attention_fn: replaces ``dot_product_attention`` (same signature), e.g.
-      ``ContextParallel(mesh, axis_name)``.
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
     qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE; while
       decoding it is called with ``positions=`` [T].
-    normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys.
     head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping heads);
       None: plain multi-head attention. Inside ``nnx.capture(..., nnx.Intermediate)`` MoH also
       sows "head_gates" and its weighted "load_balancing" loss.
-    dtype: the computation's dtype (None: promoted from the inputs and parameters).
-    param_dtype: the parameters' dtype. precision: of the matrix products.
-    kernel_init, bias_init, out_kernel_init, out_bias_init: as the Linen twin.
-    decode: autoregressive decoding against the key/value cache that ``init_cache`` makes
-      (here or at the call).
-    deterministic: no dropout unless False (here or at the call).
+    empty_rows: what a query row with no key to attend to gives, "mean" (flax's) or "zero".
 
-  Parameters: query {kernel [D_in, N, H], bias [N, H]}, key/value {kernel [D_in, K, H], bias
-  [K, H]} (or qkv), out {kernel [N, H, D_out], bias [D_out]}, query_ln/key_ln {scale [H]},
+  Parameters: query {kernel [D_in, N, H], bias [N, H]}, key/value {kernel [D_kv, K, H], bias
+  [K, H]} (or qkv), query_ln/key_ln {scale [H]}, out {kernel [N, H, D_out], bias [D_out]},
   temperature [N].
 
-  >>> layer = MultiHeadAttention(8, 128, d_model=256, rngs=nnx.Rngs(0))  # 8 heads of d_k = 32
+  >>> layer = MultiHeadAttention(8, 128, 256, rngs=nnx.Rngs(0))  # 8 heads of d_k = 32
   >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
   >>> layer(x).shape
   (2, 10, 128)
-  >>> y, maps = nnx.capture(layer, nnx.Intermediate)(x)
+  >>> y, maps = nnx.capture(layer, nnx.Intermediate)(x, sow_weights=True)
   >>> maps["attention_weights"][0].shape  # [B, N, T, T], as Linen sows them
   (2, 8, 10, 10)
   """
 
-  def __init__(self, num_heads: int, in_features: int, *, d_model: int | None = None,
+  def __init__(self, num_heads: int, in_features: int, qkv_features: int | None = None,
                out_features: int | None = None, num_kv_heads: int | None = None,
-               scale: float | str = "inv_sqrt", dropout_rate: float = 0.0,
-               implementation: str | None = None, fused_qkv: bool = False, use_bias: bool = True,
-               qk_transform: Callable | None = None, normalize_qk: bool = False,
-               attention_fn: Callable | None = None, head_variant=None, dtype: Any = None,
-               param_dtype: Any = jnp.float32, precision: Any = None,
+               in_kv_features: int | None = None, *, dtype: Any = None,
+               param_dtype: Any = jnp.float32, broadcast_dropout: bool = True,
+               dropout_rate: float = 0.0, deterministic: bool | None = None,
+               precision: Any = None,
                kernel_init: Callable = nnx.initializers.lecun_normal(),
+               out_kernel_init: Callable | None = None,
                bias_init: Callable = nnx.initializers.zeros_init(),
-               out_kernel_init: Callable | None = None, out_bias_init: Callable | None = None,
-               decode: bool = False, deterministic: bool = True, rngs: nnx.Rngs):
-    head_dim = multihead.head_dim_of(d_model or in_features, num_heads)
+               out_bias_init: Callable | None = None, use_bias: bool = True,
+               attention_fn: Callable | None = None, decode: bool | None = None,
+               normalize_qk: bool = False, qkv_promote_dtype=None, out_promote_dtype=None,
+               ln_promote_dtype=None, qkv_dot_general=None, out_dot_general=None,
+               qkv_dot_general_cls=None, out_dot_general_cls=None, rngs: nnx.Rngs,
+               keep_rngs: bool = True, kernel_metadata: Mapping = MappingProxyType({}),
+               out_kernel_metadata: Mapping = MappingProxyType({}),
+               bias_metadata: Mapping = MappingProxyType({}),
+               out_bias_metadata: Mapping = MappingProxyType({}),
+               query_ln_scale_metadata: Mapping = MappingProxyType({}),
+               key_ln_scale_metadata: Mapping = MappingProxyType({}),
+               scale: float | str = "inv_sqrt", implementation: str | None = None,
+               fused_qkv: bool = False, qk_transform: Callable | None = None,
+               head_variant=None, empty_rows: str = "mean"):
+    multihead.refuse_unserved(qkv_dot_general=qkv_dot_general, out_dot_general=out_dot_general,
+                              qkv_dot_general_cls=qkv_dot_general_cls,
+                              out_dot_general_cls=out_dot_general_cls,
+                              **{name: None if fn in (None, _FLAX_PROMOTE_DTYPE) else fn
+                                 for name, fn in (("qkv_promote_dtype", qkv_promote_dtype),
+                                                  ("out_promote_dtype", out_promote_dtype),
+                                                  ("ln_promote_dtype", ln_promote_dtype))})
+    qkv_features = in_features if qkv_features is None else qkv_features
+    in_kv_features = in_features if in_kv_features is None else in_kv_features
+    head_dim = multihead.head_dim_of(qkv_features, num_heads)
     multihead.resolve_scale(scale, head_dim)  # an unknown name fails before any parameter
     num_kv_heads = multihead.check_heads(num_heads, num_kv_heads, fused_qkv)
-    self.num_heads, self.scale, self.dropout_rate = num_heads, scale, dropout_rate
+    self.num_heads, self.in_features, self.scale = num_heads, in_features, scale
+    self.dropout_rate, self.broadcast_dropout = dropout_rate, broadcast_dropout
     self.implementation, self.fused_qkv, self.qk_transform = implementation, fused_qkv, qk_transform
-    self.normalize_qk, self.deterministic = normalize_qk, deterministic
+    self.normalize_qk, self.deterministic, self.empty_rows = normalize_qk, deterministic, empty_rows
     self.attention_fn, self.dtype, self.precision, self.decode = (attention_fn, dtype, precision,
                                                                   decode)
     self.num_kv_heads, self.head_variant = num_kv_heads, head_variant
     self.head_dim = head_variants.head_width(head_variant, head_dim)  # H, or H + 2o (MOHSA)
     heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
-    d_out = out_features or in_features
+    d_out = in_features if out_features is None else out_features
     weights = dict(use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
-                   param_dtype=param_dtype, rngs=rngs)
+                   param_dtype=param_dtype, rngs=rngs, kernel_metadata=kernel_metadata,
+                   bias_metadata=bias_metadata)
     if fused_qkv:
       self.qkv = _Projection((in_features, 3) + heads, 1, **weights)  # [D_in, 3, N, H]
-    else:
+    else:  # flax's order, so that the same rngs give flax's parameters
       self.query = _Projection((in_features,) + heads, 1, **weights)  # [D_in, N, H]
-      self.key = _Projection((in_features,) + kv_heads, 1, **weights)  # [D_in, K, H]
-      self.value = _Projection((in_features,) + kv_heads, 1, **weights)
-    out_weights = dict(weights, kernel_init=out_kernel_init or kernel_init,
-                       bias_init=out_bias_init or bias_init)
+      self.key = _Projection((in_kv_features,) + kv_heads, 1, **weights)  # [D_kv, K, H]
+      self.value = _Projection((in_kv_features,) + kv_heads, 1, **weights)
     width = self.head_dim
-    self.out = _Projection((num_heads, width, d_out), 2, **out_weights)  # [N, H, D_out]
     if normalize_qk:
-      self.query_ln, self.key_ln = _Scale(width, param_dtype), _Scale(width, param_dtype)
+      self.query_ln = _Scale(width, param_dtype, rngs=rngs, metadata=query_ln_scale_metadata)
+      self.key_ln = _Scale(width, param_dtype, rngs=rngs, metadata=key_ln_scale_metadata)
+    out_weights = dict(weights, kernel_init=out_kernel_init or kernel_init,
+                       bias_init=out_bias_init or bias_init,
+                       kernel_metadata=out_kernel_metadata or kernel_metadata,
+                       bias_metadata=out_bias_metadata or bias_metadata)
+    self.out = _Projection((num_heads, width, d_out), 2, **out_weights)  # [N, H, D_out]
+    self.rngs = rngs["dropout"].fork() if keep_rngs and dropout_rate > 0.0 else None
     variant_specs = head_variants.parameter_specs(head_variant, in_features=in_features,
                                                   num_heads=num_heads)
     for group, specs in variant_specs.items():
@@ -193,7 +249,6 @@ class MultiHeadAttention(_Dropping):
     if scale == "learned":
       self.temperature = nnx.Param(
           jnp.full((num_heads,), multihead.resolve_scale("learned", head_dim), param_dtype))
-    self.rngs = rngs["dropout"].fork() if dropout_rate > 0.0 else None
     self.cached_key = self.cached_value = self.cache_index = nnx.data(None)
 
   def init_cache(self, input_shape, dtype=jnp.float32):
@@ -220,39 +275,66 @@ class MultiHeadAttention(_Dropping):
       raise ValueError("decode=True needs a key/value cache: call init_cache(input_shape) first.")
     return kv_cache.KVCache(self.cached_key[...], self.cached_value[...], self.cache_index[...])
 
-  def __call__(self, inputs_q, inputs_kv=None, *, mask=None, bias=None, is_causal=False,
-               deterministic: bool | None = None, dropout_rng=None, rngs=None,
-               sow_weights: bool | None = None, decode: bool | None = None, **attention_args):
-    """inputs_q [..., T, D_in], inputs_kv [..., S, D_in] or None -> [..., T, D_out].
+  def _dropout_rng(self, deterministic, rngs, dropout_rng):
+    """The dropout key of this call, None without dropout (flax's rules: ``deterministic`` from
+    the call, else the module, else an error; keys from the call's rngs, else the module's)."""
+    if self.dropout_rate <= 0.0:
+      return None
+    deterministic = self.deterministic if deterministic is None else deterministic
+    if deterministic is None:
+      raise ValueError("dropout_rate > 0 needs deterministic: set it in the constructor, by "
+                       "model.train() / model.eval(), or at the call.")
+    if deterministic:
+      return None
+    if dropout_rng is not None:
+      return dropout_rng
+    stream = rngs["dropout"] if isinstance(rngs, nnx.Rngs) else (rngs or self.rngs)
+    if stream is None:
+      raise ValueError("dropout needs keys: pass rngs= at the call (the module was built with "
+                       "keep_rngs=False).")
+    return stream()
 
-    mask (True = attend) and bias broadcast to [..., N, T, S]; ``dropout_rng`` (a key) or
-    ``rngs`` (an ``nnx.Rngs`` or stream) override the constructor's dropout keys;
-    ``sow_weights``: sow the maps (None: inside ``nnx.capture(..., nnx.Intermediate)``);
-    ``decode``: overrides the constructor's; ``attention_args``: further keyword arguments of
-    ``multihead.multi_head_attention``, as the Linen module takes them.
+  def __call__(self, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
+               deterministic: bool | None = None, rngs=None, sow_weights: bool | None = False,
+               decode: bool | None = None, is_causal: bool = False, out_sharding=None,
+               qkv_sharding=None, bias=None, dropout_rng=None, **attention_args):
+    """inputs_q [..., T, D_in], inputs_k [..., S, D_kv] (None: inputs_q), inputs_v (None:
+    inputs_k) -> [..., T, D_out], with flax's call arguments.
+
+    mask (nonzero = attend) and bias broadcast to [..., N, T, S]; ``rngs`` (an ``nnx.Rngs`` or
+    stream) or ``dropout_rng`` (a key) override the module's dropout keys; ``sow_weights``: sow
+    "attention_weights" (and "attention_logits") as ``nnx.Intermediate`` (None: inside
+    ``nnx.capture(..., nnx.Intermediate)``); ``decode`` overrides the constructor's;
+    ``out_sharding``/``qkv_sharding`` (flax's, for meshes with Explicit axes): only None is
+    served; ``attention_args``: further keyword arguments of ``multihead.multi_head_attention``.
     """
-    dropout = self.dropout_rate > 0.0 and not self._deterministic(deterministic)
-    if dropout and dropout_rng is None:
-      stream = rngs["dropout"] if isinstance(rngs, nnx.Rngs) else (rngs or self.rngs)
-      dropout_rng = stream()
+    if inputs_q.shape[-1] != self.in_features:
+      raise ValueError(f"inputs_q has width {inputs_q.shape[-1]}, and this module was built for "
+                       f"in_features={self.in_features}.")
+    multihead.refuse_unserved(out_sharding=out_sharding, qkv_sharding=qkv_sharding)
+    dropout_rng = self._dropout_rng(deterministic, rngs, dropout_rng)
     sow = _capturing(self) if sow_weights is None else sow_weights
     step = multihead.multi_head_attention_step(
-        self.params(), inputs_q, inputs_kv, mask=mask, bias=bias, scale=self.scale,
+        self.params(), inputs_q, inputs_k, inputs_v, mask=mask, bias=bias, scale=self.scale,
         is_causal=is_causal, qk_transform=self.qk_transform,
-        dropout_rate=self.dropout_rate if dropout else 0.0,
-        dropout_rng=dropout_rng if dropout else None, implementation=self.implementation,
-        attention_fn=self.attention_fn, dtype=self.dtype, precision=self.precision,
-        cache=self._cache(decode), return_maps=sow, head_variant=self.head_variant,
+        dropout_rate=self.dropout_rate if dropout_rng is not None else 0.0,
+        dropout_rng=dropout_rng, broadcast_dropout=self.broadcast_dropout,
+        implementation=self.implementation, attention_fn=self.attention_fn, dtype=self.dtype,
+        precision=self.precision, cache=self._cache(decode), return_maps=sow,
+        head_variant=self.head_variant,
+        **({"empty_rows": self.empty_rows} if self.empty_rows != "mean" else {}),
         **attention_args)
     if step.cache is not None:
       self.cached_key[...], self.cached_value[...], self.cache_index[...] = step.cache
     if step.maps is not None:
       self.sow(nnx.Intermediate, "attention_logits", step.maps[0])
       self.sow(nnx.Intermediate, "attention_weights", step.maps[1])
+    if sow or _capturing(self):
       for _, name, value in head_variants.sown(self.params(), inputs_q, self.head_variant,
                                                self.num_heads, collections=head_variants.SOWN):
         self.sow(nnx.Intermediate, name, value)
     return step.output
+
 
 
 # Positional encodings: the Linen ones' three methods, over the same pure functions. ``rotate`` is
@@ -412,7 +494,7 @@ class EncoderBlock(_Dropping):
     cfg = self.config = config
     self.deterministic = deterministic
     self.attention = MultiHeadAttention(
-        cfg.num_heads, cfg.d_model, d_model=cfg.num_heads * cfg.key_dim,
+        cfg.num_heads, cfg.d_model, cfg.num_heads * cfg.key_dim,
         scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate,
         implementation=cfg.attention_impl, normalize_qk=cfg.normalize_qk,
         attention_fn=cfg.attention_fn,
@@ -428,7 +510,7 @@ class EncoderBlock(_Dropping):
     deterministic = self._deterministic(deterministic)
     dropout = lambda y: self.dropout(y, deterministic=deterministic)
     attention = lambda y: self.attention(y, mask=mask, bias=attention_bias,
-                                         deterministic=deterministic)
+                                         deterministic=deterministic, sow_weights=None)
     feed_forward = lambda y: self.feed_forward(y, deterministic=deterministic)
     for sublayer, norm in ((attention, self.norm_0), (feed_forward, self.norm_1)):
       x = encoder_lib.residual_sublayer(x, sublayer, norm, dropout,

@@ -147,16 +147,21 @@ def logits_to_weights(logits, mask=None, *, is_causal: bool = False):
   return _softmax(mask_logits(logits, mask, is_causal=is_causal))
 
 
-def dropout_weights(weights, rate: float, rng):
-  """Inverted dropout on attention weights: each weight kept with probability 1 - rate."""
-  keep = jax.random.bernoulli(rng, 1.0 - rate, weights.shape)
-  return jnp.where(keep, weights / (1.0 - rate), 0.0)
+def dropout_weights(weights, rate: float, rng, *, broadcast: bool = False):
+  """Inverted dropout on attention weights [..., N, T, S]: each weight kept with probability
+  1 - rate and divided by it; with ``broadcast`` one mask [T, S] for every batch entry and head.
+  The masks are flax's for the same key (``bernoulli(rng, 1 - rate, shape)``)."""
+  keep_prob = 1.0 - rate
+  shape = (1,) * (weights.ndim - 2) + weights.shape[-2:] if broadcast else weights.shape
+  keep = jax.random.bernoulli(rng, keep_prob, shape)
+  return weights * (keep.astype(weights.dtype) / jnp.asarray(keep_prob, weights.dtype))
 
 
 def reference_attention(query, key, value, bias=None, mask=None, *, scale: float,
                         is_causal: bool = False, logits_soft_cap: float | None = None,
                         dropout_rate: float = 0.0, dropout_rng=None,
-                        return_weights: bool = False, return_residual: bool = False):
+                        broadcast_dropout: bool = False, return_weights: bool = False,
+                        return_residual: bool = False):
   """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V.
 
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> output [..., T, N, H_v],
@@ -169,7 +174,7 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale: float
   weights = _softmax(logits)  # [..., N, T, S]
   attended = weights
   if dropout_rate > 0.0:
-    attended = dropout_weights(weights, dropout_rate, dropout_rng)
+    attended = dropout_weights(weights, dropout_rate, dropout_rng, broadcast=broadcast_dropout)
   num_kv_heads = key.shape[-2]
   grouped = jnp.reshape(attended, attended.shape[:-3] + (num_kv_heads, -1) +
                         attended.shape[-2:])  # [..., K, G, T, S]

@@ -35,7 +35,7 @@ class NnxTagger(nnx.Module):
   def __call__(self, tokens):
     x = self.position.embed(self.embed(tokens))  # [B, T, D]
     length = tokens.shape[-1]
-    x = x + self.attention(x, mask=aj.padding_mask(tokens != 0),
+    x = x + self.attention(x, mask=aj.padding_mask(tokens != 0), sow_weights=None,  # captured
                            bias=self.position.attention_bias(length, length))
     return self.logits(self.norm(x))
 
@@ -86,7 +86,7 @@ class TinyTagger(nn.Module):
     x = position.embed(nn.Embed(self.vocab_size, self.d_model)(tokens))  # [B, T, D]
     length = tokens.shape[-1]
     attention = aj.MultiHeadAttention(num_heads=self.num_heads, qk_transform=position.rotate)
-    x = x + attention(x, mask=aj.padding_mask(tokens != 0),
+    x = x + attention(x, mask=aj.padding_mask(tokens != 0), sow_weights=None,  # when captured
                       bias=position.attention_bias(length, length))
     return nn.Dense(self.num_classes)(nn.LayerNorm()(x))
 

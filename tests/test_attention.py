@@ -18,12 +18,15 @@ IMPLEMENTATIONS = ["reference", "xla", "chunked", "chunked_small_blocks", None]
 
 
 def attention(*args, implementation=None, scale=None, block_q=4, block_k=3, **kwargs):
-  """dot_product_attention, or chunked attention with tiny blocks so that every path runs."""
+  """dot_product_attention, or chunked attention with tiny blocks so that every path runs. Rows
+  with no key give zeros here (empty_rows="zero"), as the float64 reference computes them;
+  tests/test_dropin.py holds the default ("mean") to flax and jax.nn."""
   if implementation == "chunked_small_blocks":
     head_dim = args[0].shape[-1]
     scale = head_dim ** -0.5 if scale is None else scale
     return aj.chunked_attention(*args, scale=scale, block_q=block_q, block_k=block_k, **kwargs)
-  return aj.dot_product_attention(*args, scale=scale, implementation=implementation, **kwargs)
+  return aj.dot_product_attention(*args, scale=scale, implementation=implementation,
+                                  **{"empty_rows": "zero", **kwargs})
 
 
 def _random_case(seed, batch, q_len, kv_len, num_heads, num_kv_heads, head_dim,
@@ -182,7 +185,8 @@ def test_bfloat16_softmax_in_float32_and_output_dtype(implementation):
 
 def test_return_weights_are_the_softmax_and_match_reference():
   query, key, value, mask, _ = _random_case(4, (2,), 6, 6, 4, 2, 8, mask="random")
-  output, weights = aj.dot_product_attention(query, key, value, mask=mask, return_weights=True)
+  output, weights = aj.dot_product_attention(query, key, value, mask=mask, return_weights=True,
+                                            empty_rows="zero")
   expected_output, expected_weights, _ = numpy_reference.attention(query, key, value, mask=mask)
   assert weights.shape == (2, 4, 6, 6) and weights.dtype == jnp.float32
   assert_close(weights, expected_weights)

@@ -102,7 +102,7 @@ def test_grouped_query_modules_equal_the_function_on_repeated_heads():
 
 def test_dropout_rng_at_the_call_decides_the_dropout():
   layer = aj.MultiHeadAttention(num_heads=N, dropout_rate=0.5)
-  variables = layer.init(jax.random.key(0), X)
+  variables = layer.init(jax.random.key(0), X, deterministic=True)
   run = lambda key, rngs=None: layer.apply(variables, X, deterministic=False, dropout_rng=key,
                                            rngs=rngs)
   first = run(jax.random.key(5), {"dropout": jax.random.key(6)})
@@ -145,7 +145,7 @@ def test_bfloat16_computation_over_float32_parameters():
     (None, None), ("highest", "highest"), (jax.lax.Precision.HIGH, "high"),
     ((jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST), "highest")])
 def test_precision_reaches_the_attention_products_by_name(precision, name):
-  assert aj.multihead.matmul_precision(precision) == name
+  assert aj.attention.matmul_precision(precision) == name
 
 
 @pytest.mark.parametrize("variant", [aj.HeadVariant("moh"), aj.HeadVariant("overlap", overlap=1)])

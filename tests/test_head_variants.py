@@ -179,7 +179,7 @@ def test_each_variant_equals_a_numpy_loop_with_padding_alibi_and_causality(name,
   x = _x()
   mask, bias = _padding_and_bias()
   y, state = layer.apply({"params": params}, x, mask=mask, bias=bias, is_causal=is_causal,
-                         mutable="intermediates")
+                         sow_weights=True, mutable="intermediates")
   expected, weights = layer_numpy(params, x, variant, mask=mask, bias=bias, is_causal=is_causal)
   assert_close(y, expected, rtol=2e-5, name=name)
   # the captured weights are the ones applied (mixed and signed for talking heads and DCMHA)
@@ -246,7 +246,7 @@ def test_moh_routes_each_token_to_its_shared_heads_and_k_others():
   for shared, k in ((0, 2), (1, 2), (2, 1), (2, 2)):
     variant = hv.HeadVariant("moh", shared_heads=shared, routed_heads=k)
     layer, params = _params(variant)
-    _, state = layer.apply({"params": params}, _x(), mutable="intermediates")
+    _, state = layer.apply({"params": params}, _x(), sow_weights=True, mutable="intermediates")
     gates = np.asarray(state["intermediates"]["head_gates"][0])  # [B, T, N]
     assert np.all(np.sum(gates != 0, axis=-1) == shared + k), (shared, k)
     assert np.all(gates[..., :shared] != 0)  # the shared heads are the first ones

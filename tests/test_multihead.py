@@ -60,7 +60,7 @@ def test_equals_flax_multi_head_dot_product_attention_with_the_same_weights(impl
   x_kv = _inputs(1, (2, 9, EMBED)) if cross else x_q
   valid = jnp.arange(x_kv.shape[1]) < jnp.array([[x_kv.shape[1]], [4]])  # [B, S]
   mask = aj.padding_mask(valid)  # [B, 1, 1, S]
-  ours = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, implementation=implementation)
+  ours = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL, implementation=implementation)
   variables = _init(ours, x_q, x_kv, mask=mask)
   theirs = nn.MultiHeadDotProductAttention(num_heads=HEADS, qkv_features=D_MODEL,
                                            out_features=EMBED)
@@ -75,7 +75,7 @@ def test_equals_flax_multi_head_dot_product_attention_with_the_same_weights(impl
 def test_qk_norm_equals_flax_normalize_qk_and_a_per_head_layer_norm(cross):
   x_q = _inputs(0)
   x_kv = _inputs(1, (2, 9, EMBED)) if cross else x_q
-  ours = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, normalize_qk=True)
+  ours = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL, normalize_qk=True)
   variables = _init(ours, x_q, x_kv)  # the LayerNorm scales are perturbed away from 1 too
   assert variables["params"]["query_ln"]["scale"].shape == (D_MODEL // HEADS,)
   theirs = nn.MultiHeadDotProductAttention(num_heads=HEADS, qkv_features=D_MODEL,
@@ -96,7 +96,7 @@ def test_qk_norm_equals_flax_normalize_qk_and_a_per_head_layer_norm(cross):
                                           ("inv", 1 / 32), (0.3, 0.3)])
 def test_scale_names_mean_what_they_say(scale, value):
   x = _inputs(2, (2, 5, EMBED)) * 0.2
-  layer = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, scale=scale)
+  layer = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL, scale=scale)
   variables = _init(layer, x)
   assert_close(layer.apply(variables, x),
                per_head_numpy(variables["params"], x, x, scale=value), 1e-5)
@@ -104,11 +104,11 @@ def test_scale_names_mean_what_they_say(scale, value):
 
 def test_learned_scale_starts_at_inv_sqrt_and_learns():
   x = _inputs(3, (2, 5, EMBED))
-  learned = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, scale="learned")
+  learned = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL, scale="learned")
   variables = learned.init(jax.random.key(0), x)
   temperature = variables["params"]["temperature"]
   np.testing.assert_allclose(temperature, np.full(HEADS, 32 ** -0.5), rtol=1e-7)
-  fixed = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL)
+  fixed = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL)
   fixed_params = {k: v for k, v in variables["params"].items() if k != "temperature"}
   assert_close(learned.apply(variables, x), fixed.apply({"params": fixed_params}, x), 1e-6)
   grad = jax.grad(lambda v: jnp.sum(learned.apply(v, x) ** 2))(variables)
@@ -119,11 +119,12 @@ def test_sown_weights_leave_the_output_bit_identical():
   x = _inputs(4)
   mask = aj.padding_mask(jnp.array([[True] * 7, [True] * 3 + [False] * 4]))
   for implementation in ["xla", "reference"]:
-    layer = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL,
+    layer = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL,
                                   implementation=implementation)
     variables = _init(layer, x, mask=mask)
     plain = layer.apply(variables, x, mask=mask)
-    captured, state = layer.apply(variables, x, mask=mask, mutable="intermediates")
+    captured, state = layer.apply(variables, x, mask=mask, mutable="intermediates",
+                                  sow_weights=True)
     np.testing.assert_array_equal(plain, captured)
     (weights,) = state["intermediates"]["attention_weights"]
     assert weights.shape == (2, HEADS, 7, 7)
@@ -148,10 +149,10 @@ def test_initialisation_equals_flax_for_any_head_count(num_heads):
 
 def test_attention_dropout_uses_the_dropout_rng():
   x = _inputs(5)
-  layer = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, dropout_rate=0.3)
-  variables = _init(layer, x)
-  no_dropout = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL).apply(variables, x)
-  np.testing.assert_array_equal(layer.apply(variables, x), no_dropout)  # deterministic default
+  layer = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL, dropout_rate=0.3)
+  variables = _init(layer, x, deterministic=True)
+  no_dropout = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL).apply(variables, x)
+  np.testing.assert_array_equal(layer.apply(variables, x, deterministic=True), no_dropout)
   run = lambda seed: layer.apply(variables, x, deterministic=False,
                                  rngs={"dropout": jax.random.key(seed)})
   np.testing.assert_array_equal(run(0), run(0))
@@ -161,14 +162,14 @@ def test_attention_dropout_uses_the_dropout_rng():
 
 def test_fused_qkv_equals_separate_projections():
   x = _inputs(6)
-  separate = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL)
+  separate = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL)
   variables = _init(separate, x)
   p = variables["params"]
   fused_params = {
       "qkv": {"kernel": jnp.stack([p[n]["kernel"] for n in ("query", "key", "value")], axis=1),
               "bias": jnp.stack([p[n]["bias"] for n in ("query", "key", "value")], axis=0)},
       "out": p["out"]}
-  fused = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, fused_qkv=True)
+  fused = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL, fused_qkv=True)
   assert jax.tree.map(jnp.shape, fused.init(jax.random.key(0), x)["params"]) == \
       jax.tree.map(jnp.shape, fused_params)
   assert_close(fused.apply({"params": fused_params}, x), separate.apply(variables, x), 1e-6)
@@ -177,8 +178,8 @@ def test_fused_qkv_equals_separate_projections():
 def test_qk_transform_hook_acts_on_projected_queries_and_keys():
   x = _inputs(7)
   rope = lambda q, k: (aj.apply_rope(q), aj.apply_rope(k))
-  plain = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL)
-  rotary = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL, qk_transform=rope)
+  plain = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL)
+  rotary = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL, qk_transform=rope)
   variables = _init(plain, x)
   out = rotary.apply(variables, x)
   assert not np.allclose(out, plain.apply(variables, x))
@@ -191,7 +192,7 @@ def test_qk_transform_hook_acts_on_projected_queries_and_keys():
 
 def test_pure_function_composes_with_jit_vmap_grad():
   x = _inputs(8, (3, 2, 5, EMBED))  # an extra leading axis to vmap over
-  layer = aj.MultiHeadAttention(num_heads=HEADS, d_model=D_MODEL)
+  layer = aj.MultiHeadAttention(num_heads=HEADS, qkv_features=D_MODEL)
   params = layer.init(jax.random.key(0), x[0])["params"]
   fn = jax.jit(jax.vmap(lambda xi: aj.multi_head_attention(params, xi, is_causal=True)))
   assert_close(fn(x), aj.multi_head_attention(params, x, is_causal=True), 1e-6)

@@ -103,8 +103,8 @@ def test_parameter_names_are_those_of_the_linen_modules():
 def _attention_pair(**options):
   """A Linen MultiHeadAttention and its NNX twin with the same (perturbed) weights: 2 heads of
   d_k = 4 on inputs of width 16, output width 12."""
-  linen = aj.MultiHeadAttention(num_heads=2, d_model=8, out_features=12, **options)
-  model = ajnnx.MultiHeadAttention(2, 16, d_model=8, out_features=12, rngs=_rngs(0),
+  linen = aj.MultiHeadAttention(num_heads=2, qkv_features=8, out_features=12, **options)
+  model = ajnnx.MultiHeadAttention(2, 16, qkv_features=8, out_features=12, rngs=_rngs(0),
                                    **options)
   cross = not options.get("fused_qkv")
   x_q = _normal((2, 8, 16), 3)
@@ -137,9 +137,10 @@ def test_captured_attention_maps_equal_linen_and_leave_the_output_unchanged():
     warnings.simplefilter("error")  # no sow outside nnx.capture (deprecated in flax 0.12)
     plain = model(x_q, x_kv, mask=mask)
   assert not any(isinstance(v, nnx.Intermediate) for v in vars(model).values())
-  captured, maps = nnx.capture(model, nnx.Intermediate)(x_q, x_kv, mask=mask)
+  captured, maps = nnx.capture(model, nnx.Intermediate)(x_q, x_kv, mask=mask, sow_weights=True)
   np.testing.assert_array_equal(captured, plain)
-  _, state = linen.apply(variables, x_q, x_kv, mask=mask, mutable="intermediates")
+  _, state = linen.apply(variables, x_q, x_kv, mask=mask, mutable="intermediates",
+                         sow_weights=True)
   for name in ("attention_logits", "attention_weights"):
     (ours,), (theirs,) = maps[name], state["intermediates"][name]
     assert ours.shape == (2, 2, 8, 6)
@@ -169,8 +170,9 @@ def test_further_attention_arguments_reach_the_attention_and_the_captured_maps()
   linen, variables, model, x_q, _ = _attention_pair(fused_qkv=True)
   extra = dict(logits_soft_cap=2.0, local_window_size=(2, 1),
                key_value_seq_lengths=jnp.array([8, 5]))
-  output, maps = nnx.capture(model, nnx.Intermediate)(x_q, **extra)
-  expected, state = linen.apply(variables, x_q, mutable="intermediates", **extra)
+  output, maps = nnx.capture(model, nnx.Intermediate)(x_q, sow_weights=True, **extra)
+  expected, state = linen.apply(variables, x_q, mutable="intermediates", sow_weights=True,
+                                **extra)
   assert_close(output, expected, 1e-6)
   assert not np.allclose(output, model(x_q))
   for name in ("attention_logits", "attention_weights"):
@@ -181,7 +183,7 @@ def test_multi_head_attention_equals_flax_nnx_multi_head_attention():
   """flax.nnx.MultiHeadAttention lays its weights out as ours: query/key/value kernels
   [in_features, N, H] (H = qkv_features / N), out kernel [N, H, out_features], QK LayerNorm
   scales [H]; so the same tree loads into both."""
-  ours = ajnnx.MultiHeadAttention(2, 16, d_model=8, out_features=12, normalize_qk=True,
+  ours = ajnnx.MultiHeadAttention(2, 16, qkv_features=8, out_features=12, normalize_qk=True,
                                   rngs=_rngs(0))
   theirs = nnx.MultiHeadAttention(num_heads=2, in_features=16, qkv_features=8, out_features=12,
                                   normalize_qk=True, decode=False, rngs=_rngs(1))

@@ -18,16 +18,22 @@ masks = hnp.arrays(np.bool_, (2, 2, 5, 5))
 @given(query=floats, key=floats, mask=masks, is_causal=st.booleans())
 def test_weight_rows_sum_to_one_or_zero_and_masked_keys_get_exactly_zero(query, key, mask,
                                                                           is_causal):
-  _, weights = aj.dot_product_attention(query, key, key, mask=mask, is_causal=is_causal,
-                                        return_weights=True)
-  weights = np.asarray(weights)
+  """With empty_rows="zero" a row with no key gets zeros; with the default ("mean", as flax and
+  jax.nn) it attends uniformly to every key."""
   allowed = mask & (np.tril(np.ones((5, 5), bool)) if is_causal else True)
-  assert np.all(weights[~allowed] == 0.0)
-  row_sums = weights.sum(-1)
   has_key = allowed.any(-1)
-  np.testing.assert_allclose(row_sums[has_key], 1.0, rtol=1e-6)
-  assert np.all(row_sums[~has_key] == 0.0)
-  assert np.all(weights >= 0.0)
+  for empty_rows in ("zero", "mean"):
+    _, weights = aj.dot_product_attention(query, key, key, mask=mask, is_causal=is_causal,
+                                          return_weights=True, empty_rows=empty_rows)
+    weights = np.asarray(weights)
+    assert np.all(weights[~allowed & has_key[..., None]] == 0.0)
+    row_sums = weights.sum(-1)
+    np.testing.assert_allclose(row_sums[has_key], 1.0, rtol=1e-6)
+    if empty_rows == "zero":
+      assert np.all(row_sums[~has_key] == 0.0)
+    else:
+      np.testing.assert_allclose(weights[~has_key], 0.2, rtol=1e-6)
+    assert np.all(weights >= 0.0)
 
 
 @SETTINGS

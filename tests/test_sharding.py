@@ -64,7 +64,7 @@ for name in ("reference", "xla", "chunked", "chunked_blocks"):
 def structured_attend(q, k, v, lengths, ids):
   return aj.dot_product_attention(q, k, v, is_causal=True, local_window_size=(5, 0),
                                   key_value_seq_lengths=lengths, query_segment_ids=ids,
-                                  key_segment_ids=ids, implementation="chunked")
+                                  key_segment_ids=ids, implementation="chunked", empty_rows="zero")
 sharded = jax.shard_map(structured_attend, mesh=mesh, in_specs=(P("devices"),) * 5,
                         out_specs=P("devices"))
 results["chunked with window, lengths, segments, shard_map over batch"] = check(

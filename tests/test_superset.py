@@ -170,7 +170,7 @@ def test_modules_and_multi_head_function_pass_the_arguments_through(implementati
   layer = aj.MultiHeadAttention(num_heads=2, implementation=None if implementation ==
                                 "reference" else "chunked")
   variables = layer.init(jax.random.key(1), x)
-  output, state = layer.apply(variables, x, mutable="intermediates", **args)
+  output, state = layer.apply(variables, x, sow_weights=True, mutable="intermediates", **args)
   direct = aj.multi_head_attention(variables["params"], x, implementation="reference", **args)
   assert_close(output, direct, 1e-5)
   weights = state["intermediates"]["attention_weights"][0]  # [B, N, T, S]
