@@ -44,7 +44,7 @@ def linen_step(module_cls, x, heads, causal):
 
 def nnx_step(module_cls, x, heads, causal):
   """A jitted forward + backward of an NNX module built from the same Rngs as flax's."""
-  module = module_cls(heads, x.shape[-1], rngs=nnx.Rngs(0))
+  module = module_cls(heads, x.shape[-1], decode=False, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(module)
   cotangent = jnp.ones_like(x)
 
