@@ -14,6 +14,8 @@ from packaging.requirements import Requirement
 
 from experiments import colab
 
+pytestmark = pytest.mark.quick  # in the quick subset: python -m pytest -q -n 2 -m quick
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

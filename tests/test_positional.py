@@ -8,6 +8,8 @@ import pytest
 import attention_jax as aj
 from attention_jax import positional
 
+pytestmark = pytest.mark.quick  # in the quick subset: python -m pytest -q -n 2 -m quick
+
 
 def test_sinusoidal_matches_the_paper_formula_elementwise():
   length, dim = 37, 16

@@ -5,6 +5,9 @@ import math
 import numpy as np
 
 from experiments import statistics
+import pytest
+
+pytestmark = pytest.mark.quick  # in the quick subset: python -m pytest -q -n 2 -m quick
 
 
 def test_interval_is_the_student_t_interval():
