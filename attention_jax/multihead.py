@@ -103,7 +103,8 @@ def project_out(params, heads, *, dtype=None, precision=None):
 
 
 def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
-  """LayerNorm over the head dimension without bias (QK-norm, Dehghani et al. 2023): each head's
+  """LayerNorm over the head dimension without bias (QK-norm, :ref:`Dehghani et al. 2023
+  <ref-dehghani2023>`): each head's
   query (or key) vector normalised to zero mean and unit variance, times a learned ``scale`` [H].
   Statistics in float32 whatever the input dtype: [..., N, H] -> [..., N, H].
 
@@ -420,7 +421,8 @@ def check_heads(num_heads: int, num_kv_heads: int | None, fused_qkv: bool = Fals
 
 
 class MultiHeadAttention(nn.Module):
-  """Multi-head attention (Vaswani et al. 2017, section 3.2.2) as a Flax Linen module.
+  """Multi-head attention (:ref:`Vaswani et al. 2017 <ref-vaswani2017>`, section 3.2.2) as a Flax
+  Linen module.
 
   The arguments it shares with flax's ``MultiHeadDotProductAttention`` keep their names and meaning
   (``d_model`` is its ``qkv_features``), and its parameters load here unchanged.
@@ -439,7 +441,8 @@ class MultiHeadAttention(nn.Module):
     qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings; while
       decoding it is called with ``positions=`` [T], the new tokens' positions.
     normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys before
-      the dot product, as flax's ``normalize_qk`` (Dehghani et al. 2023; Wortsman et al. 2023).
+      the dot product, as flax's ``normalize_qk`` (:ref:`Dehghani et al. 2023 <ref-dehghani2023>`;
+      :ref:`Wortsman et al. 2023 <ref-wortsman2023>`).
     attention_fn: replaces ``dot_product_attention`` (same signature), e.g.
       ``ContextParallel(mesh, axis_name)`` for a sequence sharded over a mesh axis.
     head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping

@@ -1,5 +1,6 @@
 """The statistics of a sweep report: 95% intervals over seeds, Welch's test between two arms,
-steps to a target accuracy, and the learning-rate sensitivity of Wortsman et al. (2023)."""
+steps to a target accuracy, and the learning-rate sensitivity of :ref:`Wortsman et al. (2023)
+<ref-wortsman2023>`."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def first_step_reaching(steps, values, target: float) -> float:
 
 
 def lr_sensitivity(final_losses, initial_loss: float) -> float:
-  """Wortsman et al. (2023), eq. 1: the mean over the learning-rate grid of
+  """:ref:`Wortsman et al. (2023) <ref-wortsman2023>`, eq. 1: the mean over the learning-rate grid
+  of
   min(L(lr), L0) - min_lr L(lr), for final losses L(lr) (a diverged run, NaN, counts as L0, the
   loss at initialisation). 0 when every learning rate reaches the best loss; at most L0 - L*.
 
