@@ -57,6 +57,7 @@ nb_execution_mode = "force"
 nb_execution_timeout = 600
 nb_execution_raise_on_error = True
 nb_merge_streams = True
+nb_render_markdown_format = "myst"  # the notebook's Markdown outputs hold tables
 
 # The API reference, from the docstrings.
 autosummary_generate = True

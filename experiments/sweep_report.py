@@ -329,6 +329,31 @@ def plot_final(records, path):
   plt.close(figure)
 
 
+def plot_best_learning_rates(records, path):
+  """Each variant at its best learning rate (best_learning_rates): the mean of every accuracy
+  column as a bar, the seeds as dots, the 95% interval clipped to [0, 1]."""
+  chosen = best_learning_rates(records)
+  columns = [c for c in _accuracy_columns(records) if c.endswith("_accuracy")]
+  figure, axes = plt.subplots(len(columns), 1, squeeze=False, sharex=True,
+                              figsize=(max(6, 0.45 * len(chosen) + 1.5), 2.8 * len(columns) + 1))
+  x = np.arange(len(chosen))
+  for axis, column in zip(axes[:, 0], columns):
+    values = [np.asarray(metrics[column], np.float64) for _, _, metrics, _ in chosen]
+    means, errors = _yerr(values, column)
+    axis.bar(x, means, yerr=errors, capsize=3, color="#8fb0d8")
+    for position, value in zip(x, values):
+      axis.scatter(np.full(len(value), position), value, s=8, color="k", zorder=3)
+    axis.set_ylabel(readable(column), fontsize=8)
+    axis.set_ylim(0, 1.02)
+    axis.grid(axis="y", alpha=0.3)
+  _bars(axes[-1, 0], [f"{variant} (lr={rate:g})" for variant, rate, _, _ in chosen])
+  axes[0, 0].set_title("Each variant at its best learning rate: mean (bar), seeds (dots),\n"
+                       + INTERVAL_NOTE, fontsize=8)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
 def plot_curves(workdir, records, path):
   """Eval accuracy against step: every arm, or each variant's best learning rate when the grid
   varies it."""
@@ -495,6 +520,8 @@ def write(records, workdir, evaluations=()) -> dict:
   if _varies_learning_rate(records):
     paths["learning_rates"] = os.path.join(workdir, "learning_rates.png")
     plot_learning_rates(records, paths["learning_rates"])
+    paths["best_learning_rates"] = os.path.join(workdir, "best_learning_rates.png")
+    plot_best_learning_rates(records, paths["best_learning_rates"])
   if evaluations:
     paths["lengths"] = os.path.join(workdir, "accuracy_by_test_set.png")
     plot_lengths(records, ("eval", *evaluations), paths["lengths"])
@@ -540,8 +567,8 @@ def records_from_csv(path) -> list[dict]:
 
 def write_from_csv(csv_path) -> dict:
   """Draws again, beside ``csv_path``, the plots that results.csv alone determines: final
-  metrics, probes, accuracy against learning rate (when the grid varies it) and by test set
-  (when the sweep had extra test sets). Returns their paths by kind."""
+  metrics, probes, accuracy against learning rate and at the best one (when the grid varies it)
+  and by test set (when the sweep had extra test sets). Returns their paths by kind."""
   records = records_from_csv(csv_path)
   directory = os.path.dirname(os.path.abspath(csv_path))
   paths = {"final": os.path.join(directory, "final_metrics.png"),
@@ -551,6 +578,8 @@ def write_from_csv(csv_path) -> dict:
   if _varies_learning_rate(records):
     paths["learning_rates"] = os.path.join(directory, "learning_rates.png")
     plot_learning_rates(records, paths["learning_rates"])
+    paths["best_learning_rates"] = os.path.join(directory, "best_learning_rates.png")
+    plot_best_learning_rates(records, paths["best_learning_rates"])
   evaluations = sorted({m.removesuffix("_accuracy") for m in metric_names(records)
                         if re.fullmatch(r"length_\d+_\d+_accuracy", m)},
                        key=lambda name: int(name.split("_")[1]))

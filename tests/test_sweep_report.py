@@ -60,6 +60,7 @@ def test_the_plots_are_drawn_again_from_results_csv_alone(tmp_path):
       np.testing.assert_allclose(read["metrics"][name], record["metrics"][name])
     assert sweep_report.arms(read) == sweep_report.arms(record)
   paths = sweep_report.write_from_csv(str(tmp_path / "results.csv"))
-  assert sorted(paths) == ["final", "learning_rates", "lengths", "probes"]
+  assert sorted(paths) == ["best_learning_rates", "final", "learning_rates", "lengths",
+                          "probes"]
   for path in paths.values():
     assert os.path.getsize(path) > 5000
