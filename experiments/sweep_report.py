@@ -511,20 +511,9 @@ def write(records, workdir, evaluations=()) -> dict:
   finished = [record for record in records if record["status"] == "ok"]
   if not finished:
     return paths
-  paths.update(final=os.path.join(workdir, "final_metrics.png"),
-               curves=os.path.join(workdir, "learning_curves.png"),
-               probes=os.path.join(workdir, "probes.png"))
-  plot_final(records, paths["final"])
+  paths.update(_plot_results(records, workdir, evaluations))
+  paths["curves"] = os.path.join(workdir, "learning_curves.png")
   plot_curves(workdir, records, paths["curves"])
-  plot_probes(records, paths["probes"])
-  if _varies_learning_rate(records):
-    paths["learning_rates"] = os.path.join(workdir, "learning_rates.png")
-    plot_learning_rates(records, paths["learning_rates"])
-    paths["best_learning_rates"] = os.path.join(workdir, "best_learning_rates.png")
-    plot_best_learning_rates(records, paths["best_learning_rates"])
-  if evaluations:
-    paths["lengths"] = os.path.join(workdir, "accuracy_by_test_set.png")
-    plot_lengths(records, ("eval", *evaluations), paths["lengths"])
   if _logged(workdir, finished[0], finished[0]["metrics"]["name"], MAX_LOGIT):
     paths["max_logits"] = os.path.join(workdir, "max_attention_logits.png")
     plot_max_logits(workdir, records, paths["max_logits"])
@@ -570,7 +559,14 @@ def write_from_csv(csv_path) -> dict:
   metrics, probes, accuracy against learning rate and at the best one (when the grid varies it)
   and by test set (when the sweep had extra test sets). Returns their paths by kind."""
   records = records_from_csv(csv_path)
-  directory = os.path.dirname(os.path.abspath(csv_path))
+  evaluations = sorted({m.removesuffix("_accuracy") for m in metric_names(records)
+                        if re.fullmatch(r"length_\d+_\d+_accuracy", m)},
+                       key=lambda name: int(name.split("_")[1]))
+  return _plot_results(records, os.path.dirname(os.path.abspath(csv_path)), evaluations)
+
+
+def _plot_results(records, directory, evaluations) -> dict:
+  """The plots drawn from the records' final metrics alone (no metrics.jsonl): their paths."""
   paths = {"final": os.path.join(directory, "final_metrics.png"),
            "probes": os.path.join(directory, "probes.png")}
   plot_final(records, paths["final"])
@@ -580,9 +576,6 @@ def write_from_csv(csv_path) -> dict:
     plot_learning_rates(records, paths["learning_rates"])
     paths["best_learning_rates"] = os.path.join(directory, "best_learning_rates.png")
     plot_best_learning_rates(records, paths["best_learning_rates"])
-  evaluations = sorted({m.removesuffix("_accuracy") for m in metric_names(records)
-                        if re.fullmatch(r"length_\d+_\d+_accuracy", m)},
-                       key=lambda name: int(name.split("_")[1]))
   if evaluations:
     paths["lengths"] = os.path.join(directory, "accuracy_by_test_set.png")
     plot_lengths(records, ("eval", *evaluations), paths["lengths"])
