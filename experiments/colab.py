@@ -88,16 +88,40 @@ def pinned_jax(requirements: str, python_version: tuple[int, int]) -> str:
                    f"{python_version[1]}; use a runtime with Python 3.11 or 3.12.")
 
 
+# What requirements.txt pins only to execute the notebook in the tests: the notebook server's own
+# packages, which a Colab runtime brings in the versions its front end needs.
+NOT_ON_COLAB = ("ipykernel", "nbclient", "nbformat")
+
+
+def requirement_lines(requirements: str) -> list[str]:
+  """requirements.txt's requirements as pip arguments, comments and NOT_ON_COLAB left out.
+
+  >>> requirement_lines('jax==0.10.2; python_version < "3.12"  # pinned\\nipykernel==7.4.0\\n-e .')
+  ['jax==0.10.2; python_version < "3.12"', '-e', '.']
+  """
+  arguments = []
+  for line in requirements.splitlines():
+    line = line.split(" #")[0].strip()
+    if not line or line.startswith("#"):
+      continue
+    if re.split(r"[<>=!~;\[\s]", line)[0].lower() in NOT_ON_COLAB:
+      continue
+    arguments += line.split(None, 1) if line.startswith("-") else [line]
+  return arguments
+
+
 def install_command(accelerator: str, checkout: str, *, python: str = sys.executable,
                     driver_version: str | None = None, pip_options=()) -> list[str]:
-  """The pip command: requirements.txt (every pin, and the package itself, editable) plus the
-  jax build for ``accelerator`` at the pinned version (nothing more on a CPU)."""
-  command = [python, "-m", "pip", "install", "-q", *pip_options, "-r",
-             os.path.join(checkout, "requirements.txt")]
+  """The pip command, run in ``checkout``: requirements.txt (every pin, and the package itself,
+  editable; not the notebook server's packages, NOT_ON_COLAB) plus the jax build for
+  ``accelerator`` at the pinned version (nothing more on a CPU)."""
+  with open(os.path.join(checkout, "requirements.txt")) as file:
+    requirements = file.read()
+  command = [python, "-m", "pip", "install", "-q", *pip_options,
+             *requirement_lines(requirements)]
   if accelerator == "cpu":
     return command
-  with open(os.path.join(checkout, "requirements.txt")) as file:
-    version = pinned_jax(file.read(), python_version_of(python))
+  version = pinned_jax(requirements, python_version_of(python))
   extra = "tpu" if accelerator == "tpu" else cuda_extra(driver_version or nvidia_driver_version())
   return command + [f"jax[{extra}]=={version}"]
 
@@ -136,7 +160,7 @@ def setup(checkout: str = ".", *, install: bool = True, python: str = sys.execut
   accelerator = accelerator or accelerator_of()
   if install:
     command = install_command(accelerator, checkout, python=python, pip_options=pip_options)
-    print("installing:", " ".join(command[command.index("install") + 1:]))
+    print(f"installing requirements.txt{' and ' + command[-1] if accelerator != 'cpu' else ''}")
     run(command, check=True, cwd=checkout)
   found = backend(python)
   check_backend(accelerator, found)

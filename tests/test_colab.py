@@ -66,13 +66,22 @@ def test_the_jax_pin_is_the_one_requirements_txt_gives_that_python(python_versio
     ("gpu", "580.82.07", "jax[cuda13]"), ("cpu", None, None)])
 def test_the_install_adds_the_accelerator_s_jax_at_the_pinned_version(accelerator, driver, extra):
   command = colab.install_command(accelerator, str(ROOT), driver_version=driver)
-  assert command[command.index("-r") + 1] == str(ROOT / "requirements.txt")
-  jax = [arg for arg in command if arg.startswith("jax")]
+  # every requirement of requirements.txt but the notebook server's, and the package itself
+  expected = set()
+  for line in (ROOT / "requirements.txt").read_text().splitlines():
+    line = line.split("#")[0].strip()
+    if line and not line.startswith("-"):
+      expected.add(Requirement(line).name.lower())
+  given = {Requirement(arg).name.lower() for arg in command[command.index("-q") + 1:]
+           if not arg.startswith(("-", ".", "jax["))}
+  assert given == expected - {"ipykernel", "nbclient", "nbformat"}
+  assert command[command.index("-e") + 1] == "."
+  extras = [arg for arg in command if arg.startswith("jax[")]
   if extra is None:
-    assert not jax  # requirements.txt's own CPU jax
+    assert not extras  # requirements.txt's own CPU jax
   else:
     (pin,) = _pins_by_packaging("%d.%d" % sys.version_info[:2])
-    assert jax == [f"{extra}=={pin}"]
+    assert extras == [f"{extra}=={pin}"]
 
 
 def test_a_backend_other_than_the_accelerator_stops_in_one_line_naming_the_fix(monkeypatch):
