@@ -127,3 +127,30 @@ def test_the_cpu_install_runs_for_real_in_a_new_environment(tmp_path):
                           cwd=elsewhere, env=env, capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.strip() == str(checkout / "attention_jax" / "__init__.py")
+
+
+@pytest.mark.parametrize("restarted", [False, True])
+def test_the_install_cell_clones_once_and_always_changes_into_the_clone(tmp_path, restarted):
+  """On a first run the cell clones the repository into ./attention-jax; after a restart the
+  runtime starts again in the folder above the clone, where attention_jax may already import:
+  the cell must not clone again, and must change into the clone and put it on sys.path either
+  way (run in quick mode: no install)."""
+  import json
+  if not (ROOT / ".git").exists():
+    pytest.skip("not a git checkout: nothing to clone from")
+  notebook = json.loads((ROOT / "notebooks" / "colab_quickstart.ipynb").read_text())
+  cell = "".join(next(c for c in notebook["cells"] if c["cell_type"] == "code")["source"])
+  if restarted:
+    (tmp_path / "attention-jax").symlink_to(ROOT)  # the clone made before the restart
+    repository, clone = str(tmp_path / "no-such-repository"), ROOT  # a clone would fail
+  else:
+    repository, clone = f"file://{ROOT}", tmp_path / "attention-jax"
+  script = cell + "\nprint('cwd', os.getcwd()); print('path', sys.path[0])\n"
+  env = {**os.environ, "ATTENTION_JAX_QUICK": "1", "PYTHONPATH": "",
+         "ATTENTION_JAX_REPOSITORY": repository}
+  result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stdout.splitlines()
+  assert "JAX runs on the runtime's accelerator: cpu." in lines
+  assert f"cwd {clone}" in lines and f"path {clone}" in lines
