@@ -155,8 +155,8 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   - and "reference" when none of these can (attention dropout, returned weights).
 
   A named implementation that cannot serve the request raises ``ValueError`` with the reason;
-  nothing falls back silently. Shapes are enough: pass ``jax.ShapeDtypeStruct``s to ask what a
-  call would run, and ``backend="gpu", device_kind="NVIDIA H200"`` (or
+  nothing falls back silently. Shapes are enough: pass ``jax.ShapeDtypeStruct`` objects to ask
+  what a call would run, and ``backend="gpu", device_kind="NVIDIA H200"`` (or
   ``compute_capability="9.0"``) to ask what it would run there.
 
   >>> q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)

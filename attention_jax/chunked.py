@@ -1,4 +1,5 @@
-"""Blockwise attention with an online softmax (Rabe & Staats 2021; FlashAttention, Dao et al.).
+"""Blockwise attention with an online softmax (:ref:`Rabe & Staats 2021 <ref-rabe2021>`;
+FlashAttention, :ref:`Dao et al. 2022 <ref-dao2022>`).
 
 Neither direction materialises the T x S matrix: the forward pass walks key blocks with a running
 row max m, row sum l and output accumulator, and keeps only the log-sum-exp per query row; the

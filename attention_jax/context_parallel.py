@@ -2,7 +2,8 @@
 
 Each device holds T / P queries, keys and values. Two strategies compute exact attention:
 
-- "ring" (Liu et al. 2023, Ring Attention): the key/value shards travel around the ring
+- "ring" (:ref:`Liu et al. 2023 <ref-liu2023>`, Ring Attention): the key/value shards travel around
+  the ring
   (``lax.ppermute``) for P steps while each device runs the blockwise kernel of ``chunked`` on its
   query shard against the shard passing by, merging the partial results by their log-sum-exps.
   The backward pass (a custom VJP) recomputes each step from the saved log-sum-exp and rotates the
@@ -15,7 +16,8 @@ Each device holds T / P queries, keys and values. Two strategies compute exact a
   Both take a mask that only says which keys are real, [..., 1, 1, S] (a padding mask).
 
 Causal attention on a contiguous layout leaves the first devices idle (device 0 has one block
-of work, device P - 1 has P). The zigzag layout (Brandon et al. 2023, Striped/zigzag ring
+of work, device P - 1 has P). The zigzag layout (:ref:`Brandon et al. 2023 <ref-brandon2023>`,
+Striped/zigzag ring
 attention) gives device i the sequence chunks i and 2P - 1 - i of 2P, so every device has the
 same work; ``to_zigzag`` / ``from_zigzag`` permute tokens in and out of it. The kernel masks by
 the tokens' true positions, so any layout is exact; blocks that the positions rule out are

@@ -11,6 +11,10 @@ The hooks::
   head gate     MoH (Jin et al. 2024): a router scales each head's output per token before W_O;
                 shared heads always on, the top-k of the others routed.
 
+The papers: overlapping heads :ref:`Zhang et al. 2024 <ref-zhang2024>`, talking heads
+:ref:`Shazeer et al. 2020 <ref-shazeer2020>`, DCMHA :ref:`Xiao et al. 2024 <ref-xiao2024>`, MoH
+:ref:`Jin et al. 2024 <ref-jin2024>`.
+
 Plain multi-head attention is every hook at its identity: overlap 0, identity mixes, gates 1.
 Each variant follows its authors' code where it differs from the paper or from another port::
 

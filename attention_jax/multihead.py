@@ -114,7 +114,8 @@ def project_out(params, heads, *, dtype=None, precision=None):
 
 
 def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
-  """LayerNorm over the head dimension without bias (QK-norm, Dehghani et al. 2023): each head's
+  """LayerNorm over the head dimension without bias (QK-norm, :ref:`Dehghani et al. 2023
+  <ref-dehghani2023>`): each head's
   query (or key) vector normalised to zero mean and unit variance, times a learned ``scale`` [H].
   Statistics in float32 whatever the input dtype: [..., N, H] -> [..., N, H].
 
@@ -493,8 +494,8 @@ def refuse_unserved(**arguments) -> None:
 
 
 class MultiHeadDotProductAttention(nn.Module):
-  """Multi-head attention (Vaswani et al. 2017, section 3.2.2) as a Flax Linen module: a drop-in
-  for ``flax.linen.MultiHeadDotProductAttention``.
+  """Multi-head attention (:ref:`Vaswani et al. 2017 <ref-vaswani2017>`, section 3.2.2) as a Flax
+  Linen module: a drop-in for ``flax.linen.MultiHeadDotProductAttention``.
 
   flax's attributes come first, in flax's order, with flax's names, defaults and meaning, so
   replacing ``nn.MultiHeadDotProductAttention(`` by ``aj.MultiHeadDotProductAttention(`` with the
@@ -525,7 +526,8 @@ class MultiHeadDotProductAttention(nn.Module):
       [..., L, K, H], cache_index); then each ``apply(..., mutable=["cache"])`` takes the next
       token (or tokens) [..., T, D_in], which attend to every cached position up to their own.
     normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys before
-      the dot product (Dehghani et al. 2023; Wortsman et al. 2023).
+      the dot product (:ref:`Dehghani et al. 2023 <ref-dehghani2023>`;
+      :ref:`Wortsman et al. 2023 <ref-wortsman2023>`).
     force_fp32_for_softmax: accepted; the softmax always runs in float32 or wider here.
     qkv_dot_general, out_dot_general, qkv_dot_general_cls, out_dot_general_cls,
     qk_attn_weights_einsum_cls, attn_weights_value_einsum_cls: only None is served; anything

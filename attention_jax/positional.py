@@ -19,7 +19,7 @@ import numpy as np
 
 
 def sinusoidal_encoding(length: int, dim: int, *, base: float = 10000.0):
-  """The fixed encoding of Vaswani et al. (2017), [length, dim] float32.
+  """The fixed encoding of :ref:`Vaswani et al. (2017) <ref-vaswani2017>`, [length, dim] float32.
 
   PE(pos, 2i) = sin(pos / base^(2i/dim)),  PE(pos, 2i+1) = cos(pos / base^(2i/dim)).
 
@@ -37,7 +37,8 @@ def sinusoidal_encoding(length: int, dim: int, *, base: float = 10000.0):
 
 
 def apply_rope(x, positions=None, *, base: float = 10000.0):
-  """Rotary position embedding (Su et al. 2021): rotate each pair (x_2i, x_2i+1) by pos * theta_i.
+  """Rotary position embedding (:ref:`Su et al. 2021 <ref-su2021>`): rotate each pair (x_2i, x_2i+1)
+  by pos * theta_i.
 
   x: [..., T, N, H] (H even); positions: [..., T] or None for 0..T-1. theta_i = base^(-2i/H).
   Then q_t . k_s depends on the positions only through t - s.
@@ -70,7 +71,8 @@ def rope_transform(query, key, positions=None):
 
 
 def alibi_slopes(num_heads: int):
-  """Head slopes of ALiBi (Press et al. 2022): 2^(-8/n), 2^(-16/n), ... for n a power of two,
+  """Head slopes of ALiBi (:ref:`Press et al. 2022 <ref-press2022>`): 2^(-8/n), 2^(-16/n), ... for n
+  a power of two,
   interleaved from the next power of two otherwise. [num_heads] float32."""
   def power_of_two(n):
     start = 2.0 ** (-8.0 / n)

@@ -9,6 +9,7 @@ Build it from the repository root (what .ci/run and Read the Docs run):
 import os
 import re
 import sys
+import tempfile
 import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,10 +46,18 @@ templates_path = []
 smartquotes = False  # command lines in docstrings keep their "--" and quotes
 
 # Markdown and notebooks.
-myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
+myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
-nb_execution_mode = "off"  # the notebook renders as stored; tests/test_notebook.py runs it
+# The Colab notebook is executed at every build in its quick mode (the smallest settings, on the
+# build machine's CPU, about a minute), so the site shows it with the outputs of this checkout.
+# The notebook finds this checkout (a parent of docs/notebooks/) and installs nothing in quick mode.
+os.environ.setdefault("ATTENTION_JAX_QUICK", "1")
+os.environ.setdefault("ATTENTION_JAX_WORKDIR", tempfile.mkdtemp(prefix="attention-jax-docs-"))
+nb_execution_mode = "force"
+nb_execution_timeout = 600
+nb_execution_raise_on_error = True
 nb_merge_streams = True
+nb_render_markdown_format = "myst"  # the notebook's Markdown outputs hold tables
 
 # The API reference, from the docstrings.
 autosummary_generate = True
@@ -82,7 +91,8 @@ html_theme_options = {
     "use_repository_button": True,
     "show_toc_level": 2,
 }
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]  # wrap long code lines and table cells: nothing clipped
 suppress_warnings = ["mystnb.unknown_mime_type"]
 
 # Linen modules are dataclasses: their signatures end in Flax's own fields (parent, name), which

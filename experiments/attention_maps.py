@@ -36,13 +36,17 @@ def write(model, params, task, num_examples: int, directory: str) -> list[str]:
     for layer in range(layers):
       for head in range(heads):
         axis = axes[layer, head]
-        axis.imshow(weights[layer][example, head, :length, :length], cmap="viridis",
-                    vmin=0.0, vmax=1.0)
+        image = axis.imshow(weights[layer][example, head, :length, :length], cmap="viridis",
+                            vmin=0.0, vmax=1.0)
         axis.set_title(f"layer {layer} head {head}", fontsize=8)
         axis.set_xticks(range(length), labels, fontsize=4, rotation=90)
         axis.set_yticks(range(length), labels, fontsize=4)
+        axis.set_xlabel("key (attended to)", fontsize=6)
+        axis.set_ylabel("query (attending)", fontsize=6)
     figure.suptitle(f"{task.name} test example {example}, label {task.test.labels[example]}")
     figure.tight_layout()
+    colorbar = figure.colorbar(image, ax=axes, shrink=0.8, pad=0.02)  # one scale: [0, 1]
+    colorbar.set_label("attention weight (each row sums to 1)", fontsize=7)
     path = os.path.join(directory, f"example_{example}.png")
     figure.savefig(path, dpi=120)
     plt.close(figure)

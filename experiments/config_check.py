@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import warnings
 
 import jax
 
@@ -18,6 +19,10 @@ IMPLEMENTATIONS = ("",) + aj.IMPLEMENTATIONS
 
 class ConfigError(ValueError):
   """A config value that cannot run; the message names the field and what would be valid."""
+
+
+class ConfigWarning(UserWarning):
+  """A config value that runs but does not do what its name promises; the message names the fix."""
 
 
 def default_config():
@@ -121,6 +126,11 @@ def validate(config) -> None:
                        ("attention_maps", config.attention_maps)):
     if value < 0:
       raise ConfigError(f"{field} must be >= 0, got {value}.")
+  if config.schedule != "constant" and config.warmup_steps >= config.num_train_steps:
+    warnings.warn(f"warmup_steps={config.warmup_steps} is not shorter than num_train_steps="
+                  f"{config.num_train_steps}: the learning rate never reaches its peak and never "
+                  f"decays; set e.g. --config.warmup_steps={config.num_train_steps // 10}.",
+                  ConfigWarning, stacklevel=2)
   for field, value in (("model.dropout_rate", model.dropout_rate),
                        ("model.attention_dropout_rate", model.attention_dropout_rate),
                        ("label_smoothing", config.label_smoothing)):

@@ -21,7 +21,8 @@ def warmup_cosine(step, peak, warmup, total):
 
 
 def noam(step, peak, warmup, total):
-  """Vaswani et al. (2017), eq. 3, normalised to peak at ``peak`` after warmup:
+  """:ref:`Vaswani et al. (2017) <ref-vaswani2017>`, eq. 3, normalised to peak at ``peak`` after
+  warmup:
   lr(step) = peak * min(step / warmup, sqrt(warmup / step))."""
   del total
   step, warmup = jnp.maximum(step, 1.0), jnp.maximum(warmup, 1.0)

@@ -1,5 +1,6 @@
 """The statistics of a sweep report: 95% intervals over seeds, Welch's test between two arms,
-steps to a target accuracy, and the learning-rate sensitivity of Wortsman et al. (2023)."""
+steps to a target accuracy, and the learning-rate sensitivity of :ref:`Wortsman et al. (2023)
+<ref-wortsman2023>`."""
 
 from __future__ import annotations
 
@@ -29,6 +30,19 @@ def interval(values) -> tuple[float, float]:
   return float(values.mean()), float(t * values.std(ddof=1) / math.sqrt(len(values)))
 
 
+def bounded_interval(values, lower=-math.inf, upper=math.inf) -> tuple[float, float, float]:
+  """(mean, low, high): the 95% Student-t interval of :func:`interval` clipped to the range the
+  measure can take (``[0, 1]`` for an accuracy, ``[0, inf)`` for a loss), so that a plot never
+  draws an interval past a possible value; ``low == high == mean`` with fewer than two values.
+
+  >>> bounded_interval([0.5, 1.0, 1.0], 0.0, 1.0)  # t-interval 0.833 +- 0.717, clipped at 1
+  (0.8333..., 0.1162..., 1.0)
+  """
+  mean, half = interval(values)
+  half = 0.0 if math.isnan(half) else half
+  return mean, max(mean - half, lower), min(mean + half, upper)
+
+
 def welch_p(a, b) -> float:
   """Two-sided p-value of Welch's t-test that the means of ``a`` and ``b`` are equal (NaN when
   either has fewer than two finite values; 1 when both are constant and equal)."""
@@ -48,7 +62,8 @@ def first_step_reaching(steps, values, target: float) -> float:
 
 
 def lr_sensitivity(final_losses, initial_loss: float) -> float:
-  """Wortsman et al. (2023), eq. 1: the mean over the learning-rate grid of
+  """:ref:`Wortsman et al. (2023) <ref-wortsman2023>`, eq. 1: the mean over the learning-rate grid
+  of
   min(L(lr), L0) - min_lr L(lr), for final losses L(lr) (a diverged run, NaN, counts as L0, the
   loss at initialisation). 0 when every learning rate reaches the best loss; at most L0 - L*.
 

@@ -3,14 +3,22 @@ results.md (per arm, a variant at one hyperparameter setting: means with 95% int
 Welch's test against the best arm, diverged runs; the best learning rate per variant with steps to
 90% and LR sensitivity; attention-logit maxima) and PNG plots: final metrics, learning curves,
 accuracy against learning rate, accuracy by test set (longer sequences), attention-logit maxima
-through training, attention probes."""
+through training, attention probes.
+
+The plots that need only results.csv (final metrics, learning rates, test sets, probes) can be
+drawn again from a committed CSV, without the run's workdir:
+
+  python -m experiments.sweep_report --from_csv=docs/results/heads/results.csv
+"""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import glob
 import math
 import os
+import re
 
 import matplotlib
 
@@ -86,6 +94,56 @@ def write_csv(records, path):
     writer = csv.DictWriter(f, columns, restval="")
     writer.writeheader()
     writer.writerows(table)
+
+
+# Names of measures as a reader knows them; any other name is spelled out from its key.
+READABLE = {"eval_accuracy": "Test accuracy", "eval_loss": "Test loss", "loss": "Training loss",
+            "eval": "test (training lengths)", MAX_LOGIT: "Largest attention logit",
+            "learning_rate": "lr"}
+INTERVAL_NOTE = "95% t-interval over seeds, clipped to the possible range"
+INTERVAL_LINES = INTERVAL_NOTE.replace("seeds, ", "seeds,\n")  # for an axis label
+
+
+def readable(name: str) -> str:
+  """A key as a plot's reader reads it.
+
+  >>> readable("eval_accuracy"), readable("length_21_40_accuracy"), readable("length_21_40")
+  ('Test accuracy', 'Test accuracy, length 21-40', 'length 21-40')
+  >>> readable("final_logit_variance")
+  'Final logit variance'
+  """
+  if name in READABLE:
+    return READABLE[name]
+  match = re.fullmatch(r"length_(\d+)_(\d+)(?:_(accuracy|loss))?", name)
+  if match:
+    low, high, measure = match.groups()
+    return (f"Test {measure}, " if measure else "") + f"length {low}-{high}"
+  return name.replace("_", " ").capitalize()
+
+
+def readable_arm(label: str) -> str:
+  """An arm's label (the variant's name, then the hyperparameters its grid varies), shortened.
+
+  >>> readable_arm("heads_4 learning_rate=0.001 warmup_steps=10")
+  'heads_4 lr=0.001 warmup_steps=10'
+  """
+  return re.sub(r"\b(\w+)=", lambda m: READABLE.get(m.group(1), m.group(1)) + "=", label)
+
+
+def metric_range(name: str) -> tuple[float, float]:
+  """The values a measure can take: an accuracy [0, 1], a loss [0, inf), else unbounded."""
+  if name.endswith("accuracy"):
+    return 0.0, 1.0
+  if name.endswith("loss"):
+    return 0.0, math.inf
+  return -math.inf, math.inf
+
+
+def _yerr(values_per_point, name):
+  """Means and the [below, above] error-bar lengths of bounded_interval, for matplotlib."""
+  means, lows, highs = (np.array(v) for v in zip(*(
+      statistics.bounded_interval(values, *metric_range(name)) for values in values_per_point)))
+  return means, np.nan_to_num(np.stack([means - lows, highs - means]))
 
 
 def _ci(values, digits=3) -> str:
@@ -256,14 +314,41 @@ def plot_final(records, path):
   for axis, column in zip(axes[0], columns):
     values = [np.asarray(metrics[column], np.float64) for _, metrics, _ in armed]
     x = np.arange(len(armed))
-    means, halves = zip(*(statistics.interval(v) for v in values))
-    axis.bar(x, means, yerr=np.nan_to_num(halves), capsize=3, color="#8fb0d8")
+    means, errors = _yerr(values, column)
+    axis.bar(x, means, yerr=errors, capsize=3, color="#8fb0d8", label="mean, " + INTERVAL_NOTE)
+    for position, value in zip(x, values):
+      axis.scatter(np.full(len(value), position), value, s=8, color="k", zorder=3,
+                   label="one seed" if position == 0 else None)
+    _bars(axis, [readable_arm(label) for label, _, _ in armed])
+    axis.set_ylabel(readable(column))
+    axis.set_ylim(0, 1.02)
+    axis.legend(fontsize=6, loc="lower left", bbox_to_anchor=(0, 1), ncol=2, frameon=False)
+    axis.grid(axis="y", alpha=0.3)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
+def plot_best_learning_rates(records, path):
+  """Each variant at its best learning rate (best_learning_rates): the mean of every accuracy
+  column as a bar, the seeds as dots, the 95% interval clipped to [0, 1]."""
+  chosen = best_learning_rates(records)
+  columns = [c for c in _accuracy_columns(records) if c.endswith("_accuracy")]
+  figure, axes = plt.subplots(len(columns), 1, squeeze=False, sharex=True,
+                              figsize=(max(6, 0.45 * len(chosen) + 1.5), 2.8 * len(columns) + 1))
+  x = np.arange(len(chosen))
+  for axis, column in zip(axes[:, 0], columns):
+    values = [np.asarray(metrics[column], np.float64) for _, _, metrics, _ in chosen]
+    means, errors = _yerr(values, column)
+    axis.bar(x, means, yerr=errors, capsize=3, color="#8fb0d8")
     for position, value in zip(x, values):
       axis.scatter(np.full(len(value), position), value, s=8, color="k", zorder=3)
-    _bars(axis, [label for label, _, _ in armed])
-    axis.set_ylabel(column)
+    axis.set_ylabel(readable(column), fontsize=8)
     axis.set_ylim(0, 1.02)
     axis.grid(axis="y", alpha=0.3)
+  _bars(axes[-1, 0], [f"{variant} (lr={rate:g})" for variant, rate, _, _ in chosen])
+  axes[0, 0].set_title("Each variant at its best learning rate: mean (bar), seeds (dots),\n"
+                       + INTERVAL_NOTE, fontsize=8)
   figure.tight_layout()
   figure.savefig(path, dpi=110)
   plt.close(figure)
@@ -280,11 +365,11 @@ def plot_curves(workdir, records, path):
   figure, axis = plt.subplots(figsize=(7, 4.5))
   for label, metrics, record in shown:
     steps, values = curves(workdir, record, metrics["name"])
-    line, = axis.plot(steps, np.nanmean(values, 0), label=label, marker=".")
+    line, = axis.plot(steps, np.nanmean(values, 0), label=readable_arm(label), marker=".")
     axis.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), color=line.get_color(),
                       alpha=0.15)
   axis.set_xlabel("step")
-  axis.set_ylabel("eval_accuracy (mean; band: min to max over seeds)")
+  axis.set_ylabel("Test accuracy (mean; band: min to max over seeds)")
   axis.legend(fontsize=7, ncol=2)
   axis.grid(alpha=0.3)
   figure.tight_layout()
@@ -292,10 +377,11 @@ def plot_curves(workdir, records, path):
   plt.close(figure)
 
 
-def _errorbar(axis, x, per_point, label):
-  """Means with 95% intervals of the values at each x (NaN, a diverged run, left out)."""
-  means, halves = zip(*(statistics.interval(values) for values in per_point))
-  axis.errorbar(x, means, yerr=np.nan_to_num(halves), label=label, marker="o", ms=3, capsize=2)
+def _errorbar(axis, x, per_point, label, metric):
+  """Means with 95% intervals, clipped to ``metric``'s range, of the values at each x (NaN, a
+  diverged run, left out)."""
+  means, errors = _yerr(per_point, metric)
+  axis.errorbar(x, means, yerr=errors, label=readable_arm(label), marker="o", ms=3, capsize=2)
 
 
 def _panels(records) -> dict[str, list[dict]]:
@@ -324,7 +410,8 @@ def plot_learning_rates(records, path):
       armed = _arm_values([record])
       rates = [metrics["learning_rate"][0] for _, metrics, _ in armed]
       for axis, metric in zip(column, ("eval_accuracy", "eval_loss")):
-        _errorbar(axis, rates, [metrics[metric] for _, metrics, _ in armed], record["variant"])
+        _errorbar(axis, rates, [metrics[metric] for _, metrics, _ in armed], record["variant"],
+                  metric)
     column[0].set_title(title, fontsize=9)
     column[0].legend(fontsize=6)
     for axis, metric in zip(column, ("eval_accuracy", "eval_loss")):
@@ -332,7 +419,8 @@ def plot_learning_rates(records, path):
       axis.set_xlabel("peak learning rate")
       axis.grid(alpha=0.3)
   for axis, metric in zip(axes[:, 0], ("eval_accuracy", "eval_loss")):
-    axis.set_ylabel(f"{metric} (mean, 95% interval;\ndiverged runs left out)")
+    axis.set_ylabel(f"{readable(metric)} (mean, {INTERVAL_LINES};"
+                    "\ndiverged runs left out)", fontsize=8)
   figure.tight_layout()
   figure.savefig(path, dpi=110)
   plt.close(figure)
@@ -348,10 +436,13 @@ def plot_lengths(records, evaluations, path):
   for axis, (group, armed) in zip(axes[0], groups.items()):
     for label, metrics, _ in armed:
       _errorbar(axis, np.arange(len(evaluations)),
-                [metrics[f"{name}_accuracy"] for name in evaluations], label)
-    axis.set_xticks(np.arange(len(evaluations)), evaluations, fontsize=8)
+                [metrics[f"{name}_accuracy"] for name in evaluations], label, "accuracy")
+    axis.set_xticks(np.arange(len(evaluations)), [readable(name) for name in evaluations],
+                    fontsize=8)
+    axis.set_xlabel("test set (string lengths)")
     axis.set_title(group or "accuracy by test set", fontsize=9)
-    axis.set_ylabel("accuracy (mean, 95% interval)")
+    axis.set_ylabel(f"Test accuracy (mean, {INTERVAL_LINES})",
+                    fontsize=8)
     axis.set_ylim(0, 1.02)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=6)
@@ -372,7 +463,8 @@ def plot_max_logits(workdir, records, path):
     armed = _arm_values([record])
     for label, metrics, _ in armed:
       steps, values = curves(workdir, record, metrics["name"], MAX_LOGIT)
-      axis.plot(steps, np.mean(values, 0), label=label.replace(record["variant"], "").strip())
+      axis.plot(steps, np.mean(values, 0),
+                label=readable_arm(label.replace(record["variant"], "").strip()))
     axis.set_yscale("log")
     axis.set_title(record["variant"], fontsize=8)
     axis.grid(alpha=0.3)
@@ -381,7 +473,7 @@ def plot_max_logits(workdir, records, path):
   for axis in axes.flat[len(finished):]:
     axis.axis("off")
   figure.supxlabel("step")
-  figure.supylabel(MAX_LOGIT)
+  figure.supylabel(readable(MAX_LOGIT) + " (mean over seeds)")
   figure.tight_layout()
   figure.savefig(path, dpi=110)
   plt.close(figure)
@@ -389,14 +481,16 @@ def plot_max_logits(workdir, records, path):
 
 def plot_probes(records, path):
   armed = _arm_values(records)
-  figure, axes = plt.subplots(1, len(PROBES), figsize=(4 * len(PROBES), 4))
+  shown = [p for p in PROBES if f"final_{p}" in armed[0][1]]  # older runs lack negative_weight
+  figure, axes = plt.subplots(1, len(shown), figsize=(4 * len(shown), 4), squeeze=False)
+  axes = axes[0]
   x = np.arange(len(armed))
-  for axis, probe in zip(axes, PROBES):
+  for axis, probe in zip(axes, shown):
     for offset, stage in ((-0.2, "init"), (0.2, "final")):
       axis.bar(x + offset, [np.mean(metrics[f"{stage}_{probe}"]) for _, metrics, _ in armed],
-               width=0.4, label=stage)
-    _bars(axis, [label for label, _, _ in armed])
-    axis.set_title(probe)
+               width=0.4, label={"init": "at initialisation", "final": "after training"}[stage])
+    _bars(axis, [readable_arm(label) for label, _, _ in armed])
+    axis.set_title(readable(probe) + " (mean over seeds)", fontsize=9)
     if probe in ("logit_variance", "query_grad_norm", "key_grad_norm"):
       axis.set_yscale("log")
   axes[0].legend()
@@ -417,19 +511,80 @@ def write(records, workdir, evaluations=()) -> dict:
   finished = [record for record in records if record["status"] == "ok"]
   if not finished:
     return paths
-  paths.update(final=os.path.join(workdir, "final_metrics.png"),
-               curves=os.path.join(workdir, "learning_curves.png"),
-               probes=os.path.join(workdir, "probes.png"))
-  plot_final(records, paths["final"])
+  paths.update(_plot_results(records, workdir, evaluations))
+  paths["curves"] = os.path.join(workdir, "learning_curves.png")
   plot_curves(workdir, records, paths["curves"])
-  plot_probes(records, paths["probes"])
-  if _varies_learning_rate(records):
-    paths["learning_rates"] = os.path.join(workdir, "learning_rates.png")
-    plot_learning_rates(records, paths["learning_rates"])
-  if evaluations:
-    paths["lengths"] = os.path.join(workdir, "accuracy_by_test_set.png")
-    plot_lengths(records, ("eval", *evaluations), paths["lengths"])
   if _logged(workdir, finished[0], finished[0]["metrics"]["name"], MAX_LOGIT):
     paths["max_logits"] = os.path.join(workdir, "max_attention_logits.png")
     plot_max_logits(workdir, records, paths["max_logits"])
   return paths
+
+
+def _number(text: str):
+  try:
+    value = float(text)
+  except ValueError:
+    return text
+  return int(value) if value.is_integer() and "." not in text and "e" not in text else value
+
+
+def records_from_csv(path) -> list[dict]:
+  """The finished records as far as results.csv holds them: per variant its overrides (the
+  columns between ``diverged_at`` and the first measure) and every measure per replica, in the
+  file's order. Enough for the plots that need no metrics.jsonl."""
+  with open(path, newline="") as f:
+    reader = csv.DictReader(f)
+    columns = reader.fieldnames
+    table = list(reader)
+  first_measure = next(i for i, c in enumerate(columns) if c in LEADING)
+  settings = columns[columns.index("diverged_at") + 1:first_measure]
+  records = {}
+  for row in table:
+    if row["status"] != "ok":
+      continue
+    record = records.setdefault(row["variant"], {
+        "variant": row["variant"], "status": "ok", "metrics": {"name": []},
+        "overrides": {k: _number(row[k]) for k in settings if row[k] != ""}})
+    metrics = record["metrics"]
+    metrics["name"].append(f"seed_{row['seed']}_{len(metrics['name'])}")
+    for column in columns:
+      if column in ("variant", "status", "error", *settings) or row[column] == "":
+        continue
+      metrics.setdefault(column, []).append(_number(row[column]))
+  return list(records.values())
+
+
+def write_from_csv(csv_path) -> dict:
+  """Draws again, beside ``csv_path``, the plots that results.csv alone determines: final
+  metrics, probes, accuracy against learning rate and at the best one (when the grid varies it)
+  and by test set (when the sweep had extra test sets). Returns their paths by kind."""
+  records = records_from_csv(csv_path)
+  evaluations = sorted({m.removesuffix("_accuracy") for m in metric_names(records)
+                        if re.fullmatch(r"length_\d+_\d+_accuracy", m)},
+                       key=lambda name: int(name.split("_")[1]))
+  return _plot_results(records, os.path.dirname(os.path.abspath(csv_path)), evaluations)
+
+
+def _plot_results(records, directory, evaluations) -> dict:
+  """The plots drawn from the records' final metrics alone (no metrics.jsonl): their paths."""
+  paths = {"final": os.path.join(directory, "final_metrics.png"),
+           "probes": os.path.join(directory, "probes.png")}
+  plot_final(records, paths["final"])
+  plot_probes(records, paths["probes"])
+  if _varies_learning_rate(records):
+    paths["learning_rates"] = os.path.join(directory, "learning_rates.png")
+    plot_learning_rates(records, paths["learning_rates"])
+    paths["best_learning_rates"] = os.path.join(directory, "best_learning_rates.png")
+    plot_best_learning_rates(records, paths["best_learning_rates"])
+  if evaluations:
+    paths["lengths"] = os.path.join(directory, "accuracy_by_test_set.png")
+    plot_lengths(records, ("eval", *evaluations), paths["lengths"])
+  return paths
+
+
+if __name__ == "__main__":
+  parser = argparse.ArgumentParser(description=write_from_csv.__doc__)
+  parser.add_argument("--from_csv", required=True, nargs="+", help="results.csv files")
+  for csv_path in parser.parse_args().from_csv:
+    for kind, path in write_from_csv(csv_path).items():
+      print(f"{kind}: {path}")

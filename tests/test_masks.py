@@ -2,6 +2,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import attention_jax as aj
+import pytest
+
+pytestmark = pytest.mark.quick  # in the quick subset: python -m pytest -q -n 2 -m quick
 
 
 def test_lengths_and_tokens_to_valid():

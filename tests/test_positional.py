@@ -8,6 +8,8 @@ import pytest
 import attention_jax as aj
 from attention_jax import positional
 
+pytestmark = pytest.mark.quick  # in the quick subset: python -m pytest -q -n 2 -m quick
+
 
 def test_sinusoidal_matches_the_paper_formula_elementwise():
   length, dim = 37, 16
@@ -83,3 +85,18 @@ def test_every_registered_encoding_has_the_common_interface(name):
   assert bias is None or bias.shape == (2, 6, 6)
   changes = [not np.allclose(embedded, x), not np.allclose(rotated[0], q), bias is not None]
   assert sum(changes) == (0 if name == "none" else 1)
+
+
+@pytest.mark.parametrize("offset", [1, 7, 100])
+def test_the_offset_matrix_written_in_the_docs_maps_every_position(offset):
+  """docs/guides/theory.md: PE(p + k) = M_k PE(p), M_k block-diagonal with the rotations
+  [[cos k w_i, sin k w_i], [-sin k w_i, cos k w_i]] on the (sin, cos) pairs, w_i = 10000^(-2i/D)."""
+  dim, length = 16, 200
+  table = np.asarray(aj.sinusoidal_encoding(length + offset, dim), np.float64)
+  omega = 10000.0 ** (-np.arange(0, dim, 2) / dim)
+  rotation = np.zeros((dim, dim))
+  for i, angle in enumerate(offset * omega):
+    rotation[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[np.cos(angle), np.sin(angle)],
+                                                  [-np.sin(angle), np.cos(angle)]]
+  np.testing.assert_allclose(table[:length] @ rotation.T, table[offset:], atol=1e-5)
+  np.testing.assert_allclose(rotation @ rotation.T, np.eye(dim), atol=1e-12)

@@ -6,6 +6,10 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
+pytestmark = pytest.mark.quick  # in the quick subset: python -m pytest -q -n 2 -m quick
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

@@ -5,6 +5,10 @@ import math
 import numpy as np
 
 from experiments import statistics
+import pytest
+from hypothesis import given, settings, strategies as st
+
+pytestmark = pytest.mark.quick  # in the quick subset: python -m pytest -q -n 2 -m quick
 
 
 def test_interval_is_the_student_t_interval():
@@ -36,3 +40,14 @@ def test_steps_to_target_and_learning_rate_sensitivity():
   np.testing.assert_allclose(statistics.lr_sensitivity([0.5, 0.2, float("nan"), 3.0], 1.0),
                              (0.3 + 0.0 + 0.8 + 0.8) / 4)
   assert statistics.lr_sensitivity([0.4, 0.4], 1.0) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=6))
+def test_the_bounded_interval_stays_in_range_and_is_the_t_interval_inside_it(values):
+  mean, low, high = statistics.bounded_interval(values, 0.0, 1.0)
+  assert 0.0 <= low <= mean + 1e-12 and mean - 1e-12 <= high <= 1.0
+  centre, half = statistics.interval(values)
+  half = 0.0 if math.isnan(half) else half
+  assert mean == centre
+  assert low == max(centre - half, 0.0) and high == min(centre + half, 1.0)

@@ -7,6 +7,8 @@ import pytest
 
 import attention_jax as aj
 
+pytestmark = pytest.mark.quick  # in the quick subset: python -m pytest -q -n 2 -m quick
+
 Q = jnp.zeros((2, 4, 4, 8))  # [B, T, N, H]
 KV = jnp.zeros((2, 6, 2, 8))  # [B, S, K, H]
 
@@ -111,3 +113,22 @@ def test_rope_with_an_odd_head_dim_is_refused_before_training():
     config_check.validate(config)
   with pytest.raises(ValueError, match="d_k must be even"):
     aj.EncoderConfig(vocab_size=8, d_model=64, num_heads=64, positional_encoding="rope")
+
+
+@pytest.mark.parametrize("schedule, warmup, steps, warns", [
+    ("warmup_cosine", 100, 20, True), ("noam", 20, 20, True), ("warmup_cosine", 19, 20, False),
+    ("constant", 100, 20, False)])
+def test_a_warmup_not_shorter_than_the_run_says_so_in_one_line(schedule, warmup, steps, warns):
+  import warnings
+  from experiments import config_check
+  config = config_check.default_config()
+  config.schedule, config.warmup_steps, config.num_train_steps = schedule, warmup, steps
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    config_check.validate(config)
+  found = [w for w in caught if issubclass(w.category, config_check.ConfigWarning)]
+  assert len(found) == warns
+  if warns:
+    message = str(found[0].message)
+    assert "\n" not in message and f"warmup_steps={warmup}" in message
+    assert f"num_train_steps={steps}" in message and "--config.warmup_steps=2" in message

@@ -1,5 +1,6 @@
 """Length-generalisation tasks from the Chomsky-hierarchy benchmark (Delétang et al. 2023), used by
-Ruoss et al. (2023) to compare positional encodings: trained on short strings, tested on longer.
+:ref:`Ruoss et al. (2023) <ref-ruoss2023>` to compare positional encodings: trained on short
+strings, tested on longer.
 
   even_pairs        a b b a a -> 1   is the number of "ab" and "ba" substrings even? It is exactly
                                      when the first and the last symbol are equal, so the model

@@ -1,4 +1,5 @@
-"""ListOps (Nangia & Bowman 2018), as in the Long Range Arena: evaluate nested list operations.
+"""ListOps (:ref:`Nangia & Bowman 2018 <ref-nangia2018>`), as in the Long Range Arena: evaluate
+nested list operations.
 
   [MAX 2 9 [MIN 4 7 ] 0 ]  ->  9
 Operators: [MAX, [MIN, [MED (median, rounded down), [SM (sum mod 10); operands are digits; the

@@ -1,4 +1,5 @@
-"""Multi-query associative recall (Arora et al. 2023, "Zoology"), with a target at every query.
+"""Multi-query associative recall (:ref:`Arora et al. 2023 <ref-arora2023>`, "Zoology"), with a
+target at every query.
 
 A sequence lists ``num_pairs`` key-value pairs, then a query section in which ``num_queries``
 distinct listed keys stand at random positions (the rest is padding):
