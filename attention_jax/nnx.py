@@ -110,9 +110,10 @@ class _VariantParams(nnx.Module):
 
 
 class MultiHeadAttention(_Dropping):
-  """Multi-head attention (Vaswani et al. 2017) as a Flax NNX module: a drop-in for
-  ``flax.nnx.MultiHeadAttention``, computed by ``multihead.multi_head_attention_step`` (the Linen
-  twin is ``attention_jax.MultiHeadDotProductAttention``).
+  """Multi-head attention (:ref:`Vaswani et al. 2017 <ref-vaswani2017>`) as a Flax NNX module: a
+  drop-in for ``flax.nnx.MultiHeadAttention``, computed by
+  ``multihead.multi_head_attention_step`` (the Linen twin is
+  ``attention_jax.MultiHeadDotProductAttention``).
 
   flax's arguments come first, in flax's order, with flax's names, defaults and meaning, so
   replacing ``nnx.MultiHeadAttention(`` by ``ajnnx.MultiHeadAttention(`` with the same arguments
