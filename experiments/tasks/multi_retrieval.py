@@ -40,6 +40,16 @@ def maxima(x, w) -> np.ndarray:
   return np.max(np.einsum("...sf,df->...sd", x, w), axis=-2)
 
 
+@functools.lru_cache(maxsize=8)
+def function(directions_seed: int, num_retrievals: int, length: int, features: int):
+  """The task's fixed function of the inputs: (w [D, F], mu [D], sigma [D])."""
+  w = directions(directions_seed, num_retrievals, features)
+  reference = np.random.default_rng([directions_seed, 3]).random(
+      (REFERENCE_SIZE, length, features))  # [R, T, F]
+  y = maxima(reference, w)  # [R, D]
+  return w, y.mean(axis=0), y.std(axis=0)
+
+
 class MultiRetrieval(vectors.VectorTask):
   """Multi-retrieval: the D standardised maxima max_s <w_i, x_s>, one vector per sequence."""
   BUILDER_CONFIGS = [MultiRetrievalConfig(name="default")]
@@ -53,18 +63,8 @@ class MultiRetrieval(vectors.VectorTask):
   def max_length(self):
     return self.options.length
 
-  @functools.cached_property
-  def function(self):
-    """(w [D, F], mu [D], sigma [D])."""
-    opts = self.options
-    w = directions(opts.directions_seed, opts.num_retrievals, opts.features)
-    reference = np.random.default_rng([opts.directions_seed, 3]).random(
-        (REFERENCE_SIZE, opts.length, opts.features))  # [R, T, F]
-    y = maxima(reference, w)  # [R, D]
-    return w, y.mean(axis=0), y.std(axis=0)
-
   def sample(self, rng):
     opts = self.options
     x = rng.random((opts.length, opts.features))  # [T, F]
-    w, mu, sigma = self.function
+    w, mu, sigma = function(opts.directions_seed, opts.num_retrievals, opts.length, opts.features)
     return x, (maxima(x, w) - mu) / sigma  # [T, F], [D]
