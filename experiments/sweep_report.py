@@ -220,7 +220,7 @@ def markdown(title, records, workdir=None) -> str:
 def _best_lr_section(records, workdir) -> list[str]:
   chosen = best_learning_rates(records)
   measure, prefix = measure_of(records), chosen_on(records)
-  column, better, reached = f"eval_{measure}", MEASURES[measure], REACHED[measure]
+  column, better, target = f"eval_{measure}", MEASURES[measure], REACHED[measure]
   groups = {}
   for entry in chosen:
     groups.setdefault(_group(entry[3]), []).append(entry)
@@ -234,10 +234,10 @@ def _best_lr_section(records, workdir) -> list[str]:
                  "initialisation" if better else "eval_nmse over the grid, a diverged run "
                  "counting as 1, the NMSE of predicting the mean")
   lines = ["", f"Best learning rate per variant ({how}). p: against the best variant of the "
-           f"same task. Steps to {reached:g}: the first evaluation at "
-           f"{'or above' if better else 'or below'} {reached:g}, mean over the seeds that got "
+           f"same task. Steps to {target:g}: the first evaluation at "
+           f"{'or above' if better else 'or below'} {target:g}, mean over the seeds that got "
            f"there. LR sensitivity: Wortsman et al. (2023) eq. 1 on {sensitivity}.",
-           "", f"| variant | learning rate | {column} | eval_loss | p | steps to {reached:g} | "
+           "", f"| variant | learning rate | {column} | eval_loss | p | steps to {target:g} | "
            "LR sensitivity | parameters |", "|---|---|---|---|---|---|---|---|"]
   sign = 1.0 if better else -1.0
   for group, entries in groups.items():
@@ -249,7 +249,7 @@ def _best_lr_section(records, workdir) -> list[str]:
       reach = "—"
       if workdir is not None:
         steps, values = curves(workdir, record, metrics["name"], column)
-        hits = [statistics.first_step_reaching(steps, sign * row, sign * reached)
+        hits = [statistics.first_step_reaching(steps, sign * row, sign * target)
                 for row in values]
         reached = [h for h in hits if not math.isnan(h)]
         reach = (f"{np.mean(reached):.0f} ({len(reached)}/{len(hits)})" if reached

@@ -66,3 +66,22 @@ def test_the_report_ranks_nmse_lowest_first_and_picks_rates_on_validation():
   row_b = next(line for line in best_rows if line.startswith("| b |"))
   assert "| 0.003 | 0.400" in row_a and " — |" in row_a  # a is the best variant: no p
   assert "| 0.001 | 0.800" in row_b and " * |" in row_b  # b is worse, significantly
+
+
+def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
+  """Both arms of a shrunk farthest_point sweep train, and the report (learning curves, steps to
+  NMSE 0.1, the validation stream's choice) and its plots are written."""
+  config = heads_binding.get_config("farthest_point_quick")
+  config.train.data_dir = data_dir
+  config.train.task_options = {"length": 6, "dimension": 4, "num_train": 256, "num_test": 32}
+  config.train.model.update(d_model=4, mlp_dim=8, num_layers=1)
+  config.train.update(num_train_steps=4, eval_every_steps=2, checkpoint_every_steps=4,
+                      batch_size=16)
+  config.variants = tuple(heads_binding.variants(4, (2,)))
+  records = sweep.run_sweep(config, str(tmp_path))
+  assert [r["status"] for r in records] == ["ok", "ok"]
+  paths = sweep_report.write(records, str(tmp_path), tuple(config.extra_evals))
+  with open(paths["markdown"]) as f:
+    report = f.read()
+  assert "validation_nmse" in report and "steps to 0.1" in report
+  assert {"curves", "learning_rates", "lengths", "final"} <= set(paths)
