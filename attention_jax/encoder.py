@@ -1,10 +1,11 @@
 """The Transformer encoder of Vaswani et al. (2017) and a sequence classifier on top.
 
-  x = Embed(tokens) * sqrt(d_model) + PE
+  x = Embed(tokens) * sqrt(d_model) + PE    (token ids [B, T])
+  x = inputs W_E + b_E + PE                 (vectors [B, T, F], with input_features = F)
   per block (post-LN, the paper):  x = LN(x + Dropout(MHA(x)));  x = LN(x + Dropout(FFN(x)))
   per block (pre-LN option):       x = x + Dropout(MHA(LN(x)));  x = x + Dropout(FFN(LN(x)))
 
-Shape letters: B batch, T tokens, D d_model, N heads, C classes.
+Shape letters: B batch, T tokens, F input features, D d_model, N heads, C classes (or real outputs).
 
 Heads: the sequence classifier reads one vector (the CLS token or the mean); the token classifier
 reads every position, for tasks with a target at each token (multi-query associative recall).
@@ -40,12 +41,13 @@ class EncoderConfig:
   ...
   ValueError: ...
   """
-  vocab_size: int
+  vocab_size: int                       # token ids; unused (may be 0) with input_features
   d_model: int = 128
   num_heads: int = 4
   num_layers: int = 2
   mlp_dim: int = 512
   max_length: int = 512                 # positions of a learned table
+  input_features: int | None = None     # F: inputs are vectors [B, T, F], embedded linearly
   positional_encoding: str = "sinusoidal"  # a name in positional.POSITIONAL_ENCODINGS
   attention_scale: float | str = "inv_sqrt"  # a number or a name in multihead.SCALES
   head_dim: int = 0                     # d_k; 0 = d_model / num_heads (the paper)
@@ -86,7 +88,9 @@ class EncoderConfig:
     for name in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
-    for name in ("vocab_size", "num_layers", "mlp_dim", "max_length", "num_classes"):
+    sizes = ("num_layers", "mlp_dim", "max_length", "num_classes")
+    sizes += ("vocab_size",) if self.input_features is None else ("input_features",)
+    for name in sizes:
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
     variant = self.head_variant_of(0)  # an unknown name or schedule fails here
@@ -108,6 +112,19 @@ class EncoderConfig:
         raise ValueError(f"num_heads must be positive, got {self.num_heads}.")
       return self.head_dim
     return multihead.head_dim_of(self.d_model, self.num_heads)
+
+
+def inputs_to_valid(inputs, config: EncoderConfig):
+  """Which positions are real, [B, T] bool: token ids [B, T] other than config.pad_id, or every
+  position of vectors [B, T, F] (config.input_features set).
+
+  >>> config = EncoderConfig(vocab_size=0, input_features=3)
+  >>> inputs_to_valid(jnp.ones((2, 4, 3)), config).shape
+  (2, 4)
+  """
+  if config.input_features is None:
+    return masks_lib.tokens_to_valid(inputs, config.pad_id)
+  return jnp.ones(inputs.shape[:-1], bool)
 
 
 def residual_sublayer(x, sublayer, norm, dropout, *, pre_layer_norm: bool):
@@ -196,14 +213,20 @@ class EncoderBlock(nn.Module):
 
 
 class TransformerEncoder(nn.Module):
-  """Token ids [B, T] -> contextual vectors [B, T', D] (T' = T + 1 with ``cls_token``).
+  """Token ids [B, T] (or vectors [B, T, F] with ``input_features``) -> contextual vectors
+  [B, T', D] (T' = T + 1 with ``cls_token``).
 
-  ``valid`` [B, T] marks real tokens (default: tokens != pad_id); padded keys get no attention.
+  ``valid`` [B, T] marks real tokens (default: inputs_to_valid); padded keys get no attention.
+  Vectors are embedded by a linear layer ("embed": kernel [F, D], bias [D]), not scaled.
 
   >>> config = EncoderConfig(vocab_size=32, d_model=64, num_heads=4, num_layers=2)
   >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding
   >>> encoder = TransformerEncoder(config)
   >>> encoder.apply(encoder.init(jax.random.key(0), tokens), tokens).shape
+  (2, 4, 64)
+  >>> vectors = jnp.ones((2, 4, 3))  # [B, T, F]
+  >>> encoder = TransformerEncoder(dataclasses.replace(config, input_features=3))
+  >>> encoder.apply(encoder.init(jax.random.key(0), vectors), vectors).shape
   (2, 4, 64)
   """
   config: EncoderConfig
@@ -212,9 +235,12 @@ class TransformerEncoder(nn.Module):
   @nn.compact
   def __call__(self, tokens, valid=None, *, deterministic: bool = True):
     cfg = self.config
-    valid = masks_lib.tokens_to_valid(tokens, cfg.pad_id) if valid is None else valid
-    x = nn.Embed(cfg.vocab_size, cfg.d_model, name="embed")(tokens)  # [B, T, D]
-    x = x * math.sqrt(cfg.d_model)
+    valid = inputs_to_valid(tokens, cfg) if valid is None else valid
+    if cfg.input_features is None:
+      x = nn.Embed(cfg.vocab_size, cfg.d_model, name="embed")(tokens)  # [B, T, D]
+      x = x * math.sqrt(cfg.d_model)
+    else:
+      x = nn.Dense(cfg.d_model, dot_general=dense_dot_general, name="embed")(tokens)  # [B, T, D]
     if self.cls_token:
       cls = self.param("cls", nn.initializers.normal(1.0), (cfg.d_model,))
       x, valid = prepend_cls(x, valid, cls)  # [B, T + 1, D], [B, T + 1]
@@ -242,6 +268,7 @@ def masked_mean(x, valid):
 
 class SequenceClassifier(nn.Module):
   """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token or masked mean.
+  The same read-out gives C real values for a regression target (the loss is the caller's).
 
   >>> model = SequenceClassifier(EncoderConfig(vocab_size=32, num_classes=10, pooling="mean"))
   >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding
@@ -253,7 +280,7 @@ class SequenceClassifier(nn.Module):
   @nn.compact
   def __call__(self, tokens, valid=None, *, deterministic: bool = True):
     cfg = self.config
-    valid = masks_lib.tokens_to_valid(tokens, cfg.pad_id) if valid is None else valid
+    valid = inputs_to_valid(tokens, cfg) if valid is None else valid
     use_cls = cfg.pooling == "cls"
     x = TransformerEncoder(cfg, cls_token=use_cls, name="encoder")(
         tokens, valid, deterministic=deterministic)  # [B, T(+1), D]
@@ -264,7 +291,7 @@ class SequenceClassifier(nn.Module):
 
 class TokenClassifier(nn.Module):
   """Token ids [B, T] -> logits [B, T, C] at every position (no CLS token), for tasks with a
-  target per token; the loss belongs to the caller, which masks padding and untargeted positions.
+  target per token (C classes, or C real values); the loss belongs to the caller, which masks padding and untargeted positions.
 
   >>> model = TokenClassifier(EncoderConfig(vocab_size=32, num_classes=16))
   >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding

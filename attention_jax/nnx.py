@@ -538,7 +538,9 @@ class TransformerEncoder(_Dropping):
     _check_attention_module(config)
     cfg = self.config = config
     self.cls_token, self.deterministic = cls_token, deterministic
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs)
+    self.embed = (nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs) if cfg.input_features is None
+                  else nnx.Linear(cfg.input_features, cfg.d_model,
+                                  dot_general=dense_dot_general, rngs=rngs))
     if cls_token:
       self.cls = nnx.Param(jax.nn.initializers.normal(1.0)(rngs.params(), (cfg.d_model,)))
     self.positional = positional_encoding(
@@ -552,12 +554,14 @@ class TransformerEncoder(_Dropping):
       self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs)
 
   def embed_inputs(self, tokens, valid=None, *, deterministic: bool | None = None):
-    """What the first block sees: tokens [B, T] -> x [B, T', D], mask [B, 1, 1, T'] and
-    attention_bias [N, T', T'] or None. (For running the blocks another way, e.g. nnx.scan.)"""
+    """What the first block sees: tokens [B, T] (or vectors [B, T, F]) -> x [B, T', D], mask
+    [B, 1, 1, T'] and attention_bias [N, T', T'] or None. (For running the blocks another way,
+    e.g. nnx.scan.)"""
     deterministic = self._deterministic(deterministic)
     cfg = self.config
-    valid = masks_lib.tokens_to_valid(tokens, cfg.pad_id) if valid is None else valid
-    x = self.embed(tokens) * math.sqrt(cfg.d_model)  # [B, T, D]
+    valid = encoder_lib.inputs_to_valid(tokens, cfg) if valid is None else valid
+    x = self.embed(tokens)  # [B, T, D]
+    x = x * math.sqrt(cfg.d_model) if cfg.input_features is None else x
     if self.cls_token:
       x, valid = encoder_lib.prepend_cls(x, valid, self.cls[...])  # [B, T + 1, D], [B, T + 1]
     x = self.dropout(self.positional.embed(x), deterministic=deterministic)
@@ -594,7 +598,7 @@ class SequenceClassifier(_Dropping):
 
   def __call__(self, tokens, valid=None, *, deterministic: bool | None = None):
     deterministic = self._deterministic(deterministic)
-    valid = masks_lib.tokens_to_valid(tokens, self.config.pad_id) if valid is None else valid
+    valid = encoder_lib.inputs_to_valid(tokens, self.config) if valid is None else valid
     x = self.encoder(tokens, valid, deterministic=deterministic)  # [B, T(+1), D]
     pooled = x[..., 0, :] if self.encoder.cls_token else encoder_lib.masked_mean(x, valid)
     return self.logits(pooled)  # [B, C]

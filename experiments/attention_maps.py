@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+import attention_jax as aj  # noqa: E402
 from experiments import probes  # noqa: E402
 
 
@@ -22,14 +23,16 @@ def attention_weights(model, params, tokens):
 def write(model, params, task, num_examples: int, directory: str) -> list[str]:
   """One PNG per example: a grid of layers x heads. Returns the paths."""
   os.makedirs(directory, exist_ok=True)
-  tokens = task.test.tokens[:num_examples]
+  tokens = task.test.tokens[:num_examples]  # [B, T] ids, or [B, T, F] vectors
   weights = jax.device_get(attention_weights(model, params, tokens))
-  offset = weights[0].shape[-1] - tokens.shape[1]  # 1 with a CLS token
+  valid = np.asarray(aj.encoder.inputs_to_valid(tokens, model.config))  # [B, T]
+  offset = weights[0].shape[-1] - valid.shape[1]  # 1 with a CLS token
   paths = []
   for example in range(len(tokens)):
-    length = int(np.sum(tokens[example] != task.pad_id)) + offset
-    labels = (["CLS"] if offset else []) + [task.token_names[t]
-                                            for t in tokens[example][:length - offset]]
+    length = int(np.sum(valid[example])) + offset
+    names = (task.token_names[:length - offset] if task.input_features  # positions
+             else [task.token_names[t] for t in tokens[example][:length - offset]])
+    labels = (["CLS"] if offset else []) + list(names)
     layers, heads = len(weights), weights[0].shape[1]
     figure, axes = plt.subplots(layers, heads, figsize=(2.6 * heads, 2.6 * layers),
                                 squeeze=False)
@@ -43,7 +46,8 @@ def write(model, params, task, num_examples: int, directory: str) -> list[str]:
         axis.set_yticks(range(length), labels, fontsize=4)
         axis.set_xlabel("key (attended to)", fontsize=6)
         axis.set_ylabel("query (attending)", fontsize=6)
-    figure.suptitle(f"{task.name} test example {example}, label {task.test.labels[example]}")
+    label = "" if task.regression else f", label {task.test.labels[example]}"
+    figure.suptitle(f"{task.name} test example {example}{label}")
     figure.tight_layout()
     colorbar = figure.colorbar(image, ax=axes, shrink=0.8, pad=0.02)  # one scale: [0, 1]
     colorbar.set_label("attention weight (each row sums to 1)", fontsize=7)

@@ -80,6 +80,10 @@ def validate(config) -> None:
                         f"its options: {sorted(known)}.")
     if not isinstance(value, int) or value <= 0:
       raise ConfigError(f"task_options.{name} must be a positive integer, got {value!r}.")
+  if tasks.is_regression(config.task) and config.label_smoothing:
+    raise ConfigError(f"label_smoothing={config.label_smoothing} smooths class labels, but task "
+                      f"{config.task!r} has real-valued targets (mean squared error); set "
+                      "label_smoothing=0.")
   model = config.model
   if model.head_dim < 0:
     raise ConfigError(f"model.head_dim must be >= 0 (0: d_model / num_heads), got "

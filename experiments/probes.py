@@ -1,5 +1,6 @@
 """Looking inside a classifier: attention statistics per head, gradients reaching W_Q and W_K, and
-head importance (the accuracy lost when one head is switched off at evaluation).
+head importance (the accuracy lost, or the NMSE gained, when one head is switched off at
+evaluation).
 
 The statistics are those the arguments about attention are made of: the variance of the logits
 the softmax sees, the softmax entropy and largest weight, the mean attention distance, and how
@@ -27,8 +28,8 @@ def capture(model, params, tokens):
   layers = [blocks[f"block_{i}"]["attention"] for i in range(model.config.num_layers)]
   logits = [layer["attention_logits"][0] for layer in layers]
   weights = [layer["attention_weights"][0] for layer in layers]
-  valid = aj.tokens_to_valid(tokens, model.config.pad_id)  # [B, T]
-  extra = logits[0].shape[-1] - tokens.shape[-1]  # 1 with a CLS token
+  valid = aj.encoder.inputs_to_valid(tokens, model.config)  # [B, T]
+  extra = logits[0].shape[-1] - valid.shape[-1]  # 1 with a CLS token
   valid = jnp.concatenate([jnp.ones(valid.shape[:-1] + (extra,), bool), valid], axis=-1)
   pairs = (valid[:, :, None] & valid[:, None, :])[:, None]  # [B, 1, T', T']
   return logits, weights, pairs
@@ -58,9 +59,7 @@ def summary(model, params, tokens, labels, num_classes) -> dict:
   """Scalars for a sweep's table: each statistic averaged over layers and heads, and the norms of
   the loss gradient reaching the query and key projections (all layers), on one batch."""
   def loss_fn(params):
-    loss, _, weight = steps_lib.cross_entropy(model.apply({"params": params}, tokens), labels,
-                                              num_classes)
-    return steps_lib.mean_over_targets(loss, weight)
+    return steps_lib.objective(model.apply({"params": params}, tokens), labels, num_classes)[0]
   grads = jax.grad(loss_fn)(params)
   stats = {name: jnp.mean(value) for name, value in head_statistics(model, params, tokens).items()}
   return {**stats, "query_grad_norm": _projection_grad_norm(grads, "query"),
@@ -78,13 +77,14 @@ def without_head(params, layer: int, head: int):
 
 
 def head_importance(model, params, split, config, num_classes) -> np.ndarray:
-  """Accuracy drop [L, N] on ``split`` when each head alone is switched off (config: the run's)."""
+  """What each head alone costs when switched off, [L, N] on ``split`` (config: the run's): the
+  accuracy lost, or for real targets the NMSE gained."""
   eval_fn = jax.jit(lambda p, batch: steps_lib.eval_step(
       p, batch, model=model, compute_dtype=jnp.dtype(config.compute_dtype),
       num_classes=num_classes))
-  def accuracy(p):
-    batches = input_pipeline.eval_batches(split, config.batch_size)
-    return steps_lib.evaluate(eval_fn, p, batches)["eval_accuracy"]
+  def accuracy(p):  # or minus the NMSE: higher is better either way
+    metrics = steps_lib.evaluate(eval_fn, p, input_pipeline.eval_batches(split, config.batch_size))
+    return metrics["eval_accuracy"] if "eval_accuracy" in metrics else -metrics["eval_nmse"]
   baseline = accuracy(params)
   return np.array([[baseline - accuracy(without_head(params, layer, head))
                     for head in range(model.config.num_heads)]

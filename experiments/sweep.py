@@ -35,6 +35,7 @@ import traceback
 
 from experiments import config_check
 from experiments import hosts
+from experiments import steps as steps_lib
 from experiments import train as train_lib
 from experiments import workdir as workdir_lib
 
@@ -99,7 +100,7 @@ def _check_existing(sweep, name, config, directory) -> None:
     changed.append("num_seeds or grid")
   if finished:
     changed += [f"extra_evals.{extra}" for extra in sweep.extra_evals
-                if f"{extra}_accuracy" not in record["metrics"]]
+                if f"{extra}_loss" not in record["metrics"]]
   if changed:
     raise config_check.ConfigError(
         f"variant '{name}' in {directory} was trained with a different config "
@@ -140,7 +141,9 @@ def _run_variant(sweep, name, overrides, directory) -> dict:
   record = {"variant": name, "overrides": overrides}
   try:
     record.update(status="ok", metrics=hosts.agree(train_variant, sweep, config, directory))
-    say(f"[sweep] {name}: eval_accuracy {record['metrics']['eval_accuracy']}", flush=True)
+    say(f"[sweep] {name}: " + ", ".join(f"eval_{m} {record['metrics'][f'eval_{m}']}"
+                                        for m in steps_lib.MEASURES
+                                        if f"eval_{m}" in record["metrics"]), flush=True)
   except (workdir_lib.WorkdirError, train_lib.Interrupted):
     raise  # the sweep cannot go on either; the same command resumes it
   except Exception as error:  # noqa: BLE001 -- recorded; the other variants still run

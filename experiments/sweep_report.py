@@ -27,10 +27,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from experiments import logbook, statistics, workdir as workdir_lib  # noqa: E402
-from experiments.steps import HYPERPARAMETERS  # noqa: E402
+from experiments.steps import HYPERPARAMETERS, MEASURES  # noqa: E402
 
-LEADING = ("eval_accuracy", "eval_loss")
-PRIMARY = "eval_accuracy"  # the measure arms are ranked and tested by
+LEADING = ("eval_accuracy", "eval_nmse", "eval_loss")
+# The extra test set, when a sweep has one by this name, that picks each variant's learning rate
+# (a stream apart from the test set, which then reports the choice without having made it).
+VALIDATION = "validation"
+REACHED = {"accuracy": 0.9, "nmse": 0.1}  # "steps to" this accuracy, or down to this NMSE
 MAX_LOGIT = "max_attention_logit"
 PROBES = ("logit_variance", "entropy", "max_weight", "negative_weight", "query_grad_norm",
           "key_grad_norm")
@@ -79,8 +82,8 @@ def metric_names(records) -> list[str]:
   names = set()
   for record in records:
     names.update(name for name in record.get("metrics", {}) if name not in IDENTITY)
-  extra_accuracies = sorted(n for n in names if n.endswith("_accuracy") and n not in LEADING and
-                            not n.startswith(("init_", "final_")))
+  extra_accuracies = sorted(n for n in names if n.endswith(("_accuracy", "_nmse")) and
+                            n not in LEADING and not n.startswith(("init_", "final_")))
   return [n for n in LEADING if n in names] + extra_accuracies + sorted(
       names - set(LEADING) - set(extra_accuracies))
 
@@ -97,7 +100,8 @@ def write_csv(records, path):
 
 
 # Names of measures as a reader knows them; any other name is spelled out from its key.
-READABLE = {"eval_accuracy": "Test accuracy", "eval_loss": "Test loss", "loss": "Training loss",
+READABLE = {"eval_accuracy": "Test accuracy", "eval_nmse": "Test NMSE (MSE / target variance)",
+            "eval_loss": "Test loss", "loss": "Training loss",
             "eval": "test (training lengths)", MAX_LOGIT: "Largest attention logit",
             "learning_rate": "lr"}
 INTERVAL_NOTE = "95% t-interval over seeds, clipped to the possible range"
@@ -114,7 +118,7 @@ def readable(name: str) -> str:
   """
   if name in READABLE:
     return READABLE[name]
-  match = re.fullmatch(r"length_(\d+)_(\d+)(?:_(accuracy|loss))?", name)
+  match = re.fullmatch(r"length_(\d+)_(\d+)(?:_(accuracy|loss|nmse))?", name)
   if match:
     low, high, measure = match.groups()
     return (f"Test {measure}, " if measure else "") + f"length {low}-{high}"
@@ -131,10 +135,11 @@ def readable_arm(label: str) -> str:
 
 
 def metric_range(name: str) -> tuple[float, float]:
-  """The values a measure can take: an accuracy [0, 1], a loss [0, inf), else unbounded."""
+  """The values a measure can take: an accuracy [0, 1], a loss or an NMSE [0, inf), else
+  unbounded."""
   if name.endswith("accuracy"):
     return 0.0, 1.0
-  if name.endswith("loss"):
+  if name.endswith(("loss", "nmse")):
     return 0.0, math.inf
   return -math.inf, math.inf
 
@@ -154,8 +159,21 @@ def _ci(values, digits=3) -> str:
 
 
 def _accuracy_columns(records):
-  return [n for n in metric_names(records) if n.endswith(("_accuracy", "_loss")) and
+  return [n for n in metric_names(records) if n.endswith(("_accuracy", "_nmse", "_loss")) and
           not n.startswith(("init_", "final_"))]
+
+
+def measure_of(metrics) -> str:
+  """The measure of success of these metrics (or records): "accuracy" for classes, "nmse" for
+  real-valued targets (lower is better)."""
+  names = metrics if isinstance(metrics, dict) else {
+      name for record in metrics if record["status"] == "ok" for name in record["metrics"]}
+  return next((m for m in MEASURES if f"eval_{m}" in names), "accuracy")
+
+
+def primary(metrics) -> str:
+  """The column arms are ranked and tested by."""
+  return f"eval_{measure_of(metrics)}"
 
 
 def _group(record) -> str:
@@ -169,30 +187,43 @@ def _p_cell(p) -> str:
   return f"{p:.2g}" + (" *" if p < statistics.SIGNIFICANT else "")
 
 
-def _score(metrics) -> tuple[float, float]:
-  """What ranks arms: the mean of PRIMARY, ties broken by the lower mean eval loss."""
-  return statistics.interval(metrics[PRIMARY])[0], -statistics.interval(metrics["eval_loss"])[0]
+def _score(metrics, prefix="eval") -> tuple[float, float]:
+  """What ranks arms (higher is better): the mean of the measure on the ``prefix`` test set,
+  negated for a measure where lower is better, ties broken by the lower mean loss there."""
+  measure = measure_of(metrics)
+  sign = 1.0 if MEASURES[measure] else -1.0
+  return (sign * statistics.interval(metrics[f"{prefix}_{measure}"])[0],
+          -statistics.interval(metrics[f"{prefix}_loss"])[0])
 
 
-def _best(armed):
-  """The arm (label, metrics, record) with the best _score (diverged seeds left out), or None."""
-  scored = [arm for arm in armed if np.isfinite(_score(arm[1])[0])]
-  return max(scored, key=lambda arm: _score(arm[1])) if scored else None
+def _best(armed, prefix="eval"):
+  """The arm (label, metrics, record) with the best _score on the ``prefix`` test set (diverged
+  seeds left out), or None."""
+  scored = [arm for arm in armed if np.isfinite(_score(arm[1], prefix)[0])]
+  return max(scored, key=lambda arm: _score(arm[1], prefix)) if scored else None
 
 
 def _varies_learning_rate(records) -> bool:
   return any(len(set(r["metrics"]["learning_rate"])) > 1 for r in records if r["status"] == "ok")
 
 
+def chosen_on(records) -> str:
+  """The test set that picks learning rates: VALIDATION when the records have it, else eval."""
+  finished = [r for r in records if r["status"] == "ok"]
+  return VALIDATION if finished and all(f"{VALIDATION}_loss" in r["metrics"]
+                                        for r in finished) else "eval"
+
+
 def best_learning_rates(records) -> list[tuple[str, float, dict, dict]]:
   """(variant, learning rate, metrics of that arm, record) per finished variant: the arm of its
-  learning-rate grid with the highest mean eval accuracy (ties: the lower eval loss)."""
-  chosen = []
+  learning-rate grid with the best mean measure (highest accuracy, lowest NMSE; ties: the lower
+  loss) on the validation set when the sweep has one (chosen_on), else on the test set."""
+  chosen, prefix = [], chosen_on(records)
   for record in records:
     if record["status"] != "ok":
       continue
     armed = _arm_values([record])
-    best = _best(armed) or armed[0]
+    best = _best(armed, prefix) or armed[0]
     chosen.append((record["variant"], best[1]["learning_rate"][0], best[1], record))
   return chosen
 
@@ -202,11 +233,12 @@ def markdown(title, records, workdir=None) -> str:
   90% accuracy and the attention-logit maxima, which come from the training logs."""
   armed = _arm_values(records)
   columns = _accuracy_columns(records)
+  measure = primary(records)
   seeds = max((len(metrics["seed"]) for _, metrics, _ in armed), default=0)
   lines = [f"## {title}", "",
            f"Mean ± half-width of the 95% Student-t interval over {seeds} seeds. A run whose "
            "loss went non-finite is 'diverged': it is left out of the means and counted. "
-           f"p: Welch's t-test of {PRIMARY} against the best arm training the same task "
+           f"p: Welch's t-test of {measure} against the best arm training the same task "
            f"(* p < {statistics.SIGNIFICANT}).", "",
            "| variant | " + " | ".join(columns) + " | p | diverged | seconds |",
            "|---" * (len(columns) + 4) + "|"]
@@ -215,7 +247,7 @@ def markdown(title, records, workdir=None) -> str:
   for label, metrics, record in armed:
     reference = best[_group(record)]
     p = (math.nan if reference is None or reference[0] == label
-         else statistics.welch_p(metrics[PRIMARY], reference[1][PRIMARY]))
+         else statistics.welch_p(metrics[measure], reference[1][measure]))
     diverged = sum(1 for step in metrics.get("diverged_at", []) if step)
     lines.append(f"| {label} | " + " | ".join(_ci(metrics[c]) for c in columns)
                  + f" | {_p_cell(p)} | {diverged} | {metrics['seconds'][0]:.0f} |")
@@ -247,32 +279,45 @@ def markdown(title, records, workdir=None) -> str:
 
 def _best_lr_section(records, workdir) -> list[str]:
   chosen = best_learning_rates(records)
+  measure, prefix = measure_of(records), chosen_on(records)
+  column, better, target = f"eval_{measure}", MEASURES[measure], REACHED[measure]
   groups = {}
   for entry in chosen:
     groups.setdefault(_group(entry[3]), []).append(entry)
-  lines = ["", f"Best learning rate per variant (the grid value with the highest mean {PRIMARY}; "
-           "choosing it on the same seeds flatters it a little). p: against the best variant "
-           "of the same task. Steps to 90%: the first evaluation at or above 0.9, mean over the "
-           "seeds that got there. LR sensitivity: Wortsman et al. (2023) eq. 1 on eval_loss "
-           "over the grid, a diverged run counting as ln(classes), the loss at initialisation.",
-           "", f"| variant | learning rate | {PRIMARY} | eval_loss | p | steps to 90% | "
+  if prefix == VALIDATION:
+    how = (f"the grid value with the {'highest' if better else 'lowest'} mean {prefix}_{measure}, "
+           "a stream apart from the test set that the other columns report")
+  else:
+    how = (f"the grid value with the {'highest' if better else 'lowest'} mean {column}; "
+           "choosing it on the same seeds flatters it a little")
+  sensitivity = ("eval_loss over the grid, a diverged run counting as ln(classes), the loss at "
+                 "initialisation" if better else "eval_nmse over the grid, a diverged run "
+                 "counting as 1, the NMSE of predicting the mean")
+  lines = ["", f"Best learning rate per variant ({how}). p: against the best variant of the "
+           f"same task. Steps to {target:g}: the first evaluation at "
+           f"{'or above' if better else 'or below'} {target:g}, mean over the seeds that got "
+           f"there. LR sensitivity: Wortsman et al. (2023) eq. 1 on {sensitivity}.",
+           "", f"| variant | learning rate | {column} | eval_loss | p | steps to {target:g} | "
            "LR sensitivity | parameters |", "|---|---|---|---|---|---|---|---|"]
+  sign = 1.0 if better else -1.0
   for group, entries in groups.items():
     top = max((entry for entry in entries if np.isfinite(_score(entry[2])[0])),
               key=lambda entry: _score(entry[2]), default=None)
     for variant, rate, metrics, record in entries:
       p = (math.nan if top is None or variant == top[0]
-           else statistics.welch_p(metrics[PRIMARY], top[2][PRIMARY]))
+           else statistics.welch_p(metrics[column], top[2][column]))
       reach = "—"
       if workdir is not None:
-        steps, values = curves(workdir, record, metrics["name"])
-        hits = [statistics.first_step_reaching(steps, row, 0.9) for row in values]
+        steps, values = curves(workdir, record, metrics["name"], column)
+        hits = [statistics.first_step_reaching(steps, sign * row, sign * target)
+                for row in values]
         reached = [h for h in hits if not math.isnan(h)]
         reach = (f"{np.mean(reached):.0f} ({len(reached)}/{len(hits)})" if reached
                  else f"never (0/{len(hits)})")
-      losses = [statistics.interval(m["eval_loss"])[0] for _, m, r in _arm_values([record])]
-      initial = math.log(record["metrics"].get("num_classes", [2])[0])
-      lines.append(f"| {variant} | {rate:g} | {_ci(metrics[PRIMARY])} | "
+      lost = "eval_loss" if better else column
+      losses = [statistics.interval(m[lost])[0] for _, m, r in _arm_values([record])]
+      initial = math.log(record["metrics"].get("num_classes", [2])[0]) if better else 1.0
+      lines.append(f"| {variant} | {rate:g} | {_ci(metrics[column])} | "
                    f"{_ci(metrics['eval_loss'])} | {_p_cell(p)} | {reach} | "
                    f"{statistics.lr_sensitivity(losses, initial):.3f} | "
                    f"{record['metrics'].get('parameters', ['—'])[0]} |")
@@ -308,7 +353,7 @@ def _bars(axis, labels):
 
 def plot_final(records, path):
   armed = _arm_values(records)
-  columns = [c for c in _accuracy_columns(records) if c.endswith("_accuracy")]
+  columns = [c for c in _accuracy_columns(records) if c.endswith(("_accuracy", "_nmse"))]
   figure, axes = plt.subplots(1, len(columns),
                               figsize=(max(5, 0.7 * len(armed)) * len(columns), 4), squeeze=False)
   for axis, column in zip(axes[0], columns):
@@ -321,7 +366,8 @@ def plot_final(records, path):
                    label="one seed" if position == 0 else None)
     _bars(axis, [readable_arm(label) for label, _, _ in armed])
     axis.set_ylabel(readable(column))
-    axis.set_ylim(0, 1.02)
+    if column.endswith("_accuracy"):
+      axis.set_ylim(0, 1.02)
     axis.legend(fontsize=6, loc="lower left", bbox_to_anchor=(0, 1), ncol=2, frameon=False)
     axis.grid(axis="y", alpha=0.3)
   figure.tight_layout()
@@ -333,7 +379,7 @@ def plot_best_learning_rates(records, path):
   """Each variant at its best learning rate (best_learning_rates): the mean of every accuracy
   column as a bar, the seeds as dots, the 95% interval clipped to [0, 1]."""
   chosen = best_learning_rates(records)
-  columns = [c for c in _accuracy_columns(records) if c.endswith("_accuracy")]
+  columns = [c for c in _accuracy_columns(records) if c.endswith(("_accuracy", "_nmse"))]
   figure, axes = plt.subplots(len(columns), 1, squeeze=False, sharex=True,
                               figsize=(max(6, 0.45 * len(chosen) + 1.5), 2.8 * len(columns) + 1))
   x = np.arange(len(chosen))
@@ -344,7 +390,8 @@ def plot_best_learning_rates(records, path):
     for position, value in zip(x, values):
       axis.scatter(np.full(len(value), position), value, s=8, color="k", zorder=3)
     axis.set_ylabel(readable(column), fontsize=8)
-    axis.set_ylim(0, 1.02)
+    if column.endswith("_accuracy"):
+      axis.set_ylim(0, 1.02)
     axis.grid(axis="y", alpha=0.3)
   _bars(axes[-1, 0], [f"{variant} (lr={rate:g})" for variant, rate, _, _ in chosen])
   axes[0, 0].set_title("Each variant at its best learning rate: mean (bar), seeds (dots),\n"
@@ -355,21 +402,22 @@ def plot_best_learning_rates(records, path):
 
 
 def plot_curves(workdir, records, path):
-  """Eval accuracy against step: every arm, or each variant's best learning rate when the grid
-  varies it."""
+  """Eval accuracy (or NMSE) against step: every arm, or each variant's best learning rate when
+  the grid varies it."""
   if _varies_learning_rate(records):
     shown = [(f"{variant} lr={rate:g}", metrics, record)
              for variant, rate, metrics, record in best_learning_rates(records)]
   else:
     shown = _arm_values(records)
+  column = primary(records)
   figure, axis = plt.subplots(figsize=(7, 4.5))
   for label, metrics, record in shown:
-    steps, values = curves(workdir, record, metrics["name"])
+    steps, values = curves(workdir, record, metrics["name"], column)
     line, = axis.plot(steps, np.nanmean(values, 0), label=readable_arm(label), marker=".")
     axis.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0), color=line.get_color(),
                       alpha=0.15)
   axis.set_xlabel("step")
-  axis.set_ylabel("Test accuracy (mean; band: min to max over seeds)")
+  axis.set_ylabel(f"{readable(column)} (mean; band: min to max over seeds)")
   axis.legend(fontsize=7, ncol=2)
   axis.grid(alpha=0.3)
   figure.tight_layout()
@@ -400,25 +448,26 @@ def _panels(records) -> dict[str, list[dict]]:
 
 
 def plot_learning_rates(records, path):
-  """Final eval accuracy (top) and loss (bottom) against the learning rate, a line per variant,
-  a column per _panels group."""
+  """Final eval accuracy or NMSE (top) and loss (bottom) against the learning rate, a line per
+  variant, a column per _panels group."""
   panels = _panels(records)
+  shown = (primary(records), "eval_loss")
   figure, axes = plt.subplots(2, len(panels), figsize=(5.5 * len(panels), 8), squeeze=False,
                               sharey="row")
   for column, (title, members) in zip(axes.T, panels.items()):
     for record in members:
       armed = _arm_values([record])
       rates = [metrics["learning_rate"][0] for _, metrics, _ in armed]
-      for axis, metric in zip(column, ("eval_accuracy", "eval_loss")):
+      for axis, metric in zip(column, shown):
         _errorbar(axis, rates, [metrics[metric] for _, metrics, _ in armed], record["variant"],
                   metric)
     column[0].set_title(title, fontsize=9)
     column[0].legend(fontsize=6)
-    for axis, metric in zip(column, ("eval_accuracy", "eval_loss")):
+    for axis, metric in zip(column, shown):
       axis.set_xscale("log")
       axis.set_xlabel("peak learning rate")
       axis.grid(alpha=0.3)
-  for axis, metric in zip(axes[:, 0], ("eval_accuracy", "eval_loss")):
+  for axis, metric in zip(axes[:, 0], shown):
     axis.set_ylabel(f"{readable(metric)} (mean, {INTERVAL_LINES};"
                     "\ndiverged runs left out)", fontsize=8)
   figure.tight_layout()
@@ -427,8 +476,9 @@ def plot_learning_rates(records, path):
 
 
 def plot_lengths(records, evaluations, path):
-  """Accuracy on each test set in order (the training lengths first, then longer ones), a line
-  per arm, a panel per task."""
+  """Accuracy (or NMSE) on each test set in order (the training distribution's first, then the
+  others: longer sequences, a validation stream), a line per arm, a panel per task."""
+  measure = measure_of(records)
   groups = {}
   for arm in _arm_values(records):
     groups.setdefault(_group(arm[2]), []).append(arm)
@@ -436,14 +486,14 @@ def plot_lengths(records, evaluations, path):
   for axis, (group, armed) in zip(axes[0], groups.items()):
     for label, metrics, _ in armed:
       _errorbar(axis, np.arange(len(evaluations)),
-                [metrics[f"{name}_accuracy"] for name in evaluations], label, "accuracy")
+                [metrics[f"{name}_{measure}"] for name in evaluations], label, measure)
     axis.set_xticks(np.arange(len(evaluations)), [readable(name) for name in evaluations],
                     fontsize=8)
-    axis.set_xlabel("test set (string lengths)")
-    axis.set_title(group or "accuracy by test set", fontsize=9)
-    axis.set_ylabel(f"Test accuracy (mean, {INTERVAL_LINES})",
-                    fontsize=8)
-    axis.set_ylim(0, 1.02)
+    axis.set_xlabel("test set")
+    axis.set_title(group or f"{readable('eval_' + measure)} by test set", fontsize=9)
+    axis.set_ylabel(f"{readable('eval_' + measure)} (mean, {INTERVAL_LINES})", fontsize=8)
+    if measure == "accuracy":
+      axis.set_ylim(0, 1.02)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=6)
   figure.tight_layout()

@@ -79,7 +79,8 @@ def encoder_config(config, task: tasks.Task, mesh: Mesh | None = None) -> aj.Enc
       head_dim=model.head_dim, normalize_qk=model.normalize_qk,
       dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
       pre_layer_norm=model.pre_layer_norm, attention_impl=model.attention_impl or None,
-      pad_id=task.pad_id, num_classes=task.num_classes, pooling=model.pooling,
+      input_features=task.input_features, pad_id=task.pad_id, num_classes=task.num_classes,
+      pooling=model.pooling,
       head_variant=model.head_variant, moh_shared_heads=model.moh_shared_heads,
       moh_routed_heads=model.moh_routed_heads, overlap_schedule=model.overlap_schedule,
       attention_fn=aj.ContextParallel(mesh, "sequence", config.mesh.strategy) if sharded else None)
@@ -221,7 +222,7 @@ def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | Non
   """Trains ``replicas`` (see replicas_of) of ``config`` together, in ``workdir``.
 
   Returns lists over replicas: "name", "seed", the hyperparameters, eval_loss and eval_accuracy
-  (and <name>_loss/_accuracy for each of ``extra_evals``, name -> task-option overrides of an
+  (eval_nmse for real targets; and <name>_loss/_accuracy for each of ``extra_evals``, name -> task-option overrides of an
   extra test set), with ``probes`` the probe summaries at initialisation ("init_*") and at the end
   ("final_*"), "diverged_at" (the step whose loss or gradient was not finite, 0 if none: such a
   replica is frozen there, its evaluations are NaN, and the others train on; the run stops only
@@ -329,9 +330,9 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
                                                                      batch["tokens"]), **metrics})
           throughput = tokens_per_step * (step - start_step) / (time.perf_counter() - clock)
           log(step, metrics, {"tokens_per_second": throughput})
-          progress.set_postfix(loss=f"{np.mean(metrics['loss']):.3f}",
-                               acc=f"{np.mean(metrics['accuracy']):.3f}",
-                               tok_s=f"{throughput:.0f}", refresh=False)
+          progress.set_postfix(refresh=False, tok_s=f"{throughput:.0f}", **{
+              name: f"{np.mean(metrics[name]):.3f}" for name in ("loss", "accuracy", "nmse")
+              if name in metrics})
         if eval_now:
           eval_metrics = evaluate(state)
           log(step, eval_metrics)
@@ -400,9 +401,9 @@ def _prober(model, task, config):
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains and evaluates the one replica that ``config`` describes; returns its final eval
-  metrics ({"eval_loss", "eval_accuracy"})."""
+  metrics ({"eval_loss", "eval_accuracy"}, or "eval_nmse" for real targets)."""
   result = train(config, workdir, replicas_of(config))
-  final = {name: result[name][0] for name in ("eval_loss", "eval_accuracy")}
+  final = {name: values[0] for name, values in result.items() if name.startswith("eval_")}
   if hosts.writer():
     print("final: " + json.dumps({"step": config.num_train_steps, **final}))
   return final

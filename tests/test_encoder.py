@@ -159,3 +159,22 @@ def test_head_dim_sets_d_k_apart_from_d_model():
   with pytest.raises(ValueError, match="divisible by num_heads"):
     aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=3)
   aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=3, head_dim=16)  # fine: d_k is given
+
+
+def test_vector_inputs_are_embedded_by_one_linear_layer():
+  config = aj.EncoderConfig(vocab_size=0, d_model=32, num_heads=4, num_layers=1, mlp_dim=64,
+                            max_length=LENGTH, input_features=3, positional_encoding="none")
+  vectors = jax.random.normal(jax.random.key(1), (2, LENGTH, 3))  # [B, T, F]
+  model = aj.TransformerEncoder(config)
+  params = model.init(jax.random.key(0), vectors)["params"]
+  assert params["embed"]["kernel"].shape == (3, 32)  # [F, D]
+  # The block sees inputs W_E + b_E: the same block on the embedded vectors gives the same output.
+  embedded = vectors @ params["embed"]["kernel"] + params["embed"]["bias"]  # [B, T, D]
+  block = aj.EncoderBlock(config, aj.positional_encoding("none", max_length=LENGTH, num_heads=4))
+  mask = jnp.ones((2, 1, LENGTH, LENGTH), bool)
+  expected = block.apply({"params": params["block_0"]}, embedded, mask, None, True)
+  np.testing.assert_allclose(model.apply({"params": params}, vectors), expected, atol=1e-5)
+  with pytest.raises(ValueError, match="input_features must be positive"):
+    aj.EncoderConfig(vocab_size=0, input_features=0)
+  with pytest.raises(ValueError, match="vocab_size must be positive"):
+    aj.EncoderConfig(vocab_size=0)

@@ -65,19 +65,26 @@ TOKEN = (aj.TokenClassifier, ajnnx.TokenClassifier)
 HEADS = [SEQUENCE, SEQUENCE, TOKEN, SEQUENCE, SEQUENCE]  # the (Linen, NNX) pair for each config
 
 
-@pytest.mark.parametrize("options, classes", zip(CONFIGS, HEADS),
-                         ids=[o["positional_encoding"] for o in CONFIGS])
-def test_classifiers_hold_the_linen_parameter_tree_and_compute_the_same_logits(options, classes):
+VECTORS = _normal((2, 8, 5), 7)  # [B, T, F] inputs of a config with input_features=5
+
+
+@pytest.mark.parametrize("options, classes, inputs", [
+    *((options, classes, TOKENS) for options, classes in zip(CONFIGS, HEADS)),
+    (dict(positional_encoding="none", input_features=5), SEQUENCE, VECTORS),
+    (dict(positional_encoding="sinusoidal", input_features=5), TOKEN, VECTORS),
+], ids=[o["positional_encoding"] for o in CONFIGS] + ["vectors_sequence", "vectors_token"])
+def test_classifiers_hold_the_linen_parameter_tree_and_compute_the_same_logits(options, classes,
+                                                                               inputs):
   linen_class, nnx_class = classes
   config = aj.EncoderConfig(**SMALL, **options)
   linen, model = linen_class(config), nnx_class(config, rngs=_rngs(1))
   params = ajnnx.linen_params(model)
-  linen_shapes = jax.eval_shape(linen.init, jax.random.key(0), TOKENS)["params"]
+  linen_shapes = jax.eval_shape(linen.init, jax.random.key(0), inputs)["params"]
   assert _shapes(params) == _shapes(linen_shapes)
   params = _perturbed(params)
   ajnnx.load_linen_params(model, {"params": params})
   jax.tree.map(np.testing.assert_array_equal, ajnnx.linen_params(model), params)  # round trip
-  assert_close(model(TOKENS), linen.apply({"params": params}, TOKENS), 1e-6)
+  assert_close(model(inputs), linen.apply({"params": params}, inputs), 1e-6)
 
 
 def test_every_positional_encoding_has_an_nnx_twin_and_is_compared_above():

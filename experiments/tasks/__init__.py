@@ -3,6 +3,8 @@
 ``load_task(name, options, data_dir)`` returns the train and test splits as padded NumPy arrays
 with what the model needs to know (vocabulary size, classes, length, pad id). A token-level task
 (``mqar``) has labels [N, L]: a class at each position with a target, IGNORE (-1) elsewhere.
+A regression task (experiments/tasks/vectors.py: ``multi_retrieval``, ``farthest_point``,
+``sparse_average``) has vectors [N, L, F] float32 as inputs and real targets [N, C] or [N, L, C].
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from experiments.tasks import formal_languages, listops, mqar, order, synthetic
+from experiments.tasks import farthest_point, formal_languages, listops, mqar, multi_retrieval
+from experiments.tasks import order, sparse_average, synthetic, vectors
 
 BUILT_IN = {
     "order": (order.Order, order.OrderConfig),
@@ -21,6 +24,9 @@ BUILT_IN = {
     "listops": (listops.ListOps, listops.ListOpsConfig),
     "even_pairs": (formal_languages.EvenPairs, formal_languages.LengthConfig),
     "cycle_navigation": (formal_languages.CycleNavigation, formal_languages.LengthConfig),
+    "multi_retrieval": (multi_retrieval.MultiRetrieval, multi_retrieval.MultiRetrievalConfig),
+    "farthest_point": (farthest_point.FarthestPoint, farthest_point.FarthestPointConfig),
+    "sparse_average": (sparse_average.SparseAverage, sparse_average.SparseAverageConfig),
 }
 CATALOG = ("imdb_reviews",)  # byte-level text classification, the LRA "Text" setting
 TASKS = tuple(BUILT_IN) + CATALOG
@@ -29,8 +35,9 @@ BYTE_VOCAB = 256 + 1  # byte b -> token b + 1, 0 = pad
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-  tokens: np.ndarray  # [num_examples, max_length] int32, 0 = pad
-  labels: np.ndarray  # [num_examples] int32, or [num_examples, max_length] (IGNORE = no target)
+  tokens: np.ndarray  # [num_examples, max_length] int32, 0 = pad; or vectors [.., F] float32
+  labels: np.ndarray  # [num_examples] int32, or [num_examples, max_length] (IGNORE = no target);
+                      # real targets: [num_examples(, max_length), C] float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,15 +46,21 @@ class Task:
   train: Split
   test: Split
   vocab_size: int
-  num_classes: int
+  num_classes: int              # classes, or real values per target (regression)
   max_length: int
   token_names: tuple[str, ...]  # printable name of each token id
   pad_id: int = synthetic.PAD_ID
+  input_features: int | None = None  # F of vector inputs; None: token ids
+
+  @property
+  def regression(self) -> bool:
+    """Whether the targets are real values (mean squared error) rather than classes."""
+    return self.train.labels.dtype.kind == "f"
 
   @property
   def token_level(self) -> bool:
-    """Whether the task has a target per position (logits [B, T, C]) rather than per sequence."""
-    return self.train.labels.ndim == 2
+    """Whether the task has a target per position (outputs [B, T, C]) rather than per sequence."""
+    return self.train.labels.ndim == 2 + self.regression
 
 
 def task_options(name: str) -> dict:
@@ -59,6 +72,11 @@ def task_options(name: str) -> dict:
   inherited = {field.name for field in dataclasses.fields(tfds.core.BuilderConfig)}
   return {field.name: field.default for field in dataclasses.fields(BUILT_IN[name][1])
           if field.name not in inherited}
+
+
+def is_regression(name: str) -> bool:
+  """Whether a task gives vectors as inputs and real values as targets (tasks/vectors.py)."""
+  return name in BUILT_IN and issubclass(BUILT_IN[name][0], vectors.VectorTask)
 
 
 def byte_tokens(text) -> np.ndarray:
@@ -81,6 +99,15 @@ def _to_split(source, featurize, max_length: int) -> Split:
   return Split(_pad([tokens for tokens, _ in records], max_length),
                _pad(labels, max_length, synthetic.IGNORE) if np.ndim(labels[0])
                else np.array(labels, np.int32))
+
+
+def _stacked(source, featurize, max_length: int) -> Split:
+  """A split of fixed-length vector examples, stacked as they come (nothing to pad); read in one
+  batch, ~10x faster than one by one for the large training splits of these tasks."""
+  del max_length  # every example has it
+  records = [featurize(record) for record in source.__getitems__(range(len(source)))]
+  return Split(np.stack([inputs for inputs, _ in records]),
+               np.stack([targets for _, targets in records]))
 
 
 def load_task(name: str, options: dict | None = None, data_dir: str | None = None) -> Task:
@@ -109,9 +136,10 @@ def load_task(name: str, options: dict | None = None, data_dir: str | None = Non
                           data_dir=data_dir, file_format="array_record")
   builder.download_and_prepare()
   sources = builder.as_data_source()
-  featurize = lambda r: (r["tokens"], r["targets" if builder.TOKEN_LEVEL else "label"])
+  featurize = lambda r: (r["tokens"], r[builder.label_name()])
   max_length = builder.max_length()
-  return Task(name, _to_split(sources["train"], featurize, max_length),
-              _to_split(sources["test"], featurize, max_length),
+  to_split = _to_split if builder.input_features() is None else _stacked
+  return Task(name, to_split(sources["train"], featurize, max_length),
+              to_split(sources["test"], featurize, max_length),
               builder.vocab_size(), builder.num_classes(), max_length,
-              tuple(builder.token_names()))
+              tuple(builder.token_names()), input_features=builder.input_features())

@@ -45,6 +45,10 @@ class SyntheticTask(tfds.core.GeneratorBasedBuilder):
   def max_length(self) -> int:
     raise NotImplementedError
 
+  def input_features(self) -> int | None:
+    """None: the inputs are token ids (vector tasks, experiments/tasks/vectors.py, give F)."""
+    return None
+
   def token_names(self) -> list[str]:
     """A printable name per token id, for attention maps."""
     return ["<pad>"] + [str(i) for i in range(1, self.vocab_size())]
@@ -57,17 +61,24 @@ class SyntheticTask(tfds.core.GeneratorBasedBuilder):
     TOKEN_LEVEL, its targets [length])."""
     raise NotImplementedError
 
+  def features(self) -> dict:
+    """The TFDS features of an example: ``tokens`` and the label (or targets)."""
+    return {"tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+            self.label_name(): (tfds.features.Tensor(shape=(None,), dtype=np.int32)
+                                 if self.TOKEN_LEVEL else
+                                 tfds.features.ClassLabel(num_classes=self.num_classes()))}
+
+  def example(self, tokens, label) -> dict:
+    """What ``sample`` drew, as the features hold it."""
+    label = np.asarray(label, np.int32) if self.TOKEN_LEVEL else int(label)
+    return {"tokens": np.asarray(tokens, np.int32), self.label_name(): label}
+
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self,
         description=self.__doc__,
-        features=tfds.features.FeaturesDict({
-            "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
-            self._label_name(): (tfds.features.Tensor(shape=(None,), dtype=np.int32)
-                                 if self.TOKEN_LEVEL else
-                                 tfds.features.ClassLabel(num_classes=self.num_classes())),
-        }),
-        supervised_keys=("tokens", self._label_name()),
+        features=tfds.features.FeaturesDict(self.features()),
+        supervised_keys=("tokens", self.label_name()),
         metadata=tfds.core.MetadataDict(vocab_size=self.vocab_size(),
                                         max_length=self.max_length(), pad_id=PAD_ID),
     )
@@ -81,11 +92,9 @@ class SyntheticTask(tfds.core.GeneratorBasedBuilder):
     self.check_options()
     rng = np.random.default_rng([self.options.seed, split_index])
     for index in range(num_examples):
-      tokens, label = self.sample(rng)
-      label = np.asarray(label, np.int32) if self.TOKEN_LEVEL else int(label)
-      yield index, {"tokens": np.asarray(tokens, np.int32), self._label_name(): label}
+      yield index, self.example(*self.sample(rng))
 
-  def _label_name(self) -> str:
+  def label_name(self) -> str:
     return "targets" if self.TOKEN_LEVEL else "label"
 
 

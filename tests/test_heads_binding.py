@@ -1,0 +1,87 @@
+"""The heads-binding sweeps: valid configs, and reports that rank NMSE lowest-first and choose
+learning rates on the validation stream, not on the test set."""
+
+import pytest
+
+from configs.ablations import heads_binding
+from experiments import sweep, sweep_report
+
+
+@pytest.mark.parametrize("mode", ["multi_retrieval", "farthest_point", "multi_retrieval_quick",
+                                  "farthest_point_quick"])
+def test_configs_are_valid_with_both_arms_at_one_width(mode):
+  config = heads_binding.get_config(mode)
+  sweep.check(config)
+  quick = mode.endswith("_quick")
+  assert config.num_seeds == (2 if quick else 5)
+  assert len(config.grid.learning_rate) == (2 if quick else 3)
+  assert set(config.extra_evals) == {"validation"}
+  widths, arms = set(), {}
+  for name, overrides in config.variants:
+    model = sweep.variant_config(config, overrides).model
+    widths.add(model.d_model)
+    d_k = model.head_dim or model.d_model // model.num_heads
+    arms[name] = (model.num_heads, d_k)
+  d_model = widths.pop()
+  assert not widths and d_model == (32 if mode.startswith("multi") else 16)
+  heads = heads_binding.QUICK_HEADS if quick else heads_binding.HEADS
+  assert {arms[f"split_{h}"] for h in heads} == {(h, d_model // h) for h in heads}
+  assert {arms[f"fixed_{h}"] for h in heads if h > 1} == {(h, d_model) for h in heads if h > 1}
+
+
+def test_an_unknown_mode_names_the_valid_ones():
+  with pytest.raises(ValueError, match="mode must be one of \\['multi_retrieval', "
+                                       "'farthest_point'\\] or '<task>_quick', got 'mqar'"):
+    heads_binding.get_config("mqar")
+
+
+def _record(variant, by_rate):
+  """A finished variant: {learning rate: (eval_nmse, validation_nmse)} over 2 seeds each."""
+  metrics = {key: [] for key in ("name", "seed", "learning_rate", "weight_decay", "warmup_steps",
+                                 "eval_loss", "eval_nmse", "validation_loss", "validation_nmse",
+                                 "diverged_at", "seconds", "parameters", "num_classes")}
+  for rate, (test, validation) in by_rate.items():
+    for seed, jitter in enumerate((-0.01, 0.01)):
+      row = {"name": f"seed_{seed}-learning_rate_{rate:g}", "seed": seed, "learning_rate": rate,
+             "weight_decay": 0.01, "warmup_steps": 100.0, "eval_loss": test + jitter,
+             "eval_nmse": test + jitter, "validation_loss": validation + jitter,
+             "validation_nmse": validation + jitter, "diverged_at": 0, "seconds": 1.0,
+             "parameters": 10, "num_classes": 4}
+      for key, value in row.items():
+        metrics[key].append(value)
+  return {"variant": variant, "overrides": {}, "status": "ok", "metrics": metrics}
+
+
+def test_the_report_ranks_nmse_lowest_first_and_picks_rates_on_validation():
+  # Variant a: the test set would pick 1e-3 (0.10), the validation stream picks 3e-3 (0.20).
+  records = [_record("a", {1e-3: (0.10, 0.30), 3e-3: (0.40, 0.20)}),
+             _record("b", {1e-3: (0.80, 0.80), 3e-3: (0.90, 0.90)})]
+  chosen = {variant: rate for variant, rate, _, _ in sweep_report.best_learning_rates(records)}
+  assert chosen == {"a": 3e-3, "b": 1e-3}
+  assert sweep_report.primary(records) == "eval_nmse"
+  report = sweep_report.markdown("t", records)
+  assert "lowest mean validation_nmse" in report and "steps to 0.1" in report
+  best_rows = report.split("Best learning rate per variant")[1].splitlines()
+  row_a = next(line for line in best_rows if line.startswith("| a |"))
+  row_b = next(line for line in best_rows if line.startswith("| b |"))
+  assert "| 0.003 | 0.400" in row_a and " — |" in row_a  # a is the best variant: no p
+  assert "| 0.001 | 0.800" in row_b and " * |" in row_b  # b is worse, significantly
+
+
+def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
+  """Both arms of a shrunk farthest_point sweep train, and the report (learning curves, steps to
+  NMSE 0.1, the validation stream's choice) and its plots are written."""
+  config = heads_binding.get_config("farthest_point_quick")
+  config.train.data_dir = data_dir
+  config.train.task_options = {"length": 6, "dimension": 4, "num_train": 256, "num_test": 32}
+  config.train.model.update(d_model=4, mlp_dim=8, num_layers=1)
+  config.train.update(num_train_steps=4, eval_every_steps=2, checkpoint_every_steps=4,
+                      batch_size=16)
+  config.variants = tuple(heads_binding.variants(4, (2,)))
+  records = sweep.run_sweep(config, str(tmp_path))
+  assert [r["status"] for r in records] == ["ok", "ok"]
+  paths = sweep_report.write(records, str(tmp_path), tuple(config.extra_evals))
+  with open(paths["markdown"]) as f:
+    report = f.read()
+  assert "validation_nmse" in report and "steps to 0.1" in report
+  assert {"curves", "learning_rates", "lengths", "final"} <= set(paths)
