@@ -6,6 +6,7 @@ Shape letters: T query length, S key/value length, N query heads, K key/value he
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 
 import jax
@@ -138,8 +139,14 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
                           logits_soft_cap: float | None = None,
                           implementation: str | None = None, backend: str | None = None,
                           device_kind: str | None = None,
-                          compute_capability: str | None = None) -> str:
+                          compute_capability: str | None = None, **call) -> str:
   """The name of the implementation ``dot_product_attention`` runs for these arguments.
+
+  ``call``: the call's other arguments, as ``dot_product_attention`` takes them, so that a call
+  can be asked about as it is written: ``deterministic=True`` switches dropout off and
+  ``module`` asks for the weights, as there; the others (causality, windows, lengths, segment
+  ids, dtype, ...) do not change the choice. A name that function does not take raises
+  TypeError.
 
   ``implementation=None`` picks the first implementation that can serve the request from a list
   per backend (``backend`` defaults to ``jax.default_backend()``, ``device_kind`` to the kind of
@@ -168,6 +175,12 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   'xla'
   """
   del bias, mask  # every implementation serves any mask and bias
+  unknown = sorted(set(call) - set(inspect.signature(dot_product_attention).parameters))
+  if unknown:
+    raise TypeError(f"select_implementation() got arguments that dot_product_attention does not "
+                    f"take: {unknown}.")
+  dropout_rate = 0.0 if call.get("deterministic") else dropout_rate
+  return_weights = return_weights or call.get("module") is not None
   backend = jax.default_backend() if backend is None else backend
   device = _device(backend)
   if device is not None and device_kind is None and compute_capability is None:

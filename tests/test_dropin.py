@@ -363,8 +363,25 @@ def test_the_function_takes_flax_positional_arguments_and_refuses_unserved_ones(
         jax.random.key(0), _x(0))
   with pytest.raises(ValueError, match="out_dot_general"):
     ajnnx.MultiHeadAttention(4, D, out_dot_general=jax.lax.dot_general, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="out_sharding"):
+    ajnnx.MultiHeadAttention(4, D, rngs=nnx.Rngs(0))(_x(0),
+                                                     out_sharding=jax.sharding.PartitionSpec())
+  with pytest.raises(ValueError, match="qkv_promote_dtype"):
+    ajnnx.MultiHeadAttention(4, D, qkv_promote_dtype=lambda arrays, dtype: arrays, rngs=nnx.Rngs(0))
   bf16 = aj.dot_product_attention(query, key, value, dtype=jnp.bfloat16)
   assert bf16.dtype == jnp.bfloat16
+
+
+def test_select_implementation_takes_a_call_s_arguments():
+  """What a call would run, asked with the call's own arguments."""
+  query = key = value = _x(0, (B, T, 4, 8))
+  call = dict(is_causal=True, local_window_size=(2, 0), query_seq_lengths=jnp.array([3, 6]),
+              dropout_rate=0.1, deterministic=True, broadcast_dropout=False, empty_rows="zero")
+  assert aj.select_implementation(query, key, value, **call) == "reference"
+  assert aj.select_implementation(query, key, value, dropout_rate=0.1, implementation="chunked",
+                                  deterministic=True) == "chunked"
+  with pytest.raises(TypeError, match="local_window"):
+    aj.select_implementation(query, key, value, local_window=2)
 
 
 def test_an_attention_fn_that_cannot_serve_a_setting_says_so():
