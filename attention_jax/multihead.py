@@ -503,7 +503,7 @@ class MultiHeadDotProductAttention(nn.Module):
   masks, decode cache, sown weights and partitioning metadata. ``MultiHeadAttention`` and
   ``SelfAttention`` are flax's two other names for it. Our extras follow flax's attributes.
 
-  Attributes (flax's):
+  Attributes:
     num_heads: N.
     dtype: the computation's dtype (None: promoted from the inputs and parameters).
     param_dtype: the parameters' dtype.
@@ -515,8 +515,11 @@ class MultiHeadDotProductAttention(nn.Module):
       (not both, as flax), and the keys come from the "dropout" rng or the call's dropout_rng.
     deterministic: no dropout.
     precision: of the matrix products, a ``jax.lax.Precision`` (or its name).
-    kernel_init, bias_init: initialisers of the projections (``with_logical_partitioning`` ones
-      keep their metadata); out_kernel_init, out_bias_init: of W_O's (None: the former).
+    kernel_init: initialiser of the projections' kernels (``with_logical_partitioning`` ones
+      keep their metadata).
+    out_kernel_init: of W_O's kernel (None: ``kernel_init``).
+    bias_init: initialiser of the projections' biases.
+    out_bias_init: of W_O's bias (None: ``bias_init``).
     use_bias: biases on the four projections.
     attention_fn: what computes attention from the projected heads: None or
       ``attention_jax.dot_product_attention`` (the same), flax's ``dot_product_attention``,
@@ -529,11 +532,9 @@ class MultiHeadDotProductAttention(nn.Module):
       the dot product (:ref:`Dehghani et al. 2023 <ref-dehghani2023>`;
       :ref:`Wortsman et al. 2023 <ref-wortsman2023>`).
     force_fp32_for_softmax: accepted; the softmax always runs in float32 or wider here.
-    qkv_dot_general, out_dot_general, qkv_dot_general_cls, out_dot_general_cls,
-    qk_attn_weights_einsum_cls, attn_weights_value_einsum_cls: only None is served; anything
-      else raises ValueError naming it.
-
-  Attributes (ours):
+    qkv_dot_general: only None is served, as for ``out_dot_general``, ``qkv_dot_general_cls``,
+      ``out_dot_general_cls``, ``qk_attn_weights_einsum_cls`` and
+      ``attn_weights_value_einsum_cls``: anything else raises ValueError naming it.
     num_kv_heads: K key/value heads (grouped-query attention; N a multiple of K); default N.
     scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (per-head temperature, starting at
       1/sqrt(H)).
@@ -546,7 +547,7 @@ class MultiHeadDotProductAttention(nn.Module):
     empty_rows: what a query row with no key to attend to gives, "mean" (flax's) or "zero" (see
       ``dot_product_attention``).
 
-  The call: ``(inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
+  The attributes from ``num_kv_heads`` on are ours; the ones before are flax's. The call: ``(inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
   deterministic=None, dropout_rng=None, sow_weights=False)`` as flax's, plus ``bias``,
   ``is_causal`` and the keyword arguments of ``multi_head_attention``. With ``sow_weights`` the
   weights [..., N, T, S] are sown in "intermediates" as "attention_weights" (as flax), beside

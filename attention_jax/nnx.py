@@ -124,7 +124,7 @@ class MultiHeadAttention(_Dropping):
   inputs_q [..., T, D_in], inputs_k [..., S, D_kv] (None: inputs_q), inputs_v (None: inputs_k)
   -> [..., T, D_out].
 
-  Args (flax's):
+  Args:
     num_heads: N.
     in_features: D_in, the width of inputs_q.
     qkv_features: N * H, the width of the projected queries; default: in_features.
@@ -138,23 +138,23 @@ class MultiHeadAttention(_Dropping):
       here, by ``model.train()``/``eval()``/``nnx.view`` or at the call (the call wins).
     deterministic: no dropout.
     precision: of the matrix products.
-    kernel_init, out_kernel_init, bias_init, out_bias_init, use_bias: as flax's.
+    kernel_init: the initialiser of the projections' kernels, as flax's; likewise
+      ``out_kernel_init``, ``bias_init``, ``out_bias_init`` and ``use_bias``.
     attention_fn: None or ``attention_jax.dot_product_attention`` (the same), flax's functions,
       ``ContextParallel(mesh, axis_name)`` or yours; handed the arguments it takes.
     decode: autoregressive decoding against the key/value cache that ``init_cache`` makes
       (here or at the call).
     normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys.
-    qkv_promote_dtype, out_promote_dtype, ln_promote_dtype: only flax's default is served.
-    qkv_dot_general, out_dot_general, qkv_dot_general_cls, out_dot_general_cls: only None is
-      served; anything else raises ValueError naming it.
+    qkv_promote_dtype: only flax's default is served, as for ``out_promote_dtype`` and
+      ``ln_promote_dtype``.
+    qkv_dot_general: only None is served, as for ``out_dot_general``, ``qkv_dot_general_cls``
+      and ``out_dot_general_cls``: anything else raises ValueError naming it.
     rngs: the keys of the parameters, and of dropout ("dropout" stream, forked and kept when
       ``keep_rngs``; else the call's ``rngs``).
     keep_rngs: keep a dropout stream in the module (flax's default).
-    kernel_metadata, out_kernel_metadata, bias_metadata, out_bias_metadata,
-    query_ln_scale_metadata, key_ln_scale_metadata: metadata of the variables (e.g.
-      ``sharding_names``), as flax's.
-
-  Args (ours):
+    kernel_metadata: metadata of the projections' kernels (e.g. ``sharding_names``), as
+      flax's; likewise ``out_kernel_metadata``, ``bias_metadata``, ``out_bias_metadata``,
+      ``query_ln_scale_metadata`` and ``key_ln_scale_metadata``.
     scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (a per-head temperature [N]).
     implementation: passed to ``dot_product_attention``.
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
@@ -164,6 +164,8 @@ class MultiHeadAttention(_Dropping):
       None: plain multi-head attention. Inside ``nnx.capture(..., nnx.Intermediate)`` MoH also
       sows "head_gates" and its weighted "load_balancing" loss.
     empty_rows: what a query row with no key to attend to gives, "mean" (flax's) or "zero".
+
+  The arguments from ``scale`` on are ours; the ones before are flax's.
 
   Parameters: query {kernel [D_in, N, H], bias [N, H]}, key/value {kernel [D_kv, K, H], bias
   [K, H]} (or qkv), query_ln/key_ln {scale [H]}, out {kernel [N, H, D_out], bias [D_out]},
