@@ -27,6 +27,16 @@ def test_configs_are_valid_with_both_arms_at_one_width(mode):
   heads = heads_binding.QUICK_HEADS if quick else heads_binding.HEADS
   assert {arms[f"split_{h}"] for h in heads} == {(h, d_model // h) for h in heads}
   assert {arms[f"fixed_{h}"] for h in heads if h > 1} == {(h, d_model) for h in heads if h > 1}
+  task = mode.removesuffix("_quick")
+  extra = {f"{name}_{h}": h for name, h, _ in heads_binding.EXTRA_ARMS[task]}
+  assert set(arms) - {f"split_{h}" for h in heads} - {f"fixed_{h}" for h in heads} == (
+      set() if quick else set(extra))
+  for name, h in ({} if quick else extra).items():  # the extra arms use the standard split
+    assert arms[name] == (h, d_model // h)
+  layers = {name: sweep.variant_config(config, overrides).model.num_layers
+            for name, overrides in config.variants}
+  assert {name for name, n in layers.items() if n != 1} == {
+      name for name in arms if name.startswith("layers2")}
 
 
 def test_an_unknown_mode_names_the_valid_ones():
@@ -77,7 +87,7 @@ def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
   config.train.model.update(d_model=4, mlp_dim=8, num_layers=1)
   config.train.update(num_train_steps=4, eval_every_steps=2, checkpoint_every_steps=4,
                       batch_size=16)
-  config.variants = tuple(heads_binding.variants(4, (2,)))
+  config.variants = tuple(heads_binding.variants("farthest_point", 4, (2,)))
   records = sweep.run_sweep(config, str(tmp_path))
   assert [r["status"] for r in records] == ["ok", "ok"]
   paths = sweep_report.write(records, str(tmp_path), tuple(config.extra_evals))
