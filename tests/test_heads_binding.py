@@ -1,10 +1,33 @@
 """The heads-binding sweeps: valid configs, and reports that rank NMSE lowest-first and choose
 learning rates on the validation stream, not on the test set."""
 
+import importlib.util
+import os
+
+import numpy as np
 import pytest
 
 from configs.ablations import heads_binding
 from experiments import sweep, sweep_report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _importance_script():
+  spec = importlib.util.spec_from_file_location(
+      "head_importance", os.path.join(ROOT, "scripts", "head_importance.py"))
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  return script
+
+
+def test_essential_heads_and_the_top_share():
+  script = _importance_script()
+  importance = np.array([[0.5, 0.3, 0.01, -0.02], [0.2, 0.0, 0.0, 0.0]])  # [L, N]
+  assert script.essential_heads(importance, 0.05) == 3
+  assert script.top_share(importance, 1) == pytest.approx(0.5 / 1.01)  # negatives count as 0
+  assert script.top_share(importance, 3) == pytest.approx(1.0 / 1.01)
+  assert np.isnan(script.top_share(-importance.clip(0), 2))  # no head matters: no share
 
 
 @pytest.mark.parametrize("mode", ["multi_retrieval", "farthest_point", "multi_retrieval_quick",
@@ -95,3 +118,14 @@ def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
     report = f.read()
   assert "validation_nmse" in report and "steps to 0.1" in report
   assert {"curves", "learning_rates", "lengths", "final"} <= set(paths)
+  # Head importance of every seed at the learning rate the report chose: one value per head.
+  script = _importance_script()
+  rates = script.chosen_rates(records)
+  importances = script.variant_importances(str(tmp_path / "variants" / "fixed_2"),
+                                           rates["fixed_2"])
+  assert len(importances) == config.num_seeds
+  assert all(i.shape == (1, 2) and np.all(np.isfinite(i)) for i in importances)
+  text = script.table({"fixed_2": importances}, 0.05, 1)
+  assert text.splitlines()[2].startswith("| fixed_2 | 2 | 2 |")
+  script.plot({"fixed_2": importances}, str(tmp_path / "importance.png"), "NMSE added")
+  assert os.path.getsize(tmp_path / "importance.png") > 5000
