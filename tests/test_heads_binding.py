@@ -129,3 +129,50 @@ def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
   assert text.splitlines()[2].startswith("| fixed_2 | 2 | 2 |")
   script.plot({"fixed_2": importances}, str(tmp_path / "importance.png"), "NMSE added")
   assert os.path.getsize(tmp_path / "importance.png") > 5000
+
+
+def _predictions_script():
+  spec = importlib.util.spec_from_file_location(
+      "heads_binding_predictions", os.path.join(ROOT, "scripts", "heads_binding_predictions.py"))
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  return script
+
+
+def _nmse(means: dict) -> dict:
+  """{variant: {seed: NMSE}}: 5 seeds around each mean, the same seed offsets in every variant."""
+  offsets = (-0.02, -0.01, 0.0, 0.01, 0.02)
+  return {variant: {seed: mean + offsets[seed] * (1 + (seed * 7 + len(variant)) % 3 / 10)
+                    for seed in range(5)} for variant, mean in means.items()}
+
+
+# What the theory predicts (every check holds) ...
+THEORY_MR = {"split_1": 0.6, "split_2": 0.4, "split_4": 0.05, "split_8": 0.05, "split_16": 0.06,
+             "fixed_2": 0.4, "fixed_4": 0.05, "fixed_8": 0.05, "fixed_16": 0.05,
+             "layers2_1": 0.45, "layers2_2": 0.1, "talking_heads_2": 0.35}
+THEORY_FP = {"split_1": 0.2, "split_2": 0.3, "split_4": 0.5, "split_8": 0.7, "split_16": 0.8,
+             "fixed_2": 0.2, "fixed_4": 0.19, "fixed_8": 0.2, "fixed_16": 0.18,
+             "layers2_16": 0.75, "talking_heads_16": 0.3, "dcmha_16": 0.25}
+
+
+def test_the_predictions_hold_on_what_the_theory_predicts_and_fail_on_its_opposite():
+  script = _predictions_script()
+  rows = script.predictions(_nmse(THEORY_MR), _nmse(THEORY_FP))
+  assert [number for number, _, _ in rows] == list(range(1, 10))
+  assert all(check[1] for _, _, checks in rows for check in checks), script.table(rows)
+  # No effect of the head count anywhere (the flat curves of a task where heads do not bind):
+  flat = {variant: 0.3 for variant in THEORY_MR}
+  rows = dict((n, checks) for n, _, checks in script.predictions(_nmse(flat), _nmse(
+      {variant: 0.3 for variant in THEORY_FP})))
+  held = {n: all(check[1] for check in checks) for n, checks in rows.items()}
+  assert held == {1: False, 2: False, 3: True, 4: False, 5: False, 6: False, 7: True, 8: False,
+                  9: False}  # 8, 9: no gap to recover, untestable
+  assert [check[1] for check in rows[9]] == [None]
+  table = script.table(script.predictions(_nmse(THEORY_MR), _nmse(THEORY_FP)))
+  assert table.count("**yes**") == 9 and "split_1 - split_4 = +0.550" in table
+
+
+def test_the_predictions_read_each_variant_at_its_chosen_learning_rate():
+  script = _predictions_script()
+  records = [_record("a", {1e-3: (0.10, 0.30), 3e-3: (0.40, 0.20)})]
+  assert script.chosen_nmse(records) == {"a": {0: pytest.approx(0.39), 1: pytest.approx(0.41)}}
