@@ -24,7 +24,11 @@ import math
 import os
 import sys
 
-import numpy as np
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import statistics, sweep_report  # noqa: E402
@@ -131,11 +135,44 @@ def table(rows) -> str:
   return "\n".join(lines) + "\n"
 
 
+HEADS = (1, 2, 4, 8, 16)
+
+
+def plot(by_task: dict, path: str) -> None:
+  """Test NMSE against the head count, a panel per task ({task: {variant: {seed: NMSE}}}): the
+  standard split and the fixed head size (h = 1 is split_1 in both), means with 95% intervals
+  clipped at 0, and each extra arm as a marker at its head count."""
+  figure, axes = plt.subplots(1, len(by_task), figsize=(5 * len(by_task), 3.6), squeeze=False)
+  for axis, (task, nmse) in zip(axes[0], by_task.items()):
+    for arm, style in (("split", "-o"), ("fixed", "--s")):
+      names = ["split_1"] + [f"{arm}_{h}" for h in HEADS[1:]]
+      cells = [statistics.bounded_interval(list(nmse[n].values()), 0.0) for n in names]
+      means = np.array([c[0] for c in cells])
+      errors = np.array([[c[0] - c[1] for c in cells], [c[2] - c[0] for c in cells]])
+      label = "d_k = d_model / h" if arm == "split" else "d_k = d_model"
+      axis.errorbar(HEADS, means, yerr=errors, fmt=style, capsize=3, label=label)
+    for name in sorted(set(nmse) - {f"{a}_{h}" for a in ("split", "fixed") for h in HEADS}):
+      heads = int(name.rsplit("_", 1)[1])
+      mean, low, high = statistics.bounded_interval(list(nmse[name].values()), 0.0)
+      axis.errorbar([heads], [mean], yerr=[[mean - low], [high - mean]], fmt="x", capsize=3,
+                    label=name)
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(HEADS, [str(h) for h in HEADS])
+    axis.set_xlabel("heads h (width fixed)")
+    axis.set_ylabel("test NMSE")
+    axis.set_title(task)
+    axis.legend(fontsize=7)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--multi_retrieval", required=True, help="results.csv of that sweep")
   parser.add_argument("--farthest_point", required=True, help="results.csv of that sweep")
   parser.add_argument("--out", default=None, help="write the table here (markdown)")
+  parser.add_argument("--plot", default=None, help="draw NMSE against the head count here (png)")
   args = parser.parse_args()
   mr, fp = (chosen_nmse(sweep_report.records_from_csv(path))
             for path in (args.multi_retrieval, args.farthest_point))
@@ -143,6 +180,8 @@ def main():
   if args.out:
     with open(args.out, "w") as f:
       f.write(text)
+  if args.plot:
+    plot({"multi_retrieval": mr, "farthest_point": fp}, args.plot)
   print(text)
 
 

@@ -172,6 +172,14 @@ def test_the_predictions_hold_on_what_the_theory_predicts_and_fail_on_its_opposi
   assert table.count("**yes**") == 9 and "split_1 - split_4 = +0.550" in table
 
 
+def test_the_head_count_plot_draws_both_tasks(tmp_path):
+  script = _predictions_script()
+  path = tmp_path / "nmse_by_heads.png"
+  script.plot({"multi_retrieval": _nmse(THEORY_MR), "farthest_point": _nmse(THEORY_FP)},
+              str(path))
+  assert os.path.getsize(path) > 10000
+
+
 def test_the_predictions_read_each_variant_at_its_chosen_learning_rate():
   script = _predictions_script()
   records = [_record("a", {1e-3: (0.10, 0.30), 3e-3: (0.40, 0.20)})]
