@@ -13,16 +13,15 @@ from experiments import sweep, sweep_report
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _importance_script():
-  spec = importlib.util.spec_from_file_location(
-      "head_importance", os.path.join(ROOT, "scripts", "head_importance.py"))
+def _script(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
   script = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(script)
   return script
 
 
 def test_essential_heads_and_the_top_share():
-  script = _importance_script()
+  script = _script("head_importance")
   importance = np.array([[0.5, 0.3, 0.01, -0.02], [0.2, 0.0, 0.0, 0.0]])  # [L, N]
   assert script.essential_heads(importance, 0.05) == 3
   assert script.top_share(importance, 1) == pytest.approx(0.5 / 1.01)  # negatives count as 0
@@ -119,7 +118,7 @@ def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
   assert "validation_nmse" in report and "steps to 0.1" in report
   assert {"curves", "learning_rates", "lengths", "final"} <= set(paths)
   # Head importance of every seed at the learning rate the report chose: one value per head.
-  script = _importance_script()
+  script = _script("head_importance")
   rates = script.chosen_rates(records)
   importances = script.variant_importances(str(tmp_path / "variants" / "fixed_2"),
                                            rates["fixed_2"])
@@ -129,14 +128,6 @@ def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
   assert text.splitlines()[2].startswith("| fixed_2 | 2 | 2 |")
   script.plot({"fixed_2": importances}, str(tmp_path / "importance.png"), "NMSE added")
   assert os.path.getsize(tmp_path / "importance.png") > 5000
-
-
-def _predictions_script():
-  spec = importlib.util.spec_from_file_location(
-      "heads_binding_predictions", os.path.join(ROOT, "scripts", "heads_binding_predictions.py"))
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
-  return script
 
 
 def _nmse(means: dict) -> dict:
@@ -156,7 +147,7 @@ THEORY_FP = {"split_1": 0.2, "split_2": 0.3, "split_4": 0.5, "split_8": 0.7, "sp
 
 
 def test_the_predictions_hold_on_what_the_theory_predicts_and_fail_on_its_opposite():
-  script = _predictions_script()
+  script = _script("heads_binding_predictions")
   rows = script.predictions(_nmse(THEORY_MR), _nmse(THEORY_FP))
   assert [number for number, _, _ in rows] == list(range(1, 10))
   assert all(check[1] for _, _, checks in rows for check in checks), script.table(rows)
@@ -173,7 +164,7 @@ def test_the_predictions_hold_on_what_the_theory_predicts_and_fail_on_its_opposi
 
 
 def test_the_head_count_plot_draws_both_tasks(tmp_path):
-  script = _predictions_script()
+  script = _script("heads_binding_predictions")
   path = tmp_path / "nmse_by_heads.png"
   script.plot({"multi_retrieval": _nmse(THEORY_MR), "farthest_point": _nmse(THEORY_FP)},
               str(path))
@@ -181,6 +172,6 @@ def test_the_head_count_plot_draws_both_tasks(tmp_path):
 
 
 def test_the_predictions_read_each_variant_at_its_chosen_learning_rate():
-  script = _predictions_script()
+  script = _script("heads_binding_predictions")
   records = [_record("a", {1e-3: (0.10, 0.30), 3e-3: (0.40, 0.20)})]
   assert script.chosen_nmse(records) == {"a": {0: pytest.approx(0.39), 1: pytest.approx(0.41)}}
