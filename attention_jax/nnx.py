@@ -44,7 +44,7 @@ from attention_jax.products import dense_dot_general
 _FLAX_PROMOTE_DTYPE = nnx_dtypes.promote_dtype  # the *_promote_dtype arguments' default
 
 
-class Losses(nnx.Intermediate):
+class Losses(nnx.Variable):
   """The auxiliary losses a layer records (MoH's load balancing): NNX's counterpart of Linen's
   "losses" collection. ``nnx.capture(model, Losses)`` returns them; the training loss adds
   ``variants.auxiliary_loss({"losses": captured})``."""

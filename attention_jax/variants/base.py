@@ -15,6 +15,7 @@ key/value heads, H head dim, D input width)::
   heads(state, heads)                        each head's output [..., T, N, H] before W_O
   records(state), losses(state)              {name: value} recorded in "intermediates" and
                                              "losses" (the trainer adds the losses' mean)
+  identity(params)                           (variant, params) at which it is plain MHA (tests)
 
 A variant whose logits, normalize or weights hook is not the identity sets ``forms_maps``: the
 step then forms every head's [T, S] map itself (as the "reference" implementation does) instead
@@ -113,6 +114,11 @@ class Variant:
   def heads(self, state, heads):
     del state
     return heads
+
+  def identity(self, params):
+    """(variant, the layer's params) at which the layer computes plain multi-head attention, for
+    the tests that check it; None when there is no such setting (a sigmoid gate is never 1)."""
+    return (self, params) if type(self) is Variant else None
 
   def records(self, state) -> dict[str, jax.Array]:
     del state

@@ -120,6 +120,10 @@ class Dcmha(base.Variant):
                        "inputs_kv=None (DCFormer's cross-attention variant is not built here).")
     return params, dynamic_weights(params, inputs_q)  # queries and keys: the same positions
 
+  def identity(self, params):  # every composition's part at zero; dw1 may stay as it is
+    return self, {**params, self.name: {k: v if k == "dw1" else jnp.zeros_like(v)
+                                        for k, v in params[self.name].items()}}
+
   def _compose(self, state, maps, stage):
     params, dynamic = state
     return compose(maps, params[f"{stage}_static"], dynamic[f"{stage}_query"],

@@ -111,6 +111,11 @@ class Moh(base.Variant):
       gates = jnp.concatenate([shared_gates * groups[..., :1], gates * groups[..., 1:]], -1)
     return {"gates": gates, "probs": probs, "chosen": chosen > 0}
 
+  def identity(self, params):  # a zero router, every routed head chosen: every gate 1
+    shared, _, routed = self.moh_heads(params["out"]["kernel"].shape[0])
+    variant = dataclasses.replace(self, shared_heads=shared, routed_heads=routed)
+    return variant, {**params, self.name: jax.tree.map(jnp.zeros_like, params[self.name])}
+
   def heads(self, state, heads):
     return heads * state["gates"][..., None].astype(heads.dtype)
 

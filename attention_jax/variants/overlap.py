@@ -68,6 +68,12 @@ class Overlap(base.Variant):
   def head_width(self, head_dim):
     return head_dim + 2 * self.overlap
 
+  def identity(self, params):  # overlap 0: the heads as they were, W_O back to [N, H, D]
+    o = self.overlap
+    kernel = params["out"]["kernel"]  # [N, H + 2o, D]
+    out = {**params["out"], "kernel": kernel[:, o:kernel.shape[1] - o]}
+    return Overlap(0), {**params, "out": out}
+
   def layout(self, query, key, value):
     if self.overlap == 0:
       return query, key, value

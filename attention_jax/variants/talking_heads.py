@@ -54,6 +54,10 @@ class TalkingHeads(base.Variant):
   def prepare(self, params, inputs_q, inputs_kv, *, num_heads):
     return params
 
+  def identity(self, params):
+    eye = jnp.eye(params["out"]["kernel"].shape[0])
+    return self, {**params, self.name: {"logits_mix": eye, "weights_mix": eye}}
+
   def logits(self, state, logits):
     return mix_heads(logits, state["logits_mix"])
 
