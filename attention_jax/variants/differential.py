@@ -1,6 +1,7 @@
-"""Differential attention (Ye et al. 2025, the DIFF Transformer), as microsoft/unilm's
-Diff-Transformer/multihead_diffattn.py computes it: each head's query and key split into two
-halves of width h = H / 2 give two softmax maps, and the head attends with their difference,
+"""Differential attention (:ref:`Ye et al. 2025 <ref-ye2025>`, the DIFF Transformer), as
+microsoft/unilm's Diff-Transformer/multihead_diffattn.py computes it: each head's query and key
+split into two halves of width h = H / 2 give two softmax maps, and the head attends with their
+difference,
 
   weights = softmax(Q1 K1^T / sqrt(h)) - lambda softmax(Q2 K2^T / sqrt(h)),
   lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init,

@@ -1,10 +1,12 @@
-"""Gated attention (Qiu et al. 2025, the gate of Qwen3-Next): each head's output is multiplied
-by sigmoid(X W_g) before W_O, X being the layer's query input.
+"""Gated attention (:ref:`Qiu et al. 2025 <ref-qiu2025>`, the gate of
+Qwen3-Next): each head's output is multiplied by sigmoid(X W_g) before W_O, X
+being the layer's query input.
 
-As qiuzh20/gated_attention's modeling_qwen3.py computes it: one gate per head ("headwise", W_g
-[D, N]) or per feature ("elementwise", W_g [D, N, H], the paper's best and Qwen3-Next's); the
-gate's columns are extra columns of its q_proj (no bias there by default), drawn, as the model's
-other linear layers, from a normal of standard deviation 0.02 (its ``initializer_range``).
+As qiuzh20/gated_attention's modeling_qwen3.py computes it: one gate per head
+("headwise", W_g [D, N]) or per feature ("elementwise", W_g [D, N, H], the
+paper's best and Qwen3-Next's). The gate's columns are extra columns of its
+q_proj (no bias there by default), drawn as the model's other linear layers
+are: from a normal of standard deviation 0.02 (its ``initializer_range``).
 """
 
 from __future__ import annotations
@@ -36,12 +38,11 @@ class Gated(base.Variant):
     return {"gate": (shape, jax.nn.initializers.normal(0.02))}
 
   def prepare(self, params, inputs_q, inputs_kv, *, num_heads):
-    gate = params["gate"]
-    scores = jnp.tensordot(inputs_q, gate.astype(inputs_q.dtype), axes=1)  # [..., T, N(, H)]
-    return jax.nn.sigmoid(scores)
+    gate = params["gate"].astype(inputs_q.dtype)  # [D, N(, H)]
+    return jax.nn.sigmoid(jnp.tensordot(inputs_q, gate, axes=1))
 
-  def heads(self, state, heads):
-    gate = state if state.ndim == heads.ndim else state[..., None]  # [..., T, N, H | 1]
+  def heads(self, state, heads):  # heads [..., T, N, H]
+    gate = state if state.ndim == heads.ndim else state[..., None]
     return heads * gate.astype(heads.dtype)
 
 
