@@ -96,7 +96,7 @@ class EncoderConfig:
     # an unknown name or schedule fails here, as do head counts or widths a variant cannot use
     self.head_variant_of(0).check(num_heads=self.num_heads, head_dim=self.key_dim)
 
-  def head_variant_of(self, layer: int) -> variants.Variant:
+  def head_variant_of(self, layer: int) -> variants.base.Variant:
     """The ``variants.Variant`` of block ``layer`` (``Variant()``: plain multi-head attention)."""
     return variants.layer_variant(
         self.head_variant, layer=layer, num_layers=self.num_layers,

@@ -65,7 +65,7 @@ def resolve_scale(scale: float | str, head_dim: int) -> float:
   return float(scale)
 
 
-def variant_of(head_variant) -> variants.Variant:
+def variant_of(head_variant) -> variants.base.Variant:
   """The variant a layer runs: ``head_variant`` (a ``variants.Variant``), or plain MHA for None."""
   return variants.Variant() if head_variant is None else head_variant
 
