@@ -41,6 +41,8 @@ exclude_patterns = [
     "results/*/*/results.md",
     "results/theory_checks.md",
     "results/diagnostics/*/head_diagnostics.md",
+    "results/heads_binding/predictions.md",
+    "results/heads_binding/importance/importance.md",
 ]
 templates_path = []
 smartquotes = False  # command lines in docstrings keep their "--" and quotes

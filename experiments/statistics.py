@@ -1,4 +1,5 @@
-"""The statistics of a sweep report: 95% intervals over seeds, Welch's test between two arms,
+"""The statistics of a sweep report: 95% intervals over seeds, Welch's test between two arms, the
+paired test between two arms that share their seeds,
 steps to a target accuracy, and the learning-rate sensitivity of :ref:`Wortsman et al. (2023)
 <ref-wortsman2023>`."""
 
@@ -53,6 +54,25 @@ def welch_p(a, b) -> float:
   if a.std() == 0 and b.std() == 0:
     return 1.0 if a.mean() == b.mean() else 0.0
   return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def paired(a, b) -> tuple[float, float, float, int]:
+  """(mean of a - b, half-width of its 95% Student-t interval, two-sided p of the paired t-test,
+  pairs) over the pairs where both values are finite: ``a[i]`` and ``b[i]`` share a seed (the
+  same data order), so their difference removes what the seed adds to both.
+
+  >>> paired([0.5, 0.6, 0.7], [0.1, 0.3, 0.2])[:2]  # differences 0.4, 0.3, 0.5
+  (0.4..., 0.248...)
+  """
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  both = np.isfinite(a) & np.isfinite(b)
+  differences = a[both] - b[both]
+  mean, half = interval(differences)
+  if len(differences) < 2:
+    return mean, half, math.nan, len(differences)
+  if differences.std() == 0:
+    return mean, 0.0, 1.0 if mean == 0 else 0.0, len(differences)
+  return mean, half, float(stats.ttest_rel(a[both], b[both]).pvalue), len(differences)
 
 
 def first_step_reaching(steps, values, target: float) -> float:

@@ -151,11 +151,20 @@ def _yerr(values_per_point, name):
   return means, np.nan_to_num(np.stack([means - lows, highs - means]))
 
 
-def _ci(values, digits=3) -> str:
+def _ci(values, name="", digits=3) -> str:
+  """Mean ± the 95% half-width, or mean [low, high] where the interval would pass the range of
+  the measure ``name`` (an NMSE near 0, an accuracy near 1); small means in significant digits."""
   mean, half = statistics.interval(values)
   if math.isnan(mean):
     return "diverged"
-  return f"{mean:.{digits}f} ± {half:.{digits}f}" if not math.isnan(half) else f"{mean:.{digits}f}"
+  number = (lambda x: f"{x:.2g}") if 0 < abs(mean) < 10 ** -(digits - 1) else (
+      lambda x: f"{x:.{digits}f}")
+  if math.isnan(half):
+    return number(mean)
+  _, low, high = statistics.bounded_interval(values, *metric_range(name))
+  if low > mean - half or high < mean + half:
+    return f"{number(mean)} [{number(low)}, {number(high)}]"
+  return f"{number(mean)} ± {number(half)}"
 
 
 def _accuracy_columns(records):
@@ -236,7 +245,8 @@ def markdown(title, records, workdir=None) -> str:
   measure = primary(records)
   seeds = max((len(metrics["seed"]) for _, metrics, _ in armed), default=0)
   lines = [f"## {title}", "",
-           f"Mean ± half-width of the 95% Student-t interval over {seeds} seeds. A run whose "
+           f"Mean ± half-width of the 95% Student-t interval over {seeds} seeds (mean [low, high], "
+           "the interval clipped, where it would pass the measure's range). A run whose "
            "loss went non-finite is 'diverged': it is left out of the means and counted. "
            f"p: Welch's t-test of {measure} against the best arm training the same task "
            f"(* p < {statistics.SIGNIFICANT}).", "",
@@ -249,7 +259,7 @@ def markdown(title, records, workdir=None) -> str:
     p = (math.nan if reference is None or reference[0] == label
          else statistics.welch_p(metrics[measure], reference[1][measure]))
     diverged = sum(1 for step in metrics.get("diverged_at", []) if step)
-    lines.append(f"| {label} | " + " | ".join(_ci(metrics[c]) for c in columns)
+    lines.append(f"| {label} | " + " | ".join(_ci(metrics[c], c) for c in columns)
                  + f" | {_p_cell(p)} | {diverged} | {metrics['seconds'][0]:.0f} |")
   if _varies_learning_rate(records):
     lines += _best_lr_section(records, workdir)
@@ -317,8 +327,8 @@ def _best_lr_section(records, workdir) -> list[str]:
       lost = "eval_loss" if better else column
       losses = [statistics.interval(m[lost])[0] for _, m, r in _arm_values([record])]
       initial = math.log(record["metrics"].get("num_classes", [2])[0]) if better else 1.0
-      lines.append(f"| {variant} | {rate:g} | {_ci(metrics[column])} | "
-                   f"{_ci(metrics['eval_loss'])} | {_p_cell(p)} | {reach} | "
+      lines.append(f"| {variant} | {rate:g} | {_ci(metrics[column], column)} | "
+                   f"{_ci(metrics['eval_loss'], 'eval_loss')} | {_p_cell(p)} | {reach} | "
                    f"{statistics.lr_sensitivity(losses, initial):.3f} | "
                    f"{record['metrics'].get('parameters', ['—'])[0]} |")
   return lines

@@ -1,10 +1,33 @@
 """The heads-binding sweeps: valid configs, and reports that rank NMSE lowest-first and choose
 learning rates on the validation stream, not on the test set."""
 
+import importlib.util
+import os
+
+import numpy as np
 import pytest
 
 from configs.ablations import heads_binding
 from experiments import sweep, sweep_report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _importance_script():
+  spec = importlib.util.spec_from_file_location(
+      "head_importance", os.path.join(ROOT, "scripts", "head_importance.py"))
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  return script
+
+
+def test_essential_heads_and_the_top_share():
+  script = _importance_script()
+  importance = np.array([[0.5, 0.3, 0.01, -0.02], [0.2, 0.0, 0.0, 0.0]])  # [L, N]
+  assert script.essential_heads(importance, 0.05) == 3
+  assert script.top_share(importance, 1) == pytest.approx(0.5 / 1.01)  # negatives count as 0
+  assert script.top_share(importance, 3) == pytest.approx(1.0 / 1.01)
+  assert np.isnan(script.top_share(-importance.clip(0), 2))  # no head matters: no share
 
 
 @pytest.mark.parametrize("mode", ["multi_retrieval", "farthest_point", "multi_retrieval_quick",
@@ -27,6 +50,16 @@ def test_configs_are_valid_with_both_arms_at_one_width(mode):
   heads = heads_binding.QUICK_HEADS if quick else heads_binding.HEADS
   assert {arms[f"split_{h}"] for h in heads} == {(h, d_model // h) for h in heads}
   assert {arms[f"fixed_{h}"] for h in heads if h > 1} == {(h, d_model) for h in heads if h > 1}
+  task = mode.removesuffix("_quick")
+  extra = {f"{name}_{h}": h for name, h, _ in heads_binding.EXTRA_ARMS[task]}
+  assert set(arms) - {f"split_{h}" for h in heads} - {f"fixed_{h}" for h in heads} == (
+      set() if quick else set(extra))
+  for name, h in ({} if quick else extra).items():  # the extra arms use the standard split
+    assert arms[name] == (h, d_model // h)
+  layers = {name: sweep.variant_config(config, overrides).model.num_layers
+            for name, overrides in config.variants}
+  assert {name for name, n in layers.items() if n != 1} == {
+      name for name in arms if name.startswith("layers2")}
 
 
 def test_an_unknown_mode_names_the_valid_ones():
@@ -77,7 +110,7 @@ def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
   config.train.model.update(d_model=4, mlp_dim=8, num_layers=1)
   config.train.update(num_train_steps=4, eval_every_steps=2, checkpoint_every_steps=4,
                       batch_size=16)
-  config.variants = tuple(heads_binding.variants(4, (2,)))
+  config.variants = tuple(heads_binding.variants("farthest_point", 4, (2,)))
   records = sweep.run_sweep(config, str(tmp_path))
   assert [r["status"] for r in records] == ["ok", "ok"]
   paths = sweep_report.write(records, str(tmp_path), tuple(config.extra_evals))
@@ -85,3 +118,69 @@ def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
     report = f.read()
   assert "validation_nmse" in report and "steps to 0.1" in report
   assert {"curves", "learning_rates", "lengths", "final"} <= set(paths)
+  # Head importance of every seed at the learning rate the report chose: one value per head.
+  script = _importance_script()
+  rates = script.chosen_rates(records)
+  importances = script.variant_importances(str(tmp_path / "variants" / "fixed_2"),
+                                           rates["fixed_2"])
+  assert len(importances) == config.num_seeds
+  assert all(i.shape == (1, 2) and np.all(np.isfinite(i)) for i in importances)
+  text = script.table({"fixed_2": importances}, 0.05, 1)
+  assert text.splitlines()[2].startswith("| fixed_2 | 2 | 2 |")
+  script.plot({"fixed_2": importances}, str(tmp_path / "importance.png"), "NMSE added")
+  assert os.path.getsize(tmp_path / "importance.png") > 5000
+
+
+def _predictions_script():
+  spec = importlib.util.spec_from_file_location(
+      "heads_binding_predictions", os.path.join(ROOT, "scripts", "heads_binding_predictions.py"))
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  return script
+
+
+def _nmse(means: dict) -> dict:
+  """{variant: {seed: NMSE}}: 5 seeds around each mean, the same seed offsets in every variant."""
+  offsets = (-0.02, -0.01, 0.0, 0.01, 0.02)
+  return {variant: {seed: mean + offsets[seed] * (1 + (seed * 7 + len(variant)) % 3 / 10)
+                    for seed in range(5)} for variant, mean in means.items()}
+
+
+# What the theory predicts (every check holds) ...
+THEORY_MR = {"split_1": 0.6, "split_2": 0.4, "split_4": 0.05, "split_8": 0.05, "split_16": 0.06,
+             "fixed_2": 0.4, "fixed_4": 0.05, "fixed_8": 0.05, "fixed_16": 0.05,
+             "layers2_1": 0.45, "layers2_2": 0.1, "talking_heads_2": 0.35}
+THEORY_FP = {"split_1": 0.2, "split_2": 0.3, "split_4": 0.5, "split_8": 0.7, "split_16": 0.8,
+             "fixed_2": 0.2, "fixed_4": 0.19, "fixed_8": 0.2, "fixed_16": 0.18,
+             "layers2_16": 0.75, "talking_heads_16": 0.3, "dcmha_16": 0.25}
+
+
+def test_the_predictions_hold_on_what_the_theory_predicts_and_fail_on_its_opposite():
+  script = _predictions_script()
+  rows = script.predictions(_nmse(THEORY_MR), _nmse(THEORY_FP))
+  assert [number for number, _, _ in rows] == list(range(1, 10))
+  assert all(check[1] for _, _, checks in rows for check in checks), script.table(rows)
+  # No effect of the head count anywhere (the flat curves of a task where heads do not bind):
+  flat = {variant: 0.3 for variant in THEORY_MR}
+  rows = dict((n, checks) for n, _, checks in script.predictions(_nmse(flat), _nmse(
+      {variant: 0.3 for variant in THEORY_FP})))
+  held = {n: all(check[1] for check in checks) for n, checks in rows.items()}
+  assert held == {1: False, 2: False, 3: True, 4: False, 5: False, 6: False, 7: True, 8: False,
+                  9: False}  # 8, 9: no gap to recover, untestable
+  assert [check[1] for check in rows[9]] == [None]
+  table = script.table(script.predictions(_nmse(THEORY_MR), _nmse(THEORY_FP)))
+  assert table.count("**yes**") == 9 and "split_1 - split_4 = +0.550" in table
+
+
+def test_the_head_count_plot_draws_both_tasks(tmp_path):
+  script = _predictions_script()
+  path = tmp_path / "nmse_by_heads.png"
+  script.plot({"multi_retrieval": _nmse(THEORY_MR), "farthest_point": _nmse(THEORY_FP)},
+              str(path))
+  assert os.path.getsize(path) > 10000
+
+
+def test_the_predictions_read_each_variant_at_its_chosen_learning_rate():
+  script = _predictions_script()
+  records = [_record("a", {1e-3: (0.10, 0.30), 3e-3: (0.40, 0.20)})]
+  assert script.chosen_nmse(records) == {"a": {0: pytest.approx(0.39), 1: pytest.approx(0.41)}}

@@ -3,10 +3,11 @@
 import math
 
 import numpy as np
-
-from experiments import statistics
 import pytest
 from hypothesis import given, settings, strategies as st
+from scipy import stats as scipy_stats
+
+from experiments import statistics
 
 pytestmark = pytest.mark.quick  # in the quick subset: python -m pytest -q -n 2 -m quick
 
@@ -51,3 +52,16 @@ def test_the_bounded_interval_stays_in_range_and_is_the_t_interval_inside_it(val
   half = 0.0 if math.isnan(half) else half
   assert mean == centre
   assert low == max(centre - half, 0.0) and high == min(centre + half, 1.0)
+
+
+def test_paired_differences_against_the_t_statistic_by_hand():
+  a, b = [0.52, 0.61, 0.70, 0.55, 0.66], [0.10, 0.35, 0.18, 0.21, 0.30]
+  differences = np.subtract(a, b)
+  n, mean, sd = len(differences), differences.mean(), differences.std(ddof=1)
+  t = mean / (sd / np.sqrt(n))
+  p = 2 * scipy_stats.t.sf(abs(t), n - 1)
+  half = scipy_stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
+  assert statistics.paired(a, b) == pytest.approx((mean, half, p, n))
+  # A pair with a diverged (non-finite) side is left out; identical arms give p = 1.
+  assert statistics.paired(a + [np.nan], b + [0.2])[3] == n
+  assert statistics.paired(a, a)[1:3] == (0.0, 1.0)

@@ -64,3 +64,12 @@ def test_the_plots_are_drawn_again_from_results_csv_alone(tmp_path):
                           "probes"]
   for path in paths.values():
     assert os.path.getsize(path) > 5000
+
+
+def test_table_intervals_stay_inside_the_measures_range():
+  # An NMSE near 0 whose t-interval would pass below 0: the interval is clipped and bracketed,
+  # in significant digits; an accuracy near 1 is clipped at 1; an interval inside stays ±.
+  assert sweep_report._ci([0.0001, 0.0002, 0.0009], "eval_nmse") == "0.0004 [0, 0.0015]"
+  assert sweep_report._ci([0.5, 1.0, 1.0], "eval_accuracy") == "0.833 [0.116, 1.000]"
+  assert sweep_report._ci([0.4, 0.5, 0.6], "eval_accuracy") == "0.500 ± 0.248"
+  assert sweep_report._ci([float("nan")], "eval_nmse") == "diverged"

@@ -1,5 +1,6 @@
-"""Heads ablation: num_heads 1 .. 32 at d_model 64 (d_k = 64 .. 2) on multi-query associative
-recall, each head count at its own best learning rate.
+"""Heads on recall, a control: num_heads 1 .. 32 at d_model 64 (d_k = 64 .. 2) on multi-query
+associative recall, which one head solves (Arora et al. 2023), each head count at its own best
+learning rate. configs/ablations/heads_binding.py tests the head count where theory says it binds.
 
   python -m experiments.sweep --config=configs/ablations/heads.py --workdir=workdir/ablations/heads
   python -m experiments.sweep --config=configs/ablations/heads.py:quick --workdir=/tmp/heads

@@ -1,7 +1,7 @@
 """Heads where theory says they bind: the head count h at a fixed width, on a task that needs
 many softmax distributions (multi_retrieval) and on one that needs full-rank heads
-(farthest_point), under the standard split (d_k = d_model / h) and at a fixed head size
-(d_k = d_model for every h).
+(farthest_point), under the standard split (d_k = d_model / h), at a fixed head size
+(d_k = d_model for every h), with a second layer, and with the head variants that mix heads.
 
   python -m experiments.sweep --config=configs/ablations/heads_binding.py:multi_retrieval \
       --workdir=workdir/ablations/heads_binding/multi_retrieval
@@ -13,15 +13,20 @@ many softmax distributions (multi_retrieval) and on one that needs full-rank hea
 One sweep per task; the mode is the task, or "<task>_quick" for a smoke test of the pipeline (a
 tenth of the steps on a smaller training set, 2 seeds, 2 learning rates, h in 1 and 4).
 
-Theory: multi_retrieval (configs/multi_retrieval.py, D = 4 maxima at d_model 32) needs h >= D
-heads, one distribution per maximum (Yu et al. 2025, arXiv 2510.06662), so its NMSE should drop
-at h = D in both arms. farthest_point (configs/farthest_point.py, d = 16 at d_model 16) needs a
-head of full rank (Amsel, Yehudai & Bruna 2024, arXiv 2407.16153), so under the standard split
-its NMSE should rise with h, and stay flat with a fixed head size. At h = 1 the two arms are the
-same model, run once (split_1). Every variant trains 5 seeds x 3 learning rates as one vmapped
-program; the learning rate of each variant is chosen on a validation stream (the test split of
-data seed 1, "validation"), and the test set (data seed 0) reports it. The oracles in
-experiments/oracles.py show that the model can express both tasks.
+Theory is about one attention layer, so the model has one (each arm "layers2_<h>" adds a second).
+multi_retrieval (configs/multi_retrieval.py, D = 4 maxima at d_model 32) needs h >= D heads, one
+distribution per maximum (Yu et al. 2025, arXiv 2510.06662), so its NMSE should drop at h = D in
+both arms, and talking heads (which mix the logits and weights of the h heads, still h
+distributions after the mix) should not rescue h = 2 < D. farthest_point
+(configs/farthest_point.py, d = 16 at d_model 16) needs a head of full rank (Amsel, Yehudai &
+Bruna 2024, arXiv 2407.16153), so under the standard split its NMSE should rise with h and stay
+flat with a fixed head size; talking heads and DCMHA, which mix the logits of 16 rank-1 heads
+into full-rank logits, should recover most of the gap at h = 16. At h = 1 the split and fixed
+arms are the same model, run once (split_1). Every variant trains NUM_SEEDS seeds x 3 learning
+rates as one vmapped program; the learning rate of each variant is chosen on a validation stream
+(the test split of data seed 1, "validation"), and the test set (data seed 0) reports it. The
+oracles in experiments/oracles.py show that the model can express both tasks.
+Results, runtime and provenance: docs/results/heads_binding.md.
 """
 
 import ml_collections
@@ -31,20 +36,32 @@ from configs.ablations import sweep_config
 
 HEADS = (1, 2, 4, 8, 16)
 QUICK_HEADS = (1, 4)  # both arms, within 3 minutes on 2 CPU cores
-LEARNING_RATES = (3e-4, 1e-3, 3e-3)
+LEARNING_RATES = (3e-3, 1e-2, 3e-2)
 NUM_SEEDS = 5
 BASES = {"multi_retrieval": multi_retrieval, "farthest_point": farthest_point}
 STEPS = {"multi_retrieval": 2000, "farthest_point": 2000}
+# The arms beyond the split and the fixed head size, per task: (name, head count, overrides).
+EXTRA_ARMS = {
+    "multi_retrieval": (("layers2", 1, {"num_layers": 2}), ("layers2", 2, {"num_layers": 2}),
+                        ("talking_heads", 2, {"head_variant": "talking_heads"})),
+    "farthest_point": (("layers2", 16, {"num_layers": 2}),
+                       ("talking_heads", 16, {"head_variant": "talking_heads"}),
+                       ("dcmha", 16, {"head_variant": "dcmha"})),
+}
 # Another data seed's test split: examples the training and test sets do not hold.
 VALIDATION = {"validation": {"seed": 1, "num_train": 1}}
 
 
-def variants(d_model: int, heads):
-  """(name, overrides): split_<h> at d_k = d_model / h, fixed_<h> at d_k = d_model (h > 1)."""
+def variants(task: str, d_model: int, heads):
+  """(name, overrides): split_<h> at d_k = d_model / h, fixed_<h> at d_k = d_model (h > 1), then
+  the task's extra arms (full sweeps only)."""
   for n in heads:
     yield f"split_{n}", {"model": {"num_heads": n, "head_dim": 0}}
     if n > 1:
       yield f"fixed_{n}", {"model": {"num_heads": n, "head_dim": d_model}}
+  if heads == HEADS:
+    for name, n, overrides in EXTRA_ARMS[task]:
+      yield f"{name}_{n}", {"model": {"num_heads": n, "head_dim": 0, **overrides}}
 
 
 def get_config(mode=None):
@@ -55,8 +72,9 @@ def get_config(mode=None):
   base = BASES[task]
   sweep = sweep_config(quick, steps=STEPS[task], eval_every=STEPS[task] // 10, warmup=100,
                        base=base, extra_evals=VALIDATION,
-                       variants=variants(base.get_config().model.d_model,
+                       variants=variants(task, base.get_config().model.d_model,
                                          QUICK_HEADS if quick else HEADS))
+  sweep.train.model.num_layers = 1
   if not quick:
     sweep.num_seeds = NUM_SEEDS
   rates = LEARNING_RATES[1:] if quick else LEARNING_RATES

@@ -1,0 +1,189 @@
+"""Did the heads-binding predictions hold? Each prediction of docs/results/heads_binding.md as
+checks on the two sweeps' results, every variant at the learning rate its report chose.
+
+  python scripts/heads_binding_predictions.py \
+      --multi_retrieval=docs/results/heads_binding/multi_retrieval/results.csv \
+      --farthest_point=docs/results/heads_binding/farthest_point/results.csv \
+      --out=docs/results/heads_binding/predictions.md
+
+Comparisons are paired by seed (seed s of every variant saw the same batches in the same order):
+the mean difference of test NMSE with its 95% Student-t interval and the paired t-test's p. A
+prediction holds when all its checks do. The checks, fixed before the sweeps ran:
+- "a > b": a's NMSE is above b's, p < 0.05;
+- "a not above b": not "a > b";
+- "a ~ b": a is at most MARGIN (NMSE) above b, the interval's upper end below MARGIN;
+- "a recovers half": a's mean NMSE is at most halfway from the worse arm's to the better's
+  (untestable, so not holding, unless the worse arm is significantly above the better);
+- "largest drop": the largest fall of mean NMSE along the head counts is at the given step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments import statistics, sweep_report  # noqa: E402
+
+MARGIN = 0.05  # NMSE: 5% of the target's variance
+
+
+def chosen_nmse(records) -> dict[str, dict[int, float]]:
+  """{variant: {seed: test NMSE}} at each variant's chosen learning rate."""
+  return {variant: dict(zip(metrics["seed"], metrics["eval_nmse"]))
+          for variant, _, metrics, _ in sweep_report.best_learning_rates(records)}
+
+
+def _pair(nmse, a, b):
+  seeds = sorted(set(nmse[a]) & set(nmse[b]))
+  return [nmse[a][s] for s in seeds], [nmse[b][s] for s in seeds]
+
+
+def _difference(nmse, a, b) -> tuple[float, float, float, str]:
+  mean, half, p, n = statistics.paired(*_pair(nmse, a, b))
+  half = 0.0 if math.isnan(half) else half
+  return mean, half, p, (f"{a} - {b} = {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}], "
+                         f"p {p:.2g}, {n} seeds")
+
+
+def above(nmse, a, b):
+  mean, _, p, text = _difference(nmse, a, b)
+  return f"{a} > {b}", mean > 0 and p < statistics.SIGNIFICANT, text
+
+
+def not_above(nmse, a, b):
+  name, held, text = above(nmse, a, b)
+  return f"{a} not above {b}", not held, text
+
+
+def close(nmse, a, b):
+  mean, half, _, text = _difference(nmse, a, b)
+  return f"{a} ~ {b} (within {MARGIN:g})", mean + half < MARGIN, text
+
+
+def _mean(nmse, a) -> float:
+  return float(np.nanmean(list(nmse[a].values())))
+
+
+def recovers_half(nmse, a, worse, better):
+  """Whether ``a`` sits at most halfway from ``worse`` to ``better``; untestable (False) unless
+  ``worse`` is significantly above ``better``."""
+  gap = _mean(nmse, worse) - _mean(nmse, better)
+  recovered = (_mean(nmse, worse) - _mean(nmse, a)) / gap if gap else math.nan
+  name = f"{a} recovers half of {worse} -> {better}"
+  if not above(nmse, worse, better)[1]:
+    return name, None, f"no significant gap: {_difference(nmse, worse, better)[3]}"
+  return (name, recovered >= 0.5,
+          f"recovers {recovered:.0%} of a gap of {gap:.3f} NMSE ({a} {_mean(nmse, a):.3f}, "
+          f"{worse} {_mean(nmse, worse):.3f}, {better} {_mean(nmse, better):.3f})")
+
+
+def short_of_half(nmse, a, worse, better):
+  _, held, text = recovers_half(nmse, a, worse, better)
+  return (f"{a} recovers less than half of {worse} -> {better}",
+          None if held is None else not held, text)
+
+
+def largest_drop(nmse, chain, at: int):
+  means = [_mean(nmse, v) for v in chain]
+  drops = [means[i] - means[i + 1] for i in range(len(chain) - 1)]
+  step = int(np.argmax(drops))
+  return (f"largest drop {chain[at]} -> {chain[at + 1]}", step == at,
+          "means " + ", ".join(f"{v} {m:.3f}" for v, m in zip(chain, means)))
+
+
+def predictions(mr, fp) -> list[tuple[int, str, list]]:
+  """(number, task, checks) per prediction; mr and fp: {variant: {seed: NMSE}}."""
+  split = ["split_1", "split_2", "split_4", "split_8", "split_16"]
+  fixed = ["split_1", "fixed_2", "fixed_4", "fixed_8", "fixed_16"]
+  return [
+      (1, "multi_retrieval", [above(mr, "split_1", "split_4"), above(mr, "split_2", "split_4"),
+                              above(mr, "split_2", "split_8"), above(mr, "split_2", "split_16"),
+                              largest_drop(mr, split, 1)]),
+      (2, "multi_retrieval", [above(mr, "fixed_2", "fixed_4"), largest_drop(mr, fixed, 1)]),
+      (3, "multi_retrieval", [close(mr, "split_8", "split_4"), close(mr, "split_16", "split_4")]),
+      (4, "multi_retrieval", [above(mr, "talking_heads_2", "split_4"),
+                              short_of_half(mr, "talking_heads_2", "split_2", "split_4")]),
+      (5, "multi_retrieval", [recovers_half(mr, "layers2_2", "split_2", "split_4"),
+                              not_above(mr, "split_2", "layers2_1")]),
+      (6, "farthest_point", [above(fp, "split_16", "split_1"), above(fp, "split_4", "split_1")]),
+      (7, "farthest_point", [not_above(fp, v, "split_1") for v in fixed[1:]]),
+      (8, "farthest_point", [recovers_half(fp, "talking_heads_16", "split_16", "split_1"),
+                             recovers_half(fp, "dcmha_16", "split_16", "split_1")]),
+      (9, "farthest_point", [short_of_half(fp, "layers2_16", "split_16", "split_1")]),
+  ]
+
+
+def table(rows) -> str:
+  lines = ["| prediction | task | check | measured | check holds | prediction held |",
+           "|---|---|---|---|---|---|"]
+  for number, task, checks in rows:
+    held = all(check[1] for check in checks)
+    for i, (name, check_held, text) in enumerate(checks):
+      verdict = {True: "yes", False: "no", None: "untestable"}[check_held]
+      lines.append(f"| {number if i == 0 else ''} | {task if i == 0 else ''} | {name} | {text} | "
+                   f"{verdict} | "
+                   f"{('**yes**' if held else '**no**') if i == 0 else ''} |")
+  return "\n".join(lines) + "\n"
+
+
+HEADS = (1, 2, 4, 8, 16)
+
+
+def plot(by_task: dict, path: str) -> None:
+  """Test NMSE against the head count, a panel per task ({task: {variant: {seed: NMSE}}}): the
+  standard split and the fixed head size (h = 1 is split_1 in both), means with 95% intervals
+  clipped at 0, and each extra arm as a marker at its head count."""
+  figure, axes = plt.subplots(1, len(by_task), figsize=(5 * len(by_task), 3.6), squeeze=False)
+  for axis, (task, nmse) in zip(axes[0], by_task.items()):
+    for arm, style in (("split", "-o"), ("fixed", "--s")):
+      names = ["split_1"] + [f"{arm}_{h}" for h in HEADS[1:]]
+      cells = [statistics.bounded_interval(list(nmse[n].values()), 0.0) for n in names]
+      means = np.array([c[0] for c in cells])
+      errors = np.array([[c[0] - c[1] for c in cells], [c[2] - c[0] for c in cells]])
+      label = "d_k = d_model / h" if arm == "split" else "d_k = d_model"
+      axis.errorbar(HEADS, means, yerr=errors, fmt=style, capsize=3, label=label)
+    for name in sorted(set(nmse) - {f"{a}_{h}" for a in ("split", "fixed") for h in HEADS}):
+      heads = int(name.rsplit("_", 1)[1])
+      mean, low, high = statistics.bounded_interval(list(nmse[name].values()), 0.0)
+      axis.errorbar([heads], [mean], yerr=[[mean - low], [high - mean]], fmt="x", capsize=3,
+                    label=name)
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(HEADS, [str(h) for h in HEADS])
+    axis.set_xlabel("heads h (width fixed)")
+    axis.set_ylabel("test NMSE")
+    axis.set_title(task)
+    axis.legend(fontsize=7)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--multi_retrieval", required=True, help="results.csv of that sweep")
+  parser.add_argument("--farthest_point", required=True, help="results.csv of that sweep")
+  parser.add_argument("--out", default=None, help="write the table here (markdown)")
+  parser.add_argument("--plot", default=None, help="draw NMSE against the head count here (png)")
+  args = parser.parse_args()
+  mr, fp = (chosen_nmse(sweep_report.records_from_csv(path))
+            for path in (args.multi_retrieval, args.farthest_point))
+  text = table(predictions(mr, fp))
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(text)
+  if args.plot:
+    plot({"multi_retrieval": mr, "farthest_point": fp}, args.plot)
+  print(text)
+
+
+if __name__ == "__main__":
+  main()
