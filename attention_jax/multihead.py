@@ -303,10 +303,13 @@ def apply_weights(weights, value):
 def _dropout(weights, rate: float, rng, *, broadcast: bool, shares_queries: bool):
   """Inverted dropout on weights [..., N, T, S], flax's masks bernoulli(rng, 1 - rate, shape):
   one mask [T, S] for every batch entry and head with ``broadcast``; with ``shares_queries``
-  one for every query (mesh-tensorflow's talking heads)."""
+  one mask [..., N, 1, S] for every query, whatever ``broadcast`` says (mesh-tensorflow's
+  talking heads)."""
   shape = list(weights.shape)
-  shape[:-2] = [1] * (len(shape) - 2) if broadcast else shape[:-2]
-  shape[-2] = 1 if shares_queries else shape[-2]
+  if shares_queries:
+    shape[-2] = 1
+  elif broadcast:
+    shape[:-2] = [1] * (len(shape) - 2)
   keep = jax.random.bernoulli(rng, 1.0 - rate, tuple(shape))
   return weights * (keep.astype(weights.dtype) / jnp.asarray(1.0 - rate, weights.dtype))
 

@@ -322,13 +322,14 @@ def test_talking_heads_dropout_shares_one_mask_over_the_queries():
   query = key = jnp.zeros((1, length, HEADS, 2))
   value = jnp.broadcast_to(jnp.eye(length)[None, :, None, :], (1, length, HEADS, length))
   eye = jnp.eye(HEADS)
-  heads, _, _ = multihead.variant_attention(
-      query, key, value, variant=variant, state={"logits_mix": eye, "weights_mix": eye},
-      num_heads=HEADS, scale=1.0, dropout_rate=0.5, dropout_rng=jax.random.key(0),
-      broadcast_dropout=False)
-  kept = np.asarray(heads[0] != 0)  # [T, N, S]: the weight of key s at query t, head n
-  assert np.all(kept == kept[:1]) and not np.all(kept == kept[:, :1])  # per head, not per query
-  assert 0 < kept.mean() < 1
+  for broadcast in (False, True):  # mesh-tensorflow's mask [B, N, 1, S] either way
+    heads, _, _ = multihead.variant_attention(
+        query, key, value, variant=variant, state={"logits_mix": eye, "weights_mix": eye},
+        num_heads=HEADS, scale=1.0, dropout_rate=0.5, dropout_rng=jax.random.key(0),
+        broadcast_dropout=broadcast)
+    kept = np.asarray(heads[0] != 0)  # [T, N, S]: the weight of key s at query t, head n
+    assert np.all(kept == kept[:1]) and not np.all(kept == kept[:, :1])  # per head, not query
+    assert 0 < kept.mean() < 1
 
 
 def test_dcmha_rank_and_moh_without_routed_heads_follow_their_code():

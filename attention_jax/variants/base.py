@@ -59,7 +59,8 @@ class Variant:
   #: None when decoding with a key/value cache works; else why not, completing
   #: "head variant '<name>' ..." in one line
   decoding: ClassVar[str | None] = None
-  #: attention dropout shares its mask over the query axis (mesh-tensorflow's talking heads)
+  #: attention dropout draws one mask [..., N, 1, S] shared by the queries, whatever
+  #: broadcast_dropout says (mesh-tensorflow's talking heads)
   dropout_shares_queries: ClassVar[bool] = False
 
   @classmethod

@@ -5,8 +5,8 @@ a learned [N, N] matrix before the softmax, the weights by another after it.
 Following that code: the mixes have no bias and are drawn from a truncated normal (cut at two
 standard deviations, standard deviation 1/sqrt(N), not rescaled after the cut:
 ``tf.truncated_normal_initializer``); bias and mask are added after the logits mix; attention
-dropout acts on the mixed weights with one mask shared by every query (its ``noise_shape`` drops
-the length axis). Its 1/sqrt(d_k) sits in W_Q's initialisation; here it is the usual scale (the
+dropout acts on the mixed weights with one mask [..., N, 1, S] shared by every query (its
+``noise_shape`` drops the length axis), whatever ``broadcast_dropout`` says. Its 1/sqrt(d_k) sits in W_Q's initialisation; here it is the usual scale (the
 same function).
 """
 
