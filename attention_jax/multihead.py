@@ -322,11 +322,23 @@ def variant_attention(query, key, value, bias=None, mask=None, *, variant, state
                       return_residual: bool = False, logits_soft_cap: float | None = None,
                       empty_rows: str = "mean", **structure):
   """Attention for a variant that forms its own maps (``forms_maps``): ``head_maps`` with its
-  hooks, dropout, then the weights applied to the values. query [..., T, N', H], key
-  [..., S, K', H], value [..., S, K, H_v] (after the variant's layout) -> (heads [..., T, N,
-  H_v], (weights,) with ``return_weights``, (logits, weights)). The arguments are validated as
+  hooks, dropout, then the weights applied to the values. The arguments are validated as
   ``dot_product_attention`` validates them, against N heads; an empty row gets zero weights (a
-  variant's weights need not be a softmax)."""
+  variant's weights need not be a softmax).
+
+  Args:
+    query: [..., T, N', H], key [..., S, K', H], value [..., S, K, H_v]: after the variant's
+      layout (N' = N but for a variant that splits heads).
+    bias, mask, scale, is_causal, dropout_rate, dropout_rng, broadcast_dropout, deterministic,
+      return_weights, logits_soft_cap, **structure: as in ``dot_product_attention``.
+    variant: the ``variants.Variant``; ``state``: what its prepare hook gave for this call.
+    num_heads: N, the heads of the output.
+    implementation, attention_fn, return_residual, empty_rows: what the call asked of a kernel;
+      anything but None / "reference" (and no residual) is refused in one line.
+
+  Returns:
+    (heads [..., T, N, H_v], (weights,) with ``return_weights`` else (), (logits, weights)).
+  """
   if implementation not in (None, "reference") or attention_fn is not None:
     asked = (f"implementation={implementation!r}" if attention_fn is None
              else f"attention_fn={attention_fn!r}")
