@@ -326,15 +326,16 @@ def variant_attention(query, key, value, bias=None, mask=None, *, variant, state
   ``dot_product_attention`` validates them, against N heads; an empty row gets zero weights (a
   variant's weights need not be a softmax).
 
+  The other arguments are ``dot_product_attention``'s; ``implementation`` other than None or
+  "reference", an ``attention_fn`` and ``return_residual`` are refused in one line.
+
   Args:
-    query: [..., T, N', H], key [..., S, K', H], value [..., S, K, H_v]: after the variant's
-      layout (N' = N but for a variant that splits heads).
-    bias, mask, scale, is_causal, dropout_rate, dropout_rng, broadcast_dropout, deterministic,
-      return_weights, logits_soft_cap, **structure: as in ``dot_product_attention``.
-    variant: the ``variants.Variant``; ``state``: what its prepare hook gave for this call.
-    num_heads: N, the heads of the output.
-    implementation, attention_fn, return_residual, empty_rows: what the call asked of a kernel;
-      anything but None / "reference" (and no residual) is refused in one line.
+    query: [..., T, N', H], after the variant's layout (N' = N unless it splits heads).
+    key: [..., S, K', H], likewise.
+    value: [..., S, K, H_v].
+    variant: the ``variants.Variant``.
+    state: what the variant's prepare hook gave for this call.
+    num_heads: N, the heads of the output (``bias`` and ``mask`` broadcast to [..., N, T, S]).
 
   Returns:
     (heads [..., T, N, H_v], (weights,) with ``return_weights`` else (), (logits, weights)).
