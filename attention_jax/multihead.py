@@ -543,48 +543,28 @@ def flat_init(init: Callable, shape, input_dims: int) -> Callable:
   return initialize
 
 
-class _Weights(nn.Module):
-  """Holds one projection's kernel (and bias) and hands them back as a dict (the parameters of
-  flax's DenseGeneral, drawn as it draws them: ``flat_init``)."""
-  kernel_shape: tuple[int, ...]
-  input_dims: int  # how many leading kernel dims are contracted with the input
-  use_bias: bool
-  kernel_init: Callable
-  bias_init: Callable
-  param_dtype: Any
-
-  @nn.compact
-  def __call__(self):
-    shape = self.kernel_shape
-    weights = {"kernel": self.param("kernel", flat_init(self.kernel_init, shape, self.input_dims),
-                                    shape, self.param_dtype)}
-    if self.use_bias:
-      bias_shape = shape[self.input_dims:]
-      weights["bias"] = self.param("bias", flat_init(self.bias_init, bias_shape, 0), bias_shape,
-                                   self.param_dtype)
-    return weights
+def projection_specs(kernel_shape, input_dims: int, *, use_bias: bool, kernel_init,
+                     bias_init) -> dict[str, tuple[tuple[int, ...], Callable]]:
+  """{"kernel": (shape, initializer), "bias": ...}: the parameters of one projection, drawn as
+  flax's DenseGeneral (Linen) and LinearGeneral (NNX) draw theirs (``flat_init``); the specs the
+  Linen and NNX holders declare alike."""
+  specs = {"kernel": (kernel_shape, flat_init(kernel_init, kernel_shape, input_dims))}
+  if use_bias:
+    bias_shape = kernel_shape[input_dims:]
+    specs["bias"] = (bias_shape, flat_init(bias_init, bias_shape, 0))
+  return specs
 
 
-class _VariantParams(nn.Module):
-  """Holds the parameters a head variant adds, {name: array}, from its ``params`` hook."""
-  specs: Any  # ((name, shape, initializer), ...)
+class _Params(nn.Module):
+  """Holds parameters declared by specs ((name, shape, initializer), ...) and hands them back
+  as {name: array}: a projection's kernel and bias, a QK-norm's scale, a head variant's own."""
+  specs: Any
   param_dtype: Any
 
   @nn.compact
   def __call__(self):
     return {name: self.param(name, init, shape, self.param_dtype)
             for name, shape, init in self.specs}
-
-
-class _NormScale(nn.Module):
-  """Holds the learned scale [H] of a QK LayerNorm (flax's LayerNorm(use_bias=False) layout)."""
-  features: int
-  param_dtype: Any
-
-  @nn.compact
-  def __call__(self):
-    return {"scale": self.param("scale", nn.initializers.ones_init(), (self.features,),
-                                self.param_dtype)}
 
 
 def check_heads(num_heads: int, num_kv_heads: int | None, fused_qkv: bool = False) -> int:
@@ -715,8 +695,12 @@ class MultiHeadDotProductAttention(nn.Module):
   def _weights(self, name, kernel_shape, input_dims=1, out=False):
     kernel_init = (out and self.out_kernel_init) or self.kernel_init
     bias_init = (out and self.out_bias_init) or self.bias_init
-    return _Weights(kernel_shape, input_dims, self.use_bias, kernel_init, bias_init,
-                    self.param_dtype, name=name)()
+    return self._group(name, projection_specs(kernel_shape, input_dims, use_bias=self.use_bias,
+                                              kernel_init=kernel_init, bias_init=bias_init))
+
+  def _group(self, name, specs):
+    return _Params(tuple((key, shape, init) for key, (shape, init) in specs.items()),
+                   self.param_dtype, name=name)()
 
   def _parameters(self, d_in: int, d_k: int, d_v: int, head_dim: int):
     heads = (self.num_heads, head_dim)
@@ -732,14 +716,13 @@ class MultiHeadDotProductAttention(nn.Module):
     variant.check(num_heads=self.num_heads, head_dim=head_dim)
     if self.normalize_qk:
       for name in ("query_ln", "key_ln"):
-        params[name] = _NormScale(variant.key_width(head_dim), self.param_dtype, name=name)()
+        params[name] = self._group(name, {"scale": ((variant.key_width(head_dim),),
+                                                    nn.initializers.ones_init())})
     params["out"] = self._weights("out", (self.num_heads, variant.head_width(head_dim), d_out),
                                   input_dims=2, out=True)
     specs = variant.params(in_features=d_in, num_heads=self.num_heads, head_dim=head_dim)
     if specs:
-      params[variant.name] = _VariantParams(tuple((name, shape, init) for name, (shape, init)
-                                                  in specs.items()), self.param_dtype,
-                                            name=variant.name)()
+      params[variant.name] = self._group(variant.name, specs)
     if self.scale == "learned":
       params["temperature"] = self.param(
           "temperature", nn.initializers.constant(resolve_scale("learned", head_dim)),

@@ -75,47 +75,17 @@ class _Dropping(nnx.Module):
     return self.deterministic if deterministic is None else deterministic
 
 
-class _Projection(nnx.Module):
-  """A kernel [*in, *out] (and bias [*out]) that returns itself as {"kernel", "bias"}: the
-  parameters of flax's LinearGeneral, drawn as it draws them (``multihead.flat_init``; sharding
-  metadata kept) with ``metadata`` on the variables."""
+class _Params(nnx.Module):
+  """Parameters declared by specs {name: (shape, initializer)} (``multihead.projection_specs``,
+  a QK-norm's scale, a head variant's own), each drawn from ``rngs.params()`` in order as flax
+  draws its own, with ``metadata[name]`` on its variable; called, it returns {name: array}."""
 
-  def __init__(self, kernel_shape, input_dims, *, use_bias, kernel_init, bias_init, param_dtype,
-               rngs: nnx.Rngs, kernel_metadata=MappingProxyType({}),
-               bias_metadata=MappingProxyType({})):
-    init = multihead.flat_init(kernel_init, kernel_shape, input_dims)
-    self.kernel = nnx.Param(init(rngs.params(), kernel_shape, param_dtype), **kernel_metadata)
-    bias_shape = kernel_shape[input_dims:]
-    self.bias = nnx.Param(multihead.flat_init(bias_init, bias_shape, 0)(
-        rngs.params(), bias_shape, param_dtype), **bias_metadata) if use_bias else nnx.data(None)
-
-  def __call__(self):
-    weights = {"kernel": self.kernel[...]}
-    if self.bias is not None:
-      weights["bias"] = self.bias[...]
-    return weights
-
-
-class _Scale(nnx.Module):
-  """The learned scale [H] of a QK LayerNorm (flax's LayerNorm(use_bias=False) layout; it draws a
-  key as flax's does, so the parameters after it get flax's keys)."""
-
-  def __init__(self, features: int, param_dtype, *, rngs: nnx.Rngs,
-               metadata=MappingProxyType({})):
-    self.scale = nnx.Param(nnx.initializers.ones_init()(rngs.params(), (features,), param_dtype),
-                           **metadata)
-
-  def __call__(self):
-    return {"scale": self.scale[...]}
-
-
-class _VariantParams(nnx.Module):
-  """The parameters a head variant adds ({name: array}, from its ``params`` hook)."""
-
-  def __init__(self, specs: dict, param_dtype, rngs: nnx.Rngs):
+  def __init__(self, specs: dict, param_dtype, rngs: nnx.Rngs,
+               metadata: Mapping = MappingProxyType({})):
     self.names = tuple(specs)
     for name, (shape, init) in specs.items():
-      setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype)))
+      setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype),
+                                    **metadata.get(name, {})))
 
   def __call__(self):
     return {name: getattr(self, name)[...] for name in self.names}
@@ -240,28 +210,29 @@ class MultiHeadAttention(_Dropping):
     self.head_dim = variant.head_width(head_dim)  # of the values and W_O (MOHSA: H + 2o)
     heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
     d_out = in_features if out_features is None else out_features
-    weights = dict(use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
-                   param_dtype=param_dtype, rngs=rngs, kernel_metadata=kernel_metadata,
-                   bias_metadata=bias_metadata)
+
+    def projection(shape, input_dims=1, out=False):  # flax's LinearGeneral: kernel, bias
+      specs = multihead.projection_specs(
+          shape, input_dims, use_bias=use_bias, bias_init=(out and out_bias_init) or bias_init,
+          kernel_init=(out and out_kernel_init) or kernel_init)
+      metadata = {"kernel": (out and out_kernel_metadata) or kernel_metadata,
+                  "bias": (out and out_bias_metadata) or bias_metadata}
+      return _Params(specs, param_dtype, rngs, metadata)
     if fused_qkv:
-      self.qkv = _Projection((in_features, 3) + heads, 1, **weights)  # [D_in, 3, N, H]
+      self.qkv = projection((in_features, 3) + heads)  # [D_in, 3, N, H]
     else:  # flax's order, so that the same rngs give flax's parameters
-      self.query = _Projection((in_features,) + heads, 1, **weights)  # [D_in, N, H]
-      self.key = _Projection((in_kv_features,) + kv_heads, 1, **weights)  # [D_kv, K, H]
-      self.value = _Projection((in_kv_features,) + kv_heads, 1, **weights)
+      self.query = projection((in_features,) + heads)  # [D_in, N, H]
+      self.key = projection((in_kv_features,) + kv_heads)  # [D_kv, K, H]
+      self.value = projection((in_kv_features,) + kv_heads)
     if normalize_qk:
-      width = variant.key_width(head_dim)
-      self.query_ln = _Scale(width, param_dtype, rngs=rngs, metadata=query_ln_scale_metadata)
-      self.key_ln = _Scale(width, param_dtype, rngs=rngs, metadata=key_ln_scale_metadata)
-    out_weights = dict(weights, kernel_init=out_kernel_init or kernel_init,
-                       bias_init=out_bias_init or bias_init,
-                       kernel_metadata=out_kernel_metadata or kernel_metadata,
-                       bias_metadata=out_bias_metadata or bias_metadata)
-    self.out = _Projection((num_heads, self.head_dim, d_out), 2, **out_weights)  # [N, H, D_out]
+      scale_spec = {"scale": ((variant.key_width(head_dim),), nnx.initializers.ones_init())}
+      self.query_ln = _Params(scale_spec, param_dtype, rngs, {"scale": query_ln_scale_metadata})
+      self.key_ln = _Params(scale_spec, param_dtype, rngs, {"scale": key_ln_scale_metadata})
+    self.out = projection((num_heads, self.head_dim, d_out), 2, out=True)  # [N, H, D_out]
     self.rngs = rngs["dropout"].fork() if keep_rngs and dropout_rate > 0.0 else None
     specs = variant.params(in_features=in_features, num_heads=num_heads, head_dim=head_dim)
     if specs:
-      setattr(self, variant.name, _VariantParams(specs, param_dtype, rngs))
+      setattr(self, variant.name, _Params(specs, param_dtype, rngs))
     self.variant_groups = (variant.name,) if specs else ()
     if scale == "learned":
       self.temperature = nnx.Param(
