@@ -357,3 +357,17 @@ def test_the_mixes_and_routers_are_drawn_as_their_code_draws_them():
   (shape, init) = variants.get("moh").params(in_features=256, num_heads=16,
                                              head_dim=2)["router"]
   np.testing.assert_allclose(np.asarray(init(jax.random.key(0), shape)).std(), 0.02, rtol=0.05)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if variants.REGISTRY[n].forms_maps])
+def test_a_variant_forming_its_maps_validates_as_dot_product_attention(name):
+  layer, params = _layer_and_params(name)
+  x = _x()
+  for options, words in (({"logits_soft_cap": -1.0}, "logits_soft_cap"),
+                         ({"query_segment_ids": jnp.zeros((2, T), jnp.int32)}, "both"),
+                         ({"key_value_seq_lengths": jnp.ones((3,), jnp.int32)},
+                          "key_value_seq_lengths"),
+                         ({"mask": jnp.ones((2, 3, T, T), bool)}, "mask")):
+    with pytest.raises(ValueError, match=words) as error:
+      layer.apply({"params": params}, x, **options)
+    assert "\n" not in str(error.value)
