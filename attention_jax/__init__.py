@@ -5,6 +5,7 @@ Depends only on jax, flax, chex and numpy.
 
 from attention_jax import diagnostics
 from attention_jax import head_variants
+from attention_jax import variants
 from attention_jax.attention import IMPLEMENTATIONS
 from attention_jax.attention import dot_product_attention
 from attention_jax.attention import select_implementation

@@ -20,10 +20,10 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from attention_jax import head_variants
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
+from attention_jax import variants
 from attention_jax.products import dense_dot_general
 
 POOLINGS = ("cls", "mean")
@@ -59,12 +59,12 @@ class EncoderConfig:
   pad_id: int = 0                       # token id of padding
   num_classes: int = 2                  # classifier only
   pooling: str = "cls"                  # classifier only: "cls" token or masked "mean"
-  # Head variants (head_variants.py): a name in head_variants.VARIANTS, MoH's shared heads and
+  # Head variants (attention_jax/variants/): a name in variants.REGISTRY, MoH's shared heads and
   # routed top-k (-1: N // 2 and N // 4), overlapping heads' per-layer overlap schedule.
   head_variant: str = "mha"
   moh_shared_heads: int = -1
   moh_routed_heads: int = -1
-  overlap_schedule: str = "index"       # a name in head_variants.OVERLAP_SCHEDULES (MOHSA's)
+  overlap_schedule: str = "index"       # a name in variants.overlap.SCHEDULES (MOHSA's)
   # The self-attention module class; None = MultiHeadAttention. Another class must take the same
   # constructor fields (num_heads, scale, dropout_rate, implementation, qk_transform) and call
   # signature (x, mask=, bias=, deterministic=), e.g. a wrapper of flax's attention; it also gets
@@ -93,13 +93,12 @@ class EncoderConfig:
     for name in sizes:
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
-    variant = self.head_variant_of(0)  # an unknown name or schedule fails here
-    if variant is not None and variant.name == "moh":
-      variant.moh_heads(self.num_heads)  # as do head counts MoH cannot split
+    # an unknown name or schedule fails here, as do head counts or widths a variant cannot use
+    self.head_variant_of(0).check(num_heads=self.num_heads, head_dim=self.key_dim)
 
-  def head_variant_of(self, layer: int):
-    """The head_variants.HeadVariant of block ``layer`` (None: plain multi-head attention)."""
-    return head_variants.layer_variant(
+  def head_variant_of(self, layer: int) -> variants.base.Variant:
+    """The ``variants.Variant`` of block ``layer`` (``Variant()``: plain multi-head attention)."""
+    return variants.layer_variant(
         self.head_variant, layer=layer, num_layers=self.num_layers,
         overlap_schedule=self.overlap_schedule, shared_heads=self.moh_shared_heads,
         routed_heads=self.moh_routed_heads)
@@ -194,7 +193,7 @@ class EncoderBlock(nn.Module):
     options = {**({"qkv_features": cfg.num_heads * cfg.head_dim} if cfg.head_dim else {}),
                **({"normalize_qk": True} if cfg.normalize_qk else {}),
                **({"attention_fn": cfg.attention_fn} if cfg.attention_fn else {}),
-               **({"head_variant": variant} if variant is not None else {})}
+               **({"head_variant": variant} if variant.name != "mha" else {})}
     attention = attention_module(
         num_heads=cfg.num_heads, scale=cfg.attention_scale,
         dropout_rate=cfg.attention_dropout_rate, implementation=cfg.attention_impl,

@@ -12,8 +12,8 @@ Parameters (the layout of ``flax.linen.MultiHeadDotProductAttention``, so weight
   qkv (fused):     {"kernel": [D_in, 3, N, H], "bias": [3, N, H]} replaces query/key/value
   temperature:     [N], only with scale="learned"
   query_ln/key_ln: {"scale": [H]}, only with normalize_qk (as flax's ``normalize_qk``)
-  talking_heads / dcmha / moh: a head variant's own, head_variants.parameter_specs (overlapping
-                   heads widen out's H and query_ln/key_ln's to H + 2o instead)
+  <variant name>:  a head variant's own (``attention_jax.variants``), e.g. "moh"; a variant may
+                   change out's H (Variant.head_width) and query_ln/key_ln's (key_width)
   key/value with num_kv_heads = K: {"kernel": [D_in, K, H], "bias": [K, H]}
 """
 
@@ -29,11 +29,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from attention_jax import _checks
 from attention_jax import attention as attention_lib
-from attention_jax import head_variants
 from attention_jax import kv_cache
 from attention_jax import masks as masks_lib
 from attention_jax import reference
+from attention_jax import variants
 from attention_jax.products import dense_product
 
 QK_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's default, so normalize_qk matches flax's
@@ -62,6 +63,11 @@ def resolve_scale(scale: float | str, head_dim: int) -> float:
     raise ValueError(f"attention scale must be a number or a name in {sorted(SCALES)}, "
                      f"got {scale!r}.")
   return float(scale)
+
+
+def variant_of(head_variant) -> variants.base.Variant:
+  """The variant a layer runs: ``head_variant`` (a ``variants.Variant``), or plain MHA for None."""
+  return variants.Variant() if head_variant is None else head_variant
 
 
 def head_dim_of(d_model: int, num_heads: int) -> int:
@@ -140,23 +146,27 @@ def attention_inputs(params, inputs_q, inputs_k=None, inputs_v=None, *,
   [..., T, D_in], [..., S, D_k], [..., S, D_v] -> query [..., T, N, H], key, value [..., S, K, H],
   scale (inputs_k, inputs_v: flax's defaults, see ``key_value_inputs``).
   ``positions`` [T] (decoding: where the new tokens sit) reach ``qk_transform`` as
-  ``positions=``; by default it sees positions 0, 1, ... ``head_variant``
-  (head_variants.HeadVariant): overlapping heads widen H to H + 2o here.
+  ``positions=``; by default it sees positions 0, 1, ... ``head_variant``: its layout hook
+  rearranges the heads here (overlapping heads widen them, differential attention halves them),
+  and the scale is that of its ``scale_dim``.
   """
+  variant = variant_of(head_variant)
   inputs_k, inputs_v = key_value_inputs(inputs_q, inputs_k, inputs_v)
   query, key, value = project_qkv(params, inputs_q, inputs_k, inputs_v, dtype=dtype,
                                   precision=precision)  # [..., T|S, N|K, H]
-  head_dim = query.shape[-1]  # the scale's d_k, before a head variant widens the heads (MOHSA)
-  query, key, value = head_variants.head_layout(head_variant, query, key, value)
+  scale_dim = variant.scale_dim(query.shape[-1])
+  query, key, value = variant.layout(query, key, value)
   if "query_ln" in params:
     query = qk_layer_norm(query, params["query_ln"]["scale"])
     key = qk_layer_norm(key, params["key_ln"]["scale"])
   if qk_transform is not None:
     query, key = (qk_transform(query, key) if positions is None else
                   qk_transform(query, key, positions=positions))
-  if scale == "learned":  # a per-head temperature, folded into the query
-    return query * params["temperature"][:, None].astype(query.dtype), key, value, 1.0
-  return query, key, value, resolve_scale(scale, head_dim)
+  if scale == "learned":  # a per-head temperature, folded into the query (and its sub-heads)
+    temperature = params["temperature"]
+    temperature = jnp.repeat(temperature, query.shape[-2] // temperature.shape[0])
+    return query * temperature[:, None].astype(query.dtype), key, value, 1.0
+  return query, key, value, resolve_scale(scale, scale_dim)
 
 
 #: The arguments an ``attention_fn`` may be handed and the values that ask nothing of it: a
@@ -201,11 +211,13 @@ def call_attention_fn(attention_fn, query, key, value, **arguments):
 
 class Step(NamedTuple):
   """What one multi-head attention call computes: its output ([..., T, D_out], or a tuple with
-  the weights and residual when asked for), the updated cache (decoding) and the maps (logits,
-  weights), each [..., N, T, S], when asked for; None otherwise."""
+  the weights and residual when asked for), the updated cache (decoding), and what it records,
+  {collection: {name: value}}: in "intermediates" the maps "attention_logits" and
+  "attention_weights" [..., N, T, S] when asked for and the variant's records (MoH's
+  "head_gates"), in "losses" the variant's auxiliary losses. Linen and NNX record these alike."""
   output: Any
   cache: kv_cache.KVCache | None = None
-  maps: tuple[jax.Array, jax.Array] | None = None
+  records: dict[str, dict[str, jax.Array]] = {}
 
 
 def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
@@ -216,14 +228,14 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
                               attention_fn: Callable | None = None, dtype=None, precision=None,
                               cache: kv_cache.KVCache | None = None, return_maps: bool = False,
                               head_variant=None, **attention_args) -> Step:
-  """``multi_head_attention`` with a key/value cache and the attention maps: what the modules
+  """``multi_head_attention`` with a key/value cache and what it records: what the modules
   run. With ``cache`` (decoding), inputs_q [..., T, D_in] are the next T tokens: their keys and
   values are appended to the cache, and they attend to every cached position up to their own
-  (causal by construction; ``is_causal`` is then implied). ``return_maps``: also the logits and
-  weights [..., N, T, S] that the softmax sees and gives (before dropout), computed from the same
-  queries and keys beside the output, which they leave unchanged (with talking heads or DCMHA:
-  the mixed logits and the mixed, possibly negative, weights that they apply). ``head_variant``:
-  see ``multi_head_attention``.
+  (causal by construction; ``is_causal`` is then implied). ``return_maps``: also record the
+  logits and weights [..., N, T, S] that the softmax sees and gives (before dropout), computed
+  from the same queries and keys beside the output, which they leave unchanged (for a variant
+  that forms its own maps, those it applies: mixed, possibly negative). ``head_variant``: see
+  ``multi_head_attention``; its hooks are called here, in the order ``variants.base`` lists.
 
   >>> x = jnp.ones((2, 5, 16))  # [B, T, D_in]
   >>> variables = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)
@@ -232,42 +244,134 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
   >>> step.output.shape, int(step.cache.index)
   ((2, 1, 16), 1)
   """
-  if cache is not None and head_variants.mixes(head_variant):
-    raise ValueError(f"head variant {head_variant.name!r} mixes every head's weights at each "
-                     "(query, key) pair, which decoding with a key/value cache does not keep; "
-                     "decode with plain heads, MoH or overlapping heads.")
+  variant = variant_of(head_variant)
+  if cache is not None and variant.decoding:
+    raise ValueError(f"head variant {variant.name!r} {variant.decoding}")
   positions = None if cache is None else kv_cache.positions(cache, inputs_q.shape[-2])
   inputs_k, inputs_v = key_value_inputs(inputs_q, inputs_k, inputs_v)
+  num_heads = params["out"]["kernel"].shape[0]
+  state = variant.prepare(params.get(variant.name, {}), inputs_q, inputs_k, num_heads=num_heads)
   # The named scopes label the three parts in profiles (scripts/profile_train.py).
   with jax.named_scope("qkv_projection"):
     query, key, value, scale = attention_inputs(
         params, inputs_q, inputs_k, inputs_v, scale=scale, qk_transform=qk_transform,
-        dtype=dtype, precision=precision, positions=positions, head_variant=head_variant)
+        dtype=dtype, precision=precision, positions=positions, head_variant=variant)
   if cache is not None:
     cache, visible = kv_cache.append(cache, key, value)  # visible [T, L]
     key, value = cache.key.astype(query.dtype), cache.value.astype(query.dtype)
     mask, is_causal = masks_lib.combine_masks(mask, visible), False
-  # head variants: talking heads and DCMHA mix heads inside attention, MoH gates heads after it
-  attention_fn = head_variants.attention_fn(params, inputs_q, inputs_k, head_variant,
-                                            attention_fn)
   dropout = {"dropout_rate": dropout_rate, "dropout_rng": dropout_rng,
              "broadcast_dropout": broadcast_dropout, "deterministic": False} if (
                  dropout_rate > 0.0) else {}
+  maps = None
   with jax.named_scope("dot_product_attention"), attention_lib.default_precision(precision):
-    result = call_attention_fn(
-        attention_fn, query, key, value, bias=bias, mask=mask, scale=scale,
-        is_causal=is_causal, return_weights=return_weights, implementation=implementation,
-        dtype=dtype, precision=precision, **dropout, **attention_args)
-  heads, *extras = result if isinstance(result, tuple) else (result,)  # heads [..., T, N, H]
-  heads = head_variants.gate_heads(params, inputs_q, heads, head_variant)
+    if variant.forms_maps:
+      heads, extras, maps = variant_attention(
+          query, key, value, bias, mask, variant=variant, state=state, num_heads=num_heads,
+          scale=scale, is_causal=is_causal, return_weights=return_weights,
+          implementation=implementation, attention_fn=attention_fn, **dropout,
+          **attention_args)
+    else:
+      result = call_attention_fn(
+          attention_fn or attention_lib.dot_product_attention, query, key, value, bias=bias,
+          mask=mask, scale=scale, is_causal=is_causal, return_weights=return_weights,
+          implementation=implementation, dtype=dtype, precision=precision, **dropout,
+          **attention_args)
+      heads, *extras = result if isinstance(result, tuple) else (result,)  # [..., T, N, H]
+      if return_maps:
+        maps = head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal,
+                         **attention_args)
+  heads = variant.heads(state, heads)
   with jax.named_scope("out_projection"):
     output = project_out(params, heads, dtype=dtype, precision=precision)  # [..., T, D_out]
-  maps = None
-  if return_maps:
-    with attention_lib.default_precision(precision):
-      maps = _maps(params, inputs_q, inputs_k, query, key, scale=scale, mask=mask, bias=bias,
-                   is_causal=is_causal, head_variant=head_variant, **attention_args)
-  return Step((output, *extras) if extras else output, cache, maps)
+  intermediates = dict(zip(("attention_logits", "attention_weights"), maps)) if (
+      return_maps) else {}
+  records = {"intermediates": {**intermediates, **variant.records(state)},
+             variants.LOSSES: variant.losses(state)}
+  return Step((output, *extras) if extras else output, cache, records)
+
+
+def apply_weights(weights, value):
+  """sum_s w[n, t, s] v[s, n // G] per head: [..., N, T, S], [..., S, K, H] -> [..., T, N, H]."""
+  num_kv_heads = value.shape[-2]
+  grouped = jnp.reshape(weights, weights.shape[:-3] + (num_kv_heads, -1) + weights.shape[-2:])
+  out = jnp.einsum("...kgts,...ksh->...kgth", grouped,
+                   reference.heads_first(value).astype(weights.dtype))  # [..., K, G, T, H]
+  return reference.heads_first(jnp.reshape(out, out.shape[:-4] + (-1,) + out.shape[-2:]))
+
+
+def _dropout(weights, rate: float, rng, *, broadcast: bool, shares_queries: bool):
+  """Inverted dropout on weights [..., N, T, S], flax's masks bernoulli(rng, 1 - rate, shape):
+  one mask [T, S] for every batch entry and head with ``broadcast``; with ``shares_queries``
+  one mask [..., N, 1, S] for every query, whatever ``broadcast`` says (mesh-tensorflow's
+  talking heads)."""
+  shape = list(weights.shape)
+  if shares_queries:
+    shape[-2] = 1
+  elif broadcast:
+    shape[:-2] = [1] * (len(shape) - 2)
+  keep = jax.random.bernoulli(rng, 1.0 - rate, tuple(shape))
+  return weights * (keep.astype(weights.dtype) / jnp.asarray(1.0 - rate, weights.dtype))
+
+
+def variant_attention(query, key, value, bias=None, mask=None, *, variant, state, num_heads: int,
+                      scale: float, is_causal: bool = False, dropout_rate: float = 0.0,
+                      dropout_rng=None, broadcast_dropout: bool = True,
+                      deterministic: bool = False, return_weights: bool = False,
+                      implementation: str | None = None, attention_fn=None,
+                      return_residual: bool = False, logits_soft_cap: float | None = None,
+                      empty_rows: str = "mean", **structure):
+  """Attention for a variant that forms its own maps (``forms_maps``): ``head_maps`` with its
+  hooks, dropout, then the weights applied to the values. The arguments are validated as
+  ``dot_product_attention`` validates them, against N heads; an empty row gets zero weights (a
+  variant's weights need not be a softmax).
+
+  The other arguments are ``dot_product_attention``'s; ``implementation`` other than None or
+  "reference", an ``attention_fn`` and ``return_residual`` are refused in one line.
+
+  Args:
+    query: [..., T, N', H], after the variant's layout (N' = N unless it splits heads).
+    key: [..., S, K', H], likewise.
+    value: [..., S, K, H_v].
+    variant: the ``variants.Variant``.
+    state: what the variant's prepare hook gave for this call.
+    num_heads: N, the heads of the output (``bias`` and ``mask`` broadcast to [..., N, T, S]).
+
+  Returns:
+    (heads [..., T, N, H_v], (weights,) with ``return_weights`` else (), (logits, weights)).
+  """
+  if implementation not in (None, "reference") or attention_fn is not None:
+    asked = (f"implementation={implementation!r}" if attention_fn is None
+             else f"attention_fn={attention_fn!r}")
+    raise ValueError(f"{asked} cannot serve head variant {variant.name!r}: it forms every "
+                     "head's logits at each (query, key) pair itself; leave implementation=None "
+                     "(or 'reference') and attention_fn=None.")
+  if return_residual:
+    raise ValueError(f"return_residual: head variant {variant.name!r} applies weights that are "
+                     "no softmax, so there is no log-sum-exp to return; call without it.")
+  del empty_rows  # see the docstring
+  mask = None if mask is None else jnp.asarray(mask)
+  mask = mask if mask is None or mask.dtype == jnp.bool_ else mask != 0  # flax's float masks
+  bias = None if bias is None else jnp.asarray(bias)
+  _checks.check_mask_and_bias(mask, bias, query.shape[:-3] + (num_heads, query.shape[-3],
+                                                             key.shape[-3]))
+  arrays = ("query_seq_lengths", "key_value_seq_lengths", "query_segment_ids", "key_segment_ids")
+  structure.update({name: None if structure.get(name) is None else jnp.asarray(structure[name])
+                    for name in arrays})
+  _checks.check_structure(query, key, **{name: structure[name] for name in arrays})
+  _checks.local_window(structure.get("local_window_size"))
+  dropout_rate = 0.0 if deterministic else dropout_rate
+  if dropout_rate > 0.0 and dropout_rng is None:
+    raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key).")
+  maps = head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal,
+                   logits_soft_cap=_checks.soft_cap(logits_soft_cap), variant=variant,
+                   state=state, **structure)
+  attended = maps[1]
+  if dropout_rate > 0.0:
+    attended = _dropout(attended, dropout_rate, dropout_rng, broadcast=broadcast_dropout,
+                        shares_queries=variant.dropout_shares_queries)
+  heads = apply_weights(attended, value).astype(query.dtype)  # [..., T, N, H_v]
+  return heads, (maps[1],) if return_weights else (), maps
 
 
 def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
@@ -295,8 +399,9 @@ def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask
     dtype: the dtype of the computation (None: the promoted dtype of the inputs and the
       parameters), e.g. bfloat16 over float32 parameters, as flax's ``dtype``.
     precision: of the matrix products (a ``jax.lax.Precision`` or its name), as flax's.
-    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping heads)
-      or None (plain multi-head attention); its parameters are in ``params``.
+    head_variant: a ``variants.Variant`` (``variants.get(name)``: talking heads, DCMHA, MoH,
+      overlapping heads, gated, differential, yours) or None (plain multi-head attention); its
+      parameters are in ``params[variant.name]``.
     **attention_args: the other keyword arguments of ``dot_product_attention``
       (query_seq_lengths, key_value_seq_lengths, local_window_size, logits_soft_cap,
       query_segment_ids, key_segment_ids, return_residual, empty_rows).
@@ -318,13 +423,23 @@ def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask
       head_variant=head_variant, **attention_args).output
 
 
+def _per_head(x, heads: int):
+  """A mask or bias [..., N, T, S] repeated for a variant's sub-heads (differential attention's
+  2N halves); unchanged when it has 1 or ``heads`` heads."""
+  if x is None or x.ndim < 3 or x.shape[-3] in (1, heads):
+    return x
+  return jnp.repeat(x, heads // x.shape[-3], axis=-3)
+
+
 def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool = False,
               logits_soft_cap: float | None = None, return_residual: bool = False,
-              empty_rows: str = "mean", **structure):
+              empty_rows: str = "mean", variant=None, state=None, **structure):
   """(logits, weights), each [..., N, T, S], of projected query [..., T, N, H] and key
   [..., S, K, H]: the logits Q K^T * scale + bias and the masked softmax that
   ``dot_product_attention`` with the same arguments applies (before dropout). ``structure``:
-  the sequence lengths, local window and segment ids, as there.
+  the sequence lengths, local window and segment ids, as there. With a ``variant`` (and the
+  ``state`` its prepare hook gave) that forms its own maps: its logits, normalize and weights
+  hooks, the weights masked again (the logits then have the variant's heads, the weights N).
 
   >>> q = k = jnp.ones((2, 6, 4, 8))  # [B, T, N, H]
   >>> logits, weights = head_maps(q, k, scale=0.5, is_causal=True)
@@ -332,26 +447,23 @@ def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool
   ((2, 4, 6, 6), 0.5)
   """
   del return_residual  # the maps are the same either way
+  variant = variant_of(variant)
   logits = reference.attention_logits(query, key, scale=scale,
-                                      logits_soft_cap=logits_soft_cap)  # [..., N, T, S]
-  logits = logits if bias is None else logits + bias
+                                      logits_soft_cap=logits_soft_cap)  # [..., N', T, S]
+  logits = variant.logits(state, logits)
+  heads = logits.shape[-3]
+  logits = logits if bias is None else logits + _per_head(bias, heads)
   mask = attention_lib.structure_mask(None if mask is None else jnp.asarray(mask) != 0,
                                       *logits.shape[-2:], **structure)
-  weights = reference.logits_to_weights(logits, mask, is_causal=is_causal)
+  weights = variant.normalize(state, logits, _per_head(mask, heads), is_causal=is_causal)
+  if variant.forms_maps:  # DCFormer masks again after its weights composition
+    weights = variant.weights(state, weights)
+    allowed = reference.mask_logits(jnp.zeros(logits.shape[-2:]), mask, is_causal=is_causal) == 0
+    return logits, jnp.where(allowed, weights, 0.0)
   if empty_rows == "mean":  # what dot_product_attention applies to a row with no key
     empty = ~jnp.any(weights > 0.0, axis=-1, keepdims=True)  # [..., N, T, 1]
     weights = jnp.where(empty, jnp.asarray(1.0 / weights.shape[-1], weights.dtype), weights)
   return logits, weights
-
-
-def _maps(params, inputs_q, inputs_k, query, key, *, head_variant=None, **options):
-  """head_maps of the projected query and key, or the maps a mixing head variant applies."""
-  if not head_variants.mixes(head_variant):
-    return head_maps(query, key, **options)
-  options.pop("return_residual", None)  # the maps are the same either way
-  logits_mix, weights_mix = head_variants.head_mixes(params, inputs_q, inputs_k, head_variant)
-  return head_variants.mixed_maps(query, key, options.pop("bias", None), options.pop("mask", None),
-                                  logits_mix=logits_mix, weights_mix=weights_mix, **options)
 
 
 def attention_maps(params, inputs_q, inputs_k=None, *, mask=None, bias=None,
@@ -361,8 +473,8 @@ def attention_maps(params, inputs_q, inputs_k=None, *, mask=None, bias=None,
   """(logits, weights), each [..., N, T, S]: what ``multi_head_attention`` with the same
   arguments computes inside (the weights before dropout). ``options``: those of ``head_maps``
   (logits_soft_cap, sequence lengths, local window, segment ids). The modules sow these when
-  asked. With talking heads or DCMHA: the mixed logits and the mixed (possibly negative) weights
-  that it applies.
+  asked. For a variant that forms its own maps (talking heads, DCMHA, differential): the logits
+  and the (possibly negative) weights that it applies.
 
   >>> x = jnp.ones((2, 6, 32))  # [B, T, D_in]
   >>> params = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)["params"]
@@ -370,11 +482,15 @@ def attention_maps(params, inputs_q, inputs_k=None, *, mask=None, bias=None,
   >>> weights.shape
   (2, 4, 6, 6)
   """
+  variant = variant_of(head_variant)
+  inputs_k = inputs_q if inputs_k is None else inputs_k
+  state = variant.prepare(params.get(variant.name, {}), inputs_q, inputs_k,
+                          num_heads=params["out"]["kernel"].shape[0])
   query, key, _, scale = attention_inputs(params, inputs_q, inputs_k, scale=scale,
                                           qk_transform=qk_transform, dtype=dtype,
-                                          precision=precision, head_variant=head_variant)
-  return _maps(params, inputs_q, inputs_k, query, key, scale=scale, mask=mask, bias=bias,
-               is_causal=is_causal, head_variant=head_variant, **options)
+                                          precision=precision, head_variant=variant)
+  return head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal,
+                   variant=variant, state=state, **options)
 
 
 def multi_head_attention_logits(params, inputs_q, inputs_k=None, *, bias=None,
@@ -427,48 +543,28 @@ def flat_init(init: Callable, shape, input_dims: int) -> Callable:
   return initialize
 
 
-class _Weights(nn.Module):
-  """Holds one projection's kernel (and bias) and hands them back as a dict (the parameters of
-  flax's DenseGeneral, drawn as it draws them: ``flat_init``)."""
-  kernel_shape: tuple[int, ...]
-  input_dims: int  # how many leading kernel dims are contracted with the input
-  use_bias: bool
-  kernel_init: Callable
-  bias_init: Callable
-  param_dtype: Any
-
-  @nn.compact
-  def __call__(self):
-    shape = self.kernel_shape
-    weights = {"kernel": self.param("kernel", flat_init(self.kernel_init, shape, self.input_dims),
-                                    shape, self.param_dtype)}
-    if self.use_bias:
-      bias_shape = shape[self.input_dims:]
-      weights["bias"] = self.param("bias", flat_init(self.bias_init, bias_shape, 0), bias_shape,
-                                   self.param_dtype)
-    return weights
+def projection_specs(kernel_shape, input_dims: int, *, use_bias: bool, kernel_init,
+                     bias_init) -> dict[str, tuple[tuple[int, ...], Callable]]:
+  """{"kernel": (shape, initializer), "bias": ...}: the parameters of one projection, drawn as
+  flax's DenseGeneral (Linen) and LinearGeneral (NNX) draw theirs (``flat_init``); the specs the
+  Linen and NNX holders declare alike."""
+  specs = {"kernel": (kernel_shape, flat_init(kernel_init, kernel_shape, input_dims))}
+  if use_bias:
+    bias_shape = kernel_shape[input_dims:]
+    specs["bias"] = (bias_shape, flat_init(bias_init, bias_shape, 0))
+  return specs
 
 
-class _VariantParams(nn.Module):
-  """Holds the parameters a head variant adds, {name: array}, from head_variants.parameter_specs."""
-  specs: Any  # ((name, shape, initializer), ...)
+class _Params(nn.Module):
+  """Holds parameters declared by specs ((name, shape, initializer), ...) and hands them back
+  as {name: array}: a projection's kernel and bias, a QK-norm's scale, a head variant's own."""
+  specs: Any
   param_dtype: Any
 
   @nn.compact
   def __call__(self):
     return {name: self.param(name, init, shape, self.param_dtype)
             for name, shape, init in self.specs}
-
-
-class _NormScale(nn.Module):
-  """Holds the learned scale [H] of a QK LayerNorm (flax's LayerNorm(use_bias=False) layout)."""
-  features: int
-  param_dtype: Any
-
-  @nn.compact
-  def __call__(self):
-    return {"scale": self.param("scale", nn.initializers.ones_init(), (self.features,),
-                                self.param_dtype)}
 
 
 def check_heads(num_heads: int, num_kv_heads: int | None, fused_qkv: bool = False) -> int:
@@ -542,8 +638,8 @@ class MultiHeadDotProductAttention(nn.Module):
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
     qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings; while
       decoding it is called with ``positions=`` [T], the new tokens' positions.
-    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping
-      heads); None: plain multi-head attention. Its parameters sit under params[variant name].
+    head_variant: a ``variants.Variant`` (``variants.get(name)``; see ``attention_jax.variants``);
+      None: plain multi-head attention. Its parameters sit under params[variant.name].
     empty_rows: what a query row with no key to attend to gives, "mean" (flax's) or "zero" (see
       ``dot_product_attention``).
 
@@ -552,8 +648,9 @@ class MultiHeadDotProductAttention(nn.Module):
   ``is_causal`` and the keyword arguments of ``multi_head_attention``. With ``sow_weights`` the
   weights [..., N, T, S] are sown in "intermediates" as "attention_weights" (as flax), beside
   the logits "attention_logits", computed beside the output (which they leave unchanged);
-  ``sow_weights=None`` sows whenever "intermediates" is mutable. MoH sows its "head_gates" in
-  "intermediates" and its weighted load-balancing loss in "losses" when they are mutable.
+  ``sow_weights=None`` sows whenever "intermediates" is mutable. A head variant's records
+  (MoH's "head_gates") are sown in "intermediates" and its auxiliary losses (MoH's weighted
+  "load_balancing") in "losses", each whenever that collection is mutable.
 
   >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
   >>> layer = MultiHeadDotProductAttention(num_heads=8, qkv_features=256)  # 8 heads of d_k = 32
@@ -598,8 +695,12 @@ class MultiHeadDotProductAttention(nn.Module):
   def _weights(self, name, kernel_shape, input_dims=1, out=False):
     kernel_init = (out and self.out_kernel_init) or self.kernel_init
     bias_init = (out and self.out_bias_init) or self.bias_init
-    return _Weights(kernel_shape, input_dims, self.use_bias, kernel_init, bias_init,
-                    self.param_dtype, name=name)()
+    return self._group(name, projection_specs(kernel_shape, input_dims, use_bias=self.use_bias,
+                                              kernel_init=kernel_init, bias_init=bias_init))
+
+  def _group(self, name, specs):
+    return _Params(tuple((key, shape, init) for key, (shape, init) in specs.items()),
+                   self.param_dtype, name=name)()
 
   def _parameters(self, d_in: int, d_k: int, d_v: int, head_dim: int):
     heads = (self.num_heads, head_dim)
@@ -611,15 +712,17 @@ class MultiHeadDotProductAttention(nn.Module):
       params = {"query": self._weights("query", (d_in,) + heads),
                 "key": self._weights("key", (d_k,) + kv_heads),
                 "value": self._weights("value", (d_v,) + kv_heads)}
-    width = head_variants.head_width(self.head_variant, head_dim)  # H, or H + 2o (MOHSA)
+    variant = variant_of(self.head_variant)
+    variant.check(num_heads=self.num_heads, head_dim=head_dim)
     if self.normalize_qk:
       for name in ("query_ln", "key_ln"):
-        params[name] = _NormScale(width, self.param_dtype, name=name)()
-    params["out"] = self._weights("out", (self.num_heads, width, d_out), input_dims=2, out=True)
-    for group, specs in head_variants.parameter_specs(
-        self.head_variant, in_features=d_in, num_heads=self.num_heads).items():
-      params[group] = _VariantParams(tuple((name, shape, init) for name, (shape, init)
-                                           in specs.items()), self.param_dtype, name=group)()
+        params[name] = self._group(name, {"scale": ((variant.key_width(head_dim),),
+                                                    nn.initializers.ones_init())})
+    params["out"] = self._weights("out", (self.num_heads, variant.head_width(head_dim), d_out),
+                                  input_dims=2, out=True)
+    specs = variant.params(in_features=d_in, num_heads=self.num_heads, head_dim=head_dim)
+    if specs:
+      params[variant.name] = self._group(variant.name, specs)
     if self.scale == "learned":
       params["temperature"] = self.param(
           "temperature", nn.initializers.constant(resolve_scale("learned", head_dim)),
@@ -688,13 +791,9 @@ class MultiHeadDotProductAttention(nn.Module):
         **attention_args)
     if step.cache is not None:
       store(step.cache)
-    if step.maps is not None:
-      self.sow("intermediates", "attention_logits", step.maps[0])
-      self.sow("intermediates", "attention_weights", step.maps[1])
-    for collection, name, value in head_variants.sown(
-        params, inputs_q, self.head_variant, self.num_heads,
-        collections=[c for c in head_variants.SOWN if self.is_mutable_collection(c)]):
-      self.sow(collection, name, value)
+    for collection, records in step.records.items():  # sown where the collection is mutable
+      for name, value in records.items():
+        self.sow(collection, name, value)
     return step.output
 
 

@@ -13,7 +13,9 @@ call; the keys come from the ``rngs`` given to the constructor ("dropout" stream
 
 Attention maps: inside ``nnx.capture(..., nnx.Intermediate)`` each MultiHeadAttention sows
 "attention_logits" and "attention_weights" [..., N, T, S], computed beside the output (which does
-not change), as the Linen module does when "intermediates" is mutable.
+not change), and its head variant's records, as the Linen module does when "intermediates" is
+mutable; inside ``nnx.capture(..., Losses)`` it sows the variant's auxiliary losses (MoH's
+"load_balancing"), as the Linen module does when "losses" is mutable.
 
 Shape letters: B batch, T tokens, S keys, D d_model, N heads, H head dim, C classes.
 """
@@ -31,22 +33,32 @@ import jax
 import jax.numpy as jnp
 
 from attention_jax import encoder as encoder_lib
-from attention_jax import head_variants
 from attention_jax import kv_cache
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
+from attention_jax import variants
 from attention_jax.products import dense_dot_general
 
 
 _FLAX_PROMOTE_DTYPE = nnx_dtypes.promote_dtype  # the *_promote_dtype arguments' default
 
 
-def _capturing(module: nnx.Module) -> bool:
-  """True inside ``nnx.capture(..., nnx.Intermediate)``: NNX's counterpart of Linen's mutable
-  "intermediates" collection. (``nnx.capture`` marks the modules it runs with ``__captures__``;
-  outside it a ``sow`` would set an attribute instead, which flax 0.12 deprecates.)"""
-  return any(type(v) is nnx.Intermediate for v in getattr(module, "__captures__", ()))
+class Losses(nnx.Variable):
+  """The auxiliary losses a layer records (MoH's load balancing): NNX's counterpart of Linen's
+  "losses" collection. ``nnx.capture(model, Losses)`` returns them; the training loss adds
+  ``variants.auxiliary_loss({"losses": captured})``."""
+
+
+#: The variable type that records each collection of ``multihead.Step.records``.
+RECORDED_AS = {"intermediates": nnx.Intermediate, variants.LOSSES: Losses}
+
+
+def _capturing(module: nnx.Module, variable_type=nnx.Intermediate) -> bool:
+  """True inside ``nnx.capture(..., variable_type)``: NNX's counterpart of a mutable Linen
+  collection. (``nnx.capture`` marks the modules it runs with ``__captures__``; outside it a
+  ``sow`` would set an attribute instead, which flax 0.12 deprecates.)"""
+  return any(type(v) is variable_type for v in getattr(module, "__captures__", ()))
 
 
 class _Dropping(nnx.Module):
@@ -63,47 +75,17 @@ class _Dropping(nnx.Module):
     return self.deterministic if deterministic is None else deterministic
 
 
-class _Projection(nnx.Module):
-  """A kernel [*in, *out] (and bias [*out]) that returns itself as {"kernel", "bias"}: the
-  parameters of flax's LinearGeneral, drawn as it draws them (``multihead.flat_init``; sharding
-  metadata kept) with ``metadata`` on the variables."""
+class _Params(nnx.Module):
+  """Parameters declared by specs {name: (shape, initializer)} (``multihead.projection_specs``,
+  a QK-norm's scale, a head variant's own), each drawn from ``rngs.params()`` in order as flax
+  draws its own, with ``metadata[name]`` on its variable; called, it returns {name: array}."""
 
-  def __init__(self, kernel_shape, input_dims, *, use_bias, kernel_init, bias_init, param_dtype,
-               rngs: nnx.Rngs, kernel_metadata=MappingProxyType({}),
-               bias_metadata=MappingProxyType({})):
-    init = multihead.flat_init(kernel_init, kernel_shape, input_dims)
-    self.kernel = nnx.Param(init(rngs.params(), kernel_shape, param_dtype), **kernel_metadata)
-    bias_shape = kernel_shape[input_dims:]
-    self.bias = nnx.Param(multihead.flat_init(bias_init, bias_shape, 0)(
-        rngs.params(), bias_shape, param_dtype), **bias_metadata) if use_bias else nnx.data(None)
-
-  def __call__(self):
-    weights = {"kernel": self.kernel[...]}
-    if self.bias is not None:
-      weights["bias"] = self.bias[...]
-    return weights
-
-
-class _Scale(nnx.Module):
-  """The learned scale [H] of a QK LayerNorm (flax's LayerNorm(use_bias=False) layout; it draws a
-  key as flax's does, so the parameters after it get flax's keys)."""
-
-  def __init__(self, features: int, param_dtype, *, rngs: nnx.Rngs,
-               metadata=MappingProxyType({})):
-    self.scale = nnx.Param(nnx.initializers.ones_init()(rngs.params(), (features,), param_dtype),
-                           **metadata)
-
-  def __call__(self):
-    return {"scale": self.scale[...]}
-
-
-class _VariantParams(nnx.Module):
-  """The parameters a head variant adds ({name: array}, head_variants.parameter_specs)."""
-
-  def __init__(self, specs: dict, param_dtype, rngs: nnx.Rngs):
+  def __init__(self, specs: dict, param_dtype, rngs: nnx.Rngs,
+               metadata: Mapping = MappingProxyType({})):
     self.names = tuple(specs)
     for name, (shape, init) in specs.items():
-      setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype)))
+      setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype),
+                                    **metadata.get(name, {})))
 
   def __call__(self):
     return {name: getattr(self, name)[...] for name in self.names}
@@ -160,9 +142,10 @@ class MultiHeadAttention(_Dropping):
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
     qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE; while
       decoding it is called with ``positions=`` [T].
-    head_variant: a ``head_variants.HeadVariant`` (talking heads, DCMHA, MoH, overlapping heads);
-      None: plain multi-head attention. Inside ``nnx.capture(..., nnx.Intermediate)`` MoH also
-      sows "head_gates" and its weighted "load_balancing" loss.
+    head_variant: a ``variants.Variant`` (``variants.get(name)``; see ``attention_jax.variants``);
+      None: plain multi-head attention. Its records (MoH's "head_gates") are sown inside
+      ``nnx.capture(..., nnx.Intermediate)``, its auxiliary losses (MoH's "load_balancing")
+      inside ``nnx.capture(..., Losses)``, whatever ``sow_weights`` says.
     empty_rows: what a query row with no key to attend to gives, "mean" (flax's) or "zero".
 
   The arguments from ``scale`` on are ours; the ones before are flax's.
@@ -222,33 +205,35 @@ class MultiHeadAttention(_Dropping):
     self.attention_fn, self.dtype, self.precision, self.decode = (attention_fn, dtype, precision,
                                                                   decode)
     self.num_kv_heads, self.head_variant = num_kv_heads, head_variant
-    self.head_dim = head_variants.head_width(head_variant, head_dim)  # H, or H + 2o (MOHSA)
+    variant = multihead.variant_of(head_variant)
+    variant.check(num_heads=num_heads, head_dim=head_dim)
+    self.head_dim = variant.head_width(head_dim)  # of the values and W_O (MOHSA: H + 2o)
     heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
     d_out = in_features if out_features is None else out_features
-    weights = dict(use_bias=use_bias, kernel_init=kernel_init, bias_init=bias_init,
-                   param_dtype=param_dtype, rngs=rngs, kernel_metadata=kernel_metadata,
-                   bias_metadata=bias_metadata)
+
+    def projection(shape, input_dims=1, out=False):  # flax's LinearGeneral: kernel, bias
+      specs = multihead.projection_specs(
+          shape, input_dims, use_bias=use_bias, bias_init=(out and out_bias_init) or bias_init,
+          kernel_init=(out and out_kernel_init) or kernel_init)
+      metadata = {"kernel": (out and out_kernel_metadata) or kernel_metadata,
+                  "bias": (out and out_bias_metadata) or bias_metadata}
+      return _Params(specs, param_dtype, rngs, metadata)
     if fused_qkv:
-      self.qkv = _Projection((in_features, 3) + heads, 1, **weights)  # [D_in, 3, N, H]
+      self.qkv = projection((in_features, 3) + heads)  # [D_in, 3, N, H]
     else:  # flax's order, so that the same rngs give flax's parameters
-      self.query = _Projection((in_features,) + heads, 1, **weights)  # [D_in, N, H]
-      self.key = _Projection((in_kv_features,) + kv_heads, 1, **weights)  # [D_kv, K, H]
-      self.value = _Projection((in_kv_features,) + kv_heads, 1, **weights)
-    width = self.head_dim
+      self.query = projection((in_features,) + heads)  # [D_in, N, H]
+      self.key = projection((in_kv_features,) + kv_heads)  # [D_kv, K, H]
+      self.value = projection((in_kv_features,) + kv_heads)
     if normalize_qk:
-      self.query_ln = _Scale(width, param_dtype, rngs=rngs, metadata=query_ln_scale_metadata)
-      self.key_ln = _Scale(width, param_dtype, rngs=rngs, metadata=key_ln_scale_metadata)
-    out_weights = dict(weights, kernel_init=out_kernel_init or kernel_init,
-                       bias_init=out_bias_init or bias_init,
-                       kernel_metadata=out_kernel_metadata or kernel_metadata,
-                       bias_metadata=out_bias_metadata or bias_metadata)
-    self.out = _Projection((num_heads, width, d_out), 2, **out_weights)  # [N, H, D_out]
+      scale_spec = {"scale": ((variant.key_width(head_dim),), nnx.initializers.ones_init())}
+      self.query_ln = _Params(scale_spec, param_dtype, rngs, {"scale": query_ln_scale_metadata})
+      self.key_ln = _Params(scale_spec, param_dtype, rngs, {"scale": key_ln_scale_metadata})
+    self.out = projection((num_heads, self.head_dim, d_out), 2, out=True)  # [N, H, D_out]
     self.rngs = rngs["dropout"].fork() if keep_rngs and dropout_rate > 0.0 else None
-    variant_specs = head_variants.parameter_specs(head_variant, in_features=in_features,
-                                                  num_heads=num_heads)
-    for group, specs in variant_specs.items():
-      setattr(self, group, _VariantParams(specs, param_dtype, rngs))
-    self.variant_groups = tuple(variant_specs)
+    specs = variant.params(in_features=in_features, num_heads=num_heads, head_dim=head_dim)
+    if specs:
+      setattr(self, variant.name, _Params(specs, param_dtype, rngs))
+    self.variant_groups = (variant.name,) if specs else ()
     if scale == "learned":
       self.temperature = nnx.Param(
           jnp.full((num_heads,), multihead.resolve_scale("learned", head_dim), param_dtype))
@@ -329,13 +314,11 @@ class MultiHeadAttention(_Dropping):
         **attention_args)
     if step.cache is not None:
       self.cached_key[...], self.cached_value[...], self.cache_index[...] = step.cache
-    if step.maps is not None:
-      self.sow(nnx.Intermediate, "attention_logits", step.maps[0])
-      self.sow(nnx.Intermediate, "attention_weights", step.maps[1])
-    if sow or _capturing(self):
-      for _, name, value in head_variants.sown(self.params(), inputs_q, self.head_variant,
-                                               self.num_heads, collections=head_variants.SOWN):
-        self.sow(nnx.Intermediate, name, value)
+    for collection, records in step.records.items():  # as Linen sows into mutable collections
+      kind = RECORDED_AS[collection]  # (sow_weights=True sows outside nnx.capture too, as flax)
+      if records and (_capturing(self, kind) or (sow and kind is nnx.Intermediate)):
+        for name, value in records.items():
+          self.sow(kind, name, value)
     return step.output
 
 

@@ -32,7 +32,8 @@ def get_config():
   config.model.attention_dropout_rate = 0.0  # dropout on attention weights
   config.model.pre_layer_norm = False      # False = post-LN as in the paper
   config.model.pooling = "cls"             # cls | mean (sequence-level tasks)
-  # mha | talking_heads | dcmha | moh | overlap (attention_jax/head_variants.py)
+  # a name in attention_jax.variants.REGISTRY: mha | talking_heads | dcmha | moh | overlap |
+  # gated | gated_headwise | differential (attention_jax/variants/, one file per variant)
   config.model.head_variant = "mha"
   config.model.moh_shared_heads = -1       # MoH: always-on heads; -1 = num_heads // 2
   config.model.moh_routed_heads = -1       # MoH: routed top-k per token; -1 = num_heads // 4

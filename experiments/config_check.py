@@ -103,15 +103,15 @@ def validate(config) -> None:
   attention_scale(model.attention_scale)
   choices = {"model.attention_impl": (model.attention_impl, IMPLEMENTATIONS),
              "model.pooling": (model.pooling, aj.encoder.POOLINGS),
-             "model.head_variant": (model.head_variant, aj.head_variants.VARIANTS),
+             "model.head_variant": (model.head_variant, tuple(aj.variants.REGISTRY)),
              "model.overlap_schedule": (model.overlap_schedule,
-                                        tuple(aj.head_variants.OVERLAP_SCHEDULES)),
+                                        tuple(aj.variants.overlap.SCHEDULES)),
              "schedule": (config.schedule, optim.SCHEDULES),
              "compute_dtype": (config.compute_dtype, COMPUTE_DTYPES)}
   for field, (value, valid) in choices.items():
     if value not in valid:
       raise ConfigError(f"{field} must be one of {list(valid)}, got {value!r}.")
-  _check_head_variant(config)
+  _check_head_variant(config, key_dim)
   required = aj.attention.REQUIRED_BACKEND.get(model.attention_impl)
   if required is not None and required != jax.default_backend():
     raise ConfigError(f"model.attention_impl={model.attention_impl!r} runs only on {required}, "
@@ -154,25 +154,28 @@ def validate(config) -> None:
       raise ConfigError("ALiBi's bias needs mesh.strategy='all_gather' when mesh.sequence > 1.")
 
 
-def _check_head_variant(config) -> None:
-  """Talking heads and DCMHA mix every head's logits, which only some implementations form;
-  MoH needs head counts it can split."""
-  model, variants = config.model, aj.head_variants
-  if model.head_variant in variants.MIXING:
-    if model.attention_impl not in ("",) + variants.MIXING_IMPLEMENTATIONS:
-      raise ConfigError(f"model.head_variant={model.head_variant!r} mixes every head's logits at "
+def _check_head_variant(config, key_dim: int) -> None:
+  """The variant's own check (head counts and widths it can use), and what it asks of the
+  experiment: a variant that forms every head's maps runs on the reference path only."""
+  model = config.model
+  variant = aj.variants.REGISTRY[model.head_variant]
+  if variant.forms_maps:
+    if model.attention_impl not in ("", "reference"):
+      raise ConfigError(f"model.head_variant={model.head_variant!r} forms every head's logits at "
                         f"each (query, key) pair, which {model.attention_impl!r} never forms; use "
-                        "model.attention_impl='' or one of "
-                        f"{list(variants.MIXING_IMPLEMENTATIONS)}.")
+                        "model.attention_impl='' or 'reference'.")
     if config.mesh.sequence > 1:
       raise ConfigError(f"model.head_variant={model.head_variant!r} runs its own attention, not "
                         "context-parallel; set mesh.sequence=1.")
-  if model.head_variant == "moh":
-    try:
-      variants.HeadVariant("moh", shared_heads=model.moh_shared_heads,
-                           routed_heads=model.moh_routed_heads).moh_heads(model.num_heads)
-    except ValueError as error:
-      raise ConfigError(f"model.moh_shared_heads / model.moh_routed_heads: {error}") from None
+  try:
+    aj.variants.layer_variant(
+        model.head_variant, layer=0, num_layers=model.num_layers,
+        shared_heads=model.moh_shared_heads, routed_heads=model.moh_routed_heads,
+        overlap_schedule=model.overlap_schedule).check(num_heads=model.num_heads,
+                                                       head_dim=key_dim)
+  except ValueError as error:
+    raise ConfigError(f"model.head_variant={model.head_variant!r} with model.moh_shared_heads / "
+                      f"model.moh_routed_heads / model.overlap_schedule: {error}") from None
 
 
 def check_batch_split(batch_size: int, num_devices: int) -> None:

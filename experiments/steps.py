@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from attention_jax import head_variants
+from attention_jax import variants
 
 # Hyperparameters that may differ between the replicas of one compiled program: each replica
 # carries its own values in TrainState.hparams (float32 scalars, a leading replica axis when
@@ -114,10 +114,10 @@ def train_step(state, batch, *, model, tx, learning_rate, compute_dtype, label_s
   def loss_fn(params):
     logits, sown = model.apply({"params": cast(params, compute_dtype)}, batch["tokens"],
                                deterministic=False, rngs={"dropout": dropout_rng},
-                               mutable=head_variants.LOSSES)
+                               mutable=variants.LOSSES)
     loss, measure = objective(logits, batch["labels"], num_classes, label_smoothing)
     # plus the layers' auxiliary losses (MoH's load balancing), 0 for the other models
-    return loss + head_variants.auxiliary_loss(sown), measure
+    return loss + variants.auxiliary_loss(sown), measure
 
   (loss, measure), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   grad_norm = optax.tree.norm(grads)

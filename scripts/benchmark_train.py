@@ -19,7 +19,7 @@ commands add glibc's huge-page setting themselves (experiments/launch.py); this 
 so run it as ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python -m scripts.benchmark_train`` to time
 the step as training runs it (docs/performance.md).
 
-``--head-variants`` times the trainer's step with each head variant of attention_jax/head_variants.py
+``--head-variants`` times the trainer's step with each head variant of attention_jax/variants/
 ("attention_jax+talking_heads", ...) beside plain "attention_jax", at the default size and the two
 sizes of the head-variants ablation (configs/ablations/head_variants.py, a CLS token added), and
 gives each one's parameter count and its ratio to plain MHA.

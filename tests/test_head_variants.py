@@ -12,6 +12,8 @@ import pytest
 import attention_jax as aj
 from attention_jax import head_variants as hv
 from attention_jax import nnx as ajnnx
+from attention_jax import variants
+from attention_jax.variants import dcmha
 from conftest import assert_close
 
 D_IN, HEADS, T = 12, 4, 6
@@ -55,14 +57,14 @@ def _softmax_row(logits, allowed):
 def _dcmha_weights_numpy(p, x):
   """{part: (w1 [L, I, N], w2 [L, I, N], dd [L, N])} for one sequence x [L, D], row by row."""
   out = {}
-  for c, part in enumerate(hv.DCMHA_PARTS):
+  for c, part in enumerate(dcmha.PARTS):
     w1, w2, dd = [], [], []
     for row in x:
       hidden = _gelu(row @ p["dw1"][:, c, :])  # [K]
       w = np.einsum("k,kim->im", hidden, p["qkw"][c])  # [2I, N]
-      a = w[:hv.DCMHA_RANK]
+      a = w[:dcmha.rank(HEADS)]
       w1.append(a / np.sqrt((a ** 2).mean(-1, keepdims=True) + 1e-6))
-      w2.append(w[hv.DCMHA_RANK:])
+      w2.append(w[dcmha.rank(HEADS):])
       dd.append(np.tanh(row @ p["dd"][:, c, :]))
     out[part] = (np.array(w1), np.array(w2), np.array(dd))
   return out
@@ -341,7 +343,7 @@ def test_what_a_variant_cannot_serve_is_refused_in_one_line():
   query = jnp.zeros((2, T, HEADS, 3))
   key = jnp.zeros((2, T, 2, 3))  # grouped key/value heads
   cases = [
-      (lambda: hv.head_layout(hv.HeadVariant("overlap", overlap=1), query, key, key),
+      (lambda: hv.HeadVariant("overlap", overlap=1).layout(query, key, key),
        "num_kv_heads"),
       (lambda: _params(VARIANTS["dcmha"])[0].apply({"params": _params(VARIANTS["dcmha"])[1]},
                                                     x, _x(seed=3)), "inputs_kv=None"),
@@ -387,9 +389,12 @@ def test_moh_adds_its_load_balancing_loss_to_the_training_loss():
   del logits
 
 
-def test_the_module_docstring_examples_run():
-  failures, tried = doctest.testmod(hv, extraglobs={"jnp": jnp, "jax": jax}, verbose=False)
-  assert tried > 5 and failures == 0
+@pytest.mark.parametrize("module", [hv, variants.base, variants.talking_heads, variants.dcmha,
+                                    variants.moh, variants.overlap, variants.gated,
+                                    variants.differential])
+def test_the_module_docstring_examples_run(module):
+  failures, tried = doctest.testmod(module, extraglobs={"jnp": jnp, "jax": jax}, verbose=False)
+  assert tried >= 1 and failures == 0
 
 
 @pytest.mark.parametrize("mode", [None, "quick", "order", "order_quick"])

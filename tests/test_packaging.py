@@ -37,6 +37,8 @@ def test_the_wheel_holds_the_library_and_declares_four_dependencies(wheel):
     (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
     lines = archive.read(metadata).decode().splitlines()
   assert packages == {"attention_jax"}
+  with zipfile.ZipFile(wheel) as archive:  # subpackages too: one file per attention variant
+    assert "attention_jax/variants/base.py" in archive.namelist()
   requires = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist")]
   plain = {_name(r) for r in requires if "extra ==" not in r}
   extra = {_name(r) for r in requires if 'extra == "experiments"' in r}

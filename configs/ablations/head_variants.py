@@ -1,5 +1,5 @@
 """Head-variants ablation: plain multi-head attention against talking heads, DCMHA, MoH and
-overlapping heads (attention_jax/head_variants.py), at 4 and 16 heads (d_k 16 and 4 at d_model 64),
+overlapping heads (attention_jax/variants/), at 4 and 16 heads (d_k 16 and 4 at d_model 64),
 on multi-query associative recall and on a length-generalisation task.
 
   python -m experiments.sweep --config=configs/ablations/head_variants.py:mqar \
@@ -30,7 +30,7 @@ import math
 
 import ml_collections
 
-from attention_jax import head_variants
+from attention_jax import variants
 from configs import mqar
 from configs.ablations import sweep_config
 
@@ -45,9 +45,9 @@ STEPS = {"mqar": 800, "order": 600}
 def matched_mlp_dim(d_model: int, mlp_dim: int, num_heads: int, variant: str) -> int:
   """The feed-forward width at which a plain model has as many parameters per layer as ``variant``
   at ``mlp_dim`` (one hidden unit costs 2 * d_model + 1)."""
-  specs = head_variants.parameter_specs(head_variants.HeadVariant(variant), in_features=d_model,
-                                        num_heads=num_heads)
-  added = sum(math.prod(shape) for group in specs.values() for shape, _ in group.values())
+  specs = variants.get(variant).params(in_features=d_model, num_heads=num_heads,
+                                       head_dim=d_model // num_heads)
+  added = sum(math.prod(shape) for shape, _ in specs.values())
   return mlp_dim + round(added / (2 * d_model + 1))
 
 

@@ -1,0 +1,166 @@
+"""The plug-in interface of multi-head attention: a variant is an object whose hooks
+``multihead.multi_head_attention_step`` calls, each at its identity by default.
+
+The step, in the order it calls the hooks (shape letters: T queries, S keys, N heads, K
+key/value heads, H head dim, D input width)::
+
+  params(in_features, num_heads, head_dim)  {name: (shape, initializer)}, held under
+                                             params[variant.name] by the Linen and NNX shells
+  prepare(params, inputs_q, inputs_kv)       the state of one call (routers, gates, dynamic mixes),
+                                             computed once and handed to the hooks below
+  layout(query, key, value)                  the projected heads [..., T|S, N|K, H] rearranged
+  logits(state, logits)                      [..., N, T, S] before the bias and the mask
+  normalize(state, logits, mask, is_causal)  logits -> weights (softmax)
+  weights(state, weights)                    weights -> the weights applied (then masked again)
+  heads(state, heads)                        each head's output [..., T, N, H] before W_O
+  records(state), losses(state)              {name: value} recorded in "intermediates" and
+                                             "losses" (the trainer adds the losses' mean)
+  identity(params)                           (variant, params) at which it is plain MHA (tests)
+
+A variant whose logits, normalize or weights hook is not the identity sets ``forms_maps``: the
+step then forms every head's [T, S] map itself (as the "reference" implementation does) instead
+of calling a fused kernel. Plain multi-head attention is ``Variant()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from attention_jax import reference
+
+LOSSES = "losses"  # the collection (Linen) or variable type (NNX) of auxiliary losses
+#: name -> Variant subclass; ``register`` adds one.
+REGISTRY: dict[str, type[Variant]] = {}
+
+
+def register(cls):
+  """Class decorator: makes ``cls`` available by its ``name`` to modules, encoders and configs."""
+  REGISTRY[cls.name] = cls
+  return cls
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """Plain multi-head attention: every hook at its identity. Subclass it (a frozen dataclass,
+  so that a layer's variant is hashable and static under jit), override the hooks that change,
+  and ``register`` the class.
+
+  >>> Variant().heads(None, jnp.ones((3, 4, 8))).shape  # [T, N, H]
+  (3, 4, 8)
+  """
+  name: ClassVar[str] = "mha"
+  #: the step forms the maps [..., N, T, S] itself and calls logits, normalize and weights
+  forms_maps: ClassVar[bool] = False
+  #: None when decoding with a key/value cache works; else why not, completing
+  #: "head variant '<name>' ..." in one line
+  decoding: ClassVar[str | None] = None
+  #: attention dropout draws one mask [..., N, 1, S] shared by the queries, whatever
+  #: broadcast_dropout says (mesh-tensorflow's talking heads)
+  dropout_shares_queries: ClassVar[bool] = False
+
+  @classmethod
+  def for_layer(cls, *, layer: int, num_layers: int, **settings) -> Variant:
+    """The variant of encoder layer ``layer`` of ``num_layers``; ``settings`` are the encoder
+    config's variant fields (shared_heads, routed_heads, overlap_schedule), each variant reading
+    its own."""
+    del layer, num_layers, settings
+    return cls()
+
+  def check(self, *, num_heads: int, head_dim: int) -> None:
+    """Raises ValueError, in one line, for head counts or widths the variant cannot use."""
+
+  def params(self, *, in_features: int, num_heads: int,
+             head_dim: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """{name: (shape, initializer)} of the parameters it adds."""
+    del in_features, num_heads, head_dim
+    return {}
+
+  def head_width(self, head_dim: int) -> int:
+    """The width of each head's value and output after ``layout`` (W_O is [N, this, D_out])."""
+    return head_dim
+
+  def key_width(self, head_dim: int) -> int:
+    """The width of each query and key head after ``layout`` (QK-norm's scale has it)."""
+    return self.head_width(head_dim)
+
+  def scale_dim(self, head_dim: int) -> int:
+    """The d_k of the scale 1/sqrt(d_k), from the projected head dim."""
+    return head_dim
+
+  def prepare(self, params, inputs_q, inputs_kv, *, num_heads: int):
+    """The state of one call from the variant's parameters and the layer's inputs [..., T, D],
+    [..., S, D] (None for self-attention); None by default."""
+    del params, inputs_q, inputs_kv, num_heads
+
+  def layout(self, query, key, value):
+    return query, key, value
+
+  def logits(self, state, logits):
+    del state
+    return logits
+
+  def normalize(self, state, logits, mask, *, is_causal: bool):
+    del state
+    return reference.logits_to_weights(logits, mask, is_causal=is_causal)
+
+  def weights(self, state, weights):
+    del state
+    return weights
+
+  def heads(self, state, heads):
+    del state
+    return heads
+
+  def identity(self, params):
+    """(variant, the layer's params) at which the layer computes plain multi-head attention, for
+    the tests that check it; None when there is no such setting (a sigmoid gate is never 1)."""
+    return (self, params) if type(self) is Variant else None
+
+  def records(self, state) -> dict[str, jax.Array]:
+    del state
+    return {}
+
+  def losses(self, state) -> dict[str, jax.Array]:
+    del state
+    return {}
+
+
+def get(name: str, **settings) -> Variant:
+  """The registered variant ``name`` built with ``settings``.
+
+  >>> get("moh", shared_heads=2, routed_heads=2).name
+  'moh'
+  """
+  if name not in REGISTRY:
+    raise ValueError(f"unknown head variant {name!r}; use one of {sorted(REGISTRY)}.")
+  fields = [field.name for field in dataclasses.fields(REGISTRY[name])]
+  if set(settings) - set(fields):
+    raise ValueError(f"head variant {name!r} takes {fields or 'no settings'}, got "
+                     f"{sorted(set(settings) - set(fields))}.")
+  return REGISTRY[name](**settings)
+
+
+def layer_variant(name: str, *, layer: int, num_layers: int, **settings) -> Variant:
+  """The variant ``name`` of encoder layer ``layer`` (of ``num_layers``).
+
+  >>> layer_variant("overlap", layer=1, num_layers=2).overlap  # MOHSA's schedule: o = index
+  1
+  """
+  get(name)  # an unknown name fails here, in one line
+  return REGISTRY[name].for_layer(layer=layer, num_layers=num_layers, **settings)
+
+
+def auxiliary_loss(collections) -> jax.Array:
+  """The mean over layers of the terms recorded in the LOSSES collection (0 when none are), as
+  MoH's engine averages its layers' load-balancing losses.
+
+  >>> auxiliary_loss({"losses": {"block_0": {"load_balancing": (jnp.array(2.0),)}}})
+  Array(2., dtype=float32)
+  """
+  terms = jax.tree.leaves(collections.get(LOSSES, {}))
+  return jnp.mean(jnp.stack(terms)) if terms else jnp.zeros((), jnp.float32)
