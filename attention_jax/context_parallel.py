@@ -148,7 +148,8 @@ def _ring_fwd(q, k, v, extras, pattern, geometry, axis_name):
 
   def attend(passing):  # -> out, lse (-inf on an empty row)
     k_step, v_step, extras_step = _arriving(extras, passing)
-    out, lse = chunked._forward(q, k_step, v_step, None, None, extras_step, pattern, geometry)
+    out, lse = chunked._forward(q, k_step, v_step, None, None, extras_step, chunked._Mods(),
+                                pattern, geometry)
     return out, reference.residual_of(lse)
 
   def step(carry, _):
@@ -172,8 +173,8 @@ def _ring_bwd(pattern, geometry, axis_name, residuals, cotangents):
 
   def gradients(passing):  # of this step's key/value shard, with the global out and lse
     k_step, v_step, extras_step = _arriving(extras, passing)
-    d_q, d_k, d_v, _ = chunked._backward(q, k_step, v_step, None, None, extras_step, pattern,
-                                         geometry, out, lse, d_out)
+    d_q, d_k, d_v, _, _ = chunked._backward(q, k_step, v_step, None, None, extras_step,
+                                            chunked._Mods(), pattern, geometry, out, lse, d_out)
     return d_q, d_k, d_v
 
   def step(carry, _):
