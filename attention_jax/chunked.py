@@ -108,6 +108,7 @@ class _Mods(NamedTuple):
   mask_consts: tuple = ()
   sinks: jax.Array | None = None
   block_kinds: jax.Array | None = None
+  anchor: jax.Array | None = None  # what the mods' inputs vary like (mods.anchor_of)
 
 
 class _Head(NamedTuple):
@@ -128,6 +129,7 @@ class _Head(NamedTuple):
   block_kinds: jax.Array | None = None
   score_consts: tuple = ()
   mask_consts: tuple = ()
+  anchor: jax.Array | None = None
 
 
 def _zeros(shape, dtype, *like):
@@ -253,7 +255,7 @@ class _Blocks:
       parts.append(q_ids[:, None] == kv_ids[None, :])
     if pattern.mask_mod is not None and not full:
       parts.append(mods_lib.pointwise(pattern.mask_mod, head.mask_consts, head.batch, head.head,
-                                      *self.mod_indices(i, j)))
+                                      *self.mod_indices(i, j), anchor=head.anchor))
     return masks_lib.combine_masks(*parts)
 
   def block_ids(self, query_ids, key_ids, i, j):
@@ -307,7 +309,7 @@ def _score_mod(pattern: Pattern, head: _Head, geometry: _Blocks, i, j, transpose
     trained = iter(trained)
     merged = [next(trained) if t else c for c, t in zip(consts, trainable)]
     return mods_lib.pointwise(pattern.score_mod, merged, logits, head.batch, head.head, q_idx,
-                              kv_idx)
+                              kv_idx, anchor=head.anchor)
   return score, tuple(c for c, t in zip(consts, trainable) if t)
 
 
@@ -512,7 +514,8 @@ def _group_inputs(bias, mask, extras: _Extras, mods: _Mods, b, n):
                *(_pick(per_example, b) for per_example in extras),
                batch=jnp.asarray(b, jnp.int32), head=jnp.asarray(n, jnp.int32),
                sink=_pick(mods.sinks, n), block_kinds=_pick(_pick(mods.block_kinds, b), n),
-               score_consts=mods.score_consts, mask_consts=mods.mask_consts)
+               score_consts=mods.score_consts, mask_consts=mods.mask_consts,
+               anchor=mods.anchor)
 
 
 def _map_heads(f, per_query_head, k, v, geometry):
@@ -624,6 +627,22 @@ def _sinks_gradient(sinks, lse, out, d_out):
   return -jnp.sum(p_sink * delta, axis=(0, 2)).astype(sinks.dtype)
 
 
+def _varying(array) -> frozenset:
+  """The shard_map axes ``array`` varies over (empty outside shard_map): ``aval.vma`` in the
+  jax versions that have it, ``aval.mat.varying`` in later ones."""
+  aval = jax.typeof(array)
+  vma = getattr(aval, "vma", None)
+  return frozenset(getattr(getattr(aval, "mat", None), "varying", ()) if vma is None else vma)
+
+
+def _cotangent_like(gradient, primal):
+  """``gradient`` in the dtype of ``primal``, summed over the shard_map axes it varies over and
+  ``primal`` does not (a table or sinks replicated over the shards that use them)."""
+  extra = tuple(sorted(_varying(gradient) - _varying(primal)))
+  gradient = lax.psum(gradient, extra) if extra else gradient
+  return gradient.astype(primal.dtype)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
 def _attention(q, k, v, bias, mask, extras, mods, pattern, geometry):
   return _attention_fwd(q, k, v, bias, mask, extras, mods, pattern, geometry)[0]
@@ -643,10 +662,11 @@ def _attention_bwd(pattern, geometry, residuals, cotangents):
                                            out, lse, d_out)
   d_bias = None if d_bias is None else d_bias.astype(bias.dtype)
   d_mod = iter(d_mod)
-  d_score_consts = tuple(next(d_mod).astype(c.dtype) if mods_lib.is_trainable(c) else None
+  d_score_consts = tuple(_cotangent_like(next(d_mod), c) if mods_lib.is_trainable(c) else None
                          for c in mods.score_consts)
-  d_sinks = None if mods.sinks is None else _sinks_gradient(mods.sinks, lse, out, d_out)
-  d_mods = _Mods(d_score_consts, (None,) * len(mods.mask_consts), d_sinks, None)
+  d_sinks = None if mods.sinks is None else _cotangent_like(
+      _sinks_gradient(mods.sinks, lse, out, d_out), mods.sinks)
+  d_mods = _Mods(d_score_consts, (None,) * len(mods.mask_consts), d_sinks, None, None)
   return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias, None, None,
           d_mods)
 
@@ -696,14 +716,19 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
     block_q, block_k = block_mask.block_q, block_mask.block_k
     mask_mod = block_mask.mask_mod if mask_mod is None else mask_mod
   compute = reference.compute_dtype(query.dtype)
-  score, allow = mods_lib.trace_score_mod(score_mod, compute), mods_lib.trace_mask_mod(mask_mod)
+  anchor = None
+  if score_mod is not None or mask_mod is not None:
+    anchor = mods_lib.anchor_of(query, key, value, bias, mask, query_segment_ids, key_segment_ids,
+                                query_seq_lengths, key_value_seq_lengths, sinks)
+  score = mods_lib.trace_score_mod(score_mod, compute, anchor)
+  allow = mods_lib.trace_mask_mod(mask_mod, anchor)
   pattern, geometry = plan(query, key, is_causal=is_causal, local_window_size=local_window_size,
                            logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k,
                            score_mod=score, mask_mod=allow, normalizer=normalizer,
                            sigmoid_bias=mods_lib.sigmoid_bias(sigmoid_bias, key.shape[-3]))
   mods = _Mods(() if score is None else score.consts, () if allow is None else allow.consts,
                None if sinks is None else jnp.asarray(sinks),
-               None if block_mask is None else block_mask.kinds)
+               None if block_mask is None else block_mask.kinds, anchor)
   inputs = prepare(query, key, value, bias, mask, scale=scale, geometry=geometry,
                    segment_ids=(query_segment_ids, key_segment_ids),
                    seq_lengths=(query_seq_lengths, key_value_seq_lengths), mods=mods)

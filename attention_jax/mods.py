@@ -32,25 +32,45 @@ DEFAULT_BLOCK_SIZE = 128
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mod:
-  """A score_mod or mask_mod traced once at scalars: ``fn(consts, *scalars)`` with the arrays it
-  closed over as explicit ``consts``."""
+  """A score_mod or mask_mod (``user``), and the same traced once at scalars: ``fn(consts,
+  *scalars)`` with the arrays it closed over as explicit ``consts`` (for a custom VJP, which
+  must see them as inputs to differentiate them), its scalar inputs varying over the shard_map
+  axes of ``anchor`` (``vary_like``)."""
+  user: Callable
   fn: Callable
   consts: tuple
+  anchor: jax.Array | None = None
 
   def __call__(self, *arrays):
     """The mod on every entry of broadcast arrays (the score first, for a score_mod; then the
-    batch, head, query and key indices)."""
-    return pointwise(self.fn, self.consts, *arrays)
+    batch, head, query and key indices), calling the user's function."""
+    return pointwise(lambda consts, *scalars: self.user(*scalars), (), *arrays)
 
 
-def pointwise(fn, consts, *arrays):
+def pointwise(fn, consts, *arrays, anchor=None):
   """fn(consts, *scalars) on every entry of the broadcast ``arrays``: one output per entry, in
-  their broadcast shape."""
-  arrays = jnp.broadcast_arrays(*arrays)
+  their broadcast shape (made to vary like ``anchor`` first, as ``fn`` was traced)."""
+  arrays = [vary_like(array, anchor) for array in jnp.broadcast_arrays(*arrays)]
   shape = arrays[0].shape
   flat = [jnp.reshape(array, (-1,)) for array in arrays]
   out = jax.vmap(fn, in_axes=(None,) + (0,) * len(flat))(tuple(consts), *flat)
   return jnp.reshape(out, shape)
+
+
+def vary_like(array, anchor):
+  """``array``, varying over the shard_map axes that ``anchor`` (a scalar) varies over, at
+  least: the identity outside shard_map, which XLA drops. A mod's jaxpr, traced on scalars
+  that vary like the call's inputs, binds its primitives directly, so its operands must vary
+  as they did then."""
+  return array if anchor is None else jnp.where(anchor == 0, array, array)
+
+
+def anchor_of(*arrays):
+  """An int32 zero that varies over every shard_map axis any of ``arrays`` (None skipped)
+  varies over."""
+  leaves = jax.tree_util.tree_leaves(arrays)
+  return sum((jnp.zeros_like(leaf, jnp.int32, shape=()) for leaf in leaves),
+             jnp.zeros((), jnp.int32))
 
 
 def is_trainable(const) -> bool:
@@ -58,7 +78,7 @@ def is_trainable(const) -> bool:
   return jnp.issubdtype(jnp.result_type(const), jnp.floating)
 
 
-def _trace(mod, name, examples, want):
+def _trace(mod, name, examples, want, anchor):
   """``mod`` traced at scalar ``examples`` into a Mod; ``want`` checks its output's dtype."""
   if not callable(mod):
     raise ValueError(f"{name} must be a function, got {mod!r}.")
@@ -76,7 +96,7 @@ def _trace(mod, name, examples, want):
 
   def fn(consts, *scalars):
     return jax.core.eval_jaxpr(jaxpr, consts, *scalars)[0]
-  return Mod(fn, tuple(closed.consts))
+  return Mod(mod, fn, tuple(closed.consts), anchor)
 
 
 _SIGNATURES = {"score_mod": "score, batch, head, q_idx, kv_idx",
@@ -85,23 +105,23 @@ _RETURNS = {"score_mod": "one floating score (a scalar like its score)",
             "mask_mod": "one bool (a scalar)"}
 
 
-def _index():
-  return jnp.zeros((), jnp.int32)
-
-
-def trace_score_mod(score_mod, dtype=jnp.float32) -> Mod | None:
-  """score_mod(score, batch, head, q_idx, kv_idx) -> score as a Mod (None stays None)."""
+def trace_score_mod(score_mod, dtype=jnp.float32, anchor=None) -> Mod | None:
+  """score_mod(score, batch, head, q_idx, kv_idx) -> score as a Mod (None stays None), traced
+  on scalars that vary like ``anchor`` (``anchor_of`` the call's inputs)."""
   if score_mod is None:
     return None
-  examples = (jnp.zeros((), dtype),) + (_index(),) * 4
-  return _trace(score_mod, "score_mod", examples, lambda d: jnp.issubdtype(d, jnp.floating))
+  index = vary_like(jnp.zeros((), jnp.int32), anchor)
+  examples = (vary_like(jnp.zeros((), dtype), anchor),) + (index,) * 4
+  return _trace(score_mod, "score_mod", examples, lambda d: jnp.issubdtype(d, jnp.floating),
+                anchor)
 
 
-def trace_mask_mod(mask_mod) -> Mod | None:
+def trace_mask_mod(mask_mod, anchor=None) -> Mod | None:
   """mask_mod(batch, head, q_idx, kv_idx) -> bool as a Mod (None stays None)."""
   if mask_mod is None:
     return None
-  return _trace(mask_mod, "mask_mod", (_index(),) * 4, lambda d: d == jnp.bool_)
+  index = vary_like(jnp.zeros((), jnp.int32), anchor)
+  return _trace(mask_mod, "mask_mod", (index,) * 4, lambda d: d == jnp.bool_, anchor)
 
 
 def dense_indices(batch_shape, num_heads, q_len, kv_len):
