@@ -161,10 +161,10 @@ class BlockMask:
     mask_mod: the mask_mod it was made from.
 
   Example:
-    >>> causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx
+    >>> causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx  # diagonal blocks partial
     >>> make_block_mask(causal, None, None, 256, 256, block_size=128).kinds[0, 0]
-    Array([[2, 0],
-           [1, 2]], dtype=int8)
+    Array([[1, 0],
+           [2, 1]], dtype=int8)
   """
   kinds: jax.Array
   q_len: int = dataclasses.field(metadata=dict(static=True))
