@@ -380,6 +380,15 @@ def test_bad_mods_and_block_masks_raise_one_line_errors():
       aj.dot_product_attention(q, k, v, **kwargs)
 
 
+def test_the_context_parallel_drop_in_refuses_mods_in_one_line():
+  q, k, v = _case()
+  attention_fn = aj.ContextParallel(jax.make_mesh((1,), ("seq",)), "seq")
+  with pytest.raises(ValueError, match="^context-parallel attention does not serve score_mod"):
+    attention_fn(q, k, v, score_mod=lambda s, b, h, q_idx, kv_idx: s)
+  with pytest.raises(ValueError, match="does not serve sinks, normalizer"):
+    attention_fn(q, k, v, sinks=jnp.zeros(N), normalizer="sigmoid")
+
+
 def _escape(text):
   import re
   return re.escape(text)
