@@ -1,7 +1,7 @@
 """Custom attention (score_mod, mask_mod, block masks) against PyTorch's FlexAttention, on CPU.
 
   python scripts/benchmark_flex.py [--lengths 1024 2048 4096 8192] [--rounds 3]
-      [--sparsity-length 8192] [--documents 1 2 4 8] [--block 512] [--torch-eager-max 4096]
+      [--sparsity-length 4096] [--documents 1 2 4 8] [--block 512] [--torch-eager-max 4096]
       [--skip-torch] [--json FILE] [--plot FILE]
 
 1. Against torch: the same causal ALiBi attention written as a score_mod and a mask_mod (a block
@@ -222,7 +222,7 @@ def main():
   parser.add_argument("--block", type=int, default=512, help="our block mask's block size")
   parser.add_argument("--torch-eager-max", type=int, default=4096,
                       help="the longest T at which torch's eager (dense) runs")
-  parser.add_argument("--sparsity-length", type=int, default=8192)
+  parser.add_argument("--sparsity-length", type=int, default=4096)
   parser.add_argument("--documents", type=int, nargs="+", default=[1, 2, 4, 8])
   parser.add_argument("--skip-torch", action="store_true")
   parser.add_argument("--json", help="write the rows to this file")
