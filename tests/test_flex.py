@@ -133,6 +133,20 @@ def test_mods_match_the_reference_and_a_closed_over_table_gets_its_gradient(impl
   assert float(jnp.max(jnp.abs(actual[2]))) > 0.0  # so do the sinks
 
 
+def test_mods_compose_with_dropout_and_the_residual():
+  """Dropout (the reference serves it) draws the same masks as with the built-in bias, and the
+  chunked kernel's log-sum-exp includes the score_mod and the mask_mod."""
+  q, k, v = _case(18)
+  key = jax.random.key(0)
+  dropout = dict(dropout_rate=0.25, dropout_rng=key)
+  assert_close(_attend(None, q, k, v, score_mod=_alibi, **dropout),
+               _attend(None, q, k, v, bias=aj.alibi_bias(N, T), **dropout), rtol=2e-5)
+  score_mod, mask_mod = _relative_bias_mods(jnp.ones((N, 2 * T - 1)), jnp.asarray(DOCUMENTS))
+  lse = {name: _attend(name, q, k, v, score_mod=score_mod, mask_mod=mask_mod,
+                       return_residual=True)[1] for name in ("reference", "chunked_blocks")}
+  assert_close(lse["chunked_blocks"], lse["reference"], rtol=1e-5)
+
+
 def test_xla_serves_a_mask_mod_as_a_dense_mask():
   q, k, v = _case(17)
   _, mask_mod = _relative_bias_mods(None, jnp.asarray(DOCUMENTS))
