@@ -32,6 +32,7 @@ import random
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 import warnings
 
@@ -205,8 +206,8 @@ def plot(rows, path, provenance):
   axis.set_title(f"Block skipping, T = {rows[0]['T']}, blocks of {rows[0]['block']}",
                  fontsize=10)
   axis.legend(fontsize=8)
-  figure.text(0.01, 0.01, provenance, fontsize=5, color="gray")
-  figure.tight_layout(rect=(0, 0.03, 1, 1))
+  figure.text(0.01, 0.01, "\n".join(textwrap.wrap(provenance, 140)), fontsize=5, color="gray")
+  figure.tight_layout(rect=(0, 0.05, 1, 1))
   figure.savefig(path, dpi=130)
 
 
