@@ -132,6 +132,15 @@ class _Head(NamedTuple):
   anchor: jax.Array | None = None
 
 
+def _occupied(kinds, lo, hi):
+  """[lo, hi) narrowed to the first and last block that the block mask's ``kinds`` (a row or a
+  column of it) does not call empty: the loop never visits the empty blocks on either side."""
+  occupied = kinds != mods_lib.EMPTY
+  first = jnp.argmax(occupied)  # 0 when none is occupied
+  last = occupied.shape[0] - jnp.argmax(occupied[::-1])  # one past the last occupied
+  return jnp.maximum(lo, first), jnp.minimum(hi, jnp.where(jnp.any(occupied), last, 0))
+
+
 def _zeros(shape, dtype, *like):
   """Zeros that vary over the same shard_map axes as the arrays ``like`` (None ignored), so
   that loop carries keep one type under ``jax.shard_map``'s check_vma."""
@@ -203,6 +212,8 @@ class _Blocks:
       hi = jnp.minimum(hi, (last + right) // self.block_k + 1)
     if head.kv_length is not None:
       hi = jnp.minimum(hi, -(-head.kv_length // self.block_k))
+    if head.block_kinds is not None:
+      lo, hi = _occupied(head.block_kinds[i], lo, hi)
     return lo, jnp.where(last < first, lo, hi)
 
   def query_range(self, j, pattern: Pattern, head: _Head):
@@ -219,6 +230,8 @@ class _Blocks:
       hi = jnp.minimum(hi, (last + left) // self.block_q + 1)
     if head.q_length is not None:
       hi = jnp.minimum(hi, -(-head.q_length // self.block_q))
+    if head.block_kinds is not None:
+      lo, hi = _occupied(head.block_kinds[:, j], lo, hi)
     return lo, jnp.where(last < first, lo, hi)
 
   def mod_indices(self, i, j):
@@ -726,6 +739,10 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                            logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k,
                            score_mod=score, mask_mod=allow, normalizer=normalizer,
                            sigmoid_bias=mods_lib.sigmoid_bias(sigmoid_bias, key.shape[-3]))
+  if block_mask is not None and block_mask.kinds.shape[:2] != (1, 1):
+    # block kinds that differ by example or head would make the skip predicates batched (both
+    # branches run) where several pairs run side by side
+    geometry = dataclasses.replace(geometry, side_by_side=False)
   mods = _Mods(() if score is None else score.consts, () if allow is None else allow.consts,
                None if sinks is None else jnp.asarray(sinks),
                None if block_mask is None else block_mask.kinds, anchor)

@@ -226,7 +226,8 @@ def machine():
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+  parser.add_argument("--lengths", type=int, nargs="*", default=[1024, 2048, 4096, 8192],
+                      help="the lengths of the comparison with torch (none: skip it)")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--block", type=int, default=512, help="our block mask's block size")
   parser.add_argument("--torch-eager-max", type=int, default=4096,
