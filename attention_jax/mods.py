@@ -48,7 +48,7 @@ class Mod:
 
 
 def pointwise(fn, consts, *arrays, anchor=None):
-  """fn(consts, *scalars) on every entry of the broadcast ``arrays``: one output per entry, in
+  """``fn(consts, *scalars)`` on every entry of the broadcast ``arrays``: one output per entry, in
   their broadcast shape (made to vary like ``anchor`` first, as ``fn`` was traced)."""
   arrays = [vary_like(array, anchor) for array in jnp.broadcast_arrays(*arrays)]
   shape = arrays[0].shape
