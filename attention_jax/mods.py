@@ -26,7 +26,7 @@ from jax import lax
 #: The kinds of block a BlockMask records.
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
-#: make_block_mask's default block: torch's (create_block_mask's BLOCK_SIZE).
+#: The block size make_block_mask uses by default, torch's (create_block_mask's BLOCK_SIZE).
 DEFAULT_BLOCK_SIZE = 128
 
 
