@@ -31,6 +31,8 @@ from attention_jax.masks import padding_mask
 from attention_jax.masks import segment_mask
 from attention_jax.masks import seq_lengths_mask
 from attention_jax.masks import tokens_to_valid
+from attention_jax.mods import BlockMask
+from attention_jax.mods import make_block_mask
 from attention_jax.multihead import SCALES
 from attention_jax.multihead import MultiHeadAttention
 from attention_jax.multihead import MultiHeadDotProductAttention

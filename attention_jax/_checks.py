@@ -22,6 +22,20 @@ class Request:
   logits_soft_cap: float | None = None
   device_kind: str | None = None
   backend: str | None = None
+  score_mod: bool = False
+  mask_mod: bool = False
+  sinks: bool = False
+  normalizer: str = "softmax"
+
+  def custom(self) -> str | None:
+    """The first custom part of the request (score_mod, mask_mod, sinks, sigmoid), named as
+    the argument that asks for it, or None."""
+    for name, asked in (("score_mod", self.score_mod), ("mask_mod", self.mask_mod),
+                        ("sinks", self.sinks),
+                        ('normalizer="sigmoid"', self.normalizer == "sigmoid")):
+      if asked:
+        return name
+    return None
 
 
 def check_qkv(query, key, value) -> None:
@@ -129,3 +143,22 @@ def soft_cap(cap) -> float | None:
   if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
     raise ValueError(f"logits_soft_cap must be a positive number or None, got {cap!r}.")
   return None if cap is None else float(cap)
+
+
+NORMALIZERS = ("softmax", "sigmoid")
+
+
+def check_custom(num_heads: int, *, sinks, normalizer, return_residual) -> None:
+  """Validates sinks [N] (floating), the normalizer, and what sigmoid attention cannot do."""
+  if normalizer not in NORMALIZERS:
+    raise ValueError(f"normalizer must be one of {NORMALIZERS}, got {normalizer!r}.")
+  if sinks is not None:
+    if tuple(sinks.shape) != (num_heads,) or not jnp.issubdtype(sinks.dtype, jnp.floating):
+      raise ValueError(f"sinks must be a floating array of shape [N] = ({num_heads},) (one logit "
+                       f"per query head), got {sinks.dtype}{list(sinks.shape)}.")
+    if normalizer == "sigmoid":
+      raise ValueError("sinks add to the softmax's denominator, and sigmoid attention has none; "
+                       "pass sinks=None or normalizer=\"softmax\".")
+  if normalizer == "sigmoid" and return_residual:
+    raise ValueError("sigmoid attention has no log-sum-exp to return; pass "
+                     "return_residual=False or normalizer=\"softmax\".")

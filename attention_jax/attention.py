@@ -16,6 +16,7 @@ from attention_jax import _checks
 from attention_jax import chunked
 from attention_jax import cudnn
 from attention_jax import masks as masks_lib
+from attention_jax import mods as mods_lib
 from attention_jax import pallas_tpu
 from attention_jax import reference
 from attention_jax import xla
@@ -143,10 +144,11 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   """The name of the implementation ``dot_product_attention`` runs for these arguments.
 
   ``call``: the call's other arguments, as ``dot_product_attention`` takes them, so that a call
-  can be asked about as it is written: ``deterministic=True`` switches dropout off and
-  ``module`` asks for the weights, as there; the others (causality, windows, lengths, segment
-  ids, dtype, ...) do not change the choice. A name that function does not take raises
-  TypeError.
+  can be asked about as it is written: ``deterministic=True`` switches dropout off,
+  ``module`` asks for the weights, as there, and ``score_mod``, ``mask_mod``, ``block_mask``,
+  ``sinks`` and ``normalizer="sigmoid"`` rule out the kernels that cannot serve them; the
+  others (causality, windows, lengths, segment ids, dtype, ...) do not change the choice. A
+  name that function does not take raises TypeError.
 
   ``implementation=None`` picks the first implementation that can serve the request from a list
   per backend (``backend`` defaults to ``jax.default_backend()``, ``device_kind`` to the kind of
@@ -187,9 +189,12 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
     # the device this runs on; a kind or capability given asks about another device
     device_kind = device.device_kind
     compute_capability = getattr(device, "compute_capability", None)
-  request = _checks.Request(dropout_rate=dropout_rate, return_weights=return_weights,
-                            return_residual=return_residual, logits_soft_cap=logits_soft_cap,
-                            device_kind=device_kind, backend=backend)
+  request = _checks.Request(
+      dropout_rate=dropout_rate, return_weights=return_weights, return_residual=return_residual,
+      logits_soft_cap=logits_soft_cap, device_kind=device_kind, backend=backend,
+      score_mod=call.get("score_mod") is not None,
+      mask_mod=call.get("mask_mod") is not None or call.get("block_mask") is not None,
+      sinks=call.get("sinks") is not None, normalizer=call.get("normalizer", "softmax"))
   if implementation is None:
     arch = architecture(backend, device_kind, compute_capability)
     for name in _automatic_order(query, key, backend, arch):
@@ -276,9 +281,10 @@ def _sow(module, weights) -> None:
     module.sow(nnx.Intermediate, "attention_weights", weights)
 
 
-def _can_empty_rows(mask, structure, window) -> bool:
-  """Whether a row can be left with no key (a mask, a window, key lengths or segment ids)."""
-  return mask is not None or window is not None or any(
+def _can_empty_rows(mask, structure, window, mask_mod) -> bool:
+  """Whether a row can be left with no key (a mask, a window, key lengths, segment ids or a
+  mask_mod)."""
+  return mask is not None or window is not None or mask_mod is not None or any(
       structure[name] is not None for name in ("key_value_seq_lengths", "query_segment_ids"))
 
 
@@ -294,7 +300,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
                           logits_soft_cap: float | None = None,
                           query_segment_ids=None, key_segment_ids=None,
                           return_weights: bool = False, return_residual: bool = False,
-                          implementation: str | None = None, empty_rows: str = "mean"):
+                          implementation: str | None = None, empty_rows: str = "mean",
+                          score_mod=None, mask_mod=None, block_mask=None, sinks=None,
+                          normalizer: str = "softmax", sigmoid_bias: float | None = None):
   r"""Scaled dot-product attention, softmax(Q K^T * scale + bias) V, per head.
 
   A superset of ``jax.nn.dot_product_attention`` and of flax's ``dot_product_attention`` (Linen
@@ -346,6 +354,22 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     empty_rows: what a query row with no key to attend to returns: "mean" (default, as jax.nn
       and flax: the mean of the values over all keys, uniform weights) or "zero" (zeros and zero
       weights). Rows past ``query_seq_lengths`` are zeros either way. Gradients stay finite.
+      With ``sinks`` or sigmoid attention such a row is zeros (all weight on the sink, or none).
+    score_mod: optional ``score_mod(score, batch, head, q_idx, kv_idx) -> score``, PyTorch
+      FlexAttention's: written for scalars (int32 indices; ``batch`` the flattened batch index,
+      ``head`` the query head), applied to every logit after the soft cap and the bias and
+      before the masks. Arrays it closes over receive gradients.
+    mask_mod: optional ``mask_mod(batch, head, q_idx, kv_idx) -> bool``: attend where True,
+      combined with every other mask.
+    block_mask: optional ``BlockMask`` from ``make_block_mask`` for this T and S: it carries its
+      mask_mod, and the chunked kernel skips its empty blocks and does not evaluate the
+      mask_mod on its full ones (the kernel's blocks are the block mask's).
+    sinks: optional [N] logits, one per query head, added to each row's softmax denominator
+      (exp(sink) / (exp(sink) + sum_s exp(logit_s)) is the weight no key gets); zeros give
+      softmax-off-by-one. Included in the returned log-sum-exp; they receive gradients.
+    normalizer: "softmax" (default) or "sigmoid": weights sigmoid(logit + b), 0 where masked,
+      with no normalisation over the row (:ref:`Ramapuram et al. 2024 <ref-ramapuram2024>`).
+    sigmoid_bias: b for the sigmoid; None means -log(S).
 
   Returns:
     [..., T, N, H_v] in the dtype of ``query``, followed by the weights and the residual when
@@ -390,6 +414,11 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   _checks.check_structure(query, key, **structure)
   window = _checks.local_window(local_window_size)
   logits_soft_cap = _checks.soft_cap(logits_soft_cap)
+  sinks = None if sinks is None else jnp.asarray(sinks)
+  _checks.check_custom(num_heads, sinks=sinks, normalizer=normalizer,
+                       return_residual=return_residual)
+  mask_mod = mods_lib.check_block_mask(block_mask, mask_mod, math.prod(query.shape[:-3]),
+                                       num_heads, q_len, kv_len)
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
   dropout_rate = 0.0 if deterministic else dropout_rate
@@ -397,18 +426,23 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key), or "
                      "deterministic=True.")
   want_weights = return_weights or module is not None
-  if not _can_empty_rows(mask, structure, window):
-    empty_rows = "zero"  # no row can be empty: nothing to fill in
+  if not _can_empty_rows(mask, structure, window, mask_mod) or (
+      sinks is not None or normalizer == "sigmoid"):
+    empty_rows = "zero"  # no row can be empty, or an empty row is zeros (sink, sigmoid)
+  custom = dict(score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, sinks=sinks,
+                normalizer=normalizer)
   name = select_implementation(query, key, value, dropout_rate=dropout_rate,
                                return_weights=want_weights, return_residual=return_residual,
-                               logits_soft_cap=logits_soft_cap, implementation=implementation)
+                               logits_soft_cap=logits_soft_cap, implementation=implementation,
+                               **custom)
   scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+  custom["sigmoid_bias"] = sigmoid_bias
   with default_precision(precision):
     result = _run(name, query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                   window=window, logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate,
                   dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout,
                   return_weights=want_weights, return_residual=return_residual,
-                  empty_rows=empty_rows, structure=structure)
+                  empty_rows=empty_rows, structure=structure, custom=custom)
   output, *extras = result if isinstance(result, tuple) else (result,)
   if module is not None:
     _sow(module, extras[0].astype(query.dtype))
@@ -419,15 +453,20 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
 
 def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logits_soft_cap,
          dropout_rate, dropout_rng, broadcast_dropout, return_weights, return_residual,
-         empty_rows, structure):
-  """The named implementation on validated arguments: (output, weights?, residual?) or output."""
+         empty_rows, structure, custom):
+  """The named implementation on validated arguments: (output, weights?, residual?) or output.
+  ``custom``: score_mod, mask_mod, block_mask, sinks, normalizer and sigmoid_bias."""
   if name == "chunked":  # the structure stays implicit, so that whole blocks can be skipped
     return chunked.chunked_attention(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         local_window_size=window, logits_soft_cap=logits_soft_cap,
-        return_residual=return_residual, empty_rows=empty_rows, **structure)
+        return_residual=return_residual, empty_rows=empty_rows, **structure, **custom)
   q_len, kv_len = query.shape[-3], key.shape[-3]
   mask = structure_mask(mask, q_len, kv_len, local_window_size=window, **structure)
+  indices = mods_lib.dense_indices(query.shape[:-3], query.shape[-2], q_len, kv_len)
+  mask_mod = mods_lib.trace_mask_mod(custom["mask_mod"])
+  if mask_mod is not None:  # dense: [..., N, T, S]
+    mask = masks_lib.combine_masks(mask, mask_mod(*indices))
   if name in _KERNELS:
     options = {"return_residual": True} if return_residual else {}
     result = _KERNELS[name](query, key, value, bias, mask, scale=scale, is_causal=is_causal,
@@ -437,7 +476,10 @@ def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logit
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
         broadcast_dropout=broadcast_dropout, return_weights=return_weights,
-        return_residual=return_residual)
+        return_residual=return_residual, score_mod=_dense_score_mod(
+            custom["score_mod"], query.dtype, indices), sinks=custom["sinks"],
+        normalizer=custom["normalizer"],
+        sigmoid_bias=mods_lib.sigmoid_bias(custom["sigmoid_bias"], kv_len))
   if empty_rows == "zero":
     return result
   output, *extras = result if isinstance(result, tuple) else (result,)
@@ -448,3 +490,9 @@ def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logit
   output, weights = masks_lib.uniform_empty_rows(output, has_key, value, weights, query_valid)
   extras = [weights] + extras[1:] if return_weights else extras
   return (output, *extras) if extras else output
+
+
+def _dense_score_mod(score_mod, dtype, indices):
+  """score_mod as a function of the logits [..., N, T, S] (None stays None)."""
+  mod = mods_lib.trace_score_mod(score_mod, reference.compute_dtype(dtype))
+  return None if mod is None else lambda logits: mod(logits, *indices)

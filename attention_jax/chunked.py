@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,7 @@ from jax import lax
 
 from attention_jax import _checks
 from attention_jax import masks as masks_lib
+from attention_jax import mods as mods_lib
 from attention_jax import reference
 
 # The largest query and key blocks by default. Without a causal mask long key blocks win; causal
@@ -72,11 +73,18 @@ class Pattern:
   """The static part of which keys a query sees, and how its logits are shaped.
 
   is_causal: keys s <= t; window: (left, right), keys t - left <= s <= t + right; soft_cap: the
-  logits Q K^T * scale become cap * tanh(. / cap) before the bias and the mask.
+  logits Q K^T * scale become cap * tanh(. / cap) before the bias and the mask; score_mod and
+  mask_mod: the traced mods' functions ``fn(consts, *scalars)`` (``mods.Mod.fn``), their
+  constants arriving as inputs; normalizer: "softmax", or "sigmoid" (weights sigmoid(logit +
+  sigmoid_bias), no row normalisation).
   """
   is_causal: bool = False
   window: tuple[int, int] | None = None
   soft_cap: float | None = None
+  score_mod: Callable | None = None
+  mask_mod: Callable | None = None
+  normalizer: str = "softmax"
+  sigmoid_bias: float = 0.0
 
 
 class _Extras(NamedTuple):
@@ -92,9 +100,21 @@ class _Extras(NamedTuple):
   kv_positions: jax.Array | None = None
 
 
+class _Mods(NamedTuple):
+  """The arrays behind the custom parts of a call: the constants the score_mod and mask_mod
+  closed over (tuples), the sinks [N] and the block mask's kinds [B or 1, N or 1, Q, K] (None
+  when absent)."""
+  score_consts: tuple = ()
+  mask_consts: tuple = ()
+  sinks: jax.Array | None = None
+  block_kinds: jax.Array | None = None
+  anchor: jax.Array | None = None  # what the mods' inputs vary like (mods.anchor_of)
+
+
 class _Head(NamedTuple):
   """What one query head of one example sees: bias and mask [T' or 1, S' or 1], segment ids
-  and positions [Tp] and [Sp], and scalar lengths; None when absent."""
+  and positions [Tp] and [Sp], and scalar lengths; its batch and head index, its sink, its
+  block kinds [Q, K] and the mods' constants; None when absent."""
   bias: jax.Array | None
   mask: jax.Array | None
   q_segments: jax.Array | None
@@ -103,6 +123,22 @@ class _Head(NamedTuple):
   kv_length: jax.Array | None
   q_positions: jax.Array | None
   kv_positions: jax.Array | None
+  batch: jax.Array | None = None
+  head: jax.Array | None = None
+  sink: jax.Array | None = None
+  block_kinds: jax.Array | None = None
+  score_consts: tuple = ()
+  mask_consts: tuple = ()
+  anchor: jax.Array | None = None
+
+
+def _occupied(kinds, lo, hi):
+  """[lo, hi) narrowed to the first and last block that the block mask's ``kinds`` (a row or a
+  column of it) does not call empty: the loop never visits the empty blocks on either side."""
+  occupied = kinds != mods_lib.EMPTY
+  first = jnp.argmax(occupied)  # 0 when none is occupied
+  last = occupied.shape[0] - jnp.argmax(occupied[::-1])  # one past the last occupied
+  return jnp.maximum(lo, first), jnp.minimum(hi, jnp.where(jnp.any(occupied), last, 0))
 
 
 def _zeros(shape, dtype, *like):
@@ -176,6 +212,8 @@ class _Blocks:
       hi = jnp.minimum(hi, (last + right) // self.block_k + 1)
     if head.kv_length is not None:
       hi = jnp.minimum(hi, -(-head.kv_length // self.block_k))
+    if head.block_kinds is not None:
+      lo, hi = _occupied(head.block_kinds[i], lo, hi)
     return lo, jnp.where(last < first, lo, hi)
 
   def query_range(self, j, pattern: Pattern, head: _Head):
@@ -192,10 +230,20 @@ class _Blocks:
       hi = jnp.minimum(hi, (last + left) // self.block_q + 1)
     if head.q_length is not None:
       hi = jnp.minimum(hi, -(-head.q_length // self.block_q))
+    if head.block_kinds is not None:
+      lo, hi = _occupied(head.block_kinds[:, j], lo, hi)
     return lo, jnp.where(last < first, lo, hi)
 
-  def allowed(self, i, j, pattern: Pattern, head: _Head):
-    """Boolean [bq or 1, bk] of the pairs of block (i, j) that may attend; None when all may."""
+  def mod_indices(self, i, j):
+    """The query [bq, 1] and key [1, bk] indices of block (i, j) that the mods see (padding
+    rows and keys get the last real index, so that a table lookup stays in bounds)."""
+    query_index = jnp.minimum(i * self.block_q + jnp.arange(self.block_q), self.q_len - 1)
+    key_index = jnp.minimum(j * self.block_k + jnp.arange(self.block_k), self.kv_len - 1)
+    return query_index.astype(jnp.int32)[:, None], key_index.astype(jnp.int32)[None, :]
+
+  def allowed(self, i, j, pattern: Pattern, head: _Head, full: bool = False):
+    """Boolean [bq or 1, bk] of the pairs of block (i, j) that may attend; None when all may.
+    ``full``: the block mask says the mask_mod allows every pair here, so it is not evaluated."""
     query_index = (i * self.block_q + jnp.arange(self.block_q))[:, None]  # [bq, 1]
     key_index = (j * self.block_k + jnp.arange(self.block_k))[None, :]  # [1, bk]
     query_position, key_position = query_index, key_index
@@ -218,6 +266,9 @@ class _Blocks:
     if head.q_segments is not None:
       q_ids, kv_ids = self.block_ids(head.q_segments, head.kv_segments, i, j)
       parts.append(q_ids[:, None] == kv_ids[None, :])
+    if pattern.mask_mod is not None and not full:
+      parts.append(mods_lib.pointwise(pattern.mask_mod, head.mask_consts, head.batch, head.head,
+                                      *self.mod_indices(i, j), anchor=head.anchor))
     return masks_lib.combine_masks(*parts)
 
   def block_ids(self, query_ids, key_ids, i, j):
@@ -227,10 +278,14 @@ class _Blocks:
             lax.dynamic_slice_in_dim(key_ids, j * self.block_k, self.block_k))
 
   def unless_skipped(self, step, carry, i, j, pattern: Pattern, head: _Head):
-    """step(carry), or carry unchanged when the id ranges of block (i, j) rule out every pair:
-    no shared segment id, or (with explicit positions) every key after every query (causal) or
-    outside every query's window."""
+    """step(carry, full), or carry unchanged when the id ranges of block (i, j) rule out every
+    pair: no shared segment id, (with explicit positions) every key after every query (causal)
+    or outside every query's window, or an empty block of the block mask. ``full``: the block
+    mask says the mask_mod allows every pair of the block."""
     could_attend = []
+    kind = None if head.block_kinds is None else head.block_kinds[i, j]
+    if kind is not None:
+      could_attend.append(kind != mods_lib.EMPTY)
     if head.q_segments is not None:
       q_ids, kv_ids = self.block_ids(head.q_segments, head.kv_segments, i, j)
       could_attend.append((jnp.min(q_ids) <= jnp.max(kv_ids)) & (jnp.min(kv_ids) <= jnp.max(q_ids)))
@@ -242,15 +297,41 @@ class _Blocks:
       if pattern.window is not None:
         could_attend.append(jnp.max(kv_pos) >= jnp.min(q_pos) - pattern.window[0])
     if not could_attend:
-      return step(carry)
-    return lax.cond(functools.reduce(jnp.logical_and, could_attend), step, lambda c: c, carry)
+      return step(carry, False)
+    go = functools.reduce(jnp.logical_and, could_attend)
+    if kind is None or pattern.mask_mod is None:
+      return lax.cond(go, lambda c: step(c, False), lambda c: c, carry)
+    branch = jnp.where(go, jnp.where(kind == mods_lib.FULL, 2, 1), 0)
+    return lax.switch(branch, [lambda c: c, lambda c: step(c, False), lambda c: step(c, True)],
+                      carry)
+
+
+def _score_mod(pattern: Pattern, head: _Head, geometry: _Blocks, i, j, transposed):
+  """The score_mod on block (i, j) as a function of (logits, trainable constants), or None:
+  logits [bq, bk] (or [bk, bq] ``transposed``), the trainable constants being the floating
+  arrays it closed over (``mods.is_trainable``), which the backward pass differentiates."""
+  if pattern.score_mod is None:
+    return None
+  q_idx, kv_idx = geometry.mod_indices(i, j)  # [bq, 1], [1, bk]
+  if transposed:
+    q_idx, kv_idx = q_idx.T, kv_idx.T
+  consts = head.score_consts
+  trainable = [mods_lib.is_trainable(c) for c in consts]
+
+  def score(logits, trained):
+    trained = iter(trained)
+    merged = [next(trained) if t else c for c, t in zip(consts, trainable)]
+    return mods_lib.pointwise(pattern.score_mod, merged, logits, head.batch, head.head, q_idx,
+                              kv_idx, anchor=head.anchor)
+  return score, tuple(c for c, t in zip(consts, trainable) if t)
 
 
 def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Blocks, dtype,
-            transposed=False):
-  """(Z_ij + bias_ij, ``reference.masked_logit`` where not allowed: [bq, bk]; tanh(Z / cap) or
-  None), or both
-  transposed, [bk, bq], with ``transposed`` (from the product K_j Q_i^T, not a transpose)."""
+            transposed=False, full=False, pullback=False):
+  """(Z_ij [+ bias_ij], through the score_mod, ``reference.masked_logit`` where not allowed:
+  [bq, bk]; tanh(Z / cap) or None; with ``pullback``, the score_mod's VJP, d score -> (d input,
+  d trainable constants), or None), all transposed, [bk, bq], with ``transposed`` (from the
+  product K_j Q_i^T, not a transpose). ``full``: the mask_mod allows every pair of the block."""
   turn = (lambda x: None if x is None else x.T) if transposed else (lambda x: x)
   logits = (jnp.einsum("kh,qh->kq", k_block, q_block, preferred_element_type=dtype) if transposed
             else jnp.einsum("qh,kh->qk", q_block, k_block, preferred_element_type=dtype))
@@ -260,26 +341,69 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Bl
     logits = pattern.soft_cap * squashed
   bias = turn(geometry.cut(head.bias, i, j))
   logits = logits if bias is None else logits + bias
-  allowed = turn(geometry.allowed(i, j, pattern, head))
+  score_mod, vjp = _score_mod(pattern, head, geometry, i, j, transposed), None
+  if score_mod is not None:
+    score, trained = score_mod
+    if pullback:
+      logits, vjp = jax.vjp(score, logits, trained)
+    else:
+      logits = score(logits, trained)
+  allowed = turn(geometry.allowed(i, j, pattern, head, full))
   masked = reference.masked_logit(logits.dtype)  # finite: jax.debug_infs stays quiet
-  return (logits if allowed is None else jnp.where(allowed, logits, masked)), squashed
+  logits = logits if allowed is None else jnp.where(allowed, logits, masked)
+  return (logits, squashed, vjp) if pullback else (logits, squashed)
+
+
+def _sigmoid_forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
+  """Sigmoid attention: out = sum_j sigmoid(Z_ij + b) V_j, no normaliser, so no running max;
+  q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv], lse [Tp] (zeros: sigmoid has none)."""
+  dtype = reference.compute_dtype(q.dtype)
+
+  def query_block(i):
+    q_block = lax.dynamic_slice_in_dim(q, i * g.block_q, g.block_q)
+
+    def key_step(j, acc):
+      def attend(acc, full):
+        k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
+        v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
+        logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype, full=full)
+        weights = jax.nn.sigmoid(logits + pattern.sigmoid_bias)  # 0 where masked
+        return acc + jnp.einsum("qk,kh->qh", weights.astype(v.dtype), v_block,
+                                preferred_element_type=dtype)
+      return g.unless_skipped(attend, acc, i, j, pattern, head)
+
+    lo, hi = g.key_range(i, pattern, head)
+    acc = lax.fori_loop(lo, hi, key_step,
+                        _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
+    return acc, jnp.zeros((g.block_q,), dtype)
+
+  out, lse = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq]
+  return out.reshape(-1, v.shape[-1]), lse.reshape(-1)
 
 
 def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
   """q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv], lse [Tp] (``reference.least_row_max``
-  where a row has no key)."""
+  where a row has no key and no sink). A sink s adds exp(s) to each row's denominator: the
+  running max and sum start at s and 1 instead of least_max and 0."""
+  if pattern.normalizer == "sigmoid":
+    return _sigmoid_forward_head(q, k, v, head, pattern, g)
   dtype = reference.compute_dtype(q.dtype)
   least_max = reference.least_row_max(dtype)  # a masked logit minus it underflows to exp = 0
+  sink = None if head.sink is None else head.sink.astype(dtype)
+  start_max = least_max if sink is None else jnp.maximum(sink, least_max)
+
+  def with_sink(row_max, row_sum):  # adds exp(sink - row_max) to the row sums
+    return row_sum if sink is None else row_sum + jnp.exp(sink - row_max)
 
   def query_block(i):
     q_block = lax.dynamic_slice_in_dim(q, i * g.block_q, g.block_q)
 
     def key_step(j, carry):
-      def attend(carry):
+      def attend(carry, full):
         row_max, row_sum, acc = carry
         k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
         v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
-        logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype)
+        logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype, full=full)
         new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))  # >= least_max: finite
         correction = jnp.exp(row_max - new_max)
         probs = jnp.exp(logits - new_max[:, None])  # 0 where masked
@@ -291,13 +415,14 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
 
     if g.num_k == 1:  # all keys in one block: a plain softmax, with nothing to rescale
       logits, _ = _logits(q_block, k, i, 0, pattern, head, g, dtype)
-      row_max = jnp.max(logits, axis=-1, initial=least_max)
+      row_max = jnp.maximum(jnp.max(logits, axis=-1, initial=least_max), start_max)
       probs = jnp.exp(logits - row_max[:, None])  # 0 where masked
-      row_sum = jnp.sum(probs, axis=-1)
+      row_sum = with_sink(row_max, jnp.sum(probs, axis=-1))
       acc = jnp.einsum("qk,kh->qh", probs.astype(v.dtype), v, preferred_element_type=dtype)
     else:
       zeros = _zeros((g.block_q,), dtype, q, k, v, head)
-      init = (zeros + least_max, zeros, _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
+      init = (zeros + start_max, with_sink(zeros + start_max, zeros),
+              _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
       lo, hi = g.key_range(i, pattern, head)
       row_max, row_sum, acc = lax.fori_loop(lo, hi, key_step, init)
     has_key = row_sum > 0.0
@@ -309,9 +434,11 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
   return out.reshape(-1, v.shape[-1]), lse.reshape(-1)  # out in the compute dtype
 
 
-def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _Blocks, d_bias):
+def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _Blocks, d_bias,
+                   d_mod=()):
   """One query head against its key/value head: (dQ [Tp, H], dK [Sp, H], dV [Sp, Hv], dbias
-  accumulated into ``d_bias`` [T' or 1, S' or 1] or None)."""
+  accumulated into ``d_bias`` [T' or 1, S' or 1] or None, and the gradients of the score_mod's
+  trainable constants accumulated into ``d_mod``)."""
   dtype = reference.compute_dtype(q.dtype)
   delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # rowsum(dO * O) [Tp]
 
@@ -330,15 +457,23 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
     k_t_block = lax.dynamic_slice_in_dim(k_t, j * g.block_k, g.block_k, axis=1)
 
     def query_step(i, inner):
-      def attend(inner):
-        d_k, d_v, d_q_t, d_bias = inner
+      def attend(inner, full):
+        d_k, d_v, d_q_t, d_bias, d_mod = inner
         rows = lambda x: lax.dynamic_slice_in_dim(x, i * g.block_q, g.block_q)
         q_block, do_block = rows(q), rows(d_out)
-        logits_t, squashed_t = _logits(q_block, k_block, i, j, pattern, head, g, dtype,
-                                       transposed=True)  # [bk, bq]
-        probs_t = jnp.exp(logits_t - rows(lse)[None, :])  # 0 where masked, and on empty rows
+        logits_t, squashed_t, mod_vjp = _logits(q_block, k_block, i, j, pattern, head, g, dtype,
+                                                transposed=True, full=full,
+                                                pullback=True)  # [bk, bq]
         d_probs_t = jnp.einsum("kh,qh->kq", v_block, do_block, preferred_element_type=dtype)
-        d_logits_t = probs_t * (d_probs_t - rows(delta)[None, :])  # dS^T = d(Z + bias)^T
+        if pattern.normalizer == "sigmoid":
+          probs_t = jax.nn.sigmoid(logits_t + pattern.sigmoid_bias)  # 0 where masked
+          d_logits_t = d_probs_t * probs_t * (1.0 - probs_t)
+        else:
+          probs_t = jnp.exp(logits_t - rows(lse)[None, :])  # 0 where masked, and on empty rows
+          d_logits_t = probs_t * (d_probs_t - rows(delta)[None, :])  # dS^T = d(Z + bias)^T
+        if mod_vjp is not None:  # through the score_mod, to its input and its constants
+          d_logits_t, d_trained = mod_vjp(d_logits_t)
+          d_mod = tuple(a + b.astype(a.dtype) for a, b in zip(d_mod, d_trained))
         if d_bias is not None:
           d_bias = _accumulate_bias(d_bias, d_logits_t.T, i, j, g)
         if squashed_t is not None:
@@ -351,20 +486,21 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
         d_q_t_block = d_q_t_block + jnp.einsum("hk,kq->hq", k_t_block, d_logits_t.astype(k.dtype),
                                                preferred_element_type=dtype)
         d_q_t = lax.dynamic_update_slice_in_dim(d_q_t, d_q_t_block, i * g.block_q, axis=1)
-        return d_k, d_v, d_q_t, d_bias
+        return d_k, d_v, d_q_t, d_bias, d_mod
       return g.unless_skipped(attend, inner, i, j, pattern, head)
 
-    d_q_t, d_bias = carry
+    d_q_t, d_bias, d_mod = carry
     like = (q, k, v, d_out, head)
     init = (_zeros((g.block_k, k.shape[-1]), dtype, *like),
-            _zeros((g.block_k, v.shape[-1]), dtype, *like), d_q_t, d_bias)
+            _zeros((g.block_k, v.shape[-1]), dtype, *like), d_q_t, d_bias, d_mod)
     lo, hi = g.query_range(j, pattern, head)
-    d_k, d_v, d_q_t, d_bias = lax.fori_loop(lo, hi, query_step, init)
-    return (d_q_t, d_bias), (d_k, d_v)
+    d_k, d_v, d_q_t, d_bias, d_mod = lax.fori_loop(lo, hi, query_step, init)
+    return (d_q_t, d_bias, d_mod), (d_k, d_v)
 
-  init = (_zeros(q.shape[::-1], dtype, q, k, v, d_out, head), d_bias)  # dQ^T [H, Tp]
-  (d_q_t, d_bias), (d_k, d_v) = lax.scan(key_block, init, jnp.arange(g.num_k))
-  return d_q_t.T, d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias  # [K blocks, bk, .] -> [Sp, .]
+  init = (_zeros(q.shape[::-1], dtype, q, k, v, d_out, head), d_bias, d_mod)  # dQ^T [H, Tp]
+  (d_q_t, d_bias, d_mod), (d_k, d_v) = lax.scan(key_block, init, jnp.arange(g.num_k))
+  # [K blocks, bk, .] -> [Sp, .]
+  return d_q_t.T, d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias, d_mod
 
 
 def _accumulate_bias(d_bias, d_logits, i, j, g: _Blocks):
@@ -385,10 +521,14 @@ def _pick(array, index):
   return lax.dynamic_index_in_dim(array, index if array.shape[0] > 1 else 0, 0, keepdims=False)
 
 
-def _group_inputs(bias, mask, extras: _Extras, b, n):
+def _group_inputs(bias, mask, extras: _Extras, mods: _Mods, b, n):
   """The _Head of example b and query head n from [B', N', T', S'] bias and mask."""
   return _Head(_pick(_pick(bias, b), n), _pick(_pick(mask, b), n),
-               *(_pick(per_example, b) for per_example in extras))
+               *(_pick(per_example, b) for per_example in extras),
+               batch=jnp.asarray(b, jnp.int32), head=jnp.asarray(n, jnp.int32),
+               sink=_pick(mods.sinks, n), block_kinds=_pick(_pick(mods.block_kinds, b), n),
+               score_consts=mods.score_consts, mask_consts=mods.mask_consts,
+               anchor=mods.anchor)
 
 
 def _map_heads(f, per_query_head, k, v, geometry):
@@ -412,22 +552,27 @@ def _map_heads(f, per_query_head, k, v, geometry):
   return lax.map(one_head, xs, batch_size=geometry.pairs_per_step)
 
 
-def _forward(q, k, v, bias, mask, extras, pattern, geometry):
+def _forward(q, k, v, bias, mask, extras, mods, pattern, geometry):
   """q [B, N, Tp, H], k [B, K, Sp, H], v [B, K, Sp, Hv] -> out [B, N, Tp, Hv] (compute dtype),
   lse [B, N, Tp]. One (example, query head) at a time, or a few side by side, keeps each
   block's arrays in cache."""
   def one_head(b, n, q_n, k_n, v_n):
-    return _forward_head(q_n, k_n, v_n, _group_inputs(bias, mask, extras, b, n), pattern,
+    return _forward_head(q_n, k_n, v_n, _group_inputs(bias, mask, extras, mods, b, n), pattern,
                          geometry)
 
   out, lse = _map_heads(one_head, (q,), k, v, geometry)  # [B * N, Tp, Hv], [B * N, Tp]
   return (out.reshape(q.shape[:3] + v.shape[-1:]), lse.reshape(q.shape[:3]))
 
 
-def _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse, d_out):
-  """Gradients for q, k, v and bias (compute dtype): several query heads side by side where
-  ``geometry.pairs_per_step`` allows and no bias gradient is carried, else one key/value head at
-  a time, its G query heads in turn."""
+def _trainable(mods: _Mods):
+  """The score_mod's constants that get gradients (``mods.is_trainable``)."""
+  return tuple(c for c in mods.score_consts if mods_lib.is_trainable(c))
+
+
+def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_out):
+  """Gradients for q, k, v, bias and the score_mod's trainable constants (compute dtype):
+  several query heads side by side where ``geometry.pairs_per_step`` allows and no bias or
+  constant gradient is carried, else one key/value head at a time, its G query heads in turn."""
   batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
   group = num_heads // num_kv
   dtype = reference.compute_dtype(q.dtype)
@@ -435,42 +580,47 @@ def _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse, d_out):
   # to bfloat16 cost dQ a third more error than jax.nn's, and XLA's CPU backend has no
   # bfloat16 x bfloat16 = float32 product outside a fusion.
   q, k, v, out, d_out = (x.astype(dtype) for x in (q, k, v, out, d_out))
+  trained = _trainable(mods)
+  like = (q, k, v, d_out, bias, mask, extras, mods)
 
-  def one_kv_head(d_bias, index):
+  def one_kv_head(carry, index):
+    d_bias, d_mod = carry
     b, h = index // num_kv, index % num_kv
     kv = lambda x: _pick(_pick(x, b), h)  # [Sp, .]
 
     def one_query_head(carry, g):
-      d_k, d_v, d_bias = carry
+      d_k, d_v, d_bias, d_mod = carry
       n = h * group + g
-      head = _group_inputs(bias, mask, extras, b, n)
+      head = _group_inputs(bias, mask, extras, mods, b, n)
       q_head = lambda x: _pick(_pick(x, b), n)
       bias_slot = None if d_bias is None else _pick(_pick(d_bias, b), n)
-      d_q, d_k_n, d_v_n, bias_slot = _backward_head(
+      d_q, d_k_n, d_v_n, bias_slot, d_mod = _backward_head(
           q_head(q), kv(k), kv(v), q_head(out), q_head(lse), q_head(d_out), head, pattern,
-          geometry, bias_slot)
+          geometry, bias_slot, d_mod)
       if d_bias is not None:
         d_bias = _put_bias(d_bias, bias_slot, b, n)
-      return (d_k + d_k_n, d_v + d_v_n, d_bias), d_q
+      return (d_k + d_k_n, d_v + d_v_n, d_bias, d_mod), d_q
 
-    like = (q, k, v, d_out, bias, mask, extras)
-    init = (_zeros(k.shape[2:], dtype, *like), _zeros(v.shape[2:], dtype, *like), d_bias)
-    (d_k, d_v, d_bias), d_q = lax.scan(one_query_head, init, jnp.arange(group))
-    return d_bias, (d_q, d_k, d_v)  # d_q [G, Tp, H]
+    init = (_zeros(k.shape[2:], dtype, *like), _zeros(v.shape[2:], dtype, *like), d_bias, d_mod)
+    (d_k, d_v, d_bias, d_mod), d_q = lax.scan(one_query_head, init, jnp.arange(group))
+    return (d_bias, d_mod), (d_q, d_k, d_v)  # d_q [G, Tp, H]
 
-  if bias is None and geometry.pairs_per_step:
+  if bias is None and not trained and geometry.pairs_per_step:
     # Nothing carried from head to head: several query heads side by side, and the gradients of
     # a key/value head summed over its G query heads afterwards.
     def one_head(b, n, q_n, out_n, lse_n, d_out_n, k_n, v_n):
       return _backward_head(q_n, k_n, v_n, out_n, lse_n, d_out_n,
-                            _group_inputs(bias, mask, extras, b, n), pattern, geometry, None)[:3]
+                            _group_inputs(bias, mask, extras, mods, b, n), pattern, geometry,
+                            None)[:3]
 
     d_q, d_k, d_v = _map_heads(one_head, (q, out, lse, d_out), k, v, geometry)  # [B * N, L, .]
     per_kv_head = lambda x: jnp.sum(x.reshape((batch, num_kv, group) + x.shape[1:]), axis=2)
-    return d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None
-  d_bias = None if bias is None else _zeros(bias.shape, dtype, q, k, v, d_out, bias, mask, extras)
-  d_bias, (d_q, d_k, d_v) = lax.scan(one_kv_head, d_bias, jnp.arange(batch * num_kv))
-  return d_q.reshape(q.shape), d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias
+    return d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None, ()
+  d_bias = None if bias is None else _zeros(bias.shape, dtype, *like)
+  d_mod = tuple(_zeros(c.shape, jnp.promote_types(c.dtype, dtype), *like) for c in trained)
+  (d_bias, d_mod), (d_q, d_k, d_v) = lax.scan(one_kv_head, (d_bias, d_mod),
+                                              jnp.arange(batch * num_kv))
+  return d_q.reshape(q.shape), d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias, d_mod
 
 
 def _put_bias(d_bias, slot, b, n):
@@ -481,25 +631,57 @@ def _put_bias(d_bias, slot, b, n):
   return lax.dynamic_update_slice(d_bias, slot[None, None].astype(d_bias.dtype), start)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _attention(q, k, v, bias, mask, extras, pattern, geometry):
-  return _attention_fwd(q, k, v, bias, mask, extras, pattern, geometry)[0]
+def _sinks_gradient(sinks, lse, out, d_out):
+  """d sink_n = -sum over rows of p_sink * rowsum(dO * O), p_sink = exp(sink_n - lse): the sink's
+  share of each row, taken from every key's weight (d out / d sink = -p_sink * out). lse, out
+  and d_out [B, N, Tp(, Hv)] -> [N]."""
+  delta = jnp.sum(d_out.astype(lse.dtype) * out.astype(lse.dtype), axis=-1)  # [B, N, Tp]
+  p_sink = jnp.exp(sinks.astype(lse.dtype)[:, None] - lse)  # [B, N, Tp]
+  return -jnp.sum(p_sink * delta, axis=(0, 2)).astype(sinks.dtype)
 
 
-def _attention_fwd(q, k, v, bias, mask, extras, pattern, geometry):
+def _varying(array) -> frozenset:
+  """The shard_map axes ``array`` varies over (empty outside shard_map): ``aval.vma`` in the
+  jax versions that have it, ``aval.mat.varying`` in later ones."""
+  aval = jax.typeof(array)
+  vma = getattr(aval, "vma", None)
+  return frozenset(getattr(getattr(aval, "mat", None), "varying", ()) if vma is None else vma)
+
+
+def _cotangent_like(gradient, primal):
+  """``gradient`` in the dtype of ``primal``, summed over the shard_map axes it varies over and
+  ``primal`` does not (a table or sinks replicated over the shards that use them)."""
+  extra = tuple(sorted(_varying(gradient) - _varying(primal)))
+  gradient = lax.psum(gradient, extra) if extra else gradient
+  return gradient.astype(primal.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _attention(q, k, v, bias, mask, extras, mods, pattern, geometry):
+  return _attention_fwd(q, k, v, bias, mask, extras, mods, pattern, geometry)[0]
+
+
+def _attention_fwd(q, k, v, bias, mask, extras, mods, pattern, geometry):
   # q is in the compute dtype (prepare), so out is too: the backward's rowsum(dO * O) reads O
   # unrounded, and finish() casts it to the caller's dtype.
-  out, lse = _forward(q, k, v, bias, mask, extras, pattern, geometry)
-  return (out, lse), (q, k, v, bias, mask, extras, out, lse)
+  out, lse = _forward(q, k, v, bias, mask, extras, mods, pattern, geometry)
+  return (out, lse), (q, k, v, bias, mask, extras, mods, out, lse)
 
 
 def _attention_bwd(pattern, geometry, residuals, cotangents):
-  q, k, v, bias, mask, extras, out, lse = residuals
+  q, k, v, bias, mask, extras, mods, out, lse = residuals
   d_out, _ = cotangents  # the log-sum-exp is returned under stop_gradient
-  d_q, d_k, d_v, d_bias = _backward(q, k, v, bias, mask, extras, pattern, geometry, out, lse,
-                                    d_out)
+  d_q, d_k, d_v, d_bias, d_mod = _backward(q, k, v, bias, mask, extras, mods, pattern, geometry,
+                                           out, lse, d_out)
   d_bias = None if d_bias is None else d_bias.astype(bias.dtype)
-  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias, None, None
+  d_mod = iter(d_mod)
+  d_score_consts = tuple(_cotangent_like(next(d_mod), c) if mods_lib.is_trainable(c) else None
+                         for c in mods.score_consts)
+  d_sinks = None if mods.sinks is None else _cotangent_like(
+      _sinks_gradient(mods.sinks, lse, out, d_out), mods.sinks)
+  d_mods = _Mods(d_score_consts, (None,) * len(mods.mask_consts), d_sinks, None, None)
+  return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias, None, None,
+          d_mods)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -526,24 +708,47 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                       logits_soft_cap: float | None = None, query_segment_ids=None,
                       key_segment_ids=None, query_seq_lengths=None, key_value_seq_lengths=None,
                       return_residual: bool = False, block_q: int | None = None,
-                      block_k: int | None = None, empty_rows: str = "zero"):
+                      block_k: int | None = None, empty_rows: str = "zero", score_mod=None,
+                      mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
+                      sigmoid_bias: float | None = None):
   """Memory-efficient attention, blockwise in both directions; same contract as the reference.
 
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> [..., T, N, H_v] (and the
   log-sum-exp [..., T, N], float32, -inf on empty rows, with ``return_residual``). The other
   arguments as ``dot_product_attention`` (``empty_rows`` defaults to "zero" here). Blocks of
   ``block_q`` queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most 1024
-  queries and 4096 keys, or 1024 keys when causal or windowed). Inputs are assumed validated.
+  queries and 4096 keys, or 1024 keys when causal or windowed; a ``block_mask``'s own blocks when
+  one is given: its empty blocks are skipped, and its full blocks do not evaluate the mask_mod).
+  Inputs are assumed validated.
 
   >>> q = k = v = jnp.ones((2, 512, 4, 64))  # [B, T, N, H]
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256).shape
   (2, 512, 4, 64)
   """
+  if block_mask is not None:
+    block_q, block_k = block_mask.block_q, block_mask.block_k
+    mask_mod = block_mask.mask_mod if mask_mod is None else mask_mod
+  compute = reference.compute_dtype(query.dtype)
+  anchor = None
+  if score_mod is not None or mask_mod is not None:
+    anchor = mods_lib.anchor_of(query, key, value, bias, mask, query_segment_ids, key_segment_ids,
+                                query_seq_lengths, key_value_seq_lengths, sinks)
+  score = mods_lib.trace_score_mod(score_mod, compute, anchor)
+  allow = mods_lib.trace_mask_mod(mask_mod, anchor)
   pattern, geometry = plan(query, key, is_causal=is_causal, local_window_size=local_window_size,
-                           logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k)
+                           logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k,
+                           score_mod=score, mask_mod=allow, normalizer=normalizer,
+                           sigmoid_bias=mods_lib.sigmoid_bias(sigmoid_bias, key.shape[-3]))
+  if block_mask is not None and block_mask.kinds.shape[:2] != (1, 1):
+    # block kinds that differ by example or head would make the skip predicates batched (both
+    # branches run) where several pairs run side by side
+    geometry = dataclasses.replace(geometry, side_by_side=False)
+  mods = _Mods(() if score is None else score.consts, () if allow is None else allow.consts,
+               None if sinks is None else jnp.asarray(sinks),
+               None if block_mask is None else block_mask.kinds, anchor)
   inputs = prepare(query, key, value, bias, mask, scale=scale, geometry=geometry,
                    segment_ids=(query_segment_ids, key_segment_ids),
-                   seq_lengths=(query_seq_lengths, key_value_seq_lengths))
+                   seq_lengths=(query_seq_lengths, key_value_seq_lengths), mods=mods)
   try:
     out, lse = _attention(*inputs, pattern, geometry)  # [B, N, Tp, H_v], [B, N, Tp]
   except TypeError as error:
@@ -571,32 +776,37 @@ def _has_key(lse, query):
 
 
 def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap=None,
-         block_q=None, block_k=None, narrow_keys=False) -> tuple[Pattern, _Blocks]:
+         block_q=None, block_k=None, narrow_keys=False, score_mod=None, mask_mod=None,
+         normalizer="softmax", sigmoid_bias=0.0) -> tuple[Pattern, _Blocks]:
   """The static pattern and block geometry for query [..., T, N, H] and key [..., S, K, H]
   (``narrow_keys``: the default key blocks of causal attention, for a caller that masks by
-  positions)."""
+  positions; ``score_mod`` and ``mask_mod``: traced ``mods.Mod`` or None)."""
   pattern = Pattern(bool(is_causal), _checks.local_window(local_window_size),
-                    _checks.soft_cap(logits_soft_cap))
+                    _checks.soft_cap(logits_soft_cap),
+                    None if score_mod is None else score_mod.fn,
+                    None if mask_mod is None else mask_mod.fn, normalizer, sigmoid_bias)
   narrow_keys = narrow_keys or pattern.is_causal or pattern.window is not None
   return pattern, _Blocks.create(query.shape[-3], key.shape[-3], block_q, block_k, narrow_keys)
 
 
 class Inputs(NamedTuple):
   """The kernel's inputs: q, k, v head-major and padded to whole blocks, [B, N or K, Lp, H];
-  bias and mask [B or 1, N or 1, Tp or 1, Sp or 1]; the per-example _Extras."""
+  bias and mask [B or 1, N or 1, Tp or 1, Sp or 1]; the per-example _Extras; the _Mods."""
   q: jax.Array
   k: jax.Array
   v: jax.Array
   bias: jax.Array | None
   mask: jax.Array | None
   extras: _Extras
+  mods: _Mods = _Mods()
 
 
 def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks,
-            segment_ids=(None, None), seq_lengths=(None, None), positions=(None, None)) -> Inputs:
+            segment_ids=(None, None), seq_lengths=(None, None), positions=(None, None),
+            mods: _Mods = _Mods()) -> Inputs:
   """Inputs in the layout of the contract ([..., L, N, H]) -> the kernel's Inputs; each pair is
   (for the queries, for the keys), per example [..., L] (segments, positions) or [...] (lengths)
-  or shared by all."""
+  or shared by all; ``mods`` passes through."""
   batch_shape = query.shape[:-3]
   padded_q, padded_k = geometry.num_q * geometry.block_q, geometry.num_k * geometry.block_k
 
@@ -626,7 +836,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks
   extras = _Extras(per_example(segment_ids[0], padded_q), per_example(segment_ids[1], padded_k),
                    per_example(seq_lengths[0]), per_example(seq_lengths[1]),
                    per_example(positions[0], padded_q), per_example(positions[1], padded_k))
-  return Inputs(q, k, v, pad_logits(bias), pad_logits(mask), extras)
+  return Inputs(q, k, v, pad_logits(bias), pad_logits(mask), extras, mods)
 
 
 def finish(out, lse, query, return_residual=False):

@@ -148,7 +148,8 @@ def _ring_fwd(q, k, v, extras, pattern, geometry, axis_name):
 
   def attend(passing):  # -> out, lse (-inf on an empty row)
     k_step, v_step, extras_step = _arriving(extras, passing)
-    out, lse = chunked._forward(q, k_step, v_step, None, None, extras_step, pattern, geometry)
+    out, lse = chunked._forward(q, k_step, v_step, None, None, extras_step, chunked._Mods(),
+                                pattern, geometry)
     return out, reference.residual_of(lse)
 
   def step(carry, _):
@@ -172,8 +173,8 @@ def _ring_bwd(pattern, geometry, axis_name, residuals, cotangents):
 
   def gradients(passing):  # of this step's key/value shard, with the global out and lse
     k_step, v_step, extras_step = _arriving(extras, passing)
-    d_q, d_k, d_v, _ = chunked._backward(q, k_step, v_step, None, None, extras_step, pattern,
-                                         geometry, out, lse, d_out)
+    d_q, d_k, d_v, _, _ = chunked._backward(q, k_step, v_step, None, None, extras_step,
+                                            chunked._Mods(), pattern, geometry, out, lse, d_out)
     return d_q, d_k, d_v
 
   def step(carry, _):
@@ -419,7 +420,8 @@ class ContextParallel:
   """``dot_product_attention``'s signature, run by ``context_parallel_attention`` over
   ``axis_name`` of ``mesh``: the ``attention_fn`` of MultiHeadAttention (and EncoderConfig).
   Attention dropout and returned weights are refused (they would be [T, S] per device), and so
-  is the log-sum-exp residual. A query row with no key to attend to gives zeros (what
+  are the log-sum-exp residual and custom attention (score_mod, mask_mod, block_mask, sinks,
+  sigmoid). A query row with no key to attend to gives zeros (what
   ``empty_rows="zero"`` asks of ``dot_product_attention``; the ring does not compute the mean of
   the values that flax gives there). ``dtype`` casts the query, key and value; ``precision``
   is the caller's (the module runs it under ``jax.default_matmul_precision``).
@@ -445,6 +447,14 @@ class ContextParallel:
                        f"empty_rows={empty_rows!r} is not served, use empty_rows='zero'.")
     if dtype is not None:
       query, key, value = (x.astype(dtype) for x in (query, key, value))
+    custom = [name for name in ("score_mod", "mask_mod", "block_mask", "sinks")
+              if options.pop(name, None) is not None]
+    custom += ["normalizer"] * (options.pop("normalizer", "softmax") != "softmax")
+    options.pop("sigmoid_bias", None)
+    if custom:
+      raise ValueError(f"context-parallel attention does not serve {', '.join(custom)}; call "
+                       "dot_product_attention on one device, or inside shard_map, where the mods "
+                       "see each shard's own indices.")
     if dropout_rate or return_weights or return_residual:
       raise ValueError("context-parallel attention has no attention dropout and returns neither "
                        "weights nor the log-sum-exp; set the attention dropout rate to 0 and take "

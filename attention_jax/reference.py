@@ -157,21 +157,44 @@ def dropout_weights(weights, rate: float, rng, *, broadcast: bool = False):
   return weights * (keep.astype(weights.dtype) / jnp.asarray(keep_prob, weights.dtype))
 
 
+def with_sinks(logits, sinks):
+  """Logits [..., N, T, S] with one more key, the sink of each head (sinks [N]): [..., N, T,
+  S + 1]. Its weight is what the softmax gives no real key."""
+  column = jnp.broadcast_to(sinks.astype(logits.dtype)[:, None, None], logits.shape[:-1] + (1,))
+  return jnp.concatenate([logits, column], axis=-1)
+
+
+def normalize(logits, *, sinks=None, normalizer: str = "softmax", sigmoid_bias: float = 0.0):
+  """Masked logits [..., N, T, S] -> weights, same shape: the softmax (with the sinks [N] in
+  each row's denominator when given), or sigmoid(logits + sigmoid_bias), 0 where masked."""
+  if normalizer == "sigmoid":
+    return jax.nn.sigmoid(logits + sigmoid_bias)  # masked: sigmoid of a huge negative, 0
+  if sinks is None:
+    return _softmax(logits)
+  return _softmax(with_sinks(logits, sinks))[..., :-1]
+
+
 def reference_attention(query, key, value, bias=None, mask=None, *, scale: float,
                         is_causal: bool = False, logits_soft_cap: float | None = None,
                         dropout_rate: float = 0.0, dropout_rng=None,
                         broadcast_dropout: bool = False, return_weights: bool = False,
-                        return_residual: bool = False):
+                        return_residual: bool = False, score_mod=None, sinks=None,
+                        normalizer: str = "softmax", sigmoid_bias: float = 0.0):
   """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V.
 
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> output [..., T, N, H_v],
   followed by the weights [..., N, T, S] if ``return_weights`` and the log-sum-exp of each row's
-  logits [..., T, N] (float32, -inf on a row with nothing to attend to, no gradient) if
-  ``return_residual``. Inputs are assumed validated.
+  logits [..., T, N] (float32, -inf on a row with nothing to attend to, no gradient; the sinks
+  included) if ``return_residual``. ``score_mod``: logits [..., N, T, S] -> logits, applied
+  after the bias and before the mask; ``sinks`` [N], ``normalizer`` and ``sigmoid_bias`` as
+  ``normalize`` takes them. Inputs are assumed validated.
   """
   logits = attention_logits(query, key, scale=scale, logits_soft_cap=logits_soft_cap)
-  logits = mask_logits(logits if bias is None else logits + bias, mask, is_causal=is_causal)
-  weights = _softmax(logits)  # [..., N, T, S]
+  logits = logits if bias is None else logits + bias
+  logits = logits if score_mod is None else score_mod(logits)
+  logits = mask_logits(logits, mask, is_causal=is_causal)
+  weights = normalize(logits, sinks=sinks, normalizer=normalizer,
+                      sigmoid_bias=sigmoid_bias)  # [..., N, T, S]
   attended = weights
   if dropout_rate > 0.0:
     attended = dropout_weights(weights, dropout_rate, dropout_rng, broadcast=broadcast_dropout)
@@ -184,7 +207,8 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale: float
   output = heads_first(output).astype(query.dtype)  # [..., T, N, H_v]
   extras = (weights,) if return_weights else ()
   if return_residual:
-    residual = jax.nn.logsumexp(logits, axis=-1)  # [..., N, T]
+    residual = jax.nn.logsumexp(logits if sinks is None else with_sinks(logits, sinks),
+                                axis=-1)  # [..., N, T]
     residual = residual_of(residual)
     extras += (jax.lax.stop_gradient(jnp.swapaxes(residual, -1, -2)),)
   return (output, *extras) if extras else output

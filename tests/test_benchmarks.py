@@ -150,3 +150,21 @@ def test_profile_train_gives_products_and_the_chunked_loops_their_parts(monkeypa
       "feed-forward, forward", "feed-forward, backward"}
   loop_parts = {parts[name] for name in in_loop if name in parts}
   assert loop_parts and loop_parts <= {"attention core, forward", "attention core, backward"}
+
+
+def test_benchmark_flex_times_block_skipping_and_plots_it(tmp_path):
+  """Without torch (--skip-torch): ours at one length, and the document masks against full
+  attention, with the figure."""
+  output, figure = tmp_path / "flex.json", tmp_path / "sparsity.png"
+  result = subprocess.run([sys.executable, "scripts/benchmark_flex.py", "--skip-torch",
+                           "--lengths", "64", "--sparsity-length", "256", "--documents", "1",
+                           "4", "--block", "64", "--rounds", "1", "--json", str(output),
+                           "--plot", str(figure)], cwd=ROOT, capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  report = json.loads(output.read_text())
+  sparsity = {(row["pass"], row["documents"]): row for row in report["rows"]
+              if row["part"] == "sparsity"}
+  assert sparsity[("fwd", 4)]["blocks skipped"] == 0.75  # 4 documents of one block each
+  assert sparsity[("fwd+bwd", 1)]["blocks skipped"] == 0.0
+  assert report["machine"]["command"].startswith("python scripts/benchmark_flex.py")
+  assert figure.stat().st_size > 0

@@ -1,0 +1,264 @@
+"""Custom attention (score_mod, mask_mod, block masks) against PyTorch's FlexAttention, on CPU.
+
+  python scripts/benchmark_flex.py [--lengths 1024 2048 4096 8192] [--rounds 3]
+      [--sparsity-length 4096] [--documents 1 2 4 8] [--block 512] [--torch-eager-max 4096]
+      [--skip-torch] [--json FILE] [--plot FILE]
+
+1. Against torch: the same causal ALiBi attention written as a score_mod and a mask_mod (a block
+   mask made once per length, outside the timing), B = 1, N = 8 heads of 64, float32, at each
+   length. Ours: dot_product_attention(implementation="chunked", block_mask=...) under jit.
+   Torch: flex_attention eager (its dense math implementation) and torch.compile'd, forward;
+   torch's CPU flex_attention has no backward, so forward+backward compares with torch's eager
+   FlexAttention math (``math_attention``) through autograd, the only backward torch offers
+   on CPU. Eager torch materialises the T x T scores, so it runs up to --torch-eager-max.
+2. Block sparsity: a document mask (D equal documents, as a mask_mod with its block mask of
+   --block) against full attention (no mask) at --sparsity-length: time and ratio, forward and
+   forward+backward; ideally 1/D when a document spans whole blocks. "full" runs the same
+   blocks (what skipping saves); "full, default blocks" the kernel's default blocks (what a
+   user of full attention would run). --plot writes the figure.
+
+Each round runs every method once, in an order shuffled per round, after a warm-up; medians
+over rounds. Ratios are ours / theirs (below 1: ours is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import attention_jax as aj  # noqa: E402
+
+HEADS, HEAD_DIM = 8, 64
+
+
+def median_times(runs, rounds):
+  """Median seconds per call of each run, the order shuffled per round after a warm-up."""
+  for run in runs.values():
+    run()
+  samples = {name: [] for name in runs}
+  for _ in range(rounds):
+    names = list(runs)
+    random.shuffle(names)
+    for name in names:
+      started = time.perf_counter()
+      run = runs[name]
+      run()
+      samples[name].append(time.perf_counter() - started)
+  return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def inputs(length, seed=0):
+  rng = np.random.default_rng(seed)
+  return [rng.standard_normal((1, length, HEADS, HEAD_DIM)).astype(np.float32)
+          for _ in range(3)]
+
+
+def jax_run(attend, arrays, backward):
+  """attend(q, k, v) jitted (or its gradient w.r.t. q, k, v), compiled, as a timed call."""
+  arrays = [jnp.asarray(x) for x in arrays]
+  fn = attend
+  if backward:
+    fn = jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v)), argnums=(0, 1, 2))
+  executable = jax.jit(fn).lower(*arrays).compile()
+  return lambda: jax.block_until_ready(executable(*arrays))
+
+
+def ours(length, block):
+  slopes = aj.positional.alibi_slopes(HEADS)
+
+  def score_mod(score, b, h, q_idx, kv_idx):
+    return score - slopes[h] * (q_idx - kv_idx)
+
+  def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+  block_mask = aj.make_block_mask(causal, None, None, length, length, block_size=block)
+  return lambda q, k, v: aj.dot_product_attention(
+      q, k, v, score_mod=score_mod, block_mask=block_mask, implementation="chunked")
+
+
+def torch_runs(length, arrays, backward, eager_max):
+  """The torch peers: {name: timed call}."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from torch.nn.attention import flex_attention as flex  # pylint: disable=import-outside-toplevel
+  import importlib  # pylint: disable=import-outside-toplevel
+  math_attention = importlib.import_module(
+      "torch._higher_order_ops.flex_attention").math_attention
+  slopes = torch.tensor(np.asarray(aj.positional.alibi_slopes(HEADS)))
+
+  def score_mod(score, b, h, q_idx, kv_idx):
+    return score - slopes[h] * (q_idx - kv_idx)
+
+  def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+  block_mask = flex.create_block_mask(causal, None, None, length, length, device="cpu")
+  q, k, v = (torch.tensor(np.swapaxes(x, 1, 2)) for x in arrays)  # [B, N, T, H]
+  runs = {}
+  if backward:
+    if length <= eager_max:
+      def math_backward():
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        out, _, _ = math_attention(*leaves, score_mod, block_mask.as_tuple(), HEAD_DIM ** -0.5,
+                                   {})
+        out.sum().backward()
+      runs["torch math (eager)"] = math_backward
+    return runs
+  compiled = torch.compile(flex.flex_attention)
+  if length <= eager_max:
+    runs["torch flex eager"] = lambda: flex.flex_attention(q, k, v, score_mod=score_mod,
+                                                           block_mask=block_mask)
+  runs["torch flex compiled"] = lambda: compiled(q, k, v, score_mod=score_mod,
+                                                 block_mask=block_mask)
+  return runs
+
+
+def torch_rows(args):
+  rows = []
+  for length in args.lengths:
+    arrays = inputs(length)
+    for backward in (False, True):
+      runs = {"ours (chunked)": jax_run(ours(length, args.block), arrays, backward)}
+      if not args.skip_torch:
+        runs.update(torch_runs(length, arrays, backward, args.torch_eager_max))
+      times = median_times(runs, args.rounds)
+      for name, seconds in times.items():
+        rows.append({"part": "vs torch", "T": length, "pass": "fwd+bwd" if backward else "fwd",
+                     "method": name, "ms": 1e3 * seconds,
+                     "ours / this": times["ours (chunked)"] / seconds})
+        print_row(rows[-1])
+  return rows
+
+
+def documents_mask_mod(length, documents):
+  ids = jnp.repeat(jnp.arange(documents), -(-length // documents))[:length]
+  return lambda b, h, q_idx, kv_idx: ids[q_idx] == ids[kv_idx]
+
+
+def sparsity_rows(args):
+  length = args.sparsity_length
+  arrays = inputs(length, seed=1)
+  rows = []
+  for backward in (False, True):
+    runs = {"full": jax_run(lambda q, k, v: aj.chunked_attention(
+        q, k, v, scale=HEAD_DIM ** -0.5, block_q=args.block, block_k=args.block), arrays,
+        backward),
+            "full, default blocks": jax_run(lambda q, k, v: aj.dot_product_attention(
+                q, k, v, implementation="chunked"), arrays, backward)}
+    sparsity = {}
+    for documents in args.documents:
+      block_mask = aj.make_block_mask(documents_mask_mod(length, documents), None, None, length,
+                                      length, block_size=args.block)
+      sparsity[documents] = float(block_mask.sparsity())
+      runs[f"{documents} documents"] = jax_run(
+          lambda q, k, v, m=block_mask: aj.dot_product_attention(
+              q, k, v, block_mask=m, implementation="chunked"), arrays, backward)
+    times = median_times(runs, args.rounds)
+    for documents in args.documents:
+      seconds = times[f"{documents} documents"]
+      rows.append({"part": "sparsity", "T": length, "pass": "fwd+bwd" if backward else "fwd",
+                   "block": args.block, "documents": documents, "blocks skipped": sparsity[documents],
+                   "ms": 1e3 * seconds, "full ms": 1e3 * times["full"],
+                   "vs full": seconds / times["full"],
+                   "full default blocks ms": 1e3 * times["full, default blocks"],
+                   "vs full default blocks": seconds / times["full, default blocks"]})
+      print_row(rows[-1])
+  return rows
+
+
+def print_row(row):
+  cells = [f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
+           for key, value in row.items() if value is not None]
+  print(" | ".join(cells), flush=True)
+
+
+def plot(rows, path, provenance):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  figure, axis = plt.subplots(figsize=(5.5, 3.8))
+  documents = sorted({row["documents"] for row in rows})
+  axis.plot(documents, [1 / d for d in documents], "k--", label="ideal: 1 / documents")
+  for name, marker in (("fwd", "o"), ("fwd+bwd", "s")):
+    mine = [row for row in rows if row["pass"] == name]
+    axis.plot([row["documents"] for row in mine], [row["vs full"] for row in mine],
+              marker=marker, label=f"{name}: time / full attention, same blocks")
+  axis.set_xscale("log", base=2)
+  axis.set_yscale("log", base=2)
+  axis.set_xticks(documents, [str(d) for d in documents])
+  axis.set_xlabel("documents (document mask as a mask_mod)")
+  axis.set_ylabel("time relative to full attention")
+  axis.set_title(f"Block skipping, T = {rows[0]['T']}, blocks of {rows[0]['block']}",
+                 fontsize=10)
+  axis.legend(fontsize=8)
+  figure.text(0.01, 0.01, "\n".join(textwrap.wrap(provenance, 140)), fontsize=5, color="gray")
+  figure.tight_layout(rect=(0, 0.05, 1, 1))
+  figure.savefig(path, dpi=130)
+
+
+def machine():
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+                          check=False).stdout.strip()
+  torch = sys.modules.get("torch")
+  return {"command": " ".join(["python"] + sys.argv), "commit": commit,
+          "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+          "platform": platform.platform(), "processor": platform.processor(),
+          "cpus": os.cpu_count(), "jax": jax.__version__,
+          "device_kind": jax.devices()[0].device_kind,
+          "torch": None if torch is None else torch.__version__}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--lengths", type=int, nargs="*", default=[1024, 2048, 4096, 8192],
+                      help="the lengths of the comparison with torch (none: skip it)")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--block", type=int, default=512, help="our block mask's block size")
+  parser.add_argument("--torch-eager-max", type=int, default=4096,
+                      help="the longest T at which torch's eager (dense) runs")
+  parser.add_argument("--sparsity-length", type=int, default=4096)
+  parser.add_argument("--documents", type=int, nargs="+", default=[1, 2, 4, 8])
+  parser.add_argument("--skip-torch", action="store_true")
+  parser.add_argument("--json", help="write the rows to this file")
+  parser.add_argument("--plot", help="write the block-sparsity figure (PNG) here")
+  args = parser.parse_args()
+  # torch's eager flex_attention warns that it is unfused: that is what it is timed as
+  warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+  if not args.skip_torch:
+    try:
+      import torch  # pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+      parser.error("torch is not installed (pip install -r scripts/requirements-flex.txt), or "
+                   "pass --skip-torch")
+  rows = torch_rows(args) if args.lengths else []
+  rows += sparsity_rows(args)
+  info = machine()
+  print(json.dumps(info))
+  if args.plot:
+    provenance = (f"{info['command']} | commit {info['commit']} | {info['date']} | "
+                  f"{info['processor'] or info['platform']}, {info['cpus']} CPUs | jax "
+                  f"{info['jax']}")
+    plot([row for row in rows if row["part"] == "sparsity"], args.plot, provenance)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"machine": info, "rounds": args.rounds, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
