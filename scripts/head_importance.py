@@ -90,6 +90,8 @@ def plot(results: dict, path: str, measure: str) -> None:
     axis.errorbar(np.arange(1, ranked.shape[1] + 1), means, yerr=errors, marker="o",
                   markersize=3, capsize=2, label=variant)
   axis.set_xscale("log", base=2)
+  ranks = [2 ** k for k in range(max(len(i[0].ravel()) for i in results.values()).bit_length())]
+  axis.set_xticks(ranks, [str(rank) for rank in ranks])
   axis.set_xlabel("head, by importance (1 = the most important)")
   axis.set_ylabel(f"{measure} when switched off")
   axis.axhline(0.0, color="gray", linewidth=0.5)
