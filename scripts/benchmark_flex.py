@@ -28,12 +28,9 @@ import datetime
 import json
 import os
 import platform
-import random
-import statistics
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 
 import jax
@@ -42,24 +39,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
+from scripts.benchmark_structure import median_times  # noqa: E402
 
 HEADS, HEAD_DIM = 8, 64
-
-
-def median_times(runs, rounds):
-  """Median seconds per call of each run, the order shuffled per round after a warm-up."""
-  for run in runs.values():
-    run()
-  samples = {name: [] for name in runs}
-  for _ in range(rounds):
-    names = list(runs)
-    random.shuffle(names)
-    for name in names:
-      started = time.perf_counter()
-      run = runs[name]
-      run()
-      samples[name].append(time.perf_counter() - started)
-  return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def inputs(length, seed=0):
