@@ -463,7 +463,9 @@ def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logit
         return_residual=return_residual, empty_rows=empty_rows, **structure, **custom)
   q_len, kv_len = query.shape[-3], key.shape[-3]
   mask = structure_mask(mask, q_len, kv_len, local_window_size=window, **structure)
-  indices = mods_lib.dense_indices(query.shape[:-3], query.shape[-2], q_len, kv_len)
+  indices = None  # the mods' index arrays, made only when a mod is given
+  if custom["mask_mod"] is not None or custom["score_mod"] is not None:
+    indices = mods_lib.dense_indices(query.shape[:-3], query.shape[-2], q_len, kv_len)
   mask_mod = mods_lib.trace_mask_mod(custom["mask_mod"])
   if mask_mod is not None:  # dense: [..., N, T, S]
     mask = masks_lib.combine_masks(mask, mask_mod(*indices))
