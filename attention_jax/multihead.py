@@ -291,29 +291,6 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
   return Step((output, *extras) if extras else output, cache, records)
 
 
-def apply_weights(weights, value):
-  """sum_s w[n, t, s] v[s, n // G] per head: [..., N, T, S], [..., S, K, H] -> [..., T, N, H]."""
-  num_kv_heads = value.shape[-2]
-  grouped = jnp.reshape(weights, weights.shape[:-3] + (num_kv_heads, -1) + weights.shape[-2:])
-  out = jnp.einsum("...kgts,...ksh->...kgth", grouped,
-                   reference.heads_first(value).astype(weights.dtype))  # [..., K, G, T, H]
-  return reference.heads_first(jnp.reshape(out, out.shape[:-4] + (-1,) + out.shape[-2:]))
-
-
-def _dropout(weights, rate: float, rng, *, broadcast: bool, shares_queries: bool):
-  """Inverted dropout on weights [..., N, T, S], flax's masks bernoulli(rng, 1 - rate, shape):
-  one mask [T, S] for every batch entry and head with ``broadcast``; with ``shares_queries``
-  one mask [..., N, 1, S] for every query, whatever ``broadcast`` says (mesh-tensorflow's
-  talking heads)."""
-  shape = list(weights.shape)
-  if shares_queries:
-    shape[-2] = 1
-  elif broadcast:
-    shape[:-2] = [1] * (len(shape) - 2)
-  keep = jax.random.bernoulli(rng, 1.0 - rate, tuple(shape))
-  return weights * (keep.astype(weights.dtype) / jnp.asarray(1.0 - rate, weights.dtype))
-
-
 def variant_attention(query, key, value, bias=None, mask=None, *, variant, state, num_heads: int,
                       scale: float, is_causal: bool = False, dropout_rate: float = 0.0,
                       dropout_rng=None, broadcast_dropout: bool = True,
@@ -368,9 +345,10 @@ def variant_attention(query, key, value, bias=None, mask=None, *, variant, state
                    state=state, **structure)
   attended = maps[1]
   if dropout_rate > 0.0:
-    attended = _dropout(attended, dropout_rate, dropout_rng, broadcast=broadcast_dropout,
-                        shares_queries=variant.dropout_shares_queries)
-  heads = apply_weights(attended, value).astype(query.dtype)  # [..., T, N, H_v]
+    attended = reference.dropout_weights(attended, dropout_rate, dropout_rng,
+                                        broadcast=broadcast_dropout,
+                                        shares_queries=variant.dropout_shares_queries)
+  heads = reference.apply_weights(attended, value).astype(query.dtype)  # [..., T, N, H_v]
   return heads, (maps[1],) if return_weights else (), maps
 
 

@@ -147,14 +147,33 @@ def logits_to_weights(logits, mask=None, *, is_causal: bool = False):
   return _softmax(mask_logits(logits, mask, is_causal=is_causal))
 
 
-def dropout_weights(weights, rate: float, rng, *, broadcast: bool = False):
+def dropout_weights(weights, rate: float, rng, *, broadcast: bool = False,
+                    shares_queries: bool = False):
   """Inverted dropout on attention weights [..., N, T, S]: each weight kept with probability
-  1 - rate and divided by it; with ``broadcast`` one mask [T, S] for every batch entry and head.
-  The masks are flax's for the same key (``bernoulli(rng, 1 - rate, shape)``)."""
+  1 - rate and divided by it; with ``broadcast`` one mask [T, S] for every batch entry and head;
+  with ``shares_queries`` one mask [..., N, 1, S] for every query, whatever ``broadcast`` says
+  (mesh-tensorflow's talking heads). The masks are flax's for the same key
+  (``bernoulli(rng, 1 - rate, shape)``)."""
   keep_prob = 1.0 - rate
-  shape = (1,) * (weights.ndim - 2) + weights.shape[-2:] if broadcast else weights.shape
-  keep = jax.random.bernoulli(rng, keep_prob, shape)
+  shape = list(weights.shape)
+  if shares_queries:
+    shape[-2] = 1
+  elif broadcast:
+    shape[:-2] = [1] * (len(shape) - 2)
+  keep = jax.random.bernoulli(rng, keep_prob, tuple(shape))
   return weights * (keep.astype(weights.dtype) / jnp.asarray(keep_prob, weights.dtype))
+
+
+def apply_weights(weights, value):
+  """sum_s w[n, t, s] v[s, n // G] per head, in the weights' dtype: [..., N, T, S],
+  [..., S, K, H_v] -> [..., T, N, H_v]."""
+  num_kv_heads = value.shape[-2]
+  grouped = jnp.reshape(weights, weights.shape[:-3] + (num_kv_heads, -1) +
+                        weights.shape[-2:])  # [..., K, G, T, S]
+  output = jnp.einsum("...kgts,...ksh->...kgth", grouped,
+                      heads_first(value).astype(weights.dtype))  # [..., K, G, T, H_v]
+  output = jnp.reshape(output, output.shape[:-4] + (-1,) + output.shape[-2:])  # [..., N, T, H_v]
+  return heads_first(output)  # [..., T, N, H_v]
 
 
 def with_sinks(logits, sinks):
@@ -198,13 +217,7 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale: float
   attended = weights
   if dropout_rate > 0.0:
     attended = dropout_weights(weights, dropout_rate, dropout_rng, broadcast=broadcast_dropout)
-  num_kv_heads = key.shape[-2]
-  grouped = jnp.reshape(attended, attended.shape[:-3] + (num_kv_heads, -1) +
-                        attended.shape[-2:])  # [..., K, G, T, S]
-  output = jnp.einsum("...kgts,...ksh->...kgth", grouped,
-                      heads_first(value).astype(weights.dtype))  # [..., K, G, T, H_v]
-  output = jnp.reshape(output, output.shape[:-4] + (-1,) + output.shape[-2:])  # [..., N, T, H_v]
-  output = heads_first(output).astype(query.dtype)  # [..., T, N, H_v]
+  output = apply_weights(attended, value).astype(query.dtype)  # [..., T, N, H_v]
   extras = (weights,) if return_weights else ()
   if return_residual:
     residual = jax.nn.logsumexp(logits if sinks is None else with_sinks(logits, sinks),
