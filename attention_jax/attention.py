@@ -120,14 +120,15 @@ def _automatic_order(query, key, backend: str, arch: str | None) -> tuple[str, .
   longest = max(query.shape[-3], key.shape[-3])
   if backend == "cpu":
     return ("chunked", "reference") if longest >= CHUNKED_MIN_LENGTH_CPU else ("reference",)
+  # "chunked" wherever "xla" cannot serve (a score_mod, sinks, sigmoid): memory linear in T
   if backend == "gpu":
     logits_bytes = 4 * math.prod(query.shape[:-1]) * key.shape[-3]  # [..., T, N] x S float32
     portable = ("chunked", "xla") if logits_bytes > XLA_MAX_LOGITS_BYTES_GPU else (
         "xla", "chunked")
     return ("cudnn",) * _measured("cudnn", arch) + portable + ("reference",)
   if backend == "tpu":
-    return ("pallas_tpu",) * _measured("pallas_tpu", arch) + ("xla", "reference")
-  return ("xla", "reference")
+    return ("pallas_tpu",) * _measured("pallas_tpu", arch) + ("xla", "chunked", "reference")
+  return ("xla", "chunked", "reference")
 
 
 def _device(backend: str):
@@ -161,6 +162,8 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
     up to 128, value shaped like key), else "xla" while the float32 logits would take at most
     XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
   - tpu: "pallas_tpu" on the TPUs in MEASURED_ON (none yet), else "xla";
+  - "chunked" wherever "xla" cannot serve the call (a score_mod, sinks, the sigmoid normaliser),
+    so that memory stays linear in T;
   - and "reference" when none of these can (attention dropout, returned weights).
 
   A named implementation that cannot serve the request raises ``ValueError`` with the reason;

@@ -234,9 +234,14 @@ class _Blocks:
       lo, hi = _occupied(head.block_kinds[:, j], lo, hi)
     return lo, jnp.where(last < first, lo, hi)
 
-  def mod_indices(self, i, j):
-    """The query [bq, 1] and key [1, bk] indices of block (i, j) that the mods see (padding
-    rows and keys get the last real index, so that a table lookup stays in bounds)."""
+  def mod_indices(self, i, j, head: _Head):
+    """The query [bq, 1] and key [1, bk] indices of block (i, j) that the mods see: the tokens'
+    positions where the call gives them (a context-parallel shard's places in the whole
+    sequence), else their indices, padding rows and keys getting the last real index (so that a
+    table lookup stays in bounds)."""
+    if head.q_positions is not None:
+      query_index, key_index = self.block_ids(head.q_positions, head.kv_positions, i, j)
+      return query_index.astype(jnp.int32)[:, None], key_index.astype(jnp.int32)[None, :]
     query_index = jnp.minimum(i * self.block_q + jnp.arange(self.block_q), self.q_len - 1)
     key_index = jnp.minimum(j * self.block_k + jnp.arange(self.block_k), self.kv_len - 1)
     return query_index.astype(jnp.int32)[:, None], key_index.astype(jnp.int32)[None, :]
@@ -268,7 +273,7 @@ class _Blocks:
       parts.append(q_ids[:, None] == kv_ids[None, :])
     if pattern.mask_mod is not None and not full:
       parts.append(mods_lib.pointwise(pattern.mask_mod, head.mask_consts, head.batch, head.head,
-                                      *self.mod_indices(i, j), anchor=head.anchor))
+                                      *self.mod_indices(i, j, head), anchor=head.anchor))
     return masks_lib.combine_masks(*parts)
 
   def block_ids(self, query_ids, key_ids, i, j):
@@ -312,7 +317,7 @@ def _score_mod(pattern: Pattern, head: _Head, geometry: _Blocks, i, j, transpose
   arrays it closed over (``mods.is_trainable``), which the backward pass differentiates."""
   if pattern.score_mod is None:
     return None
-  q_idx, kv_idx = geometry.mod_indices(i, j)  # [bq, 1], [1, bk]
+  q_idx, kv_idx = geometry.mod_indices(i, j, head)  # [bq, 1], [1, bk]
   if transposed:
     q_idx, kv_idx = q_idx.T, kv_idx.T
   consts = head.score_consts
@@ -617,10 +622,26 @@ def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_
     per_kv_head = lambda x: jnp.sum(x.reshape((batch, num_kv, group) + x.shape[1:]), axis=2)
     return d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None, ()
   d_bias = None if bias is None else _zeros(bias.shape, dtype, *like)
-  d_mod = tuple(_zeros(c.shape, jnp.promote_types(c.dtype, dtype), *like) for c in trained)
+  d_mod = mod_gradient_zeros(mods, dtype, *like)
   (d_bias, d_mod), (d_q, d_k, d_v) = lax.scan(one_kv_head, (d_bias, d_mod),
                                               jnp.arange(batch * num_kv))
   return d_q.reshape(q.shape), d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias, d_mod
+
+
+def mod_gradient_zeros(mods: _Mods, dtype, *like):
+  """Zeros for the gradients of the score_mod's trainable constants (a tuple), varying like
+  the arrays ``like``."""
+  return tuple(_zeros(c.shape, jnp.promote_types(c.dtype, dtype), *like) for c in _trainable(mods))
+
+
+def mods_cotangent(mods: _Mods, d_mod, d_sinks=None) -> _Mods:
+  """The cotangent of ``mods`` from the trainable constants' gradients ``d_mod`` (a tuple, as
+  ``_backward`` returns them) and the sinks' (or None)."""
+  d_mod = iter(d_mod)
+  d_score_consts = tuple(_cotangent_like(next(d_mod), c) if mods_lib.is_trainable(c) else None
+                         for c in mods.score_consts)
+  return _Mods(d_score_consts, (None,) * len(mods.mask_consts),
+               None if d_sinks is None else _cotangent_like(d_sinks, mods.sinks), None, None)
 
 
 def _put_bias(d_bias, slot, b, n):
@@ -674,12 +695,8 @@ def _attention_bwd(pattern, geometry, residuals, cotangents):
   d_q, d_k, d_v, d_bias, d_mod = _backward(q, k, v, bias, mask, extras, mods, pattern, geometry,
                                            out, lse, d_out)
   d_bias = None if d_bias is None else d_bias.astype(bias.dtype)
-  d_mod = iter(d_mod)
-  d_score_consts = tuple(_cotangent_like(next(d_mod), c) if mods_lib.is_trainable(c) else None
-                         for c in mods.score_consts)
-  d_sinks = None if mods.sinks is None else _cotangent_like(
-      _sinks_gradient(mods.sinks, lse, out, d_out), mods.sinks)
-  d_mods = _Mods(d_score_consts, (None,) * len(mods.mask_consts), d_sinks, None, None)
+  d_sinks = None if mods.sinks is None else _sinks_gradient(mods.sinks, lse, out, d_out)
+  d_mods = mods_cotangent(mods, d_mod, d_sinks)
   return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias, None, None,
           d_mods)
 
@@ -728,13 +745,10 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   if block_mask is not None:
     block_q, block_k = block_mask.block_q, block_mask.block_k
     mask_mod = block_mask.mask_mod if mask_mod is None else mask_mod
-  compute = reference.compute_dtype(query.dtype)
-  anchor = None
-  if score_mod is not None or mask_mod is not None:
-    anchor = mods_lib.anchor_of(query, key, value, bias, mask, query_segment_ids, key_segment_ids,
-                                query_seq_lengths, key_value_seq_lengths, sinks)
-  score = mods_lib.trace_score_mod(score_mod, compute, anchor)
-  allow = mods_lib.trace_mask_mod(mask_mod, anchor)
+  score, allow, mods = trace_mods(
+      score_mod, mask_mod, query, key, value, bias, mask, query_segment_ids, key_segment_ids,
+      query_seq_lengths, key_value_seq_lengths, sinks=sinks,
+      block_kinds=None if block_mask is None else block_mask.kinds)
   pattern, geometry = plan(query, key, is_causal=is_causal, local_window_size=local_window_size,
                            logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k,
                            score_mod=score, mask_mod=allow, normalizer=normalizer,
@@ -743,9 +757,6 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
     # block kinds that differ by example or head would make the skip predicates batched (both
     # branches run) where several pairs run side by side
     geometry = dataclasses.replace(geometry, side_by_side=False)
-  mods = _Mods(() if score is None else score.consts, () if allow is None else allow.consts,
-               None if sinks is None else jnp.asarray(sinks),
-               None if block_mask is None else block_mask.kinds, anchor)
   inputs = prepare(query, key, value, bias, mask, scale=scale, geometry=geometry,
                    segment_ids=(query_segment_ids, key_segment_ids),
                    seq_lengths=(query_seq_lengths, key_value_seq_lengths), mods=mods)
@@ -765,6 +776,20 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
     return masks_lib.uniform_empty_rows(result, has_key, value, None, query_valid)[0]
   output, residual = result
   return masks_lib.uniform_empty_rows(output, has_key, value, None, query_valid)[0], residual
+
+
+def trace_mods(score_mod, mask_mod, query, *inputs, sinks=None, block_kinds=None):
+  """The score_mod and mask_mod traced (``mods.Mod`` or None), on scalars that vary like the
+  call's arrays (``query`` and ``inputs``, None skipped), and the _Mods that carry their
+  constants, the sinks and the block kinds into the kernel."""
+  anchor = None
+  if score_mod is not None or mask_mod is not None:
+    anchor = mods_lib.anchor_of(query, *inputs, sinks)
+  score = mods_lib.trace_score_mod(score_mod, reference.compute_dtype(query.dtype), anchor)
+  allow = mods_lib.trace_mask_mod(mask_mod, anchor)
+  mods = _Mods(() if score is None else score.consts, () if allow is None else allow.consts,
+               None if sinks is None else jnp.asarray(sinks), block_kinds, anchor)
+  return score, allow, mods
 
 
 def _has_key(lse, query):

@@ -137,19 +137,20 @@ def _arriving(extras, passing):
   return k, v, extras._replace(kv_segments=kv_segments, kv_positions=kv_positions)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _ring(q, k, v, extras, pattern, geometry, axis_name):
-  return _ring_fwd(q, k, v, extras, pattern, geometry, axis_name)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _ring(q, k, v, extras, mods, pattern, geometry, axis_name):
+  return _ring_fwd(q, k, v, extras, mods, pattern, geometry, axis_name)[0]
 
 
-def _ring_fwd(q, k, v, extras, pattern, geometry, axis_name):
+def _ring_fwd(q, k, v, extras, mods, pattern, geometry, axis_name):
   """q [B, N, Tp, H], k and v [B, K, Sp, H] (this device's shards) -> out [B, N, Tp, H_v],
-  lse [B, N, Tp] (``reference.least_row_max`` on a row with no key, the kernel's convention)."""
+  lse [B, N, Tp] (``reference.least_row_max`` on a row with no key, the kernel's convention).
+  ``mods``: the score_mod's and mask_mod's constants (chunked._Mods), the same on every step."""
 
   def attend(passing):  # -> out, lse (-inf on an empty row)
     k_step, v_step, extras_step = _arriving(extras, passing)
-    out, lse = chunked._forward(q, k_step, v_step, None, None, extras_step, chunked._Mods(),
-                                pattern, geometry)
+    out, lse = chunked._forward(q, k_step, v_step, None, None, extras_step, mods, pattern,
+                                geometry)
     return out, reference.residual_of(lse)
 
   def step(carry, _):
@@ -164,32 +165,35 @@ def _ring_fwd(q, k, v, extras, pattern, geometry, axis_name):
                               length=lax.axis_size(axis_name) - 1)
   lse = reference.lse_of(lse)
   out = out.astype(q.dtype)
-  return (out, lse), (q, k, v, extras, out, lse)
+  return (out, lse), (q, k, v, extras, mods, out, lse)
 
 
 def _ring_bwd(pattern, geometry, axis_name, residuals, cotangents):
-  q, k, v, extras, out, lse = residuals
+  q, k, v, extras, mods, out, lse = residuals
   d_out, _ = cotangents  # the log-sum-exp has no gradient
 
   def gradients(passing):  # of this step's key/value shard, with the global out and lse
     k_step, v_step, extras_step = _arriving(extras, passing)
-    d_q, d_k, d_v, _, _ = chunked._backward(q, k_step, v_step, None, None, extras_step,
-                                            chunked._Mods(), pattern, geometry, out, lse, d_out)
-    return d_q, d_k, d_v
+    d_q, d_k, d_v, _, d_mod = chunked._backward(q, k_step, v_step, None, None, extras_step, mods,
+                                                pattern, geometry, out, lse, d_out)
+    return d_q, d_k, d_v, d_mod
 
   def step(carry, _):
-    d_q, d_k, d_v, passing = carry
-    step_q, step_k, step_v = gradients(passing)
+    d_q, d_k, d_v, d_mod, passing = carry
+    step_q, step_k, step_v, step_mod = gradients(passing)
     # The key/value gradients travel with their shard: after P moves they are home.
     d_k, d_v, passing = _rotate((d_k + step_k, d_v + step_v, passing), axis_name)
-    return (d_q + step_q, d_k, d_v, passing), None
+    d_mod = tuple(total + part for total, part in zip(d_mod, step_mod))  # stay on this device
+    return (d_q + step_q, d_k, d_v, d_mod, passing), None
 
   dtype = reference.compute_dtype(out.dtype)
-  like = (q, k, v, d_out)
+  like = (q, k, v, d_out, extras, mods)
   init = (chunked._zeros(q.shape, dtype, *like), chunked._zeros(k.shape, dtype, *like),
-          chunked._zeros(v.shape, dtype, *like), _passing(k, v, extras))
-  (d_q, d_k, d_v, _), _ = lax.scan(step, init, None, length=lax.axis_size(axis_name))
-  return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+          chunked._zeros(v.shape, dtype, *like), chunked.mod_gradient_zeros(mods, dtype, *like),
+          _passing(k, v, extras))
+  (d_q, d_k, d_v, d_mod, _), _ = lax.scan(step, init, None, length=lax.axis_size(axis_name))
+  return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None,
+          chunked.mods_cotangent(mods, d_mod))
 
 
 _ring.defvjp(_ring_fwd, _ring_bwd)
@@ -209,7 +213,7 @@ def context_parallel_attention_shard(
     layout: str = "contiguous", is_causal: bool = False, scale: float | None = None,
     query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
     key_segment_ids=None, local_window_size=None, logits_soft_cap: float | None = None,
-    block_q: int | None = None, block_k: int | None = None):
+    block_q: int | None = None, block_k: int | None = None, score_mod=None, mask_mod=None):
   """The per-device part of ``context_parallel_attention``, for use inside your own shard_map.
 
   query [..., T/P, N, H], key [..., S/P, K, H], value [..., S/P, K, H_v]: this device's shards
@@ -217,7 +221,9 @@ def context_parallel_attention_shard(
   i T/P .. (i + 1) T/P - 1; "zigzag": see ``zigzag_order``). Segment ids are this device's
   shards [..., T/P] / [..., S/P]; sequence lengths are of the whole sequence, [...].
   mask: a key mask [..., 1, 1, S/P] (this device's keys), or (strategy "all_gather" only)
-  [..., N or 1, T/P or 1, S], as bias. -> [..., T/P, N, H_v].
+  [..., N or 1, T/P or 1, S], as bias. ``score_mod`` and ``mask_mod`` (as for
+  ``dot_product_attention``) see the tokens' positions in the whole sequence, in either layout.
+  -> [..., T/P, N, H_v].
 
   >>> from jax.sharding import AxisType, PartitionSpec as P
   >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",), axis_types=(AxisType.Auto,))
@@ -268,15 +274,19 @@ def context_parallel_attention_shard(
       target = batch_shape + (query.shape[-2], query.shape[-3], key.shape[-3])
       _checks.check_mask_and_bias(None if mask is None else jnp.asarray(mask),
                                   None if bias is None else jnp.asarray(bias), target)
+  score, allow, mods = chunked.trace_mods(score_mod, mask_mod, query, key, value, bias, mask,
+                                          q_segments, kv_segments)
   pattern, geometry = chunked.plan(query, key, is_causal=is_causal,
                                    local_window_size=local_window_size,
                                    logits_soft_cap=logits_soft_cap, block_q=block_q,
-                                   block_k=block_k, narrow_keys=True)
-  masked_by_position = pattern.is_causal or pattern.window is not None
+                                   block_k=block_k, narrow_keys=True, score_mod=score,
+                                   mask_mod=allow)
+  # the kernel masks by positions, and the mods see them as their indices
+  by_position = pattern.is_causal or pattern.window is not None or mods.anchor is not None
   inputs = chunked.prepare(
       query, key, value, bias, mask, scale=scale, geometry=geometry,
       segment_ids=(q_segments, kv_segments),
-      positions=(q_positions, kv_positions) if masked_by_position else (None, None))
+      positions=(q_positions, kv_positions) if by_position else (None, None), mods=mods)
   # One (example, head) pair per loop step, as memory per device is what sharding the sequence
   # is for (several side by side hold more bytes per device: docs/performance.md, "Where the
   # defaults come from");
@@ -286,7 +296,8 @@ def context_parallel_attention_shard(
   if strategy == "all_gather":
     out, lse = chunked._attention(*inputs, pattern, geometry)
   else:
-    out, lse = _ring(inputs.q, inputs.k, inputs.v, inputs.extras, pattern, geometry, axis_name)
+    out, lse = _ring(inputs.q, inputs.k, inputs.v, inputs.extras, inputs.mods, pattern, geometry,
+                     axis_name)
   return chunked.finish(out, lse, query)
 
 
@@ -295,7 +306,7 @@ def context_parallel_attention(
     is_causal: bool = False, scale: float | None = None, load_balance: bool = True,
     query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
     key_segment_ids=None, local_window_size=None, logits_soft_cap: float | None = None,
-    block_q: int | None = None, block_k: int | None = None):
+    block_q: int | None = None, block_k: int | None = None, score_mod=None, mask_mod=None):
   """Self-attention over a sequence sharded along ``axis_name`` of ``mesh``.
 
   query [..., T, N, H], key [..., T, K, H], value [..., T, K, H_v], global arrays -> [..., T, N,
@@ -304,7 +315,9 @@ def context_parallel_attention(
   the copies. The other mesh axes are left to the compiler (shard the batch over them as you
   like). The arguments mean what they mean for ``dot_product_attention``; a key (padding) mask
   [..., 1, 1, T] works with both strategies, a general bias or mask ([..., N or 1, T or 1, T])
-  needs strategy="all_gather". ``load_balance`` runs causal and windowed attention in the zigzag
+  needs strategy="all_gather". A ``score_mod`` and ``mask_mod`` (FlexAttention's functions, as
+  ``dot_product_attention`` takes them) see the tokens' positions in the whole sequence, and the
+  arrays a score_mod closes over get their gradients. ``load_balance`` runs causal and windowed attention in the zigzag
   layout (tokens are permuted in and out: keep your activations in ``to_zigzag`` order and call
   ``context_parallel_attention_shard(layout="zigzag")`` to save the two permutations).
 
@@ -366,7 +379,7 @@ def context_parallel_attention(
       context_parallel_attention_shard, axis_name=axis_name, strategy=strategy,
       layout="zigzag" if zigzag else "contiguous", is_causal=is_causal, scale=scale,
       local_window_size=local_window_size, logits_soft_cap=logits_soft_cap, block_q=block_q,
-      block_k=block_k)
+      block_k=block_k, score_mod=score_mod, mask_mod=mask_mod)
   # check_vma off: under vmap, the batching rule of lax.cond (the kernel's block skipping) mixes
   # device-varying and device-invariant values (jax 0.10.2), which the check rejects.
   out = jax.shard_map(lambda kwargs: per_device(**kwargs), mesh=mesh, in_specs=(specs,),
@@ -420,8 +433,8 @@ class ContextParallel:
   """``dot_product_attention``'s signature, run by ``context_parallel_attention`` over
   ``axis_name`` of ``mesh``: the ``attention_fn`` of MultiHeadAttention (and EncoderConfig).
   Attention dropout and returned weights are refused (they would be [T, S] per device), and so
-  are the log-sum-exp residual and custom attention (score_mod, mask_mod, block_mask, sinks,
-  sigmoid). A query row with no key to attend to gives zeros (what
+  are the log-sum-exp residual and block masks, sinks and sigmoid attention (a score_mod and a
+  mask_mod are served, on the tokens' positions in the whole sequence). A query row with no key to attend to gives zeros (what
   ``empty_rows="zero"`` asks of ``dot_product_attention``; the ring does not compute the mean of
   the values that flax gives there). ``dtype`` casts the query, key and value; ``precision``
   is the caller's (the module runs it under ``jax.default_matmul_precision``).
@@ -447,14 +460,13 @@ class ContextParallel:
                        f"empty_rows={empty_rows!r} is not served, use empty_rows='zero'.")
     if dtype is not None:
       query, key, value = (x.astype(dtype) for x in (query, key, value))
-    custom = [name for name in ("score_mod", "mask_mod", "block_mask", "sinks")
-              if options.pop(name, None) is not None]
+    custom = [name for name in ("block_mask", "sinks") if options.pop(name, None) is not None]
     custom += ["normalizer"] * (options.pop("normalizer", "softmax") != "softmax")
     options.pop("sigmoid_bias", None)
     if custom:
-      raise ValueError(f"context-parallel attention does not serve {', '.join(custom)}; call "
-                       "dot_product_attention on one device, or inside shard_map, where the mods "
-                       "see each shard's own indices.")
+      raise ValueError(f"context-parallel attention does not serve {', '.join(custom)}; pass "
+                       "the mask as a mask_mod (the ring evaluates it on every block), or call "
+                       "dot_product_attention on one device.")
     if dropout_rate or return_weights or return_residual:
       raise ValueError("context-parallel attention has no attention dropout and returns neither "
                        "weights nor the log-sum-exp; set the attention dropout rate to 0 and take "

@@ -1,6 +1,7 @@
 """Context-parallel attention on 8 simulated CPU devices: both strategies, causal or not, balanced
 (zigzag) or not, grouped-query heads, sequence lengths, segment ids, a window, a bias and mask
-(all_gather), inside a caller's shard_map and under vmap: values and gradients against the
+(all_gather), a score_mod with a learnable table and a mask_mod, inside a caller's shard_map and
+under vmap: values and gradients against the
 unsharded float64 numpy reference. Malformed calls are one-line ValueErrors."""
 
 import json
@@ -97,6 +98,32 @@ vmapped = jax.vmap(lambda q, k, v: aj.context_parallel_attention(
 as_replicas = lambda q, k, v: vmapped(q[:, None], k[:, None], v[:, None])[:, 0]
 results["ring under vmap"] = check(as_replicas, want, want_grads)
 
+# FlexAttention's functions: a learnable relative bias (a T5-style table, whose gradient is
+# summed over the devices) and a document mask, both on positions in the whole sequence, against
+# the unsharded reference implementation.
+table = jnp.asarray(rng.standard_normal(2 * T - 1).astype(np.float32))
+docs = jnp.asarray(np.repeat(np.arange(4), T // 4))
+score_mod = lambda t: lambda s, b, h, q_idx, kv_idx: s + t[q_idx - kv_idx + T - 1] * (h + 1) / N
+same_doc = lambda b, h, q_idx, kv_idx: docs[q_idx] == docs[kv_idx]
+
+@functools.partial(jax.jit, static_argnums=0)
+def mod_grads(fn, q, k, v, t):
+  out, pullback = jax.vjp(fn, q, k, v, t)
+  return out, pullback(jnp.asarray(d_out))
+
+for is_causal in (False, True):
+  want = mod_grads(lambda q, k, v, t: aj.dot_product_attention(
+      q, k, v, is_causal=is_causal, score_mod=score_mod(t), mask_mod=same_doc,
+      implementation="reference"), query, key, value, table)
+  want = [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(want)]
+  for strategy in ("ring", "all_gather"):
+    got = mod_grads(lambda q, k, v, t: aj.context_parallel_attention(
+        q, k, v, mesh=mesh, axis_name="seq", strategy=strategy, is_causal=is_causal,
+        score_mod=score_mod(t), mask_mod=same_doc, block_q=8, block_k=8),
+        query, key, value, table)
+    results[f"{strategy} score_mod and mask_mod, causal={is_causal}"] = max(
+        error(g, w) for g, w in zip(jax.tree_util.tree_leaves(got), want))
+
 errors = {}
 for name, call in {
     "ring with a bias": lambda: aj.context_parallel_attention(
@@ -109,6 +136,8 @@ for name, call in {
         query, key, value, mesh=mesh, axis_name="seq", strategy="ulysses"),
     "residual requested": lambda: aj.ContextParallel(mesh, "seq")(
         query, key, value, return_residual=True),
+    "sinks requested": lambda: aj.ContextParallel(mesh, "seq")(
+        query, key, value, sinks=jnp.zeros(N)),
 }.items():
   try:
     call()
@@ -129,7 +158,7 @@ def outcome():
 
 def test_both_strategies_equal_the_float64_reference_on_eight_devices(outcome):
   results = outcome["results"]
-  assert len(results) == 11
+  assert len(results) == 15
   for case, relative_error in results.items():
     assert relative_error <= 2e-6, (case, relative_error)
 
@@ -141,6 +170,7 @@ def test_malformed_calls_name_the_cause_in_one_line(outcome):
   assert "'sequence' is not an axis" in errors["unknown axis"]
   assert "strategy must be one of" in errors["unknown strategy"]
   assert "nor the log-sum-exp" in errors["residual requested"]
+  assert "does not serve sinks" in errors["sinks requested"]
   assert all("\n" not in message for message in errors.values())
 
 

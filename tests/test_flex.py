@@ -363,9 +363,11 @@ def test_accelerator_kernels_refuse_mods_and_the_automatic_choice_avoids_them(na
   assert custom in reason, reason
   value = {"score_mod": lambda s, b, h, q_idx, kv_idx: s,
            "mask_mod": lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, "sinks": jnp.zeros(8)}
-  chosen = aj.select_implementation(q, q, q, backend="gpu", device_kind="NVIDIA H100",
-                                    **{custom: value[custom]})
-  assert chosen == ("xla" if custom == "mask_mod" else "chunked")
+  for device in (dict(backend="gpu", device_kind="NVIDIA H100"),
+                 dict(backend="tpu", device_kind="TPU v5 lite")):
+    chosen = aj.select_implementation(q, q, q, **device, **{custom: value[custom]})
+    # xla materialises a mask_mod; what it cannot serve goes to the blockwise kernel (O(T) memory)
+    assert chosen == ("xla" if custom == "mask_mod" else "chunked"), device
 
 
 def test_bad_mods_and_block_masks_raise_one_line_errors():
@@ -392,13 +394,18 @@ def test_bad_mods_and_block_masks_raise_one_line_errors():
       aj.dot_product_attention(q, k, v, **kwargs)
 
 
-def test_the_context_parallel_drop_in_refuses_mods_in_one_line():
+def test_the_context_parallel_drop_in_serves_mods_and_refuses_the_rest_in_one_line():
   q, k, v = _case()
   attention_fn = aj.ContextParallel(jax.make_mesh((1,), ("seq",)), "seq")
-  with pytest.raises(ValueError, match="^context-parallel attention does not serve score_mod"):
-    attention_fn(q, k, v, score_mod=lambda s, b, h, q_idx, kv_idx: s)
+  decay = lambda s, b, h, q_idx, kv_idx: s - 0.1 * jnp.abs(q_idx - kv_idx)
+  causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx
+  np.testing.assert_allclose(attention_fn(q, k, v, score_mod=decay, mask_mod=causal),
+                             aj.dot_product_attention(q, k, v, score_mod=decay, mask_mod=causal),
+                             rtol=1e-5, atol=1e-6)  # eight devices: tests/test_context_parallel.py
   with pytest.raises(ValueError, match="does not serve sinks, normalizer"):
     attention_fn(q, k, v, sinks=jnp.zeros(N), normalizer="sigmoid")
+  with pytest.raises(ValueError, match="^context-parallel attention does not serve block_mask"):
+    attention_fn(q, k, v, block_mask=aj.make_block_mask(causal, None, None, T, T, block_size=8))
 
 
 def _escape(text):

@@ -39,7 +39,7 @@ QUICK_HEADS = (1, 4)  # both arms, within 3 minutes on 2 CPU cores
 LEARNING_RATES = (3e-3, 1e-2, 3e-2)
 NUM_SEEDS = 5
 BASES = {"multi_retrieval": multi_retrieval, "farthest_point": farthest_point}
-STEPS = {"multi_retrieval": 2000, "farthest_point": 2000}
+STEPS = {"multi_retrieval": 1000, "farthest_point": 1600}
 # The arms beyond the split and the fixed head size, per task: (name, head count, overrides).
 EXTRA_ARMS = {
     "multi_retrieval": (("layers2", 1, {"num_layers": 2}), ("layers2", 2, {"num_layers": 2}),
