@@ -466,12 +466,9 @@ def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logit
         return_residual=return_residual, empty_rows=empty_rows, **structure, **custom)
   q_len, kv_len = query.shape[-3], key.shape[-3]
   mask = structure_mask(mask, q_len, kv_len, local_window_size=window, **structure)
-  indices = None  # the mods' index arrays, made only when a mod is given
-  if custom["mask_mod"] is not None or custom["score_mod"] is not None:
-    indices = mods_lib.dense_indices(query.shape[:-3], query.shape[-2], q_len, kv_len)
-  mask_mod = mods_lib.trace_mask_mod(custom["mask_mod"])
-  if mask_mod is not None:  # dense: [..., N, T, S]
-    mask = masks_lib.combine_masks(mask, mask_mod(*indices))
+  score_mod, allowed = mods_lib.dense(custom["score_mod"], custom["mask_mod"], query.dtype,
+                                      query.shape[:-3], query.shape[-2], q_len, kv_len)
+  mask = masks_lib.combine_masks(mask, allowed)  # allowed: [..., N, T, S] or None
   if name in _KERNELS:
     options = {"return_residual": True} if return_residual else {}
     result = _KERNELS[name](query, key, value, bias, mask, scale=scale, is_causal=is_causal,
@@ -481,8 +478,7 @@ def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logit
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
         broadcast_dropout=broadcast_dropout, return_weights=return_weights,
-        return_residual=return_residual, score_mod=_dense_score_mod(
-            custom["score_mod"], query.dtype, indices), sinks=custom["sinks"],
+        return_residual=return_residual, score_mod=score_mod, sinks=custom["sinks"],
         normalizer=custom["normalizer"],
         sigmoid_bias=mods_lib.sigmoid_bias(custom["sigmoid_bias"], kv_len))
   if empty_rows == "zero":
@@ -495,9 +491,3 @@ def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logit
   output, weights = masks_lib.uniform_empty_rows(output, has_key, value, weights, query_valid)
   extras = [weights] + extras[1:] if return_weights else extras
   return (output, *extras) if extras else output
-
-
-def _dense_score_mod(score_mod, dtype, indices):
-  """score_mod as a function of the logits [..., N, T, S] (None stays None)."""
-  mod = mods_lib.trace_score_mod(score_mod, reference.compute_dtype(dtype))
-  return None if mod is None else lambda logits: mod(logits, *indices)

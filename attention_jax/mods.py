@@ -135,6 +135,20 @@ def dense_indices(batch_shape, num_heads, q_len, kv_len):
   return batch, head, q_idx, kv_idx
 
 
+def dense(score_mod, mask_mod, dtype, batch_shape, num_heads: int, q_len: int, kv_len: int):
+  """The mods on every entry of [..., N, T, S] at once, as the dense implementations apply them:
+  (the score_mod as a function of the logits, or None; the mask_mod's boolean mask, or None).
+  ``dtype``: the query's (the score_mod is traced in its compute dtype)."""
+  if score_mod is None and mask_mod is None:
+    return None, None
+  from attention_jax import reference  # pylint: disable=g-import-not-at-top (no cycle at import)
+  indices = dense_indices(batch_shape, num_heads, q_len, kv_len)
+  score = trace_score_mod(score_mod, reference.compute_dtype(dtype))
+  allow = trace_mask_mod(mask_mod)
+  return (None if score is None else lambda logits: score(logits, *indices),
+          None if allow is None else allow(*indices))
+
+
 def _block_sizes(q_len, kv_len, block_size):
   from attention_jax import chunked  # pylint: disable=g-import-not-at-top (no cycle at import)
   block_q, block_k = (block_size, block_size) if isinstance(block_size, int) else block_size

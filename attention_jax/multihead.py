@@ -33,6 +33,7 @@ from attention_jax import _checks
 from attention_jax import attention as attention_lib
 from attention_jax import kv_cache
 from attention_jax import masks as masks_lib
+from attention_jax import mods as mods_lib
 from attention_jax import reference
 from attention_jax import variants
 from attention_jax.products import dense_product
@@ -251,6 +252,7 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
   inputs_k, inputs_v = key_value_inputs(inputs_q, inputs_k, inputs_v)
   num_heads = params["out"]["kernel"].shape[0]
   state = variant.prepare(params.get(variant.name, {}), inputs_q, inputs_k, num_heads=num_heads)
+  attention_args = with_variant_arguments(attention_args, variant, state)
   # The named scopes label the three parts in profiles (scripts/profile_train.py).
   with jax.named_scope("qkv_projection"):
     query, key, value, scale = attention_inputs(
@@ -409,13 +411,28 @@ def _per_head(x, heads: int):
   return jnp.repeat(x, heads // x.shape[-3], axis=-3)
 
 
+def with_variant_arguments(attention_args: dict, variant, state) -> dict:
+  """The call's attention arguments with those the variant sets (``attention_arguments``); an
+  argument set by both is refused in one line."""
+  added = variant.attention_arguments(state)
+  both = sorted(set(added) & {name for name, value in attention_args.items()
+                              if value is not None})
+  if both:
+    raise ValueError(f"head variant {variant.name!r} sets {', '.join(both)} itself; do not pass "
+                     "it to the layer too.")
+  return {**attention_args, **added}
+
+
 def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool = False,
               logits_soft_cap: float | None = None, return_residual: bool = False,
-              empty_rows: str = "mean", variant=None, state=None, **structure):
+              empty_rows: str = "mean", variant=None, state=None, score_mod=None,
+              mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
+              sigmoid_bias: float | None = None, **structure):
   """(logits, weights), each [..., N, T, S], of projected query [..., T, N, H] and key
-  [..., S, K, H]: the logits Q K^T * scale + bias and the masked softmax that
-  ``dot_product_attention`` with the same arguments applies (before dropout). ``structure``:
-  the sequence lengths, local window and segment ids, as there. With a ``variant`` (and the
+  [..., S, K, H]: the logits Q K^T * scale + bias (through the score_mod) and the masked
+  softmax (with the sinks, or the sigmoid) that ``dot_product_attention`` with the same
+  arguments applies (before dropout). ``structure``: the sequence lengths, local window and
+  segment ids, as there. With a ``variant`` (and the
   ``state`` its prepare hook gave) that forms its own maps: its logits, normalize and weights
   hooks, the weights masked again (the logits then have the variant's heads, the weights N).
 
@@ -429,11 +446,18 @@ def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool
   logits = reference.attention_logits(query, key, scale=scale,
                                       logits_soft_cap=logits_soft_cap)  # [..., N', T, S]
   logits = variant.logits(state, logits)
-  heads = logits.shape[-3]
+  heads, (q_len, kv_len) = logits.shape[-3], logits.shape[-2:]
   logits = logits if bias is None else logits + _per_head(bias, heads)
+  score, allowed = mods_lib.dense(score_mod, mask_mod if block_mask is None else
+                                  block_mask.mask_mod, query.dtype, query.shape[:-3], heads,
+                                  q_len, kv_len)
+  logits = logits if score is None else score(logits)
   mask = attention_lib.structure_mask(None if mask is None else jnp.asarray(mask) != 0,
-                                      *logits.shape[-2:], **structure)
-  weights = variant.normalize(state, logits, _per_head(mask, heads), is_causal=is_causal)
+                                      q_len, kv_len, **structure)
+  mask = masks_lib.combine_masks(mask, allowed)
+  weights = variant.normalize(state, logits, _per_head(mask, heads), is_causal=is_causal,
+                              sinks=sinks, normalizer=normalizer,
+                              sigmoid_bias=mods_lib.sigmoid_bias(sigmoid_bias, kv_len))
   if variant.forms_maps:  # DCFormer masks again after its weights composition
     weights = variant.weights(state, weights)
     allowed = reference.mask_logits(jnp.zeros(logits.shape[-2:]), mask, is_causal=is_causal) == 0
@@ -468,7 +492,8 @@ def attention_maps(params, inputs_q, inputs_k=None, *, mask=None, bias=None,
                                           qk_transform=qk_transform, dtype=dtype,
                                           precision=precision, head_variant=variant)
   return head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal,
-                   variant=variant, state=state, **options)
+                   variant=variant, state=state,
+                   **with_variant_arguments(options, variant, state))
 
 
 def multi_head_attention_logits(params, inputs_q, inputs_k=None, *, bias=None,

@@ -278,6 +278,76 @@ def test_differential_attention_equals_a_port_of_its_code(num_kv_heads, depth):
 
 
 # ------------------------------------------------------------------------------------------------
+# Attention sinks: a NumPy port of gpt-oss's reference sdpa (gpt_oss/torch/model.py), one
+# sequence at a time, grouped-query heads as [T, K, G, H]; sigmoid attention: a NumPy port of
+# apple/ml-sigmoid-attention's reference (sigmoid(Q K^T / sqrt(d) + b) V, -inf where masked).
+
+def sdpa_gpt_oss_numpy(Q, K, V, S, sm_scale):
+  n_tokens, n_heads, q_mult, d_head = Q.shape
+  K = np.broadcast_to(K[:, :, None, :], Q.shape)
+  V = np.broadcast_to(V[:, :, None, :], Q.shape)
+  S = np.broadcast_to(S.reshape(n_heads, q_mult, 1, 1), (n_heads, q_mult, n_tokens, 1))
+  mask = np.triu(np.full((n_tokens, n_tokens), -np.inf), k=1)
+  QK = np.einsum("qhmd,khmd->hmqk", Q, K) * sm_scale + mask[None, None]
+  W = _softmax(np.concatenate([QK, S], axis=-1))[..., :-1]
+  return np.einsum("hmqk,khmd->qhmd", W, V).reshape(n_tokens, -1)
+
+
+def sigmoid_attn_numpy(q, k, v, sigmoid_bias):  # [B, N, T, H]
+  logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]) + sigmoid_bias
+  logits = np.where(np.tril(np.ones(logits.shape[-2:], bool)), logits, -np.inf)
+  return (1.0 / (1.0 + np.exp(-logits))) @ v
+
+
+@pytest.mark.parametrize("name", ["sinks", "sigmoid"])
+@pytest.mark.parametrize("num_kv_heads", [HEADS, 2])
+def test_sinks_and_sigmoid_attention_equal_ports_of_their_code(name, num_kv_heads):
+  head_dim, groups = D_IN // HEADS, HEADS // num_kv_heads
+  rng = np.random.default_rng(5)
+  q_proj = rng.standard_normal((D_IN, HEADS * head_dim)) / 2
+  k_proj, v_proj = (rng.standard_normal((D_IN, num_kv_heads * head_dim)) / 2 for _ in range(2))
+  o_proj = rng.standard_normal((HEADS * head_dim, D_IN)) / 4
+  sinks = rng.standard_normal(HEADS) * 2
+  x = np.asarray(_x(), np.float64)
+  q, k, v = x @ q_proj, x @ k_proj, x @ v_proj
+  if name == "sinks":
+    heads = np.stack([sdpa_gpt_oss_numpy(
+        q[b].reshape(T, num_kv_heads, groups, head_dim), k[b].reshape(T, num_kv_heads, head_dim),
+        v[b].reshape(T, num_kv_heads, head_dim), sinks, head_dim ** -0.5) for b in range(2)])
+  else:
+    split = lambda a, n: np.repeat(a.reshape(2, T, n, head_dim).transpose(0, 2, 1, 3),
+                                   HEADS // n, axis=1)
+    heads = sigmoid_attn_numpy(split(q, HEADS), split(k, num_kv_heads), split(v, num_kv_heads),
+                               -math.log(T)).transpose(0, 2, 1, 3).reshape(2, T, -1)
+  params = {"query": {"kernel": q_proj.reshape(D_IN, HEADS, head_dim)},
+            "key": {"kernel": k_proj.reshape(D_IN, num_kv_heads, head_dim)},
+            "value": {"kernel": v_proj.reshape(D_IN, num_kv_heads, head_dim)},
+            "out": {"kernel": o_proj.reshape(HEADS, head_dim, D_IN)},
+            **({"sinks": {"sinks": sinks}} if name == "sinks" else {})}
+  params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+  layer = aj.MultiHeadAttention(num_heads=HEADS, num_kv_heads=num_kv_heads, use_bias=False,
+                                head_variant=variants.get(name))
+  shapes = jax.tree.map(jnp.shape, layer.init(jax.random.key(0), _x())["params"])
+  assert shapes == jax.tree.map(jnp.shape, params)
+  for implementation in ("reference", "chunked"):  # the dense formula and the blockwise kernel
+    y, state = layer.clone(implementation=implementation).apply(
+        {"params": params}, _x(), is_causal=True, sow_weights=True, mutable="intermediates")
+    assert_close(y, heads @ o_proj, rtol=1e-5, name=implementation)
+  # the recorded maps are the weights applied: rows short of 1 by the sink's share, or sigmoids
+  weights = state["intermediates"]["attention_weights"][0]
+  assert float(jnp.max(jnp.sum(weights, axis=-1))) < 1.0 if name == "sinks" else 1.0 < float(
+      jnp.max(jnp.sum(weights, axis=-1)))
+
+
+def test_a_variant_s_attention_arguments_are_not_passed_twice():
+  layer = aj.MultiHeadAttention(num_heads=HEADS, head_variant=variants.get("sinks"))
+  params = layer.init(jax.random.key(0), _x())
+  with pytest.raises(ValueError, match="head variant 'sinks' sets sinks itself") as error:
+    layer.apply(params, _x(), sinks=jnp.zeros(HEADS))
+  assert "\n" not in str(error.value)
+
+
+# ------------------------------------------------------------------------------------------------
 # The seed's four, where they now follow their code.
 
 def test_nnx_records_moh_load_balancing_without_the_maps_as_linen_does():

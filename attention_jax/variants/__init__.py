@@ -10,6 +10,9 @@ registered by name (``REGISTRY``), whose hooks ``multihead.multi_head_attention_
   gated           heads gated by sigmoid(X W) per feature (Qiu 2025)       gated
   gated_headwise  the same, one gate per head                              gated
   differential    the difference of two softmax maps (Ye 2025)             differential
+  sinks           a learned sink logit per head in the softmax (GPT-OSS)   sinks
+  sigmoid         sigmoid(logit - log S) weights, no row normalisation     sigmoid
+                  (Ramapuram 2024)
 
 A new variant is one file here (a registered subclass of ``base.Variant``) and its import below;
 the modules, the encoder, the configs and the generic tests then know it by name.
@@ -28,3 +31,5 @@ from attention_jax.variants import moh  # noqa: F401
 from attention_jax.variants import overlap  # noqa: F401
 from attention_jax.variants import gated  # noqa: F401
 from attention_jax.variants import differential  # noqa: F401
+from attention_jax.variants import sinks  # noqa: F401
+from attention_jax.variants import sigmoid  # noqa: F401

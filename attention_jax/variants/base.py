@@ -9,8 +9,12 @@ key/value heads, H head dim, D input width)::
   prepare(params, inputs_q, inputs_kv)       the state of one call (routers, gates, dynamic mixes),
                                              computed once and handed to the hooks below
   layout(query, key, value)                  the projected heads [..., T|S, N|K, H] rearranged
+  attention_arguments(state)                 what it adds to the attention call ({"sinks": ...},
+                                             {"normalizer": "sigmoid"}), served by every kernel
+                                             that serves those arguments
   logits(state, logits)                      [..., N, T, S] before the bias and the mask
-  normalize(state, logits, mask, is_causal)  logits -> weights (softmax)
+  normalize(state, logits, mask, is_causal,  logits -> weights (softmax, with the call's sinks or
+            **custom)                        normaliser)
   weights(state, weights)                    weights -> the weights applied (then masked again)
   heads(state, heads)                        each head's output [..., T, N, H] before W_O
   records(state), losses(state)              {name: value} recorded in "intermediates" and
@@ -100,13 +104,23 @@ class Variant:
   def layout(self, query, key, value):
     return query, key, value
 
+  def attention_arguments(self, state) -> dict[str, Any]:
+    """Keyword arguments of ``dot_product_attention`` that the variant sets (sinks, normalizer,
+    a score_mod, ...); none by default."""
+    del state
+    return {}
+
   def logits(self, state, logits):
     del state
     return logits
 
-  def normalize(self, state, logits, mask, *, is_causal: bool):
+  def normalize(self, state, logits, mask, *, is_causal: bool, sinks=None,
+                normalizer: str = "softmax", sigmoid_bias: float = 0.0):
+    """Logits [..., N, T, S] -> weights: the masked softmax, with ``sinks`` [N] in each row's
+    denominator, or ``normalizer="sigmoid"`` (as ``dot_product_attention`` takes them)."""
     del state
-    return reference.logits_to_weights(logits, mask, is_causal=is_causal)
+    return reference.normalize(reference.mask_logits(logits, mask, is_causal=is_causal),
+                               sinks=sinks, normalizer=normalizer, sigmoid_bias=sigmoid_bias)
 
   def weights(self, state, weights):
     del state
