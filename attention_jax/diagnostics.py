@@ -98,7 +98,8 @@ def head_statistics(logits, weights, valid):
 
   ``valid`` [..., 1|N, T, S]: the pairs that exist. Returns a dict of [N] arrays: logit_variance,
   entropy, max_weight, distance, negative_weight (0 unless heads are mixed after the softmax),
-  diagonal_max (fraction of queries whose own key wins).
+  first_token_weight (the weight on key 0: a CLS token, or the first token, where attention
+  sinks form), diagonal_max (fraction of queries whose own key wins).
 
   >>> logits = jnp.zeros((2, 4, 6, 6))  # [B, N, T, S], e.g. from MultiHeadAttention's sow
   >>> weights = jax.nn.softmax(logits)
@@ -114,6 +115,7 @@ def head_statistics(logits, weights, valid):
       "max_weight": per_head_mean(jnp.max(weights, axis=-1), query_valid),
       "distance": per_head_mean(attention_distance(weights), query_valid),
       "negative_weight": per_head_mean(negative_weight(weights), query_valid),
+      "first_token_weight": per_head_mean(weights[..., 0], query_valid),
   }
   if square:
     stats["diagonal_max"] = per_head_mean(

@@ -168,14 +168,18 @@ def _check_head_variant(config, key_dim: int) -> None:
       raise ConfigError(f"model.head_variant={model.head_variant!r} runs its own attention, not "
                         "context-parallel; set mesh.sequence=1.")
   try:
-    aj.variants.layer_variant(
+    layer = aj.variants.layer_variant(
         model.head_variant, layer=0, num_layers=model.num_layers,
         shared_heads=model.moh_shared_heads, routed_heads=model.moh_routed_heads,
-        overlap_schedule=model.overlap_schedule).check(num_heads=model.num_heads,
-                                                       head_dim=key_dim)
+        overlap_schedule=model.overlap_schedule)
+    layer.check(num_heads=model.num_heads, head_dim=key_dim)
   except ValueError as error:
     raise ConfigError(f"model.head_variant={model.head_variant!r} with model.moh_shared_heads / "
                       f"model.moh_routed_heads / model.overlap_schedule: {error}") from None
+  custom = sorted(set(layer.attention_arguments(None)) & {"sinks", "normalizer"})
+  if custom and config.mesh.sequence > 1:
+    raise ConfigError(f"model.head_variant={model.head_variant!r} sets {', '.join(custom)}, which "
+                      "context-parallel attention does not serve; set mesh.sequence=1.")
 
 
 def check_batch_split(batch_size: int, num_devices: int) -> None:

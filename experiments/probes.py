@@ -3,8 +3,10 @@ head importance (the accuracy lost, or the NMSE gained, when one head is switche
 evaluation).
 
 The statistics are those the arguments about attention are made of: the variance of the logits
-the softmax sees, the softmax entropy and largest weight, the mean attention distance, and how
-often a query's own key has the largest logit (the "diagonal fallacy").
+the softmax sees, the softmax entropy and largest weight, the mean attention distance, how
+often a query's own key has the largest logit (the "diagonal fallacy"), the weight on the first
+token (an attention sink: Xiao et al. 2023; Qiu et al. 2025), and the largest activation of the
+residual stream (massive activations: Sun et al. 2024).
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ from experiments import input_pipeline
 from experiments import steps as steps_lib
 
 STATISTICS = ("logit_variance", "entropy", "max_weight", "distance", "negative_weight",
-              "diagonal_max")
+              "diagonal_max", "first_token_weight")
 
 
-def capture(model, params, tokens):
-  """Per-layer logits and weights [L][B, N, T', T'] and the valid pairs [B, 1, T', T']."""
-  _, state = model.apply({"params": params}, tokens, mutable="intermediates")
+def _is_block(module, method: str) -> bool:
+  return isinstance(module, aj.encoder.EncoderBlock) and method == "__call__"
+
+
+def capture(model, params, tokens, with_activations=False):
+  """Per-layer logits and weights [L][B, N, T', T'] and the valid pairs [B, 1, T', T'] (and with
+  ``with_activations``, the largest |activation| of any block's output at a valid token)."""
+  _, state = model.apply({"params": params}, tokens, mutable="intermediates",
+                         capture_intermediates=_is_block if with_activations else False)
   blocks = state["intermediates"]["encoder"]
   layers = [blocks[f"block_{i}"]["attention"] for i in range(model.config.num_layers)]
   logits = [layer["attention_logits"][0] for layer in layers]
@@ -32,7 +40,12 @@ def capture(model, params, tokens):
   extra = logits[0].shape[-1] - valid.shape[-1]  # 1 with a CLS token
   valid = jnp.concatenate([jnp.ones(valid.shape[:-1] + (extra,), bool), valid], axis=-1)
   pairs = (valid[:, :, None] & valid[:, None, :])[:, None]  # [B, 1, T', T']
-  return logits, weights, pairs
+  if not with_activations:
+    return logits, weights, pairs
+  outputs = [blocks[f"block_{i}"]["__call__"][0] for i in range(model.config.num_layers)]
+  largest = jnp.max(jnp.stack([jnp.max(jnp.where(valid[..., None], jnp.abs(out), 0.0))
+                               for out in outputs]))  # over blocks, tokens and features
+  return logits, weights, pairs, largest
 
 
 def max_attention_logit(model, params, tokens):
@@ -43,10 +56,11 @@ def max_attention_logit(model, params, tokens):
 
 
 def head_statistics(model, params, tokens) -> dict:
-  """Each statistic per layer and head, {name: [L, N]}."""
-  logits, weights, pairs = capture(model, params, tokens)
+  """Each statistic per layer and head, {name: [L, N]}, and max_activation (a scalar)."""
+  logits, weights, pairs, largest = capture(model, params, tokens, with_activations=True)
   per_layer = [aj.diagnostics.head_statistics(l, w, pairs) for l, w in zip(logits, weights)]
-  return {name: jnp.stack([layer[name] for layer in per_layer]) for name in STATISTICS}
+  return {**{name: jnp.stack([layer[name] for layer in per_layer]) for name in STATISTICS},
+          "max_activation": largest}
 
 
 def _projection_grad_norm(grads, name):
@@ -56,8 +70,9 @@ def _projection_grad_norm(grads, name):
 
 
 def summary(model, params, tokens, labels, num_classes) -> dict:
-  """Scalars for a sweep's table: each statistic averaged over layers and heads, and the norms of
-  the loss gradient reaching the query and key projections (all layers), on one batch."""
+  """Scalars for a sweep's table: each statistic averaged over layers and heads, the largest
+  activation, and the norms of the loss gradient reaching the query and key projections (all
+  layers), on one batch."""
   def loss_fn(params):
     return steps_lib.objective(model.apply({"params": params}, tokens), labels, num_classes)[0]
   grads = jax.grad(loss_fn)(params)

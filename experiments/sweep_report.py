@@ -35,8 +35,8 @@ LEADING = ("eval_accuracy", "eval_nmse", "eval_loss")
 VALIDATION = "validation"
 REACHED = {"accuracy": 0.9, "nmse": 0.1}  # "steps to" this accuracy, or down to this NMSE
 MAX_LOGIT = "max_attention_logit"
-PROBES = ("logit_variance", "entropy", "max_weight", "negative_weight", "query_grad_norm",
-          "key_grad_norm")
+PROBES = ("logit_variance", "entropy", "max_weight", "negative_weight", "first_token_weight",
+          "max_activation", "query_grad_norm", "key_grad_norm")
 
 
 # per-replica columns that are not measurements

@@ -37,6 +37,8 @@ def test_head_statistics_equal_a_direct_numpy_computation():
     np.testing.assert_allclose(stats["max_weight"][head], np.mean([p.max() for p in w]), rtol=1e-6)
     np.testing.assert_allclose(stats["distance"][head], distance, rtol=1e-5)
     np.testing.assert_allclose(stats["diagonal_max"][head], diagonal, rtol=1e-6)
+    np.testing.assert_allclose(stats["first_token_weight"][head],
+                               np.mean([weights[b, head, t, 0] for b, t in rows]), rtol=1e-6)
     pairs = logits[:, head][np.broadcast_to(valid[:, 0], logits[:, head].shape)]
     np.testing.assert_allclose(stats["logit_variance"][head], np.var(pairs), rtol=1e-5)
 

@@ -179,7 +179,8 @@ def test_invalid_variant_is_refused_before_any_training(data_dir, tmp_path):
   assert not os.path.exists(tmp_path / "variants")
 
 
-@pytest.mark.parametrize("name", ["scaling", "heads", "positional", "learning_rate"])
+@pytest.mark.parametrize("name", ["scaling", "heads", "positional", "learning_rate",
+                                  "attention_variants"])
 @pytest.mark.parametrize("mode", [None, "quick"])
 def test_ablation_configs_are_valid(name, mode):
   module = importlib.import_module(f"configs.ablations.{name}")

@@ -441,3 +441,13 @@ def test_a_variant_forming_its_maps_validates_as_dot_product_attention(name):
     with pytest.raises(ValueError, match=words) as error:
       layer.apply({"params": params}, x, **options)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["sinks", "sigmoid"])
+def test_a_run_config_refuses_a_kernel_argument_variant_under_context_parallelism(name):
+  from configs import default
+  from experiments import config_check
+  config = default.get_config()
+  config.model.head_variant, config.mesh.sequence = name, 2
+  with pytest.raises(config_check.ConfigError, match="context-parallel attention does not serve"):
+    config_check.validate(config)

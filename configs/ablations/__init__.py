@@ -5,6 +5,11 @@ import ml_collections
 from configs import default
 
 
+#: An extra evaluation on another data seed's test split, examples the training and test sets do
+#: not hold: the stream the report chooses each variant's learning rate on ("validation").
+VALIDATION = {"validation": {"seed": 1, "num_train": 1}}
+
+
 def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants,
                  extra_evals=None, base=default) -> ml_collections.ConfigDict:
   """A sweep over ``variants`` of the training config of module ``base`` (configs.default),

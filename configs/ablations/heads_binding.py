@@ -32,7 +32,7 @@ Results, runtime and provenance: docs/results/heads_binding.md.
 import ml_collections
 
 from configs import farthest_point, multi_retrieval
-from configs.ablations import sweep_config
+from configs.ablations import VALIDATION, sweep_config
 
 HEADS = (1, 2, 4, 8, 16)
 QUICK_HEADS = (1, 4)  # both arms, within 3 minutes on 2 CPU cores
@@ -48,8 +48,6 @@ EXTRA_ARMS = {
                        ("talking_heads", 16, {"head_variant": "talking_heads"}),
                        ("dcmha", 16, {"head_variant": "dcmha"})),
 }
-# Another data seed's test split: examples the training and test sets do not hold.
-VALIDATION = {"validation": {"seed": 1, "num_train": 1}}
 
 
 def variants(task: str, d_model: int, heads):
