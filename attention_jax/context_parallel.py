@@ -317,9 +317,10 @@ def context_parallel_attention(
   [..., 1, 1, T] works with both strategies, a general bias or mask ([..., N or 1, T or 1, T])
   needs strategy="all_gather". A ``score_mod`` and ``mask_mod`` (FlexAttention's functions, as
   ``dot_product_attention`` takes them) see the tokens' positions in the whole sequence, and the
-  arrays a score_mod closes over get their gradients. ``load_balance`` runs causal and windowed attention in the zigzag
-  layout (tokens are permuted in and out: keep your activations in ``to_zigzag`` order and call
-  ``context_parallel_attention_shard(layout="zigzag")`` to save the two permutations).
+  arrays a score_mod closes over get their gradients. ``load_balance`` runs causal and windowed
+  attention in the zigzag layout (tokens are permuted in and out: keep your activations in
+  ``to_zigzag`` order and call ``context_parallel_attention_shard(layout="zigzag")`` to save the
+  two permutations).
 
   >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",))  # e.g. 8 devices
   >>> q = jnp.ones((1, 64, 8, 16))  # [B, T, N, H]
@@ -434,9 +435,9 @@ class ContextParallel:
   ``axis_name`` of ``mesh``: the ``attention_fn`` of MultiHeadAttention (and EncoderConfig).
   Attention dropout and returned weights are refused (they would be [T, S] per device), and so
   are the log-sum-exp residual and block masks, sinks and sigmoid attention (a score_mod and a
-  mask_mod are served, on the tokens' positions in the whole sequence). A query row with no key to attend to gives zeros (what
-  ``empty_rows="zero"`` asks of ``dot_product_attention``; the ring does not compute the mean of
-  the values that flax gives there). ``dtype`` casts the query, key and value; ``precision``
+  mask_mod are served, on the tokens' positions in the whole sequence). A query row with no key
+  to attend to gives zeros (what ``empty_rows="zero"`` asks of ``dot_product_attention``; the
+  ring does not compute the mean of the values that flax gives there). ``dtype`` casts the query, key and value; ``precision``
   is the caller's (the module runs it under ``jax.default_matmul_precision``).
 
   >>> from attention_jax import MultiHeadAttention
