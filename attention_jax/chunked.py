@@ -310,6 +310,32 @@ class _Blocks:
     return lax.switch(branch, [lambda c: c, lambda c: step(c, False), lambda c: step(c, True)],
                       carry)
 
+  def along(self, fixed, step, carry, pattern: Pattern, head: _Head, *, row: bool):
+    """``step(carry, other, full)`` over the blocks of query block ``fixed`` (``row``: key
+    blocks ``other``) or of key block ``fixed`` (query blocks) that may attend, in a loop.
+
+    With a block mask and no other id-based skips, its full blocks run in one loop and its
+    partial ones in a second (in the order of its kinds), so that no block pays for a branch
+    (a branch per block cost 10-25% of a block on CPU) and empty blocks are never visited; the
+    online softmax does not depend on the order. Otherwise every block of the range is checked
+    (``unless_skipped``)."""
+    lo, hi = (self.key_range if row else self.query_range)(fixed, pattern, head)
+    pair = (lambda other: (fixed, other)) if row else (lambda other: (other, fixed))
+    by_ids = head.q_segments is not None or (
+        head.q_positions is not None and (pattern.is_causal or pattern.window is not None))
+    if head.block_kinds is None or pattern.mask_mod is None or by_ids:
+      return lax.fori_loop(lo, hi, lambda other, c: self.unless_skipped(
+          lambda c, full: step(c, other, full), c, *pair(other), pattern, head), carry)
+    kinds = head.block_kinds[fixed] if row else head.block_kinds[:, fixed]  # [K] or [Q]
+    index = jnp.arange(kinds.shape[0])
+    kinds = jnp.where((index >= lo) & (index < hi), kinds, mods_lib.EMPTY)
+    order = jnp.argsort(-kinds.astype(jnp.int32), stable=True)  # full, partial, then empty
+    num_full = jnp.sum(kinds == mods_lib.FULL)
+    num_partial = jnp.sum(kinds == mods_lib.PARTIAL)
+    carry = lax.fori_loop(0, num_full, lambda t, c: step(c, order[t], True), carry)
+    return lax.fori_loop(num_full, num_full + num_partial,
+                         lambda t, c: step(c, order[t], False), carry)
+
 
 def _score_mod(pattern: Pattern, head: _Head, geometry: _Blocks, i, j, transposed):
   """The score_mod on block (i, j) as a function of (logits, trainable constants), or None:
@@ -367,19 +393,16 @@ def _sigmoid_forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
   def query_block(i):
     q_block = lax.dynamic_slice_in_dim(q, i * g.block_q, g.block_q)
 
-    def key_step(j, acc):
-      def attend(acc, full):
-        k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
-        v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
-        logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype, full=full)
-        weights = jax.nn.sigmoid(logits + pattern.sigmoid_bias)  # 0 where masked
-        return acc + jnp.einsum("qk,kh->qh", weights.astype(v.dtype), v_block,
-                                preferred_element_type=dtype)
-      return g.unless_skipped(attend, acc, i, j, pattern, head)
+    def attend(acc, j, full):
+      k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
+      v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
+      logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype, full=full)
+      weights = jax.nn.sigmoid(logits + pattern.sigmoid_bias)  # 0 where masked
+      return acc + jnp.einsum("qk,kh->qh", weights.astype(v.dtype), v_block,
+                              preferred_element_type=dtype)
 
-    lo, hi = g.key_range(i, pattern, head)
-    acc = lax.fori_loop(lo, hi, key_step,
-                        _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
+    acc = g.along(i, attend, _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head), pattern,
+                  head, row=True)
     return acc, jnp.zeros((g.block_q,), dtype)
 
   out, lse = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq]
@@ -403,20 +426,18 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
   def query_block(i):
     q_block = lax.dynamic_slice_in_dim(q, i * g.block_q, g.block_q)
 
-    def key_step(j, carry):
-      def attend(carry, full):
-        row_max, row_sum, acc = carry
-        k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
-        v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
-        logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype, full=full)
-        new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))  # >= least_max: finite
-        correction = jnp.exp(row_max - new_max)
-        probs = jnp.exp(logits - new_max[:, None])  # 0 where masked
-        row_sum = row_sum * correction + jnp.sum(probs, axis=-1)
-        acc = acc * correction[:, None] + jnp.einsum(
-            "qk,kh->qh", probs.astype(v.dtype), v_block, preferred_element_type=dtype)
-        return new_max, row_sum, acc
-      return g.unless_skipped(attend, carry, i, j, pattern, head)
+    def attend(carry, j, full):
+      row_max, row_sum, acc = carry
+      k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
+      v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
+      logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype, full=full)
+      new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))  # >= least_max: finite
+      correction = jnp.exp(row_max - new_max)
+      probs = jnp.exp(logits - new_max[:, None])  # 0 where masked
+      row_sum = row_sum * correction + jnp.sum(probs, axis=-1)
+      acc = acc * correction[:, None] + jnp.einsum(
+          "qk,kh->qh", probs.astype(v.dtype), v_block, preferred_element_type=dtype)
+      return new_max, row_sum, acc
 
     if g.num_k == 1:  # all keys in one block: a plain softmax, with nothing to rescale
       logits, _ = _logits(q_block, k, i, 0, pattern, head, g, dtype)
@@ -428,8 +449,7 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
       zeros = _zeros((g.block_q,), dtype, q, k, v, head)
       init = (zeros + start_max, with_sink(zeros + start_max, zeros),
               _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
-      lo, hi = g.key_range(i, pattern, head)
-      row_max, row_sum, acc = lax.fori_loop(lo, hi, key_step, init)
+      row_max, row_sum, acc = g.along(i, attend, init, pattern, head, row=True)
     has_key = row_sum > 0.0
     out = acc / jnp.where(has_key, row_sum, 1.0)[:, None]
     lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, row_sum, 1.0)), least_max)
@@ -461,45 +481,42 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
     v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
     k_t_block = lax.dynamic_slice_in_dim(k_t, j * g.block_k, g.block_k, axis=1)
 
-    def query_step(i, inner):
-      def attend(inner, full):
-        d_k, d_v, d_q_t, d_bias, d_mod = inner
-        rows = lambda x: lax.dynamic_slice_in_dim(x, i * g.block_q, g.block_q)
-        q_block, do_block = rows(q), rows(d_out)
-        logits_t, squashed_t, mod_vjp = _logits(q_block, k_block, i, j, pattern, head, g, dtype,
-                                                transposed=True, full=full,
-                                                pullback=True)  # [bk, bq]
-        d_probs_t = jnp.einsum("kh,qh->kq", v_block, do_block, preferred_element_type=dtype)
-        if pattern.normalizer == "sigmoid":
-          probs_t = jax.nn.sigmoid(logits_t + pattern.sigmoid_bias)  # 0 where masked
-          d_logits_t = d_probs_t * probs_t * (1.0 - probs_t)
-        else:
-          probs_t = jnp.exp(logits_t - rows(lse)[None, :])  # 0 where masked, and on empty rows
-          d_logits_t = probs_t * (d_probs_t - rows(delta)[None, :])  # dS^T = d(Z + bias)^T
-        if mod_vjp is not None:  # through the score_mod, to its input and its constants
-          d_logits_t, d_trained = mod_vjp(d_logits_t)
-          d_mod = tuple(a + b.astype(a.dtype) for a, b in zip(d_mod, d_trained))
-        if d_bias is not None:
-          d_bias = _accumulate_bias(d_bias, d_logits_t.T, i, j, g)
-        if squashed_t is not None:
-          d_logits_t = d_logits_t * (1.0 - squashed_t * squashed_t)  # through cap * tanh(Z / cap)
-        d_v = d_v + jnp.einsum("kq,qh->kh", probs_t.astype(d_out.dtype), do_block,
-                               preferred_element_type=dtype)
-        d_k = d_k + jnp.einsum("kq,qh->kh", d_logits_t.astype(q.dtype), q_block,
-                               preferred_element_type=dtype)
-        d_q_t_block = lax.dynamic_slice_in_dim(d_q_t, i * g.block_q, g.block_q, axis=1)
-        d_q_t_block = d_q_t_block + jnp.einsum("hk,kq->hq", k_t_block, d_logits_t.astype(k.dtype),
-                                               preferred_element_type=dtype)
-        d_q_t = lax.dynamic_update_slice_in_dim(d_q_t, d_q_t_block, i * g.block_q, axis=1)
-        return d_k, d_v, d_q_t, d_bias, d_mod
-      return g.unless_skipped(attend, inner, i, j, pattern, head)
+    def attend(inner, i, full):
+      d_k, d_v, d_q_t, d_bias, d_mod = inner
+      rows = lambda x: lax.dynamic_slice_in_dim(x, i * g.block_q, g.block_q)
+      q_block, do_block = rows(q), rows(d_out)
+      logits_t, squashed_t, mod_vjp = _logits(q_block, k_block, i, j, pattern, head, g, dtype,
+                                              transposed=True, full=full,
+                                              pullback=True)  # [bk, bq]
+      d_probs_t = jnp.einsum("kh,qh->kq", v_block, do_block, preferred_element_type=dtype)
+      if pattern.normalizer == "sigmoid":
+        probs_t = jax.nn.sigmoid(logits_t + pattern.sigmoid_bias)  # 0 where masked
+        d_logits_t = d_probs_t * probs_t * (1.0 - probs_t)
+      else:
+        probs_t = jnp.exp(logits_t - rows(lse)[None, :])  # 0 where masked, and on empty rows
+        d_logits_t = probs_t * (d_probs_t - rows(delta)[None, :])  # dS^T = d(Z + bias)^T
+      if mod_vjp is not None:  # through the score_mod, to its input and its constants
+        d_logits_t, d_trained = mod_vjp(d_logits_t)
+        d_mod = tuple(a + b.astype(a.dtype) for a, b in zip(d_mod, d_trained))
+      if d_bias is not None:
+        d_bias = _accumulate_bias(d_bias, d_logits_t.T, i, j, g)
+      if squashed_t is not None:
+        d_logits_t = d_logits_t * (1.0 - squashed_t * squashed_t)  # through cap * tanh(Z / cap)
+      d_v = d_v + jnp.einsum("kq,qh->kh", probs_t.astype(d_out.dtype), do_block,
+                             preferred_element_type=dtype)
+      d_k = d_k + jnp.einsum("kq,qh->kh", d_logits_t.astype(q.dtype), q_block,
+                             preferred_element_type=dtype)
+      d_q_t_block = lax.dynamic_slice_in_dim(d_q_t, i * g.block_q, g.block_q, axis=1)
+      d_q_t_block = d_q_t_block + jnp.einsum("hk,kq->hq", k_t_block, d_logits_t.astype(k.dtype),
+                                             preferred_element_type=dtype)
+      d_q_t = lax.dynamic_update_slice_in_dim(d_q_t, d_q_t_block, i * g.block_q, axis=1)
+      return d_k, d_v, d_q_t, d_bias, d_mod
 
     d_q_t, d_bias, d_mod = carry
     like = (q, k, v, d_out, head)
     init = (_zeros((g.block_k, k.shape[-1]), dtype, *like),
             _zeros((g.block_k, v.shape[-1]), dtype, *like), d_q_t, d_bias, d_mod)
-    lo, hi = g.query_range(j, pattern, head)
-    d_k, d_v, d_q_t, d_bias, d_mod = lax.fori_loop(lo, hi, query_step, init)
+    d_k, d_v, d_q_t, d_bias, d_mod = g.along(j, attend, init, pattern, head, row=False)
     return (d_q_t, d_bias, d_mod), (d_k, d_v)
 
   init = (_zeros(q.shape[::-1], dtype, q, k, v, d_out, head), d_bias, d_mod)  # dQ^T [H, Tp]
