@@ -27,13 +27,13 @@ class Request:
   sinks: bool = False
   normalizer: str = "softmax"
 
-  def custom(self) -> str | None:
-    """The first custom part of the request (score_mod, mask_mod, sinks, sigmoid), named as
-    the argument that asks for it, or None."""
+  def custom(self, served: tuple[str, ...] = ()) -> str | None:
+    """The first custom part of the request (score_mod, mask_mod, sinks, sigmoid) that is not
+    ``served``, named as the argument that asks for it, or None."""
     for name, asked in (("score_mod", self.score_mod), ("mask_mod", self.mask_mod),
                         ("sinks", self.sinks),
                         ('normalizer="sigmoid"', self.normalizer == "sigmoid")):
-      if asked:
+      if asked and name not in served:
         return name
     return None
 

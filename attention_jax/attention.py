@@ -163,7 +163,8 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
     XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
   - tpu: "pallas_tpu" on the TPUs in MEASURED_ON (none yet), else "xla";
   - "chunked" wherever "xla" cannot serve the call (a score_mod, sinks, the sigmoid normaliser),
-    so that memory stays linear in T;
+    so that memory stays linear in T; a mask_mod goes to "xla" or "chunked" as on GPU (cuDNN and
+    the Pallas kernel take it only as a dense mask, when named);
   - and "reference" when none of these can (attention dropout, returned weights).
 
   A named implementation that cannot serve the request raises ``ValueError`` with the reason;
@@ -201,6 +202,8 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   if implementation is None:
     arch = architecture(backend, device_kind, compute_capability)
     for name in _automatic_order(query, key, backend, arch):
+      if request.mask_mod and name in ("cudnn", "pallas_tpu"):
+        continue  # they take a mask_mod only as a dense mask: asked for by name, never chosen
       if unsupported_reason(name, query, key, value, request) is None:
         return name
   if implementation not in IMPLEMENTATIONS:

@@ -181,3 +181,26 @@ def test_dot_product_attention_refuses_accelerator_kernel_of_another_backend():
       continue
     with pytest.raises(ValueError, match="cannot serve this call"):
       aj.dot_product_attention(query, query, query, implementation=implementation)
+
+
+@pytest.mark.parametrize("implementation", ["cudnn", "pallas_tpu"])
+def test_a_named_accelerator_kernel_serves_a_mask_mod_as_a_dense_mask(implementation,
+                                                                      monkeypatch):
+  """Off their backend (cuDNN's inputs through jax.nn's XLA path, the Pallas kernel in interpret
+  mode), a document mask_mod equals the reference's, and the automatic choice does not pick them
+  for it."""
+  monkeypatch.setattr(cudnn, "KERNEL", "xla")
+  monkeypatch.setitem(aj.attention.REQUIRED_BACKEND, implementation, jax.default_backend())
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((2, 128, 2, 16)), jnp.bfloat16) for _ in range(3))
+  docs = jnp.repeat(jnp.arange(4), 32)
+  same_doc = lambda b, h, q_idx, kv_idx: docs[q_idx] == docs[kv_idx]
+  expected = aj.dot_product_attention(q, k, v, mask_mod=same_doc, is_causal=True,
+                                      implementation="reference")
+  with pltpu.force_tpu_interpret_mode():
+    got = aj.dot_product_attention(q, k, v, mask_mod=same_doc, is_causal=True,
+                                   implementation=implementation)
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32),
+                             atol=2e-2)
+  assert aj.select_implementation(q, k, v, mask_mod=same_doc, backend="gpu",
+                                  device_kind="NVIDIA H100") == "xla"
