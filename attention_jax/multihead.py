@@ -432,9 +432,9 @@ def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool
   [..., S, K, H]: the logits Q K^T * scale + bias (through the score_mod) and the masked
   softmax (with the sinks, or the sigmoid) that ``dot_product_attention`` with the same
   arguments applies (before dropout). ``structure``: the sequence lengths, local window and
-  segment ids, as there. With a ``variant`` (and the
-  ``state`` its prepare hook gave) that forms its own maps: its logits, normalize and weights
-  hooks, the weights masked again (the logits then have the variant's heads, the weights N).
+  segment ids, as there. With a ``variant`` (and the ``state`` its prepare hook gave) that forms
+  its own maps: its logits, normalize and weights hooks, the weights masked again (the logits
+  then have the variant's heads, the weights N).
 
   >>> q = k = jnp.ones((2, 6, 4, 8))  # [B, T, N, H]
   >>> logits, weights = head_maps(q, k, scale=0.5, is_causal=True)
