@@ -16,6 +16,8 @@ import attention_jax as aj
 from training_helpers import EIGHT_CPU_DEVICES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# One worker runs the module, so that its one 8-device subprocess (the fixture) runs once.
+pytestmark = pytest.mark.xdist_group("context_parallel")
 
 PROGRAM = r"""
 import functools, json, sys
