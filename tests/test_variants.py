@@ -451,3 +451,13 @@ def test_a_run_config_refuses_a_kernel_argument_variant_under_context_parallelis
   config.model.head_variant, config.mesh.sequence = name, 2
   with pytest.raises(config_check.ConfigError, match="context-parallel attention does not serve"):
     config_check.validate(config)
+
+
+def test_sigmoid_attention_with_a_fixed_bias_decodes_as_it_attends():
+  layer = ajnnx.MultiHeadAttention(HEADS, D_IN, head_variant=variants.get("sigmoid", bias=-2.0),
+                                   rngs=nnx.Rngs(0))
+  x = _x()
+  layer.init_cache(x.shape)
+  full = layer(x, is_causal=True)
+  steps = [layer(x[:, t:t + 1], decode=True) for t in range(T)]
+  assert_close(jnp.concatenate(steps, axis=1), full, rtol=1e-5)
