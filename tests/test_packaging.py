@@ -4,6 +4,7 @@ need); the experiment stack is the "experiments" extra. The example runs against
 import importlib.metadata
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -23,9 +24,16 @@ def _name(requirement: str) -> str:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-  out = tmp_path_factory.mktemp("wheel")
+  """The wheel, built from a copy of what it is built from: the build writes build/ and
+  *.egg-info beside its sources, and two builds in one tree (this fixture runs once per xdist
+  worker that gets a test of the module) collide there."""
+  out, checkout = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("checkout")
+  shutil.copytree(ROOT / "attention_jax", checkout / "attention_jax",
+                  ignore=shutil.ignore_patterns("__pycache__"))
+  for name in ("pyproject.toml", "README.md", "LICENSE"):
+    shutil.copy(ROOT / name, checkout / name)
   subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                  "-q", "-w", str(out), str(ROOT)], check=True, capture_output=True)
+                  "-q", "-w", str(out), str(checkout)], check=True, capture_output=True)
   (path,) = out.glob("attention_jax-*.whl")
   return path
 
