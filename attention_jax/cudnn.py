@@ -34,10 +34,9 @@ def unsupported_reason(query, key, value, request: _checks.Request) -> str | Non
     return "cuDNN attention through jax.nn has no attention dropout"
   if request.logits_soft_cap is not None:
     return "cuDNN attention through jax.nn has no logits soft cap"
-  if request.custom(served=("mask_mod",)):  # a mask_mod arrives as a dense mask
-    return (f"cuDNN attention through jax.nn cannot serve "
-            f"{request.custom(served=('mask_mod',))} (it serves causal, windows, lengths and "
-            "segment ids natively, and a mask_mod as a dense mask)")
+  if unserved := request.custom(served=("mask_mod",)):  # a mask_mod arrives as a dense mask
+    return (f"cuDNN attention through jax.nn cannot serve {unserved} (it serves causal, "
+            "windows, lengths and segment ids natively, and a mask_mod as a dense mask)")
   if request.return_weights:
     return "cuDNN flash attention never forms the weights, so it cannot return them"
   if query.dtype not in (jnp.float16, jnp.bfloat16):

@@ -38,10 +38,9 @@ def unsupported_reason(query, key, value, request: _checks.Request) -> str | Non
     return "the Pallas TPU flash kernel has no attention dropout"
   if request.logits_soft_cap is not None:
     return "the Pallas TPU flash kernel has no logits soft cap"
-  if request.custom(served=("mask_mod",)):  # a mask_mod arrives as a dense mask (a bias)
-    return (f"the Pallas TPU flash kernel cannot serve "
-            f"{request.custom(served=('mask_mod',))} (it serves causal, windows, lengths and "
-            "segment ids natively, and a mask_mod as a dense mask)")
+  if unserved := request.custom(served=("mask_mod",)):  # a mask_mod arrives as a dense bias
+    return (f"the Pallas TPU flash kernel cannot serve {unserved} (it serves causal, windows, "
+            "lengths and segment ids natively, and a mask_mod as a dense mask)")
   if request.return_residual:
     return "the Pallas TPU flash kernel does not return the log-sum-exp"
   if request.return_weights:

@@ -23,8 +23,8 @@ def unsupported_reason(query, key, value, request: _checks.Request) -> str | Non
     return "jax.nn.dot_product_attention does not return the attention weights"
   if request.logits_soft_cap is not None:
     return "jax.nn.dot_product_attention has no logits soft cap"
-  if request.custom(served=("mask_mod",)):  # a mask_mod arrives as a dense mask
-    return f"jax.nn.dot_product_attention cannot serve {request.custom(served=('mask_mod',))}"
+  if unserved := request.custom(served=("mask_mod",)):  # a mask_mod arrives as a dense mask
+    return f"jax.nn.dot_product_attention cannot serve {unserved}"
   if value.shape != key.shape:
     return "jax.nn.dot_product_attention needs value.shape == key.shape"
   if request.backend == "cpu" and query.dtype == jnp.float16:
