@@ -30,6 +30,7 @@ import re
 import statistics
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +62,44 @@ def jax_methods(is_causal=False):
   if backend == "gpu":  # jax.nn's own choice, and each of its two kernels by name
     peers.update({f"jax.nn:{kernel}": (lambda q, k, v, kernel=kernel: jax.nn.dot_product_attention(
         q, k, v, is_causal=is_causal, implementation=kernel)) for kernel in ("xla", "cudnn")})
+    peers.update(pallas_gpu_methods(is_causal))
   return {**ours, **peers, "flax.linen": flax_attention}
+
+
+def pallas_gpu_methods(is_causal=False, interpret=False):
+  """The Pallas flash kernels for NVIDIA GPUs that are installed: JAX's own (jax.experimental's
+  Triton kernel, "pallas:triton", and its Mosaic GPU kernel for Hopper, "pallas:mosaic") and
+  tokamax's ("tokamax" = its own choice, "tokamax:mosaic", "tokamax:triton"; not a dependency).
+  ``interpret`` runs JAX's Triton kernel in Pallas' interpreter (any backend, for the tests)."""
+  methods = {}
+  try:
+    with warnings.catch_warnings():  # deprecated in favour of tokamax, still shipped
+      warnings.simplefilter("ignore", DeprecationWarning)
+      from jax.experimental.pallas.ops.gpu import attention as triton_attention
+    methods["pallas:triton"] = lambda q, k, v: triton_attention.mha(
+        q, k, v, None, sm_scale=q.shape[-1] ** -0.5, causal=is_causal, interpret=interpret)
+  except ImportError:
+    pass
+  try:
+    from jax.experimental.pallas.ops.gpu import attention_mgpu
+    # Blocks of JAX's own tests; the backward pass needs them named. Two compute warpgroups
+    # per block of queries, so T must be a multiple of 128. The kernel does not scale.
+    config = attention_mgpu.TuningConfig(
+        block_q=64, block_kv=128, max_concurrent_steps=2, causal=is_causal, compute_wgs_bwd=2,
+        block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+    methods["pallas:mosaic"] = lambda q, k, v: attention_mgpu.attention(
+        q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype), k, v, config)
+  except ImportError:
+    pass
+  try:
+    import tokamax
+    for kernel in (None, "mosaic", "triton"):
+      methods["tokamax" + (f":{kernel}" if kernel else "")] = (
+          lambda q, k, v, kernel=kernel: tokamax.dot_product_attention(
+              q, k, v, is_causal=is_causal, implementation=kernel))
+  except ImportError:
+    pass
+  return methods
 
 
 def chunked_with_blocks(block, is_causal=False):
@@ -138,7 +176,7 @@ def block_math_floor(query, key, value, block_q=1024):
 
 
 def jax_runner(fn, shape, backward, dtype):
-  """A zero-argument callable that runs fn once and blocks, plus XLA's temp memory in bytes."""
+  """run(calls) that runs fn ``calls`` times and blocks once, plus XLA's temp memory in bytes."""
   rng = np.random.default_rng(0)
   q, k, v, cotangent = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(4))
   if backward:
@@ -149,7 +187,12 @@ def jax_runner(fn, shape, backward, dtype):
     compiled = jax.jit(fn).lower(q, k, v).compile()
   memory = compiled.memory_analysis()
   temp = getattr(memory, "temp_size_in_bytes", None) if memory is not None else None
-  return (lambda: jax.block_until_ready(compiled(q, k, v))), temp
+
+  def run(calls=1):  # dispatched one after another, waited for once
+    for _ in range(calls):
+      out = compiled(q, k, v)
+    jax.block_until_ready(out)
+  return run, temp
 
 
 def torch_runner(shape, backward, dtype, is_causal=False):
@@ -164,17 +207,25 @@ def torch_runner(shape, backward, dtype, is_causal=False):
              for _ in range(3))
   cotangent = torch.randn(b, n, t, h, dtype=dtype, device=device)
 
-  def run():
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-    if backward:
-      torch.autograd.grad(out, (q, k, v), cotangent)
+  def run(calls=1):
+    for _ in range(calls):
+      out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+      if backward:
+        torch.autograd.grad(out, (q, k, v), cotangent)
     if device == "cuda":
       torch.cuda.synchronize()
-  return run, None
+  if device != "cuda":
+    return run, None
+  before = torch.cuda.memory_allocated()
+  torch.cuda.reset_peak_memory_stats()
+  run()
+  return run, torch.cuda.max_memory_allocated() - before  # what one call holds beyond its inputs
 
 
 def calls_per_sample(run, minimum_seconds):
-  """How many calls of ``run`` one timed sample takes, so that a sample lasts minimum_seconds."""
+  """How many calls one timed sample takes, so that a sample lasts minimum_seconds. A sample
+  dispatches its calls back to back and waits once at the end (as a training loop does), so
+  on an accelerator it measures the device's time per call rather than the host's round trip."""
   started = time.perf_counter()
   run()
   return max(1, math.ceil(minimum_seconds / max(time.perf_counter() - started, 1e-9)))
@@ -253,8 +304,7 @@ def main():
       for name in names:
         run = runners[name][0]
         started = time.perf_counter()
-        for _ in range(repeats[name]):
-          run()
+        run(repeats[name])
         times[name].append((time.perf_counter() - started) / repeats[name])
     b, t, n, h = shape
     flops = 4 * b * n * t * t * h * (3 if backward else 1)

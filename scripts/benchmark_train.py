@@ -5,7 +5,8 @@
   python -m scripts.benchmark_train --head-variants  # the head variants' cost against MHA
 
 "attention_jax" is ``experiments.train.train_step_fn``, the compiled step the training loop runs
-(one replica, the AdamW update with clipping, the divergence guard), built from
+(one replica, the AdamW update with clipping, the divergence guard; on a GPU with XLA's
+deterministic ops, which "attention_jax:nondeterministic" leaves out), built from
 configs/default.py with the model size of each row, post-LN, ReLU feed-forward, CLS pooling, the
 sinusoidal encoding and no dropout. "flax.linen" is that step with
 ``flax.linen.MultiHeadDotProductAttention`` swapped in. "torch" and "torch.compile" are the same
@@ -56,6 +57,7 @@ SIZES = {
 ACCELERATOR_SIZES = {
     "accelerator base": (64, 512, 512, 8, 6, 2048),
     "accelerator long": (8, 4096, 512, 8, 6, 2048),
+    "accelerator large": (16, 2048, 1024, 16, 8, 4096),
     "accelerator wide": (32, 1024, 1024, 16, 8, 4096),
 }
 METHODS = ("attention_jax", "flax.linen", "torch", "torch.compile")
@@ -142,11 +144,17 @@ def jax_runner(config, tokens, labels, attention_module=None, on_loss=None):
 
 
 def torch_runner(config, tokens, labels, compile_model=False):
-  """The same model and optimizer in PyTorch; None when torch is not installed."""
+  """The same model and optimizer in PyTorch, on the GPU when JAX runs on one, in bfloat16
+  autocast when ``config.compute_dtype`` is bfloat16 (GPU only) and with TF32 matrix products in
+  float32 on a GPU, as JAX's default precision there; None when torch is not installed."""
   try:
     import torch
   except ImportError:
     return None
+  device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+  if device == "cpu" and config.compute_dtype != "float32":
+    return None
+  torch.backends.cuda.matmul.allow_tf32 = True
   torch.manual_seed(0)
   model_config = config.model
   d_model = model_config.d_model
@@ -170,15 +178,18 @@ def torch_runner(config, tokens, labels, compile_model=False):
       x = torch.cat([self.cls.expand(x.shape[0], 1, d_model), x], dim=1) + self.table
       return self.logits(self.encoder(x)[:, 0])  # [B, C]
 
-  model = EncoderClassifier()
+  model = EncoderClassifier().to(device)
   forward = torch.compile(model) if compile_model else model
   optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
                                 weight_decay=config.weight_decay)
-  tokens, labels = torch.from_numpy(tokens), torch.from_numpy(labels)
+  tokens, labels = torch.from_numpy(tokens).to(device), torch.from_numpy(labels).to(device)
+  autocast = lambda: torch.autocast(device, torch.bfloat16,
+                                    enabled=config.compute_dtype == "bfloat16")
 
   def step():
     optimizer.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.cross_entropy(forward(tokens), labels)
+    with autocast():
+      loss = torch.nn.functional.cross_entropy(forward(tokens), labels)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
     optimizer.step()
@@ -192,10 +203,12 @@ def runners(methods, size, dtype):
   make = {
       "attention_jax": lambda: jax_runner(config, tokens, labels),
       "flax.linen": lambda: jax_runner(config, tokens, labels, FlaxAttention),
-      "torch": lambda: None if dtype != "float32" else torch_runner(config, tokens, labels),
-      "torch.compile": lambda: None if dtype != "float32" else torch_runner(
-          config, tokens, labels, compile_model=True),
+      "torch": lambda: torch_runner(config, tokens, labels),
+      "torch.compile": lambda: torch_runner(config, tokens, labels, compile_model=True),
   }
+  nondeterministic = config.copy_and_resolve_references()
+  nondeterministic.deterministic = False
+  make["attention_jax:nondeterministic"] = lambda: jax_runner(nondeterministic, tokens, labels)
   for method in methods:
     if method.startswith("attention_jax+"):  # a head variant of attention_jax's model
       variant = config.copy_and_resolve_references()
@@ -236,12 +249,13 @@ def main():
   parser.add_argument("--seconds", type=float, default=1.0,
                       help="about this long per method and round")
   parser.add_argument("--methods", nargs="+", default=None,
-                      choices=METHODS + HEAD_VARIANT_METHODS[1:])
+                      choices=METHODS + HEAD_VARIANT_METHODS[1:]
+                      + ("attention_jax:nondeterministic",))
   parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
   parser.add_argument("--json", help="write the measurements to this file")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                      help="compute dtype of the JAX steps (parameters and optimizer stay "
-                      "float32); torch runs only in float32")
+                      help="compute dtype of the steps (parameters and optimizer stay float32); "
+                      "torch runs bfloat16 as autocast, on a GPU only")
   parser.add_argument("--accelerator-sizes", action="store_true",
                       help="add models sized for a GPU or TPU (longer sequences, wider layers)")
   parser.add_argument("--peak-tflops", type=float, help="the device's peak for --dtype, to "
