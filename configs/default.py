@@ -58,6 +58,5 @@ def get_config():
   config.keep_checkpoints = 3              # how many recent checkpoints to keep
   config.seed = 0                          # one seed for init, dropout and data order
   config.compute_dtype = "float32"         # float32 | bfloat16 (parameters stay float32)
-  config.deterministic = True              # on a GPU, XLA's deterministic ops (bitwise resume)
   config.attention_maps = 4                # test examples to draw attention maps for; 0 = none
   return config

@@ -168,15 +168,6 @@ def setup(config, replicas: list[dict], mesh: Mesh | None = None):
   return task, model, tx, functools.partial(initial_states, model, tx, task.max_length, replicas)
 
 
-def jit(config, fn, **options):
-  """jax.jit, and on a GPU with ``config.deterministic`` XLA's deterministic ops: no atomic
-  scatter-adds and no per-process autotuning, so that a resumed run repeats the uninterrupted
-  one bit for bit (docs/performance.md gives what it costs). Other backends are deterministic."""
-  if config.get("deterministic", True) and jax.default_backend() == "gpu":
-    options["compiler_options"] = {"xla_gpu_deterministic_ops": True}
-  return jax.jit(fn, **options)
-
-
 def initial_states(model, tx, max_length: int, replicas: list[dict], sharding=None):
   """The step-0 states of ``replicas`` stacked on a leading replica axis, jitted."""
   seeds = jnp.array([replica["seed"] for replica in replicas])
@@ -190,7 +181,7 @@ def train_step_fn(config, model, tx, num_classes: int, sharding=None):
   """The loop's compiled step over the replica axis: (state [R], batch {"tokens": [R, B, T],
   "labels": [R, B(, T)]}) -> (state [R], metrics [R]); the state's buffers are donated. The
   benchmark (scripts/benchmark_train.py) times this same function."""
-  return jit(config, over_replicas(functools.partial(
+  return jax.jit(over_replicas(functools.partial(
       steps_lib.train_step, model=model, tx=tx, learning_rate=optim.learning_rate(config),
       compute_dtype=jnp.dtype(config.compute_dtype), label_smoothing=config.label_smoothing,
       num_classes=num_classes)), out_shardings=None if sharding is None else (sharding, sharding),
@@ -284,11 +275,11 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
   compute_dtype = jnp.dtype(config.compute_dtype)
   step_fn = train_step_fn(config, model, tx, task.num_classes, by_replica)
   everywhere = NamedSharding(mesh, PartitionSpec())  # sums every process reads whole
-  eval_fn = jit(config, over_replicas(functools.partial(
+  eval_fn = jax.jit(over_replicas(functools.partial(
       steps_lib.eval_step, model=model, compute_dtype=compute_dtype,
       num_classes=task.num_classes), in_axes=(0, None)), out_shardings=everywhere)
-  max_logit_fn = jit(config, over_replicas(functools.partial(probes_lib.max_attention_logit,
-                                                             model)), out_shardings=by_replica)
+  max_logit_fn = jax.jit(over_replicas(functools.partial(probes_lib.max_attention_logit, model)),
+                         out_shardings=by_replica)
   sources = {seed: input_pipeline.TrainBatches(task.train, config.batch_size, seed)
              for seed in sorted({replica["seed"] for replica in replicas})}
 
@@ -400,7 +391,7 @@ def _check_diverged(state, replicas, reported, last_saved, say) -> set:
 def _prober(model, task, config):
   """prefix, params [R, ...] -> {prefix_<probe>: [R] list} on one test batch."""
   batch = next(input_pipeline.eval_batches(task.test, config.batch_size))
-  probe_fn = jit(config, over_replicas(lambda params: probes_lib.summary(
+  probe_fn = jax.jit(over_replicas(lambda params: probes_lib.summary(
       model, params, batch["tokens"], batch["labels"], task.num_classes)))
   def probe(prefix, params):
     return {f"{prefix}_{name}": np.asarray(value).tolist()

@@ -78,19 +78,20 @@ def pallas_gpu_methods(is_causal=False, interpret=False):
       from jax.experimental.pallas.ops.gpu import attention as triton_attention
     methods["pallas:triton"] = lambda q, k, v: triton_attention.mha(
         q, k, v, None, sm_scale=q.shape[-1] ** -0.5, causal=is_causal, interpret=interpret)
-  except ImportError:
-    pass
+  except ImportError as error:
+    print(f"pallas:triton left out: {error}", file=sys.stderr)
   try:
     from jax.experimental.pallas.ops.gpu import attention_mgpu
     # Blocks of JAX's own tests; the backward pass needs them named. Two compute warpgroups
-    # per block of queries, so T must be a multiple of 128. The kernel does not scale.
+    # per block of queries, so T must be a multiple of 128. The kernel does not scale, and it
+    # takes float16 only (bfloat16 failed on an H200, jax 0.11.2).
     config = attention_mgpu.TuningConfig(
         block_q=64, block_kv=128, max_concurrent_steps=2, causal=is_causal, compute_wgs_bwd=2,
         block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
     methods["pallas:mosaic"] = lambda q, k, v: attention_mgpu.attention(
         q * jnp.asarray(q.shape[-1] ** -0.5, q.dtype), k, v, config)
-  except ImportError:
-    pass
+  except ImportError as error:
+    print(f"pallas:mosaic left out: {error}", file=sys.stderr)
   try:
     import tokamax
     for kernel in (None, "mosaic", "triton"):

@@ -5,8 +5,7 @@
   python -m scripts.benchmark_train --head-variants  # the head variants' cost against MHA
 
 "attention_jax" is ``experiments.train.train_step_fn``, the compiled step the training loop runs
-(one replica, the AdamW update with clipping, the divergence guard; on a GPU with XLA's
-deterministic ops, which "attention_jax:nondeterministic" leaves out), built from
+(one replica, the AdamW update with clipping, the divergence guard), built from
 configs/default.py with the model size of each row, post-LN, ReLU feed-forward, CLS pooling, the
 sinusoidal encoding and no dropout. "flax.linen" is that step with
 ``flax.linen.MultiHeadDotProductAttention`` swapped in. "torch" and "torch.compile" are the same
@@ -206,9 +205,6 @@ def runners(methods, size, dtype):
       "torch": lambda: torch_runner(config, tokens, labels),
       "torch.compile": lambda: torch_runner(config, tokens, labels, compile_model=True),
   }
-  nondeterministic = config.copy_and_resolve_references()
-  nondeterministic.deterministic = False
-  make["attention_jax:nondeterministic"] = lambda: jax_runner(nondeterministic, tokens, labels)
   for method in methods:
     if method.startswith("attention_jax+"):  # a head variant of attention_jax's model
       variant = config.copy_and_resolve_references()
@@ -249,8 +245,7 @@ def main():
   parser.add_argument("--seconds", type=float, default=1.0,
                       help="about this long per method and round")
   parser.add_argument("--methods", nargs="+", default=None,
-                      choices=METHODS + HEAD_VARIANT_METHODS[1:]
-                      + ("attention_jax:nondeterministic",))
+                      choices=METHODS + HEAD_VARIANT_METHODS[1:])
   parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
   parser.add_argument("--json", help="write the measurements to this file")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),

@@ -5,13 +5,16 @@
 Runs the trainer's compiled step (scripts/benchmark_train.py's model at ``--size``) ``--steps``
 times from the step-0 state, twice in one process (run to run: atomic additions whose order
 varies), in two processes at once (process to process: XLA's autotuning, which times candidate
-kernels and keeps the fastest, can choose differently in each), under three settings:
+kernels and keeps the fastest, can choose differently in each), under four settings:
 
-- "none": ``config.deterministic = False`` and no XLA flags;
-- "exclude_nondeterministic_ops": ``XLA_FLAGS=--xla_gpu_exclude_nondeterministic_ops=true``, which
-  replaces the ops XLA:GPU runs with atomics and keeps autotuning;
-- "deterministic_ops": the trainer's default on a GPU (``config.deterministic = True``, i.e.
-  ``xla_gpu_deterministic_ops``: no atomics and no autotuning).
+- "scatter": the embedding's gradient as ``jnp.take``'s, a scatter-add;
+- "scatter + exclude_nondeterministic_ops": the same with
+  ``XLA_FLAGS=--xla_gpu_exclude_nondeterministic_ops=true``, which has XLA:GPU replace the ops it
+  runs with atomics;
+- "one_hot": the library's default on a GPU (``attention_jax.embedding``: the table's gradient
+  as a one-hot matrix product), no flags;
+- "one_hot + xla attention": the same with ``config.model.attention_impl = "xla"``, which
+  tells whether cuDNN's attention is deterministic.
 
 Each process prints a digest of the final parameters and lists the ops of the compiled step
 that XLA:GPU can run with atomics (scatter, select-and-scatter) and the cuDNN calls in it.
@@ -27,11 +30,12 @@ import re
 import subprocess
 import sys
 
-SETTINGS = {
-    "none": ({"deterministic": False}, ""),
-    "exclude_nondeterministic_ops": ({"deterministic": False},
-                                     "--xla_gpu_exclude_nondeterministic_ops=true"),
-    "deterministic_ops": ({"deterministic": True}, ""),
+SETTINGS = {  # name: (one-hot embedding gradient, attention implementation, XLA flags)
+    "scatter": (False, "", ""),
+    "scatter + exclude_nondeterministic_ops": (
+        False, "", "--xla_gpu_exclude_nondeterministic_ops=true"),
+    "one_hot": (None, "", ""),
+    "one_hot + xla attention": (None, "xla", ""),
 }
 
 
@@ -50,8 +54,11 @@ def worker(setting: str, size: str, dtype: str, steps: int) -> dict:
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from scripts import benchmark_train as bench
   sizes = {**bench.SIZES, **bench.ACCELERATOR_SIZES}
+  import attention_jax as aj
+  one_hot, implementation, _ = SETTINGS[setting]
+  aj.embedding.DETERMINISTIC_GRADIENT = one_hot
   config = bench.benchmark_config(sizes[size], dtype)
-  config.update(SETTINGS[setting][0])
+  config.model.attention_impl = implementation
   tokens, labels = bench.random_batch(sizes[size][0], sizes[size][1])
   step_fn, state, batch = bench.jax_step(config, tokens, labels)
   initial = jax.tree.map(lambda x: x.copy(), state)
@@ -82,7 +89,7 @@ def main():
     print(json.dumps(worker(args.worker, args.size, args.dtype, args.steps)))
     return
   processes = []
-  for setting, (_, flags) in SETTINGS.items():
+  for setting, (_, _, flags) in SETTINGS.items():
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()}
     command = [sys.executable, os.path.abspath(__file__), "--worker", setting, "--size", args.size,
@@ -107,7 +114,7 @@ def main():
         "same_across_processes": digests[0][0] == digests[1][0],
         "losses": [result["losses"] for result in results], "ops": results[0]["ops"],
         "device": results[0]["device"], "jax": results[0]["jax"]}
-    print(f"{setting:30} run to run: {'same' if report[setting]['same_in_process'] else 'DIFFER'}"
+    print(f"{setting:40} run to run: {'same' if report[setting]['same_in_process'] else 'DIFFER'}"
           f"  process to process: "
           f"{'same' if report[setting]['same_across_processes'] else 'DIFFER'}"
           f"  ops: {results[0]['ops']}", flush=True)

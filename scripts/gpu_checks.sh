@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # The GPU measurements of docs/performance.md in one command, for a short lease on one GPU:
 #
-#   bash scripts/gpu_checks.sh RESULTS_DIR [SECONDS]
+#   bash scripts/gpu_checks.sh RESULTS_DIR [SECONDS] [PART ...]
 #
 # Most important first, each part within what is left of SECONDS (default 580): the GPU tests
 # and the determinism check side by side (neither is timed), then attention in bfloat16, the
 # training step at accelerator sizes, attention in float32, and the library's test files with
-# whatever time remains. Logs and JSON go to RESULTS_DIR/results.tar.gz, rewritten after each
+# whatever time remains (PART names choose some: tests, attention_bf16, train_bf16,
+# attention_f16, attention_f32, library_tests; in the order given). Logs and JSON go to RESULTS_DIR/results.tar.gz, rewritten after each
 # part, so that a run cut short keeps what it finished. Python packages missing on the machine
 # can be put in .whl/ as wheels; they are installed to /tmp/site first.
 set -u
-results=${1:?usage: scripts/gpu_checks.sh RESULTS_DIR [SECONDS]}
+results=${1:?usage: scripts/gpu_checks.sh RESULTS_DIR [SECONDS] [PART ...]}
 deadline=$((SECONDS + ${2:-580}))
+shift $(( $# < 2 ? $# : 2 ))
+parts=("${@:-tests attention_bf16 train_bf16 attention_f32 library_tests}")
+parts=(${parts[*]})
 work=/tmp/gpu_checks && rm -rf "$work" && mkdir -p "$work" "$results"
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl >"$work/pip.log" 2>&1
-  export PYTHONPATH=/tmp/site:$PWD
+  export PYTHONPATH=/tmp/site:$PWD${PWD:+:$PWD/.whl/stubs}
 else
   export PYTHONPATH=$PWD
 fi
@@ -46,35 +50,57 @@ PY
 } >"$work/env.log" 2>&1
 head -n 30 "$work/env.log"; save
 
-# 1. Tests on the GPU, beside the determinism check (three XLA settings, two processes each).
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-( timeout -k 5 $(( $(left) < 160 ? $(left) : 160 )) sh -c \
-    "python3 scripts/determinism_check.py --steps 20 --json $work/determinism_default.json &&
-     python3 scripts/determinism_check.py --steps 20 --size 'accelerator base' --dtype bfloat16 \
-       --json $work/determinism_base_bf16.json" >"$work/determinism.log" 2>&1 ) &
-part gpu_tests 160 python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_gpu.py \
-  tests/test_accelerators.py tests/test_workdir.py::test_sigterm_then_sigkill_then_the_same_command_ends_with_the_uninterrupted_metrics
-wait
-echo "== determinism"; cat "$work/determinism.log"; save
-unset XLA_PYTHON_CLIENT_PREALLOCATE
+# Tests on the GPU, beside the determinism check (four settings, two processes each).
+tests() {
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  ( timeout -k 5 $(( $(left) < 160 ? $(left) : 160 )) sh -c \
+      "python3 scripts/determinism_check.py --steps 20 --json $work/determinism_default.json &&
+       python3 scripts/determinism_check.py --steps 20 --size 'accelerator base' \
+         --dtype bfloat16 --json $work/determinism_base_bf16.json" >"$work/determinism.log" 2>&1 ) &
+  part gpu_tests 160 python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_gpu.py \
+    tests/test_accelerators.py tests/test_embedding.py \
+    tests/test_workdir.py::test_sigterm_then_sigkill_then_the_same_command_ends_with_the_uninterrupted_metrics
+  wait
+  echo "== determinism"; cat "$work/determinism.log"; save
+  unset XLA_PYTHON_CLIENT_PREALLOCATE
+}
 
-# 2. Attention in bfloat16, forward and forward+backward, every kernel on this GPU and torch's.
-part attention_bf16 220 python3 scripts/benchmark_attention.py --dtype bfloat16 --rounds 3 \
-  --shapes 16,512,16,64 4,2048,16,64 4,2048,16,128 1,8192,16,64 1,16384,16,64 1,32768,16,64 \
-  --methods default jax.nn:cudnn pallas:triton pallas:mosaic tokamax:mosaic tokamax:triton \
-  torch_sdpa --json "$work/attention_bf16.json"
+# Attention in bfloat16, forward and forward+backward, every kernel on this GPU and torch's.
+attention_bf16() {
+  part attention_bf16 220 python3 scripts/benchmark_attention.py --dtype bfloat16 --rounds 3 \
+    --shapes 16,512,16,64 4,2048,16,64 4,2048,16,128 1,8192,16,64 1,16384,16,64 1,32768,16,64 \
+    --methods default jax.nn:cudnn pallas:triton tokamax:mosaic tokamax:triton torch_sdpa \
+    --json "$work/attention_bf16.json"
+}
 
-# 3. The trainer's step at accelerator sizes in bfloat16, beside the PyTorch twin.
-part train_bf16 170 python3 -m scripts.benchmark_train --dtype bfloat16 --rounds 3 --seconds 0.5 \
-  --sizes default --accelerator-sizes --peak-tflops 989 \
-  --methods attention_jax attention_jax:nondeterministic torch --json "$work/train_bf16.json"
+# Float16, where JAX's Mosaic GPU kernel runs (it takes no bfloat16).
+attention_f16() {
+  part attention_f16 90 python3 scripts/benchmark_attention.py --dtype float16 --rounds 3 \
+    --shapes 16,512,16,64 4,2048,16,64 1,8192,16,64 1,32768,16,64 --methods default \
+    pallas:mosaic tokamax:mosaic tokamax:triton torch_sdpa --json "$work/attention_f16.json"
+}
 
-# 4. Attention in float32 (TF32 products in JAX, full float32 in torch).
-part attention_f32 100 python3 scripts/benchmark_attention.py --dtype float32 --rounds 3 \
-  --shapes 16,512,16,64 4,2048,16,64 1,8192,16,64 --methods default xla chunked jax.nn \
-  tokamax torch_sdpa --json "$work/attention_f32.json"
+# The trainer's step at accelerator sizes in bfloat16, beside the PyTorch twin.
+train_bf16() {
+  part train_bf16 170 python3 -m scripts.benchmark_train --dtype bfloat16 --rounds 3 \
+    --seconds 0.5 --sizes default --accelerator-sizes --peak-tflops 989 \
+    --methods attention_jax torch --json "$work/train_bf16.json"
+}
 
-# 5. The library's test files, as far as the time goes.
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-part library_tests 600 python3 -m pytest -q -n 8 -p no:cacheprovider $(grep -v "^#" .ci/library_tests.txt)
+# Attention in float32 (TF32 products in JAX, full float32 in torch).
+attention_f32() {
+  part attention_f32 100 python3 scripts/benchmark_attention.py --dtype float32 --rounds 3 \
+    --shapes 16,512,16,64 4,2048,16,64 1,8192,16,64 --methods default xla chunked jax.nn \
+    tokamax:triton torch_sdpa --json "$work/attention_f32.json"
+}
+
+# The library's test files, as far as the time goes.
+library_tests() {
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  part library_tests 600 python3 -m pytest -q -n 8 -p no:cacheprovider \
+    $(grep -v "^#" .ci/library_tests.txt)
+  unset XLA_PYTHON_CLIENT_PREALLOCATE
+}
+
+for name in "${parts[@]}"; do "$name"; done
 echo "== done, $(left)s left"

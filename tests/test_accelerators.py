@@ -115,7 +115,7 @@ H100 = "NVIDIA H100 80GB HBM3"  # where cuDNN has been measured (attention.MEASU
     ("gpu", "NVIDIA GH200 480GB", _shapes(100, dtype=jnp.bfloat16), {}, "cudnn"),
     ("gpu", "NVIDIA A100-SXM4-40GB", _shapes(100, dtype=jnp.bfloat16), {}, "xla"),  # Ampere
     ("gpu", "Tesla T4", _shapes(100, dtype=jnp.bfloat16), {}, "xla"),  # cuDNN not measured there
-    ("gpu", None, _shapes(100, dtype=jnp.bfloat16), {}, "xla"),  # an unknown GPU
+    ("gpu", "NVIDIA Future GPU", _shapes(100, dtype=jnp.bfloat16), {}, "xla"),  # unknown
     ("tpu", "TPU v4", _shapes(4096), {}, "xla"),  # the Pallas kernel has not run on a TPU yet
     ("tpu", "TPU v2", _shapes(1000), {}, "xla"),
     ("tpu", "TPU v5 lite", _shapes(2048, head_dim=192), {"return_residual": True}, "xla"),

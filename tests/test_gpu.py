@@ -53,7 +53,8 @@ def test_fully_masked_rows_are_zero_with_finite_gradients_through_cudnn():
   mask = np.ones((2, 2, 8, 8), bool)
   mask[0, 1, 2] = False
   mask[1] = False
-  fn = lambda q, k, v: aj.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")
+  fn = lambda q, k, v: aj.dot_product_attention(q, k, v, mask=mask, implementation="cudnn",
+                                                empty_rows="zero")
   output = fn(query, key, value)
   np.testing.assert_array_equal(np.asarray(output[0, 2, 1], np.float32), 0.0)
   np.testing.assert_array_equal(np.asarray(output[1], np.float32), 0.0)
