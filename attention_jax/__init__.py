@@ -4,7 +4,6 @@ Depends only on jax, flax, chex and numpy.
 """
 
 from attention_jax import diagnostics
-from attention_jax import embedding
 from attention_jax import head_variants
 from attention_jax import variants
 from attention_jax.attention import IMPLEMENTATIONS

@@ -20,7 +20,6 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from attention_jax import embedding
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
@@ -237,7 +236,7 @@ class TransformerEncoder(nn.Module):
     cfg = self.config
     valid = inputs_to_valid(tokens, cfg) if valid is None else valid
     if cfg.input_features is None:
-      x = embedding.Embed(cfg.vocab_size, cfg.d_model, name="embed")(tokens)  # [B, T, D]
+      x = nn.Embed(cfg.vocab_size, cfg.d_model, name="embed")(tokens)  # [B, T, D]
       x = x * math.sqrt(cfg.d_model)
     else:
       x = nn.Dense(cfg.d_model, dot_general=dense_dot_general, name="embed")(tokens)  # [B, T, D]

@@ -32,7 +32,6 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 import jax
 import jax.numpy as jnp
 
-from attention_jax import embedding
 from attention_jax import encoder as encoder_lib
 from attention_jax import kv_cache
 from attention_jax import masks as masks_lib
@@ -505,17 +504,6 @@ class EncoderBlock(_Dropping):
     return x
 
 
-class Embed(nnx.Embed):
-  """``flax.nnx.Embed`` whose table gradient is deterministic on GPUs
-  (``attention_jax.embedding.lookup``)."""
-
-  def __call__(self, inputs, out_sharding=None):
-    if out_sharding is not None:
-      return super().__call__(inputs, out_sharding=out_sharding)
-    (table,) = self.promote_dtype((self.embedding[...],), dtype=self.dtype, inexact=False)
-    return embedding.embed(table, inputs)
-
-
 class TransformerEncoder(_Dropping):
   """Token ids [B, T] -> contextual vectors [B, T', D] (T' = T + 1 with ``cls_token``); the twin
   of ``attention_jax.TransformerEncoder`` (embed, cls, positional, block_{i}, final_norm).
@@ -535,7 +523,7 @@ class TransformerEncoder(_Dropping):
     _check_attention_module(config)
     cfg = self.config = config
     self.cls_token, self.deterministic = cls_token, deterministic
-    self.embed = (Embed(cfg.vocab_size, cfg.d_model, rngs=rngs) if cfg.input_features is None
+    self.embed = (nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs) if cfg.input_features is None
                   else nnx.Linear(cfg.input_features, cfg.d_model,
                                   dot_general=dense_dot_general, rngs=rngs))
     if cls_token:

@@ -1,23 +1,21 @@
 """Is the trainer's step bitwise reproducible here, and if not, what breaks it?
 
-  python scripts/determinism_check.py [--steps 20] [--size default] [--dtype float32] [--json F]
+  python scripts/determinism_check.py [--steps 20] [--size default] [--dtype float32]
+      [--attention-impl xla] [--json FILE]
 
 Runs the trainer's compiled step (scripts/benchmark_train.py's model at ``--size``) ``--steps``
-times from the step-0 state, twice in one process (run to run: atomic additions whose order
-varies), in two processes at once (process to process: XLA's autotuning, which times candidate
-kernels and keeps the fastest, can choose differently in each), under four settings:
+times from the step-0 state, twice in one process (run to run: atomic additions, whose order
+varies) and in two processes at once (process to process: XLA's autotuning, which times
+candidate kernels and keeps the fastest, can choose differently in each), under three settings:
 
-- "scatter": the embedding's gradient as ``jnp.take``'s, a scatter-add;
-- "scatter + exclude_nondeterministic_ops": the same with
-  ``XLA_FLAGS=--xla_gpu_exclude_nondeterministic_ops=true``, which has XLA:GPU replace the ops it
-  runs with atomics;
-- "one_hot": the library's default on a GPU (``attention_jax.embedding``: the table's gradient
-  as a one-hot matrix product), no flags;
-- "one_hot + xla attention": the same with ``config.model.attention_impl = "xla"``, which
-  tells whether cuDNN's attention is deterministic.
+- "none": no XLA flags;
+- "exclude_nondeterministic_ops": ``XLA_FLAGS=--xla_gpu_exclude_nondeterministic_ops=true``,
+  which has XLA:GPU leave out the kernels that add with atomics;
+- "deterministic_ops": ``XLA_FLAGS=--xla_gpu_deterministic_ops=true``.
 
-Each process prints a digest of the final parameters and lists the ops of the compiled step
-that XLA:GPU can run with atomics (scatter, select-and-scatter) and the cuDNN calls in it.
+Each process prints the losses of its two runs and a digest of their final parameters, and
+lists the ops of the compiled step that XLA:GPU can run with atomics (scatter,
+select-and-scatter) and the cuDNN calls in it.
 """
 
 from __future__ import annotations
@@ -30,12 +28,10 @@ import re
 import subprocess
 import sys
 
-SETTINGS = {  # name: (one-hot embedding gradient, attention implementation, XLA flags)
-    "scatter": (False, "", ""),
-    "scatter + exclude_nondeterministic_ops": (
-        False, "", "--xla_gpu_exclude_nondeterministic_ops=true"),
-    "one_hot": (None, "", ""),
-    "one_hot + xla attention": (None, "xla", ""),
+SETTINGS = {
+    "none": "",
+    "exclude_nondeterministic_ops": "--xla_gpu_exclude_nondeterministic_ops=true",
+    "deterministic_ops": "--xla_gpu_deterministic_ops=true",
 }
 
 
@@ -48,17 +44,14 @@ def digest(tree) -> str:
   return hasher.hexdigest()[:16]
 
 
-def worker(setting: str, size: str, dtype: str, steps: int) -> dict:
+def worker(size: str, dtype: str, attention_impl: str, steps: int) -> dict:
   """Runs the step ``steps`` times, twice; the digests of both runs and the compiled ops."""
   import jax
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from scripts import benchmark_train as bench
   sizes = {**bench.SIZES, **bench.ACCELERATOR_SIZES}
-  import attention_jax as aj
-  one_hot, implementation, _ = SETTINGS[setting]
-  aj.embedding.DETERMINISTIC_GRADIENT = one_hot
   config = bench.benchmark_config(sizes[size], dtype)
-  config.model.attention_impl = implementation
+  config.model.attention_impl = attention_impl
   tokens, labels = bench.random_batch(sizes[size][0], sizes[size][1])
   step_fn, state, batch = bench.jax_step(config, tokens, labels)
   initial = jax.tree.map(lambda x: x.copy(), state)
@@ -73,7 +66,7 @@ def worker(setting: str, size: str, dtype: str, steps: int) -> dict:
   ops = {name: len(re.findall(pattern, hlo)) for name, pattern in {
       "scatter": r"= \S+ scatter\(", "select-and-scatter": r"select-and-scatter\(",
       "cudnn calls": r'custom_call_target="__cudnn'}.items()}
-  return {"setting": setting, "digests": digests, "losses": losses, "ops": ops,
+  return {"digests": digests, "losses": losses, "ops": ops,
           "device": jax.devices()[0].device_kind, "jax": jax.__version__}
 
 
@@ -82,31 +75,38 @@ def main():
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--size", default="default", help="a size of scripts/benchmark_train.py")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--attention-impl", default="", help="the model's attention_impl "
+                      "(configs/default.py; '' = automatic, cuDNN in 16-bit on Hopper GPUs)")
   parser.add_argument("--json", help="write the results to this file")
-  parser.add_argument("--worker", choices=list(SETTINGS), help=argparse.SUPPRESS)
+  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    print(json.dumps(worker(args.worker, args.size, args.dtype, args.steps)))
+    print(json.dumps(worker(args.size, args.dtype, args.attention_impl, args.steps)))
     return
   processes = []
-  for setting, (_, _, flags) in SETTINGS.items():
+  for setting, flags in SETTINGS.items():
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
            "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()}
-    command = [sys.executable, os.path.abspath(__file__), "--worker", setting, "--size", args.size,
-               "--dtype", args.dtype, "--steps", str(args.steps)]
-    processes += [(setting, subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True))
+    command = [sys.executable, os.path.abspath(__file__), "--worker", "--size", args.size,
+               "--dtype", args.dtype, "--attention-impl", args.attention_impl,
+               "--steps", str(args.steps)]
+    processes += [(setting, subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True))
                   for _ in range(2)]
   runs = {}
   for setting, process in processes:
-    output, _ = process.communicate()
-    if process.returncode:
-      runs.setdefault(setting, []).append({"error": f"exit {process.returncode}"})
+    output, errors = process.communicate()
+    if process.returncode:  # the exception's own line, e.g. XLA's
+      last = [line for line in errors.splitlines() if re.match(r"\w+(Error|Exception)", line)]
+      runs.setdefault(setting, []).append(
+          {"error": last[-1] if last else f"exit {process.returncode}"})
       continue
     runs.setdefault(setting, []).append(json.loads(output.strip().splitlines()[-1]))
   report = {}
   for setting, results in runs.items():
     if any("error" in result for result in results):
       report[setting] = {"error": [result.get("error") for result in results]}
+      print(f"{setting:30} failed: {report[setting]['error'][0]}", flush=True)
       continue
     digests = [result["digests"] for result in results]
     report[setting] = {
@@ -114,14 +114,14 @@ def main():
         "same_across_processes": digests[0][0] == digests[1][0],
         "losses": [result["losses"] for result in results], "ops": results[0]["ops"],
         "device": results[0]["device"], "jax": results[0]["jax"]}
-    print(f"{setting:40} run to run: {'same' if report[setting]['same_in_process'] else 'DIFFER'}"
+    print(f"{setting:30} run to run: {'same' if report[setting]['same_in_process'] else 'DIFFER'}"
           f"  process to process: "
           f"{'same' if report[setting]['same_across_processes'] else 'DIFFER'}"
           f"  ops: {results[0]['ops']}", flush=True)
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"size": args.size, "dtype": args.dtype, "steps": args.steps, "report": report},
-                f, indent=1)
+      json.dump({"size": args.size, "dtype": args.dtype, "attention_impl": args.attention_impl,
+                 "steps": args.steps, "report": report}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ tests() {
        python3 scripts/determinism_check.py --steps 20 --size 'accelerator base' \
          --dtype bfloat16 --json $work/determinism_base_bf16.json" >"$work/determinism.log" 2>&1 ) &
   part gpu_tests 160 python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_gpu.py \
-    tests/test_accelerators.py tests/test_embedding.py \
+    tests/test_accelerators.py \
     tests/test_workdir.py::test_sigterm_then_sigkill_then_the_same_command_ends_with_the_uninterrupted_metrics
   wait
   echo "== determinism"; cat "$work/determinism.log"; save

@@ -168,3 +168,12 @@ def test_benchmark_flex_times_block_skipping_and_plots_it(tmp_path):
   assert sparsity[("fwd+bwd", 1)]["blocks skipped"] == 0.0
   assert report["machine"]["command"].startswith("python scripts/benchmark_flex.py")
   assert figure.stat().st_size > 0
+
+
+def test_determinism_check_finds_the_step_deterministic_on_this_cpu():
+  """scripts/determinism_check.py's worker: two runs of the trainer's step from the same state
+  end with the same parameters, and the embedding's gradient shows as a scatter."""
+  result = _script("determinism_check").worker("default", "float32", "", steps=2)
+  assert result["digests"][0] == result["digests"][1]
+  assert result["losses"][0] == result["losses"][1]
+  assert result["ops"]["scatter"] >= 1 and result["ops"]["cudnn calls"] == 0
