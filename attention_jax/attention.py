@@ -72,10 +72,11 @@ CHUNKED_MIN_LENGTH_CPU = 256
 
 #: Accelerator kernels are chosen automatically only on the architectures where they have been
 #: run against the float64 reference and timed: for cuDNN, CUDA compute capabilities (Hopper, 9.0,
-#: measured on an H100: docs/performance.md, "On an NVIDIA H100"), so that every GPU of
-#: that architecture (H100, H200, GH200) gets it; for the Pallas TPU kernel, TPU device kinds by
-#: prefix. The Pallas TPU flash kernel has not run on a TPU yet, so on TPU the automatic choice is
-#: "xla"; it stays available by name (not on TPU v2/v3, where it fails: jax issue 18595).
+#: measured on an H100 and an H200 against torch's SDPA and JAX's Pallas Triton kernel:
+#: docs/performance.md), so that every GPU of that architecture (H100, H200, GH200) gets it;
+#: for the Pallas TPU kernel, TPU device kinds by prefix. The Pallas TPU flash kernel has not run
+#: on a TPU yet, so on TPU the automatic choice is "xla"; it stays available by name (not on TPU
+#: v2/v3, where it fails: jax issue 18595).
 MEASURED_ON = {"cudnn": ("9.0",), "pallas_tpu": ()}
 
 #: The compute capability of NVIDIA GPUs by device kind (prefix), for when only the kind is known
