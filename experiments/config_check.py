@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import warnings
 
@@ -180,6 +181,35 @@ def _check_head_variant(config, key_dim: int) -> None:
   if custom and config.mesh.sequence > 1:
     raise ConfigError(f"model.head_variant={model.head_variant!r} sets {', '.join(custom)}, which "
                       "context-parallel attention does not serve; set mesh.sequence=1.")
+
+
+#: XLA's flags for reproducible GPU steps. On an H200 (jax 0.11.2) either one made a bfloat16
+#: training step with cuDNN attention fail to compile ("IndexError: absl::container_internal::
+#: raw_hash_map<>::at"), and gave equal runs in float32 (docs/performance.md, "On an NVIDIA H200").
+GPU_DETERMINISM_FLAGS = ("xla_gpu_deterministic_ops", "xla_gpu_exclude_nondeterministic_ops")
+
+
+def check_gpu_determinism_flags(config, xla_flags: str | None = None,
+                                device: jax.Device | None = None) -> None:
+  """Refuses, before compiling, a run whose XLA_FLAGS set a determinism flag that would crash
+  XLA in its step: on a GPU with cuDNN attention (named, or chosen automatically for 16-bit
+  inputs on the architectures in ``attention.MEASURED_ON``)."""
+  flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+  device = jax.devices()[0] if device is None else device
+  named = [flag for flag in GPU_DETERMINISM_FLAGS
+           if re.search(rf"--{flag}(=(true|1))?(\s|$)", flags, re.IGNORECASE)]
+  if device.platform != "gpu" or not named:
+    return
+  arch = aj.attention.architecture("gpu", device.device_kind,
+                                   getattr(device, "compute_capability", None))
+  implementation = config.model.attention_impl
+  cudnn = implementation == "cudnn" or (implementation == "" and config.compute_dtype != "float32"
+                                        and arch in aj.attention.MEASURED_ON["cudnn"])
+  if cudnn:
+    raise ConfigError(
+        f"XLA_FLAGS sets --{named[0]}, which makes XLA fail to compile a step with cuDNN "
+        f"attention (compute_dtype={config.compute_dtype!r}, model.attention_impl="
+        f"{implementation!r}); train in float32 for a bitwise-reproducible run, or unset it.")
 
 
 def check_batch_split(batch_size: int, num_devices: int) -> None:

@@ -153,6 +153,7 @@ def device_mesh(num_replicas: int, data: int = 0, sequence: int = 1) -> Mesh:
 def checked_mesh(config, num_replicas: int) -> Mesh:
   """The device mesh of ``config``, once the config is valid and its batch splits over it."""
   config_check.validate(config)
+  config_check.check_gpu_determinism_flags(config)
   mesh = device_mesh(num_replicas, config.mesh.data, config.mesh.sequence)
   config_check.check_batch_split(config.batch_size, mesh.shape["data"])
   return mesh

@@ -1,5 +1,6 @@
 """Malformed calls raise ValueError at trace time, naming the problem."""
 
+import types
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -132,3 +133,30 @@ def test_a_warmup_not_shorter_than_the_run_says_so_in_one_line(schedule, warmup,
     message = str(found[0].message)
     assert "\n" not in message and f"warmup_steps={warmup}" in message
     assert f"num_train_steps={steps}" in message and "--config.warmup_steps=2" in message
+
+
+@pytest.mark.parametrize("flags, kind, capability, dtype, implementation, refused", [
+    ("--xla_gpu_deterministic_ops=true", "NVIDIA H200", "9.0", "bfloat16", "", True),
+    ("--xla_gpu_exclude_nondeterministic_ops", "NVIDIA H100", "9.0", "bfloat16", "", True),
+    ("--xla_gpu_deterministic_ops=true", "NVIDIA H200", "9.0", "float32", "", False),
+    ("--xla_gpu_deterministic_ops=true", "NVIDIA H200", "9.0", "bfloat16", "xla", False),
+    ("--xla_gpu_deterministic_ops=true", "NVIDIA H200", "9.0", "float32", "cudnn", True),
+    ("--xla_gpu_deterministic_ops=true", "NVIDIA A100", "8.0", "bfloat16", "", False),
+    ("--xla_gpu_deterministic_ops=false", "NVIDIA H200", "9.0", "bfloat16", "", False),
+    ("", "NVIDIA H200", "9.0", "bfloat16", "", False),
+])
+def test_gpu_determinism_flags_that_would_crash_beside_cudnn_are_refused_in_one_line(
+    flags, kind, capability, dtype, implementation, refused):
+  """On an H200 either flag made XLA fail to compile a bfloat16 step with cuDNN attention."""
+  from experiments import config_check
+  config = config_check.default_config()
+  config.compute_dtype, config.model.attention_impl = dtype, implementation
+  device = types.SimpleNamespace(platform="gpu", device_kind=kind, compute_capability=capability)
+  check = lambda: config_check.check_gpu_determinism_flags(config, flags, device)
+  if refused:
+    with pytest.raises(config_check.ConfigError, match="train in float32 .* or unset it"):
+      check()
+  else:
+    check()
+  cpu = types.SimpleNamespace(platform="cpu", device_kind="cpu")
+  config_check.check_gpu_determinism_flags(config, flags, cpu)  # never on a CPU
