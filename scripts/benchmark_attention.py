@@ -98,8 +98,8 @@ def pallas_gpu_methods(is_causal=False, interpret=False):
       methods["tokamax" + (f":{kernel}" if kernel else "")] = (
           lambda q, k, v, kernel=kernel: tokamax.dot_product_attention(
               q, k, v, is_causal=is_causal, implementation=kernel))
-  except ImportError:
-    pass
+  except ImportError as error:
+    print(f"tokamax left out: {error}", file=sys.stderr)
   return methods
 
 

@@ -177,3 +177,13 @@ def test_determinism_check_finds_the_step_deterministic_on_this_cpu():
   assert result["digests"][0] == result["digests"][1]
   assert result["losses"][0] == result["losses"][1]
   assert result["ops"]["scatter"] >= 1 and result["ops"]["cudnn calls"] == 0
+
+
+def test_the_pallas_triton_peer_computes_scaled_causal_attention():
+  """The benchmark's "pallas:triton" wrapper (scale and causality passed on), in Pallas'
+  interpreter, against the NumPy reference."""
+  methods = _script("benchmark_attention").pallas_gpu_methods(is_causal=True, interpret=True)
+  rng = np.random.default_rng(0)
+  q, k, v = (rng.standard_normal((1, 128, 2, 16)).astype(np.float32) for _ in range(3))
+  expected = numpy_reference.attention(q, k, v, is_causal=True)[0]
+  assert_close(methods["pallas:triton"](q, k, v), expected, 1e-5)
