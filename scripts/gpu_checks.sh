@@ -4,24 +4,26 @@
 #   bash scripts/gpu_checks.sh RESULTS_DIR [SECONDS] [PART ...]
 #
 # Most important first, each part within what is left of SECONDS (default 580): the GPU tests
-# and the determinism check side by side (neither is timed), then attention in bfloat16, the
-# training step at accelerator sizes, attention in float32, and the library's test files with
-# whatever time remains (PART names choose some: tests, attention_bf16, train_bf16,
-# attention_f16, attention_f32, library_tests; in the order given). Logs and JSON go to RESULTS_DIR/results.tar.gz, rewritten after each
-# part, so that a run cut short keeps what it finished. Python packages missing on the machine
-# can be put in .whl/ as wheels; they are installed to /tmp/site first.
+# and the determinism check side by side (neither is timed), attention in bfloat16, the
+# training step at accelerator sizes, attention in float16 (where JAX's Mosaic GPU kernel runs)
+# and in float32, and the library's test files with whatever time remains. PART names choose
+# some, in the order given: tests, attention_bf16, train_bf16, attention_f16, attention_f32,
+# library_tests. Logs and JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so
+# that a run cut short keeps what it finished. Python packages missing on the machine can be
+# put in .whl/ as wheels (and modules they import but never use here in .whl/stubs/); they are
+# installed to /tmp/site first.
 set -u
 results=${1:?usage: scripts/gpu_checks.sh RESULTS_DIR [SECONDS] [PART ...]}
 deadline=$((SECONDS + ${2:-580}))
 shift $(( $# < 2 ? $# : 2 ))
-parts=("${@:-tests attention_bf16 train_bf16 attention_f32 library_tests}")
+parts=("${@:-tests attention_bf16 train_bf16 attention_f16 attention_f32 library_tests}")
 parts=(${parts[*]})
 work=/tmp/gpu_checks && rm -rf "$work" && mkdir -p "$work" "$results"
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl >"$work/pip.log" 2>&1
-  export PYTHONPATH=/tmp/site:$PWD${PWD:+:$PWD/.whl/stubs}
+  export PYTHONPATH=/tmp/site:$PWD:$PWD/.whl/stubs  # stubs: imported by a wheel, never used
 else
   export PYTHONPATH=$PWD
 fi
@@ -42,8 +44,8 @@ part() {  # part NAME CAP_SECONDS COMMAND...: runs COMMAND within min(CAP, time 
 
 { nvidia-smi; python3 - <<'PY'
 import jax, jaxlib, flax, torch
-print("jax", jax.__version__, "jaxlib", jaxlib.__version__, "flax", flax.__version__,
-      "torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
+print("jax", jax.__version__, "jaxlib", jaxlib.__version__, "flax", flax.__version__, "torch",
+      torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
 print(jax.devices(), getattr(jax.devices()[0], "compute_capability", None))
 PY
   python3 -m pip list 2>/dev/null | grep -i -E "^(jax|flax|tokamax|torch|nvidia-cudnn|optax|orbax)"
@@ -58,8 +60,7 @@ tests() {
        python3 scripts/determinism_check.py --steps 20 --size 'accelerator base' \
          --dtype bfloat16 --json $work/determinism_base_bf16.json" >"$work/determinism.log" 2>&1 ) &
   part gpu_tests 160 python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_gpu.py \
-    tests/test_accelerators.py \
-    tests/test_workdir.py::test_sigterm_then_sigkill_then_the_same_command_ends_with_the_uninterrupted_metrics
+    tests/test_accelerators.py tests/test_workdir.py -k "gpu or accelerator or sigkill"
   wait
   echo "== determinism"; cat "$work/determinism.log"; save
   unset XLA_PYTHON_CLIENT_PREALLOCATE
