@@ -9,9 +9,9 @@
 # and in float32, and the library's test files with whatever time remains. PART names choose
 # some, in the order given: tests, attention_bf16, train_bf16, attention_f16, attention_f32,
 # library_tests. Logs and JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so
-# that a run cut short keeps what it finished. Python packages missing on the machine can be
-# put in .whl/ as wheels (and modules they import but never use here in .whl/stubs/); they are
-# installed to /tmp/site first.
+# that a run cut short keeps what it finished. Python packages missing on the machine go in
+# .whl/ as wheels (scripts/gpu_wheels.sh puts them there; modules they import but never use here
+# in .whl/stubs/); they are installed to /tmp/site first.
 set -u
 results=${1:?usage: scripts/gpu_checks.sh RESULTS_DIR [SECONDS] [PART ...]}
 deadline=$((SECONDS + ${2:-580}))
