@@ -9,6 +9,7 @@ import sys
 import warnings
 
 import jax
+import jax.numpy as jnp
 
 import attention_jax as aj
 from experiments import optim
@@ -192,19 +193,23 @@ GPU_DETERMINISM_FLAGS = ("xla_gpu_deterministic_ops", "xla_gpu_exclude_nondeterm
 def check_gpu_determinism_flags(config, xla_flags: str | None = None,
                                 device: jax.Device | None = None) -> None:
   """Refuses, before compiling, a run whose XLA_FLAGS set a determinism flag that would crash
-  XLA in its step: on a GPU with cuDNN attention (named, or chosen automatically for 16-bit
-  inputs on the architectures in ``attention.MEASURED_ON``)."""
+  XLA in its step: on a GPU with cuDNN attention, named or as ``select_implementation`` would
+  choose it for the model's heads in ``compute_dtype`` on ``device``."""
   flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
   device = jax.devices()[0] if device is None else device
   named = [flag for flag in GPU_DETERMINISM_FLAGS
            if re.search(rf"--{flag}(=(true|1))?(\s|$)", flags, re.IGNORECASE)]
   if device.platform != "gpu" or not named:
     return
-  arch = aj.attention.architecture("gpu", device.device_kind,
-                                   getattr(device, "compute_capability", None))
-  implementation = config.model.attention_impl
-  cudnn = implementation == "cudnn" or (implementation == "" and config.compute_dtype != "float32"
-                                        and arch in aj.attention.MEASURED_ON["cudnn"])
+  model, implementation = config.model, config.model.attention_impl
+  if implementation:
+    cudnn = implementation == "cudnn"
+  else:  # one head of the model's attention, at a length that every kernel takes
+    head = jax.ShapeDtypeStruct((1, 128, model.num_heads, model.head_dim or model.d_model
+                                 // model.num_heads), jnp.dtype(config.compute_dtype))
+    cudnn = aj.select_implementation(
+        head, head, head, backend="gpu", device_kind=device.device_kind,
+        compute_capability=getattr(device, "compute_capability", None)) == "cudnn"
   if cudnn:
     raise ConfigError(
         f"XLA_FLAGS sets --{named[0]}, which makes XLA fail to compile a step with cuDNN "

@@ -43,7 +43,7 @@ import attention_jax as aj  # noqa: E402
 
 SHAPES = [(8, 128, 8, 64), (4, 512, 8, 64), (1, 2048, 8, 64), (1, 4096, 8, 64), (1, 8192, 8, 64)]
 LONG_SHAPES = [(1, 32768, 8, 64), (1, 65536, 8, 64)]
-MEMORY_EFFICIENT = ("chunked", "cudnn", "pallas_tpu", "torch_sdpa")
+MEMORY_EFFICIENT = ("chunked", "cudnn", "pallas_tpu", "pallas", "tokamax", "torch_sdpa")
 
 
 def jax_methods(is_causal=False):

@@ -52,7 +52,7 @@ PY
 } >"$work/env.log" 2>&1
 head -n 30 "$work/env.log"; save
 
-# Tests on the GPU, beside the determinism check (four settings, two processes each).
+# Tests on the GPU, beside the determinism check (three settings, two processes each).
 tests() {
   export XLA_PYTHON_CLIENT_PREALLOCATE=false
   ( timeout -k 5 $(( $(left) < 160 ? $(left) : 160 )) sh -c \

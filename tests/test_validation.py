@@ -1,6 +1,7 @@
 """Malformed calls raise ValueError at trace time, naming the problem."""
 
 import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
