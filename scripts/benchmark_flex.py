@@ -1,8 +1,8 @@
-"""Custom attention (score_mod, mask_mod, block masks) against PyTorch's FlexAttention, on CPU.
+"""Custom attention (score_mod, mask_mod, block masks) against PyTorch's FlexAttention.
 
   python scripts/benchmark_flex.py [--lengths 1024 2048 4096 8192] [--rounds 3]
       [--sparsity-length 4096] [--documents 1 2 4 8] [--block 512] [--torch-eager-max 4096]
-      [--skip-torch] [--json FILE] [--plot FILE]
+      [--dtype float32] [--skip-torch] [--json FILE] [--plot FILE]
 
 1. Against torch: the same causal ALiBi attention written as a score_mod and a mask_mod (a block
    mask made once per length, outside the timing), B = 1, N = 8 heads of 64, float32, at each
@@ -11,6 +11,8 @@
    torch's CPU flex_attention has no backward, so forward+backward compares with torch's eager
    FlexAttention math (``math_attention``) through autograd, the only backward torch offers
    on CPU. Eager torch materialises the T x T scores, so it runs up to --torch-eager-max.
+   Where JAX runs on a GPU, torch runs there too, and its compiled FlexAttention (Triton
+   kernels) is timed forward and forward+backward.
 2. Block sparsity: a document mask (D equal documents, as a mask_mod with its block mask of
    --block) against full attention (no mask) at --sparsity-length: time and ratio, forward and
    forward+backward; ideally 1/D when a document spans whole blocks. "full" runs the same
@@ -50,9 +52,9 @@ def inputs(length, seed=0):
           for _ in range(3)]
 
 
-def jax_run(attend, arrays, backward):
+def jax_run(attend, arrays, backward, dtype="float32"):
   """attend(q, k, v) jitted (or its gradient w.r.t. q, k, v), compiled, as a timed call."""
-  arrays = [jnp.asarray(x) for x in arrays]
+  arrays = [jnp.asarray(x, dtype) for x in arrays]
   fn = attend
   if backward:
     fn = jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v)), argnums=(0, 1, 2))
@@ -74,14 +76,16 @@ def ours(length, block):
       q, k, v, score_mod=score_mod, block_mask=block_mask, implementation="chunked")
 
 
-def torch_runs(length, arrays, backward, eager_max):
-  """The torch peers: {name: timed call}."""
+def torch_runs(length, arrays, backward, eager_max, dtype="float32"):
+  """The torch peers: {name: timed call}, on the GPU where JAX runs on one."""
   import torch  # pylint: disable=import-outside-toplevel
   from torch.nn.attention import flex_attention as flex  # pylint: disable=import-outside-toplevel
   import importlib  # pylint: disable=import-outside-toplevel
   math_attention = importlib.import_module(
       "torch._higher_order_ops.flex_attention").math_attention
-  slopes = torch.tensor(np.asarray(aj.positional.alibi_slopes(HEADS)))
+  device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+  synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+  slopes = torch.tensor(np.asarray(aj.positional.alibi_slopes(HEADS)), device=device)
 
   def score_mod(score, b, h, q_idx, kv_idx):
     return score - slopes[h] * (q_idx - kv_idx)
@@ -89,9 +93,18 @@ def torch_runs(length, arrays, backward, eager_max):
   def causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
-  block_mask = flex.create_block_mask(causal, None, None, length, length, device="cpu")
-  q, k, v = (torch.tensor(np.swapaxes(x, 1, 2)) for x in arrays)  # [B, N, T, H]
+  block_mask = flex.create_block_mask(causal, None, None, length, length, device=device)
+  q, k, v = (torch.tensor(np.swapaxes(x, 1, 2), device=device).to(getattr(torch, dtype))
+             for x in arrays)  # [B, N, T, H]
   runs = {}
+  compiled = torch.compile(flex.flex_attention)
+  if backward and device == "cuda":  # torch's compiled kernel has a backward on GPUs only
+    def compiled_backward():
+      leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+      compiled(*leaves, score_mod=score_mod, block_mask=block_mask).sum().backward()
+      synchronize()
+    runs["torch flex compiled"] = compiled_backward
+    return runs
   if backward:
     if length <= eager_max:
       def math_backward():
@@ -101,12 +114,11 @@ def torch_runs(length, arrays, backward, eager_max):
         out.sum().backward()
       runs["torch math (eager)"] = math_backward
     return runs
-  compiled = torch.compile(flex.flex_attention)
   if length <= eager_max:
-    runs["torch flex eager"] = lambda: flex.flex_attention(q, k, v, score_mod=score_mod,
-                                                           block_mask=block_mask)
-  runs["torch flex compiled"] = lambda: compiled(q, k, v, score_mod=score_mod,
-                                                 block_mask=block_mask)
+    runs["torch flex eager"] = lambda: (flex.flex_attention(
+        q, k, v, score_mod=score_mod, block_mask=block_mask), synchronize())
+  runs["torch flex compiled"] = lambda: (compiled(q, k, v, score_mod=score_mod,
+                                                  block_mask=block_mask), synchronize())
   return runs
 
 
@@ -115,9 +127,9 @@ def torch_rows(args):
   for length in args.lengths:
     arrays = inputs(length)
     for backward in (False, True):
-      runs = {"ours (chunked)": jax_run(ours(length, args.block), arrays, backward)}
+      runs = {"ours (chunked)": jax_run(ours(length, args.block), arrays, backward, args.dtype)}
       if not args.skip_torch:
-        runs.update(torch_runs(length, arrays, backward, args.torch_eager_max))
+        runs.update(torch_runs(length, arrays, backward, args.torch_eager_max, args.dtype))
       times = median_times(runs, args.rounds)
       for name, seconds in times.items():
         rows.append({"part": "vs torch", "T": length, "pass": "fwd+bwd" if backward else "fwd",
@@ -216,6 +228,8 @@ def main():
                       help="the longest T at which torch's eager (dense) runs")
   parser.add_argument("--sparsity-length", type=int, default=4096)
   parser.add_argument("--documents", type=int, nargs="+", default=[1, 2, 4, 8])
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="of q, k and v (the comparison with torch)")
   parser.add_argument("--skip-torch", action="store_true")
   parser.add_argument("--json", help="write the rows to this file")
   parser.add_argument("--plot", help="write the block-sparsity figure (PNG) here")

@@ -59,6 +59,7 @@ ACCELERATOR_SIZES = {
     "accelerator large": (16, 2048, 1024, 16, 8, 4096),
     "accelerator wide": (32, 1024, 1024, 16, 8, 4096),
 }
+ALL_SIZES = {**SIZES, **ACCELERATOR_SIZES}  # by name, for --sizes
 METHODS = ("attention_jax", "flax.linen", "torch", "torch.compile")
 HEAD_VARIANT_METHODS = ("attention_jax",) + tuple(
     f"attention_jax+{name}" for name in aj.head_variants.VARIANTS if name != "mha")
@@ -246,7 +247,8 @@ def main():
                       help="about this long per method and round")
   parser.add_argument("--methods", nargs="+", default=None,
                       choices=METHODS + HEAD_VARIANT_METHODS[1:])
-  parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+  parser.add_argument("--sizes", nargs="+", default=list(SIZES),
+                      choices=list(ALL_SIZES))
   parser.add_argument("--json", help="write the measurements to this file")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                       help="compute dtype of the steps (parameters and optimizer stay float32); "
@@ -267,7 +269,7 @@ def main():
   except ImportError:
     torch_version = None
     print("torch is not installed: its columns are left out (pip install torch).")
-  sizes = {**{name: SIZES[name] for name in args.sizes},
+  sizes = {**{name: ALL_SIZES[name] for name in args.sizes},
            **(ACCELERATOR_SIZES if args.accelerator_sizes else {})}
   if args.head_variants:
     sizes = HEAD_VARIANT_SIZES

@@ -49,7 +49,7 @@ def worker(size: str, dtype: str, attention_impl: str, steps: int) -> dict:
   import jax
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from scripts import benchmark_train as bench
-  sizes = {**bench.SIZES, **bench.ACCELERATOR_SIZES}
+  sizes = bench.ALL_SIZES
   config = bench.benchmark_config(sizes[size], dtype)
   config.model.attention_impl = attention_impl
   tokens, labels = bench.random_batch(sizes[size][0], sizes[size][1])

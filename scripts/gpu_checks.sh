@@ -8,7 +8,8 @@
 # training step at accelerator sizes, attention in float16 (where JAX's Mosaic GPU kernel runs)
 # and in float32, and the library's test files with whatever time remains. PART names choose
 # some, in the order given: tests, attention_bf16, train_bf16, attention_f16, attention_f32,
-# library_tests. Logs and JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so
+# library_tests, and (not in the default list) study_heads, attention_tokamax, profile_bf16,
+# flag_cost, flex. Logs and JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so
 # that a run cut short keeps what it finished. Python packages missing on the machine go in
 # .whl/ as wheels (scripts/gpu_wheels.sh puts them there; modules they import but never use here
 # in .whl/stubs/); they are installed to /tmp/site first.
@@ -93,6 +94,57 @@ attention_f32() {
   part attention_f32 100 python3 scripts/benchmark_attention.py --dtype float32 --rounds 3 \
     --shapes 16,512,16,64 4,2048,16,64 1,8192,16,64 --methods default xla chunked jax.nn \
     tokamax:triton torch_sdpa --json "$work/attention_f32.json"
+}
+
+# The heads study sized for one accelerator (D = 8 maxima, h 1 .. 32, 8 seeds x 3 learning
+# rates vmapped); its workdir goes in the results, so that a sweep cut short resumes from it
+# (extract it to .gpu_work/ here and carry that path).
+study_heads() {
+  local workdir=.gpu_work/multi_retrieval_accelerator
+  part study_heads 420 python3 -m experiments.sweep \
+    --config=configs/ablations/heads_binding.py:multi_retrieval_accelerator --workdir="$workdir"
+  local unfinished=()  # their checkpoints travel; a finished variant's record is enough
+  for variant in "$workdir"/variants/*/; do
+    [ -e "$variant/result.json" ] || unfinished+=("$variant")
+  done
+  tar czf "$results/study_heads_workdir.tar.gz" --exclude=checkpoints "$workdir"
+  if (( ${#unfinished[@]} )); then
+    tar czf "$results/study_heads_checkpoints.tar.gz" "${unfinished[@]}"
+  fi
+}
+
+# Attention in bfloat16 with tokamax's kernels (its Mosaic GPU and Triton kernels).
+attention_tokamax() {
+  part attention_tokamax 120 python3 scripts/benchmark_attention.py --dtype bfloat16 --rounds 3 \
+    --shapes 16,512,16,64 4,2048,16,64 1,8192,16,64 1,32768,16,64 --methods default \
+    tokamax:mosaic tokamax:triton torch_sdpa --json "$work/attention_tokamax.json"
+}
+
+# Where the bfloat16 step at d_model 1024, T 2048 spends its time, and whether the GPU waits
+# for the host between steps (the device streams' busy share); the trace is kept.
+profile_bf16() {
+  part profile_bf16 90 python3 -m scripts.profile_train --sizes "accelerator large" --steps 5 \
+    --dtype bfloat16 --trace-dir "$work/trace" --json "$work/profile_bf16.json"
+}
+
+# What XLA's deterministic ops cost in float32 (no cuDNN attention there): the same step
+# without, with, and again without the flag, each in its own process.
+flag_cost() {
+  local run
+  for run in none deterministic none_again; do
+    export XLA_FLAGS=""
+    [ "$run" = deterministic ] && export XLA_FLAGS=--xla_gpu_deterministic_ops=true
+    part "flag_cost_$run" 60 python3 -m scripts.benchmark_train --rounds 3 --seconds 0.5 \
+      --sizes default "accelerator base" --methods attention_jax --json "$work/flag_cost_$run.json"
+  done
+  unset XLA_FLAGS
+}
+
+# Score/mask functions (causal ALiBi as a score_mod and mask_mod) against torch's compiled
+# FlexAttention on the same GPU, in bfloat16.
+flex() {
+  part flex 150 python3 scripts/benchmark_flex.py --dtype bfloat16 --lengths 2048 8192 \
+    --rounds 3 --sparsity-length 8192 --documents 1 4 --json "$work/flex.json"
 }
 
 # The library's test files, as far as the time goes.

@@ -24,6 +24,9 @@ python3 -m pip wheel -q --no-deps promise==2.3 -w .whl  # published as a source 
 # attention, so a stub stands in for it.
 download tokamax==0.0.17 einshape==1.0 pydantic==2.14.4 pydantic_core==2.50.5 qwix==0.1.8 \
   annotated-types==0.8.0 typing-inspection==0.4.5
+download matplotlib==3.11.2 contourpy==1.3.3 cycler==0.12.1 fonttools==4.68.0 \
+  kiwisolver==1.5.1 pillow==13.0.0 pyparsing==3.3.3 python-dateutil==4.0.0 six==1.17.0 \
+  tqdm==4.70.1
 touch .whl/stubs/xprof/__init__.py .whl/stubs/xprof/cli/__init__.py
 printf 'def get_kernel_stats_tool(*args, **kwargs):\n  raise NotImplementedError("a stub")\n' \
   > .whl/stubs/xprof/cli/tools.py

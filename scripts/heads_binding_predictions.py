@@ -5,6 +5,9 @@ checks on the two sweeps' results, every variant at the learning rate its report
       --multi_retrieval=docs/results/heads_binding/multi_retrieval/results.csv \
       --farthest_point=docs/results/heads_binding/farthest_point/results.csv \
       --out=docs/results/heads_binding/predictions.md
+  python scripts/heads_binding_predictions.py \
+      --accelerator=docs/results/heads_binding/multi_retrieval_accelerator/results.csv \
+      --out=docs/results/heads_binding/predictions_accelerator.md
 
 Comparisons are paired by seed (seed s of every variant saw the same batches in the same order):
 the mean difference of test NMSE with its 95% Student-t interval and the paired t-test's p. A
@@ -122,6 +125,22 @@ def predictions(mr, fp) -> list[tuple[int, str, list]]:
   ]
 
 
+ACCELERATOR_HEADS = (1, 2, 4, 8, 16, 32)
+
+
+def accelerator_predictions(mr) -> list[tuple[str, str, list]]:
+  """The predictions for configs/ablations/heads_binding.py:multi_retrieval_accelerator (D = 8
+  maxima at d_model 64): the step moves to h = D = 8."""
+  split = [f"split_{h}" for h in ACCELERATOR_HEADS]
+  task = "multi_retrieval, D = 8"
+  return [
+      ("A1", task, [above(mr, f"split_{h}", "split_8") for h in (1, 2, 4)]
+       + [largest_drop(mr, split, 2)]),
+      ("A2", task, [above(mr, "fixed_2", "split_8"), above(mr, "fixed_4", "split_8")]),
+      ("A3", task, [close(mr, "split_16", "split_8"), close(mr, "split_32", "split_8")]),
+  ]
+
+
 def table(rows) -> str:
   lines = ["| prediction | task | check | measured | check holds | prediction held |",
            "|---|---|---|---|---|---|"]
@@ -138,26 +157,28 @@ def table(rows) -> str:
 HEADS = (1, 2, 4, 8, 16)
 
 
-def plot(by_task: dict, path: str) -> None:
+def plot(by_task: dict, path: str, heads=HEADS) -> None:
   """Test NMSE against the head count, a panel per task ({task: {variant: {seed: NMSE}}}): the
-  standard split and the fixed head size (h = 1 is split_1 in both), means with 95% intervals
-  clipped at 0, and each extra arm as a marker at its head count."""
+  standard split and the fixed head size (h = 1 is split_1 in both; the head counts the sweep
+  ran), means with 95% intervals clipped at 0, and each extra arm as a marker at its head
+  count."""
   figure, axes = plt.subplots(1, len(by_task), figsize=(5 * len(by_task), 3.6), squeeze=False)
   for axis, (task, nmse) in zip(axes[0], by_task.items()):
     for arm, style in (("split", "-o"), ("fixed", "--s")):
-      names = ["split_1"] + [f"{arm}_{h}" for h in HEADS[1:]]
+      counts = [1] + [h for h in heads[1:] if f"{arm}_{h}" in nmse]
+      names = ["split_1"] + [f"{arm}_{h}" for h in counts[1:]]
       cells = [statistics.bounded_interval(list(nmse[n].values()), 0.0) for n in names]
       means = np.array([c[0] for c in cells])
       errors = np.array([[c[0] - c[1] for c in cells], [c[2] - c[0] for c in cells]])
       label = "d_k = d_model / h" if arm == "split" else "d_k = d_model"
-      axis.errorbar(HEADS, means, yerr=errors, fmt=style, capsize=3, label=label)
-    for name in sorted(set(nmse) - {f"{a}_{h}" for a in ("split", "fixed") for h in HEADS}):
-      heads = int(name.rsplit("_", 1)[1])
+      axis.errorbar(counts, means, yerr=errors, fmt=style, capsize=3, label=label)
+    for name in sorted(set(nmse) - {f"{a}_{h}" for a in ("split", "fixed") for h in heads}):
+      count = int(name.rsplit("_", 1)[1])
       mean, low, high = statistics.bounded_interval(list(nmse[name].values()), 0.0)
-      axis.errorbar([heads], [mean], yerr=[[mean - low], [high - mean]], fmt="x", capsize=3,
+      axis.errorbar([count], [mean], yerr=[[mean - low], [high - mean]], fmt="x", capsize=3,
                     label=name)
     axis.set_xscale("log", base=2)
-    axis.set_xticks(HEADS, [str(h) for h in HEADS])
+    axis.set_xticks(heads, [str(h) for h in heads])
     axis.set_xlabel("heads h (width fixed)")
     axis.set_ylabel("test NMSE")
     axis.set_title(task)
@@ -169,19 +190,29 @@ def plot(by_task: dict, path: str) -> None:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--multi_retrieval", required=True, help="results.csv of that sweep")
-  parser.add_argument("--farthest_point", required=True, help="results.csv of that sweep")
+  parser.add_argument("--multi_retrieval", help="results.csv of that sweep")
+  parser.add_argument("--farthest_point", help="results.csv of that sweep")
+  parser.add_argument("--accelerator", help="results.csv of the multi_retrieval_accelerator "
+                      "sweep (checked alone)")
   parser.add_argument("--out", default=None, help="write the table here (markdown)")
   parser.add_argument("--plot", default=None, help="draw NMSE against the head count here (png)")
   args = parser.parse_args()
-  mr, fp = (chosen_nmse(sweep_report.records_from_csv(path))
-            for path in (args.multi_retrieval, args.farthest_point))
-  text = table(predictions(mr, fp))
+  if args.accelerator:
+    mr = chosen_nmse(sweep_report.records_from_csv(args.accelerator))
+    text, by_task, heads = table(accelerator_predictions(mr)), {"multi_retrieval, D = 8": mr}, \
+        ACCELERATOR_HEADS
+  elif args.multi_retrieval and args.farthest_point:
+    mr, fp = (chosen_nmse(sweep_report.records_from_csv(path))
+              for path in (args.multi_retrieval, args.farthest_point))
+    text, by_task, heads = table(predictions(mr, fp)), {
+        "multi_retrieval": mr, "farthest_point": fp}, HEADS
+  else:
+    parser.error("give --accelerator, or both --multi_retrieval and --farthest_point")
   if args.out:
     with open(args.out, "w") as f:
       f.write(text)
   if args.plot:
-    plot({"multi_retrieval": mr, "farthest_point": fp}, args.plot)
+    plot(by_task, args.plot, heads)
   print(text)
 
 

@@ -1,6 +1,7 @@
 """Where the trainer's step spends its time: the JAX profiler's trace, op by op, by model part.
 
   python -m scripts.profile_train [--sizes default medium long] [--steps 5] [--torch] [--json F]
+      [--dtype bfloat16] [--trace-dir DIR]
 
 Runs the step that scripts/benchmark_train.py times (``experiments.train.train_step_fn``, one
 replica), traces ``--steps`` of them with ``jax.profiler``, and attributes each executed HLO
@@ -12,7 +13,9 @@ divergence guard), each split into forward and backward. Time is the sum of the 
 durations on the threads that run them: XLA's CPU runtime may run independent instructions at
 once, so the parts can add up to more than the step's wall time, which is printed beside them.
 ``--torch`` adds the same table for the PyTorch twin from ``torch.profiler`` (self CPU time per
-operator, by name), where torch is installed.
+operator, by name), where torch is installed. On a GPU or TPU it also prints, per device stream of
+the trace, the share of the traced steps' span in which a kernel runs and the longest gap between
+kernels: a step that waits for the host shows as gaps. ``--trace-dir`` keeps the trace.
 """
 
 from __future__ import annotations
@@ -172,17 +175,43 @@ def instruction_parts(hlo_text: str, weight_gradients: dict[int, str]) -> dict[s
   return {name: part for name, part in parts.items() if sizes[name] != -1}
 
 
-def trace_events(directory: str) -> list[dict]:
-  """The complete events of the perfetto trace that jax.profiler wrote under ``directory``."""
+def trace_events(directory: str, phase: str = "X") -> list[dict]:
+  """The events of one phase ("X": complete, "M": metadata) of the perfetto trace that
+  jax.profiler wrote under ``directory``."""
   path = glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"), recursive=True)[0]
   with gzip.open(path) as f:
     trace = json.load(f)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  return [event for event in events if event.get("ph") == "X"]
+  return [event for event in events if event.get("ph") == phase]
 
 
-def profile_jax(size, steps: int) -> dict:
-  config = benchmark_train.benchmark_config(size, "float32")
+def device_streams(events: list[dict], metadata: list[dict]) -> dict[str, dict]:
+  """{device stream: its kernels' busy share of their span, the longest gap in ms, the kernel
+  count}, for the threads of a "/device:" process (none on a CPU)."""
+  names = {(event["pid"], event.get("tid")): event["args"]["name"] for event in metadata
+           if event.get("name") in ("process_name", "thread_name")}
+  devices = {event["pid"] for event in metadata
+             if event.get("name") == "process_name" and "/device:" in event["args"]["name"]}
+  intervals = collections.defaultdict(list)
+  for event in events:
+    if event["pid"] in devices:
+      intervals[event["pid"], event.get("tid")].append((event["ts"], event["ts"] + event["dur"]))
+  streams = {}
+  for (pid, tid), spans in intervals.items():
+    spans.sort()
+    busy, gap, end = 0.0, 0.0, spans[0][0]
+    for start, stop in spans:  # merge overlapping kernels
+      gap = max(gap, start - end)
+      busy += max(0.0, stop - max(start, end))
+      end = max(end, stop)
+    name = f"{names.get((pid, None), pid)} / {names.get((pid, tid), tid)}"
+    streams[name] = {"busy": busy / max(end - spans[0][0], 1e-9), "longest_gap_ms": gap * 1e-3,
+                     "kernels": len(spans)}
+  return streams
+
+
+def profile_jax(size, steps: int, dtype: str = "float32", trace_dir: str | None = None) -> dict:
+  config = benchmark_train.benchmark_config(size, dtype)
   tokens, labels = benchmark_train.random_batch(size[0], size[1])
   step_fn, state, batch = benchmark_train.jax_step(config, tokens, labels)
   step_fn = step_fn.lower(state, batch).compile()  # the program both attributed and run
@@ -190,7 +219,8 @@ def profile_jax(size, steps: int) -> dict:
   for _ in range(2):  # warm up
     state, metrics = step_fn(state, batch)
   jax.block_until_ready(metrics)
-  with tempfile.TemporaryDirectory() as directory:
+  with tempfile.TemporaryDirectory() as scratch:
+    directory = trace_dir or scratch
     jax.profiler.start_trace(directory, create_perfetto_trace=True)
     started = time.perf_counter()
     for _ in range(steps):
@@ -198,20 +228,22 @@ def profile_jax(size, steps: int) -> dict:
     jax.block_until_ready(metrics)
     wall = (time.perf_counter() - started) / steps
     jax.profiler.stop_trace()
-    events = trace_events(directory)
+    events, metadata = trace_events(directory), trace_events(directory, "M")
   seconds = collections.Counter()
-  for event in events:
-    if event["name"] in parts:
-      seconds[parts[event["name"]]] += event["dur"] * 1e-6 / steps
-  return {"step_seconds": wall, "parts": dict(seconds)}
+  for event in events:  # a GPU kernel names its HLO instruction in args.hlo_op
+    name = event["name"] if event["name"] in parts else event.get("args", {}).get("hlo_op")
+    if name in parts:
+      seconds[parts[name]] += event["dur"] * 1e-6 / steps
+  return {"step_seconds": wall, "parts": dict(seconds),
+          "device_streams": device_streams(events, metadata)}
 
 
-def profile_torch(size, steps: int) -> dict | None:
+def profile_torch(size, steps: int, dtype: str = "float32") -> dict | None:
   try:
     from torch.profiler import ProfilerActivity, profile
   except ImportError:
     return None
-  config = benchmark_train.benchmark_config(size, "float32")
+  config = benchmark_train.benchmark_config(size, dtype)
   tokens, labels = benchmark_train.random_batch(size[0], size[1])
   step = benchmark_train.torch_runner(config, tokens, labels)
   for _ in range(2):
@@ -233,23 +265,29 @@ def print_table(title, result, top=None):
   rows = sorted(result["parts"].items(), key=lambda item: -item[1])[:top]
   for part, seconds in rows:
     print(f"  {part:<40} {seconds * 1e3:9.2f} ms  {seconds / total:6.1%}")
+  for stream, activity in result.get("device_streams", {}).items():
+    print(f"  device stream {stream}: busy {activity['busy']:.1%} of its span, longest gap "
+          f"{activity['longest_gap_ms']:.3f} ms, {activity['kernels']} kernels")
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sizes", nargs="+", default=list(benchmark_train.SIZES),
-                      choices=list(benchmark_train.SIZES))
+                      choices=list(benchmark_train.ALL_SIZES))
   parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--trace-dir", help="keep the JAX trace here (one folder per size)")
   parser.add_argument("--torch", action="store_true", help="profile the PyTorch twin too")
   parser.add_argument("--json", help="write the breakdowns to this file")
   args = parser.parse_args()
   report = {}
   for name in args.sizes:
-    size = benchmark_train.SIZES[name]
-    report[name] = {"size": size, "jax": profile_jax(size, args.steps)}
+    size = benchmark_train.ALL_SIZES[name]
+    trace_dir = args.trace_dir and os.path.join(args.trace_dir, name.replace(" ", "_"))
+    report[name] = {"size": size, "jax": profile_jax(size, args.steps, args.dtype, trace_dir)}
     print_table(f"{name} {size} attention_jax", report[name]["jax"])
     if args.torch:
-      report[name]["torch"] = profile_torch(size, args.steps)
+      report[name]["torch"] = profile_torch(size, args.steps, args.dtype)
       if report[name]["torch"] is not None:
         print_table(f"{name} {size} torch (self CPU time, top 15 operators)",
                     report[name]["torch"], top=15)

@@ -11,6 +11,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import numpy_reference
 from conftest import assert_close
@@ -116,6 +117,21 @@ def test_benchmark_train_times_the_trainers_step_and_it_trains():
                             rounds=2, seconds=0.01)
   assert set(times) == {"attention_jax", "flax.linen"}
   assert all(len(t) == 2 and min(t) > 0 for t in times.values())
+
+
+def test_profile_train_measures_a_device_stream_s_busy_share_and_longest_gap():
+  profile = _script("profile_train")
+  metadata = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream 7"}},
+              {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}}]
+  kernels = [(0, 10), (5, 10), (20, 30), (100, 10)]  # (start, duration) in microseconds
+  events = [{"ph": "X", "pid": 1, "tid": 7, "ts": t, "dur": d, "name": "k"} for t, d in kernels]
+  events.append({"ph": "X", "pid": 2, "tid": 1, "ts": 0, "dur": 500, "name": "host"})
+  streams = profile.device_streams(events, metadata)
+  # Busy: [0, 15) + [20, 50) + [100, 110) = 55 us of a 110 us span; the longest gap 50 us.
+  assert streams == {"/device:GPU:0 / Stream 7": {"busy": pytest.approx(0.5),
+                                                  "longest_gap_ms": pytest.approx(0.05),
+                                                  "kernels": 4}}
 
 
 def test_profile_train_gives_products_and_the_chunked_loops_their_parts(monkeypatch):

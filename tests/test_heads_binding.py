@@ -63,8 +63,25 @@ def test_configs_are_valid_with_both_arms_at_one_width(mode):
 
 def test_an_unknown_mode_names_the_valid_ones():
   with pytest.raises(ValueError, match="mode must be one of \\['multi_retrieval', "
-                                       "'farthest_point'\\] or '<task>_quick', got 'mqar'"):
+                                       "'farthest_point'\\], '<task>_quick' or "
+                                       "\\['multi_retrieval_accelerator'\\], got 'mqar'"):
     heads_binding.get_config("mqar")
+
+
+def test_the_accelerator_preset_doubles_the_maxima_and_spans_h_around_them():
+  config = heads_binding.get_config("multi_retrieval_accelerator")
+  sweep.check(config)
+  assert config.num_seeds >= 5 and config.vmap_replicas
+  options = config.train.task_options
+  assert (options.num_retrievals, options.length, options.features) == (8, 32, 16)
+  arms = {}
+  for name, overrides in config.variants:
+    model = sweep.variant_config(config, overrides).model
+    assert (model.d_model, model.num_layers) == (64, 1)
+    arms[name] = (model.num_heads, model.head_dim or model.d_model // model.num_heads)
+  # h = D = 8 in the middle of the split arm; the fixed head size only below D.
+  assert arms == {**{f"split_{h}": (h, 64 // h) for h in (1, 2, 4, 8, 16, 32)},
+                  "fixed_2": (2, 64), "fixed_4": (4, 64)}
 
 
 def _record(variant, by_rate):
@@ -163,11 +180,29 @@ def test_the_predictions_hold_on_what_the_theory_predicts_and_fail_on_its_opposi
   assert table.count("**yes**") == 9 and "split_1 - split_4 = +0.550" in table
 
 
+THEORY_D8 = {"split_1": 0.6, "split_2": 0.5, "split_4": 0.35, "split_8": 0.001,
+             "split_16": 0.001, "split_32": 0.002, "fixed_2": 0.45, "fixed_4": 0.3}
+
+
+def test_the_accelerator_predictions_hold_at_a_step_at_d_and_fail_at_a_step_at_four():
+  script = _script("heads_binding_predictions")
+  rows = script.accelerator_predictions(_nmse(THEORY_D8))
+  assert [number for number, _, _ in rows] == ["A1", "A2", "A3"]
+  assert all(check[1] for _, _, checks in rows for check in checks), script.table(rows)
+  # The step of D = 4 (solved from h = 4): A1 and A2 fail, A3 still holds.
+  at_four = {**THEORY_D8, "split_4": 0.001, "fixed_4": 0.001}
+  held = [all(check[1] for check in checks)
+          for _, _, checks in script.accelerator_predictions(_nmse(at_four))]
+  assert held == [False, False, True]
+
+
 def test_the_head_count_plot_draws_both_tasks(tmp_path):
   script = _script("heads_binding_predictions")
   path = tmp_path / "nmse_by_heads.png"
   script.plot({"multi_retrieval": _nmse(THEORY_MR), "farthest_point": _nmse(THEORY_FP)},
               str(path))
+  assert os.path.getsize(path) > 10000
+  script.plot({"D = 8": _nmse(THEORY_D8)}, str(path), script.ACCELERATOR_HEADS)  # fixed: 2 and 4
   assert os.path.getsize(path) > 10000
 
 

@@ -9,9 +9,16 @@ many softmax distributions (multi_retrieval) and on one that needs full-rank hea
       --workdir=workdir/ablations/heads_binding/farthest_point
   python -m experiments.sweep --config=configs/ablations/heads_binding.py:multi_retrieval_quick \
       --workdir=/tmp/heads_binding
+  python -m experiments.sweep \
+      --config=configs/ablations/heads_binding.py:multi_retrieval_accelerator \
+      --workdir=workdir/ablations/heads_binding/multi_retrieval_accelerator
 
 One sweep per task; the mode is the task, or "<task>_quick" for a smoke test of the pipeline (a
-tenth of the steps on a smaller training set, 2 seeds, 2 learning rates, h in 1 and 4).
+tenth of the steps on a smaller training set, 2 seeds, 2 learning rates, h in 1 and 4), or
+"multi_retrieval_accelerator", sized for one GPU or TPU: D = 8 maxima of 32 vectors in [0, 1]^16
+at d_model 64, h from 1 to 32 (d_k 64 to 2), the split arm and the fixed head size below D,
+2000 steps at batch 128, 8 seeds x 3 learning rates. Doubling D tests that the step in the
+head count sits at h = D, not at the h that happened to suffice at D = 4.
 
 Theory is about one attention layer, so the model has one (each arm "layers2_<h>" adds a second).
 multi_retrieval (configs/multi_retrieval.py, D = 4 maxima at d_model 32) needs h >= D heads, one
@@ -38,6 +45,11 @@ HEADS = (1, 2, 4, 8, 16)
 QUICK_HEADS = (1, 4)  # both arms, within 3 minutes on 2 CPU cores
 LEARNING_RATES = (3e-3, 1e-2, 3e-2)
 NUM_SEEDS = 5
+# The accelerator preset: (task options, model, head counts, fixed-head-size counts, steps,
+# batch size, seeds).
+ACCELERATOR = {"multi_retrieval": (
+    {"num_retrievals": 8, "length": 32, "features": 16}, {"d_model": 64, "mlp_dim": 128},
+    (1, 2, 4, 8, 16, 32), (2, 4), 2000, 128, 8)}
 BASES = {"multi_retrieval": multi_retrieval, "farthest_point": farthest_point}
 STEPS = {"multi_retrieval": 1000, "farthest_point": 1600}
 # The arms beyond the split and the fixed head size, per task: (name, head count, overrides).
@@ -50,12 +62,12 @@ EXTRA_ARMS = {
 }
 
 
-def variants(task: str, d_model: int, heads):
-  """(name, overrides): split_<h> at d_k = d_model / h, fixed_<h> at d_k = d_model (h > 1), then
-  the task's extra arms (full sweeps only)."""
+def variants(task: str, d_model: int, heads, fixed=None):
+  """(name, overrides): split_<h> at d_k = d_model / h, fixed_<h> at d_k = d_model (h > 1, or h
+  in ``fixed``), then the task's extra arms (full sweeps only)."""
   for n in heads:
     yield f"split_{n}", {"model": {"num_heads": n, "head_dim": 0}}
-    if n > 1:
+    if n > 1 and (fixed is None or n in fixed):
       yield f"fixed_{n}", {"model": {"num_heads": n, "head_dim": d_model}}
   if heads == HEADS:
     for name, n, overrides in EXTRA_ARMS[task]:
@@ -65,8 +77,11 @@ def variants(task: str, d_model: int, heads):
 def get_config(mode=None):
   task = (mode or "").removesuffix("_quick")
   quick = "quick" if (mode or "").endswith("_quick") else None
+  if task.endswith("_accelerator") and task.removesuffix("_accelerator") in ACCELERATOR:
+    return accelerator_config(task.removesuffix("_accelerator"))
   if task not in BASES:
-    raise ValueError(f"mode must be one of {list(BASES)} or '<task>_quick', got {mode!r}.")
+    raise ValueError(f"mode must be one of {list(BASES)}, '<task>_quick' or "
+                     f"{[f'{name}_accelerator' for name in ACCELERATOR]}, got {mode!r}.")
   base = BASES[task]
   sweep = sweep_config(quick, steps=STEPS[task], eval_every=STEPS[task] // 10, warmup=100,
                        base=base, extra_evals=VALIDATION,
@@ -77,4 +92,19 @@ def get_config(mode=None):
     sweep.num_seeds = NUM_SEEDS
   rates = LEARNING_RATES[1:] if quick else LEARNING_RATES
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
+  return sweep
+
+
+def accelerator_config(task: str):
+  """The sweep of ``task`` sized for one accelerator (ACCELERATOR)."""
+  options, model, heads, fixed, steps, batch_size, seeds = ACCELERATOR[task]
+  sweep = sweep_config(None, steps=steps, eval_every=steps // 10, warmup=100, base=BASES[task],
+                       extra_evals=VALIDATION,
+                       variants=variants(task, model["d_model"], heads, fixed))
+  sweep.train.task_options.update(options)
+  sweep.train.model.update(model)
+  sweep.train.model.num_layers = 1
+  sweep.train.batch_size = batch_size
+  sweep.num_seeds = seeds
+  sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
   return sweep
