@@ -15,7 +15,8 @@ once, so the parts can add up to more than the step's wall time, which is printe
 ``--torch`` adds the same table for the PyTorch twin from ``torch.profiler`` (self CPU time per
 operator, by name), where torch is installed. On a GPU or TPU it also prints, per device stream of
 the trace, the share of the traced steps' span in which a kernel runs and the longest gap between
-kernels: a step that waits for the host shows as gaps. ``--trace-dir`` keeps the trace.
+kernels: a step that waits for the host shows as gaps. ``--trace-dir`` keeps the trace, and
+``--read-trace DIR`` summarises a kept one by kernel kind (on a machine without the device).
 """
 
 from __future__ import annotations
@@ -185,13 +186,47 @@ def trace_events(directory: str, phase: str = "X") -> list[dict]:
   return [event for event in events if event.get("ph") == phase]
 
 
+# A GPU kernel that no HLO instruction is named after (a cuDNN or cuBLAS call, which XLA may run
+# inside a CUDA graph), by its kind: (part, pattern of the kernel's name).
+KERNEL_KINDS = (("attention core (cuDNN)", r"cudnn|fmha|sdpa"),
+                ("matrix products (cuBLAS, GEMM fusions)", r"gemm|nvjet|xmma|cutlass|cublas"),
+                ("copies and fills", r"^mem(cpy|set)"))
+
+
+def device_pids(metadata: list[dict]) -> set:
+  """The trace's processes that are devices ("/device:GPU:0"; none on a CPU)."""
+  return {event["pid"] for event in metadata
+          if event.get("name") == "process_name" and "/device:" in event["args"]["name"]}
+
+
+def attribute(events: list[dict], metadata: list[dict], parts: dict[str, str],
+              steps: int) -> dict[str, float]:
+  """Seconds per step by part: an event named after an HLO instruction of ``parts`` (XLA:GPU
+  writes the name's dots as underscores, or names it in args.hlo_op) goes to that part; any
+  other device kernel to its kind (KERNEL_KINDS), or to "other XLA kernels"."""
+  parts = {**parts, **{name.replace(".", "_"): part for name, part in parts.items()}}
+  devices = device_pids(metadata)
+  seconds = collections.Counter()
+  for event in events:
+    name = event["name"] if event["name"] in parts else event.get("args", {}).get("hlo_op")
+    if name in parts:
+      part = parts[name]
+    elif event["pid"] in devices:
+      part = next((kind for kind, pattern in KERNEL_KINDS if re.search(pattern, event["name"],
+                                                                        re.IGNORECASE)),
+                  "other XLA kernels")
+    else:
+      continue
+    seconds[part] += event["dur"] * 1e-6 / steps
+  return dict(seconds)
+
+
 def device_streams(events: list[dict], metadata: list[dict]) -> dict[str, dict]:
   """{device stream: its kernels' busy share of their span, the longest gap in ms, the kernel
   count}, for the threads of a "/device:" process (none on a CPU)."""
   names = {(event["pid"], event.get("tid")): event["args"]["name"] for event in metadata
            if event.get("name") in ("process_name", "thread_name")}
-  devices = {event["pid"] for event in metadata
-             if event.get("name") == "process_name" and "/device:" in event["args"]["name"]}
+  devices = device_pids(metadata)
   intervals = collections.defaultdict(list)
   for event in events:
     if event["pid"] in devices:
@@ -229,12 +264,7 @@ def profile_jax(size, steps: int, dtype: str = "float32", trace_dir: str | None 
     wall = (time.perf_counter() - started) / steps
     jax.profiler.stop_trace()
     events, metadata = trace_events(directory), trace_events(directory, "M")
-  seconds = collections.Counter()
-  for event in events:  # a GPU kernel names its HLO instruction in args.hlo_op
-    name = event["name"] if event["name"] in parts else event.get("args", {}).get("hlo_op")
-    if name in parts:
-      seconds[parts[name]] += event["dur"] * 1e-6 / steps
-  return {"step_seconds": wall, "parts": dict(seconds),
+  return {"step_seconds": wall, "parts": attribute(events, metadata, parts, steps),
           "device_streams": device_streams(events, metadata)}
 
 
@@ -279,7 +309,19 @@ def main():
   parser.add_argument("--trace-dir", help="keep the JAX trace here (one folder per size)")
   parser.add_argument("--torch", action="store_true", help="profile the PyTorch twin too")
   parser.add_argument("--json", help="write the breakdowns to this file")
+  parser.add_argument("--read-trace", metavar="DIR", help="only summarise a trace kept by "
+                      "--trace-dir (of --steps steps): device kernels by kind, streams")
   args = parser.parse_args()
+  if args.read_trace:
+    events, metadata = trace_events(args.read_trace), trace_events(args.read_trace, "M")
+    devices = device_pids(metadata)
+    kernels = [event for event in events if event["pid"] in devices]
+    span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
+    print_table(f"{args.read_trace} (step: the device's span / {args.steps})",
+                {"step_seconds": span * 1e-6 / args.steps,
+                 "parts": attribute(events, metadata, {}, args.steps),
+                 "device_streams": device_streams(events, metadata)})
+    return
   report = {}
   for name in args.sizes:
     size = benchmark_train.ALL_SIZES[name]

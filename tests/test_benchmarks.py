@@ -134,6 +134,25 @@ def test_profile_train_measures_a_device_stream_s_busy_share_and_longest_gap():
                                                   "kernels": 4}}
 
 
+def test_profile_train_attributes_gpu_kernels_by_instruction_name_or_kind():
+  profile = _script("profile_train")
+  metadata = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}}]
+  events = [{"ph": "X", "pid": 1, "tid": 7, "ts": 0, "dur": d, "name": name, "args": args}
+            for name, d, args in (
+                ("loop_add_fusion_3", 1e6, {}),  # the instruction loop_add_fusion.3
+                ("sm90_kernel", 2e6, {"hlo_op": "custom-call.1"}),
+                ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop", 3e6, {}),
+                ("nvjet_sm90_tst_128x160", 4e6, {}), ("memcpy32_post", 5e6, {}),
+                ("loop_convert_fusion", 6e6, {}))]
+  events.append({"ph": "X", "pid": 2, "tid": 1, "ts": 0, "dur": 7e6, "name": "host"})
+  parts = {"loop_add_fusion.3": "feed-forward, forward", "custom-call.1": "LayerNorm, forward"}
+  assert profile.attribute(events, metadata, parts, steps=2) == {
+      "feed-forward, forward": 0.5, "LayerNorm, forward": 1.0, "attention core (cuDNN)": 1.5,
+      "matrix products (cuBLAS, GEMM fusions)": 2.0, "copies and fills": 2.5,
+      "other XLA kernels": 3.0}
+
+
 def test_profile_train_gives_products_and_the_chunked_loops_their_parts(monkeypatch):
   """A matrix product goes to the part whose parameter it reads, not to the LayerNorm or residual
   add that XLA fuses it with; the chunked kernel's loop bodies go to the attention core."""
