@@ -65,33 +65,25 @@ def unsupported_reason(name, query, key, value, request: _checks.Request) -> str
   return _UNSUPPORTED_REASON[name](query, key, value, request)
 
 
-#: On CPU, blockwise attention from this length on; below it the reference formula, whose
-#: head-major einsums beat jax.nn's [B, T, N, H] ones. The measurements behind the threshold:
-#: docs/performance.md, "Where the defaults come from".
+#: On CPU, blockwise attention from this length on, below it the reference formula
+#: (docs/performance.md, "Where the defaults come from").
 CHUNKED_MIN_LENGTH_CPU = 256
 
-#: Accelerator kernels are chosen automatically only on the architectures where they have been
-#: run against the float64 reference and timed: for cuDNN, CUDA compute capabilities (Hopper, 9.0,
-#: measured on an H100 and an H200 against torch's SDPA and JAX's Pallas Triton kernel:
-#: docs/performance.md), so that every GPU of that architecture (H100, H200, GH200) gets it;
-#: for the Pallas TPU kernel, TPU device kinds by prefix. The Pallas TPU flash kernel has not run
-#: on a TPU yet, so on TPU the automatic choice is "xla"; it stays available by name (not on TPU
-#: v2/v3, where it fails: jax issue 18595).
+#: The architectures where an accelerator kernel has been run against the float64 reference and
+#: timed, so that it is chosen automatically: CUDA compute capabilities for cuDNN (Hopper: an
+#: H100 and an H200, docs/performance.md), TPU device kinds by prefix for the Pallas kernel
+#: (none yet: it stays available by name, though not on TPU v2/v3, jax issue 18595).
 MEASURED_ON = {"cudnn": ("9.0",), "pallas_tpu": ()}
 
-#: The compute capability of NVIDIA GPUs by device kind (prefix), for when only the kind is known
-#: (a question asked off the GPU, or a device that does not report its capability).
+#: The compute capability of NVIDIA GPUs by device kind (prefix), for when only the kind is known.
 COMPUTE_CAPABILITY = {
     "NVIDIA H100": "9.0", "NVIDIA H200": "9.0", "NVIDIA GH200": "9.0", "NVIDIA H800": "9.0",
     "NVIDIA B200": "10.0", "NVIDIA GB200": "10.0", "NVIDIA A100": "8.0", "NVIDIA A10": "8.6",
     "NVIDIA L4": "8.9", "NVIDIA L40": "8.9", "Tesla T4": "7.5", "Tesla V100": "7.0",
 }
 
-#: On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's attention is faster
-#: than the chunked kernel's loops but materialises the [..., N, T, S] logits and probabilities.
-#: Above this many bytes of float32 logits the chunked kernel (memory linear in T) takes over, so
-#: that one call stays within a 16 GB GPU. The measurements behind the threshold:
-#: docs/performance.md, "Where the defaults come from".
+#: On GPU without cuDNN, XLA's attention (faster, but it materialises the logits) up to this many
+#: bytes of float32 logits, the chunked kernel above (docs/performance.md).
 XLA_MAX_LOGITS_BYTES_GPU = 2 ** 31
 
 
@@ -232,15 +224,13 @@ _KERNELS = {
 }
 
 
-#: What a query row with no key to attend to returns (``empty_rows=``): "mean", as jax.nn and
-#: flax (their masked logits are all equal, so the softmax is uniform and the row is the mean of
-#: the values over all S keys, with uniform weights), or "zero" (zeros and zero weights).
-#: Rows past ``query_seq_lengths`` are zeros either way, as in jax.nn.
+#: What a query row with no key to attend to returns (``empty_rows=``): "mean" (jax.nn's and
+#: flax's uniform weights) or "zero"; rows past ``query_seq_lengths`` are zeros either way.
 EMPTY_ROWS = ("mean", "zero")
 
 def matmul_precision(precision) -> str | None:
   """flax's ``precision`` (a lax.Precision, its name, or a pair) as the name that
-  ``jax.default_matmul_precision`` takes, for the products inside attention; None stays None.
+  ``jax.default_matmul_precision`` takes; None stays None.
 
   >>> matmul_precision(jax.lax.Precision.HIGHEST), matmul_precision(None)
   ('highest', None)
@@ -262,8 +252,7 @@ def default_precision(precision):
 
 
 def _sow(module, weights) -> None:
-  """Sows the weights as flax's attention functions do with ``module=``: in "intermediates" for a
-  Linen module, as an ``nnx.Intermediate`` for an NNX one."""
+  """Sows the weights as flax's attention functions do with ``module=`` (Linen or NNX)."""
   if hasattr(module, "is_mutable_collection"):  # Linen
     module.sow("intermediates", "attention_weights", weights)
   else:

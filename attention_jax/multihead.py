@@ -122,9 +122,8 @@ def project_out(params, heads, *, dtype=None, precision=None):
 
 def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
   """LayerNorm over the head dimension without bias (QK-norm, :ref:`Dehghani et al. 2023
-  <ref-dehghani2023>`): each head's
-  query (or key) vector normalised to zero mean and unit variance, times a learned ``scale`` [H].
-  Statistics in float32 whatever the input dtype: [..., N, H] -> [..., N, H].
+  <ref-dehghani2023>`), times a learned ``scale`` [H], statistics in float32: [..., N, H] ->
+  [..., N, H].
 
   >>> query = jnp.arange(12.0).reshape(1, 2, 3, 2)  # [B, T, N, H]
   >>> qk_layer_norm(query, jnp.ones(2))[0, 0]
@@ -141,16 +140,9 @@ def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
 def attention_inputs(params, inputs_q, inputs_k=None, inputs_v=None, *,
                      scale: float | str = "inv_sqrt", qk_transform: Callable | None = None,
                      dtype=None, precision=None, positions=None, head_variant=None):
-  """Projected, normalised (with query_ln/key_ln), transformed query/key/value and the scale left
-  to apply to Q K^T.
-
-  [..., T, D_in], [..., S, D_k], [..., S, D_v] -> query [..., T, N, H], key, value [..., S, K, H],
-  scale (inputs_k, inputs_v: flax's defaults, see ``key_value_inputs``).
-  ``positions`` [T] (decoding: where the new tokens sit) reach ``qk_transform`` as
-  ``positions=``; by default it sees positions 0, 1, ... ``head_variant``: its layout hook
-  rearranges the heads here (overlapping heads widen them, differential attention halves them),
-  and the scale is that of its ``scale_dim``.
-  """
+  """Projected, QK-normed, transformed (``qk_transform``, with ``positions=`` [T] when given)
+  query [..., T, N, H], key and value [..., S, K, H] in the variant's layout, and the scale left
+  to apply to Q K^T (of the variant's ``scale_dim``)."""
   variant = variant_of(head_variant)
   inputs_k, inputs_v = key_value_inputs(inputs_q, inputs_k, inputs_v)
   query, key, value = project_qkv(params, inputs_q, inputs_k, inputs_v, dtype=dtype,
@@ -189,10 +181,8 @@ def _neutral(name, value, head_dim: int) -> bool:
 
 
 def call_attention_fn(attention_fn, query, key, value, **arguments):
-  """``attention_fn(query, key, value, **arguments)`` handing it only what it takes, as flax's
-  modules do (``dot_product_attention``, flax's functions or yours); an argument it does not take
-  whose value asks something of it raises ValueError naming it. A function with ``**kwargs``
-  gets the arguments whose value asks something."""
+  """``attention_fn(query, key, value, **arguments)`` handing it only what it takes (all that
+  asks something with ``**kwargs``); one it does not take that asks something raises ValueError."""
   parameters = inspect.signature(attention_fn).parameters
   takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
   head_dim = query.shape[-1]
@@ -211,11 +201,9 @@ def call_attention_fn(attention_fn, query, key, value, **arguments):
 
 
 class Step(NamedTuple):
-  """What one multi-head attention call computes: its output ([..., T, D_out], or a tuple with
-  the weights and residual when asked for), the updated cache (decoding), and what it records,
-  {collection: {name: value}}: in "intermediates" the maps "attention_logits" and
-  "attention_weights" [..., N, T, S] when asked for and the variant's records (MoH's
-  "head_gates"), in "losses" the variant's auxiliary losses. Linen and NNX record these alike."""
+  """One multi-head attention call: its output (with the weights and residual when asked for),
+  the updated cache (decoding), and {collection: {name: value}} to record: "intermediates" (the
+  maps "attention_logits" and "attention_weights", the variant's records) and "losses"."""
   output: Any
   cache: kv_cache.KVCache | None = None
   records: dict[str, dict[str, jax.Array]] = {}
@@ -329,46 +317,33 @@ def variant_attention(query, key, value, bias=None, mask=None, *, variant, state
   return heads, (maps[1],) if return_weights else (), maps
 
 
-def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
-                         bias=None, scale: float | str = "inv_sqrt", is_causal: bool = False,
-                         qk_transform: Callable | None = None, dropout_rate: float = 0.0,
-                         dropout_rng=None, broadcast_dropout: bool = True,
-                         implementation: str | None = None, return_weights: bool = False,
-                         attention_fn: Callable | None = None, dtype=None, precision=None,
-                         head_variant=None, **attention_args):
+def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, **options):
   """Multi-head attention as a pure function of its parameters (layout in the module docstring).
 
   ``params``: ``variables["params"]`` of ``MultiHeadAttention``; inputs_q [..., T, D_in],
   inputs_k [..., S, D_k] (None: inputs_q), inputs_v [..., S, D_v] (None: inputs_k) ->
   [..., T, D_out], followed by the weights and log-sum-exp when asked for (a tuple then).
-  ``scale``, ``qk_transform``, ``attention_fn``, ``head_variant``: as the module's attributes;
-  ``dtype`` and ``precision`` as flax's; the others, and ``attention_args``, as
-  ``dot_product_attention``'s, with mask and bias broadcastable to [..., N, T, S].
+  ``options``: those of ``multi_head_attention_step``: ``scale``,
+  ``qk_transform``, ``attention_fn``, ``head_variant`` as the module's attributes, ``dtype`` and
+  ``precision`` as flax's, the others as ``dot_product_attention``'s.
 
   >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
   >>> variables = MultiHeadAttention(num_heads=8, qkv_features=256).init(jax.random.key(0), x)
   >>> multi_head_attention(variables["params"], x).shape  # 8 heads of d_k = 32
   (2, 10, 128)
   """
-  return multi_head_attention_step(
-      params, inputs_q, inputs_k, inputs_v, mask=mask, bias=bias, scale=scale,
-      is_causal=is_causal, qk_transform=qk_transform, dropout_rate=dropout_rate,
-      dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout, implementation=implementation,
-      return_weights=return_weights, attention_fn=attention_fn, dtype=dtype, precision=precision,
-      head_variant=head_variant, **attention_args).output
+  return multi_head_attention_step(params, inputs_q, inputs_k, inputs_v, **options).output
 
 
 def _per_head(x, heads: int):
-  """A mask or bias [..., N, T, S] repeated for a variant's sub-heads (differential attention's
-  2N halves); unchanged when it has 1 or ``heads`` heads."""
+  """A mask or bias [..., N, T, S] repeated for a variant's sub-heads (differential's 2N)."""
   if x is None or x.ndim < 3 or x.shape[-3] in (1, heads):
     return x
   return jnp.repeat(x, heads // x.shape[-3], axis=-3)
 
 
 def with_variant_arguments(attention_args: dict, variant, state) -> dict:
-  """The call's attention arguments with those the variant sets (``attention_arguments``); an
-  argument set by both is refused in one line."""
+  """The call's attention arguments with those the variant sets; one set by both is refused."""
   added = variant.attention_arguments(state)
   both = sorted(set(added) & {name for name, value in attention_args.items()
                               if value is not None})
@@ -383,13 +358,9 @@ def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool
               empty_rows: str = "mean", variant=None, state=None, score_mod=None,
               mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
               sigmoid_bias: float | None = None, **structure):
-  """(logits, weights), each [..., N, T, S], of projected query [..., T, N, H] and key
-  [..., S, K, H]: the logits Q K^T * scale + bias (through the score_mod) and the masked
-  softmax (with the sinks, or the sigmoid) that ``dot_product_attention`` with the same
-  arguments applies (before dropout). ``structure``: the sequence lengths, local window and
-  segment ids, as there. With a ``variant`` (and the ``state`` its prepare hook gave) that forms
-  its own maps: its logits, normalize and weights hooks, the weights masked again (the logits
-  then have the variant's heads, the weights N).
+  """(logits, weights) [..., N, T, S] of projected query [..., T, N, H] and key [..., S, K, H]:
+  what ``dot_product_attention`` with the same arguments forms (weights before dropout). With a
+  ``variant`` (and its ``state``) that forms its own maps: its hooks, the weights masked again.
 
   >>> q = k = jnp.ones((2, 6, 4, 8))  # [B, T, N, H]
   >>> logits, weights = head_maps(q, k, scale=0.5, is_causal=True)
@@ -428,10 +399,8 @@ def attention_maps(params, inputs_q, inputs_k=None, *, mask=None, bias=None,
                    qk_transform: Callable | None = None, dtype=None, precision=None,
                    head_variant=None, **options):
   """(logits, weights), each [..., N, T, S]: what ``multi_head_attention`` with the same
-  arguments computes inside (the weights before dropout). ``options``: those of ``head_maps``
-  (logits_soft_cap, sequence lengths, local window, segment ids). The modules sow these when
-  asked. For a variant that forms its own maps (talking heads, DCMHA, differential): the logits
-  and the (possibly negative) weights that it applies.
+  arguments forms inside (the weights before dropout; a variant's, possibly negative).
+  ``options``: those of ``head_maps``.
 
   >>> x = jnp.ones((2, 6, 32))  # [B, T, D_in]
   >>> params = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)["params"]
@@ -481,11 +450,9 @@ def multi_head_attention_weights(params, inputs_q, inputs_k=None, **options):
 
 
 def flat_init(init: Callable, shape, input_dims: int) -> Callable:
-  """``init`` drawn as the matrix [prod(shape[:input_dims]), prod(shape[input_dims:])] (a vector
-  when input_dims is 0) and reshaped to ``shape``, as flax's DenseGeneral and LinearGeneral draw
-  theirs (so the same key gives flax's numbers, and the initial scale of q . k does not depend on
-  how the output is split into heads). Sharding metadata (Linen's ``with_logical_partitioning``,
-  NNX's ``with_partitioning``) stays on the result."""
+  """``init`` drawn as the matrix [prod(shape[:input_dims]), prod(shape[input_dims:])] and
+  reshaped to ``shape``, as flax's DenseGeneral and LinearGeneral draw theirs (the same key gives
+  flax's numbers); Linen's and NNX's sharding metadata stays on the result."""
   flat = ((math.prod(shape[:input_dims]),) if input_dims else ()) + (
       math.prod(shape[input_dims:]),)
 
@@ -503,9 +470,8 @@ def flat_init(init: Callable, shape, input_dims: int) -> Callable:
 
 def projection_specs(kernel_shape, input_dims: int, *, use_bias: bool, kernel_init,
                      bias_init) -> dict[str, tuple[tuple[int, ...], Callable]]:
-  """{"kernel": (shape, initializer), "bias": ...}: the parameters of one projection, drawn as
-  flax's DenseGeneral (Linen) and LinearGeneral (NNX) draw theirs (``flat_init``); the specs the
-  Linen and NNX holders declare alike."""
+  """{"kernel": (shape, initializer), "bias": ...}: one projection's parameters, as the Linen and
+  NNX holders declare them (``flat_init``)."""
   specs = {"kernel": (kernel_shape, flat_init(kernel_init, kernel_shape, input_dims))}
   if use_bias:
     bias_shape = kernel_shape[input_dims:]
@@ -647,8 +613,7 @@ class MultiHeadDotProductAttention(nn.Module):
     return params
 
   def _cache(self, params, inputs_q, inputs_k, inputs_v):
-    """The cache while decoding (None at init, which makes it, and when not decoding), and a
-    function that stores an updated one."""
+    """The cache while decoding (None at init, which makes it), and a function that stores one."""
     if not self.decode:
       return None, None
     initialized = self.has_variable("cache", "cached_key")
@@ -671,10 +636,7 @@ class MultiHeadDotProductAttention(nn.Module):
                sow_weights: bool | None = False, bias=None, is_causal: bool = False,
                **attention_args):
     """inputs_q [..., T, D_in], inputs_k [..., S, D_k] (None: inputs_q), inputs_v [..., S, D_v]
-    (None: inputs_k) -> [..., T, D_out]. ``inputs_kv``: flax's older name for inputs_k and
-    inputs_v together. ``attention_args``: further keyword arguments of
-    ``multi_head_attention`` (sequence lengths, local window, soft cap, segment ids,
-    return_residual)."""
+    (None: inputs_k) -> [..., T, D_out]; ``attention_args``: ``multi_head_attention``'s."""
     refuse_unserved(qkv_dot_general=self.qkv_dot_general, out_dot_general=self.out_dot_general,
                     qkv_dot_general_cls=self.qkv_dot_general_cls,
                     out_dot_general_cls=self.out_dot_general_cls,

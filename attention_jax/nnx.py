@@ -44,16 +44,13 @@ RECORDED_AS = {"intermediates": nnx.Intermediate, variants.LOSSES: Losses}
 
 
 def _capturing(module: nnx.Module, variable_type=nnx.Intermediate) -> bool:
-  """True inside ``nnx.capture(..., variable_type)``: NNX's counterpart of a mutable Linen
-  collection. (``nnx.capture`` marks the modules it runs with ``__captures__``; outside it a
-  ``sow`` would set an attribute instead, which flax 0.12 deprecates.)"""
+  """True inside ``nnx.capture(..., variable_type)`` (which marks modules with ``__captures__``):
+  NNX's counterpart of a mutable Linen collection."""
   return any(type(v) is variable_type for v in getattr(module, "__captures__", ()))
 
 
 class _Dropping(nnx.Module):
-  """A module with dropout somewhere inside. ``deterministic`` is set by the constructor,
-  ``train()`` / ``eval()``, ``nnx.view(module, deterministic=...)`` or the call, and the call
-  passes it down explicitly."""
+  """A module with dropout inside, whose call passes ``deterministic`` down explicitly."""
 
   def set_view(self, deterministic: bool | None = None):
     """Called by ``nnx.view``, as on ``nnx.Dropout``."""
@@ -65,9 +62,8 @@ class _Dropping(nnx.Module):
 
 
 class _Params(nnx.Module):
-  """Parameters declared by specs {name: (shape, initializer)} (``multihead.projection_specs``,
-  a QK-norm's scale, a head variant's own), each drawn from ``rngs.params()`` in order as flax
-  draws its own, with ``metadata[name]`` on its variable; called, it returns {name: array}."""
+  """Parameters declared by specs {name: (shape, initializer)}, drawn from ``rngs.params()`` in
+  flax's order with ``metadata[name]``; called, it returns {name: array}."""
 
   def __init__(self, specs: dict, param_dtype, rngs: nnx.Rngs,
                metadata: Mapping = MappingProxyType({})):
@@ -257,8 +253,8 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
 
 
 
-# Positional encodings: the Linen ones' three methods, over the same pure functions. ``rotate`` is
-# static so that a block can take it from the config alone (and be built by nnx.vmap over layers).
+# Positional encodings: the Linen ones' methods over the same functions; ``rotate`` is static, so
+# that a block can take it from the config alone.
 
 class NoPositionalEncoding(nnx.Module):
   """No position information: embed, rotate and attention_bias leave everything as it is.
@@ -391,11 +387,8 @@ class FeedForward(_Dropping):
 
 
 class EncoderBlock(_Dropping):
-  """Self-attention and feed-forward sublayers with residuals and LayerNorm: [B, T, D] -> same;
-  the twin of ``attention_jax.EncoderBlock`` (attention, feed_forward, norm_0, norm_1).
-
-  ``mask`` broadcasts to [B, N, T, T]; ``attention_bias`` to [N, T, T] (or None). RoPE comes from
-  ``config.positional_encoding``; the other encodings act outside the block.
+  """The twin of ``attention_jax.EncoderBlock``: [B, T, D] -> same; RoPE comes from the config,
+  the other encodings act outside the block.
 
   >>> from attention_jax import EncoderConfig, lengths_to_valid, padding_mask
   >>> block = EncoderBlock(EncoderConfig(vocab_size=32, d_model=64), rngs=nnx.Rngs(0))
@@ -436,10 +429,7 @@ class EncoderBlock(_Dropping):
 
 
 class TransformerEncoder(_Dropping):
-  """Token ids [B, T] -> contextual vectors [B, T', D] (T' = T + 1 with ``cls_token``); the twin
-  of ``attention_jax.TransformerEncoder`` (embed, cls, positional, block_{i}, final_norm).
-
-  ``valid`` [B, T] marks real tokens (default: tokens != pad_id); padded keys get no attention.
+  """The twin of ``attention_jax.TransformerEncoder``: token ids [B, T] -> [B, T', D].
 
   >>> from attention_jax import EncoderConfig
   >>> config = EncoderConfig(vocab_size=32, d_model=64, num_heads=4, num_layers=2)
@@ -470,9 +460,8 @@ class TransformerEncoder(_Dropping):
       self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs)
 
   def embed_inputs(self, tokens, valid=None, *, deterministic: bool | None = None):
-    """What the first block sees: tokens [B, T] (or vectors [B, T, F]) -> x [B, T', D], mask
-    [B, 1, 1, T'] and attention_bias [N, T', T'] or None. (For running the blocks another way,
-    e.g. nnx.scan.)"""
+    """What the first block sees (to run the blocks another way, e.g. nnx.scan): x [B, T', D],
+    mask [B, 1, 1, T'] and attention_bias [N, T', T'] or None."""
     deterministic = self._deterministic(deterministic)
     cfg = self.config
     valid = encoder_lib.inputs_to_valid(tokens, cfg) if valid is None else valid
@@ -540,8 +529,7 @@ class TokenClassifier(_Classifier):
 
 
 def linen_params(module: nnx.Module) -> dict:
-  """The parameters of ``module`` as the Linen twin's ``variables["params"]`` (nested dicts of
-  arrays; a leading axis stays where nnx.vmap made one).
+  """The parameters of ``module`` as the Linen twin's ``variables["params"]``.
 
   >>> import attention_jax
   >>> config = attention_jax.EncoderConfig(vocab_size=32, d_model=32, num_heads=4)
@@ -571,8 +559,8 @@ def _shapes(tree, prefix=()):
 
 
 def load_linen_params(module: nnx.Module, params) -> nnx.Module:
-  """Sets the parameters of ``module`` (in place) to the Linen twin's ``variables["params"]``
-  (or the variables dict itself); returns the module. A different tree raises ValueError.
+  """Sets the parameters of ``module`` in place to the Linen twin's ``variables["params"]`` (or
+  its variables); returns the module. A different tree raises ValueError.
 
   >>> import attention_jax
   >>> config = attention_jax.EncoderConfig(vocab_size=32, d_model=32, num_heads=4)
