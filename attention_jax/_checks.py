@@ -99,6 +99,45 @@ def check_mask_and_bias(mask, bias, target: Sequence[int]) -> None:
     check_broadcastable("bias", bias.shape, target)
 
 
+#: The jax.nn arguments that describe which keys each query sees, as arrays.
+STRUCTURE = ("query_seq_lengths", "key_value_seq_lengths", "query_segment_ids", "key_segment_ids")
+
+
+def attention_inputs(query, key, mask, bias, num_heads: int, structure: dict):
+  """mask (flax's numeric masks read as nonzero = attend), bias and the STRUCTURE arguments of
+  ``structure`` as arrays, validated against [..., N, T, S] -> (mask, bias, {name: array})."""
+  mask = None if mask is None else jnp.asarray(mask)
+  if mask is not None and mask.dtype != jnp.bool_ and jnp.issubdtype(mask.dtype, jnp.number):
+    mask = mask != 0
+  bias = None if bias is None else jnp.asarray(bias)
+  arrays = {name: None if structure.get(name) is None else jnp.asarray(structure[name])
+            for name in STRUCTURE}
+  check_mask_and_bias(mask, bias, query.shape[:-3] + (num_heads, query.shape[-3], key.shape[-3]))
+  check_structure(query, key, **arrays)
+  return mask, bias, arrays
+
+
+def dropout(rate: float, rng, deterministic: bool) -> float:
+  """The dropout rate a call applies (0 when deterministic), checked: in [0, 1), with a key."""
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"dropout_rate must be in [0, 1), got {rate}.")
+  rate = 0.0 if deterministic else rate
+  if rate > 0.0 and rng is None:
+    raise ValueError(f"dropout_rate={rate} needs a dropout_rng (a jax.random key), or "
+                     "deterministic=True.")
+  return rate
+
+
+def refuse_unserved(**arguments) -> None:
+  """flax arguments that choose how products are computed or sharded: only None (flax's default)
+  is served; anything else raises ValueError naming it, never ignored."""
+  for name, value in arguments.items():
+    if value is not None:
+      raise ValueError(f"{name}={value!r} is not served: attention_jax computes its own products "
+                       f"(dtype= and precision= choose their dtype and precision; parameters shard "
+                       f"by their partitioning metadata); leave {name} unset.")
+
+
 def _check_ints(name, array, shape) -> None:
   if not jnp.issubdtype(array.dtype, jnp.integer):
     raise ValueError(f"{name} must be an integer array, got dtype {array.dtype}.")

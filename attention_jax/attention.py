@@ -65,33 +65,25 @@ def unsupported_reason(name, query, key, value, request: _checks.Request) -> str
   return _UNSUPPORTED_REASON[name](query, key, value, request)
 
 
-#: On CPU, blockwise attention from this length on; below it the reference formula, whose
-#: head-major einsums beat jax.nn's [B, T, N, H] ones. The measurements behind the threshold:
-#: docs/performance.md, "Where the defaults come from".
+#: On CPU, blockwise attention from this length on, below it the reference formula
+#: (docs/performance.md, "Where the defaults come from").
 CHUNKED_MIN_LENGTH_CPU = 256
 
-#: Accelerator kernels are chosen automatically only on the architectures where they have been
-#: run against the float64 reference and timed: for cuDNN, CUDA compute capabilities (Hopper, 9.0,
-#: measured on an H100 and an H200 against torch's SDPA and JAX's Pallas Triton kernel:
-#: docs/performance.md), so that every GPU of that architecture (H100, H200, GH200) gets it;
-#: for the Pallas TPU kernel, TPU device kinds by prefix. The Pallas TPU flash kernel has not run
-#: on a TPU yet, so on TPU the automatic choice is "xla"; it stays available by name (not on TPU
-#: v2/v3, where it fails: jax issue 18595).
+#: The architectures where an accelerator kernel has been run against the float64 reference and
+#: timed, so that it is chosen automatically: CUDA compute capabilities for cuDNN (Hopper: an
+#: H100 and an H200, docs/performance.md), TPU device kinds by prefix for the Pallas kernel
+#: (none yet: it stays available by name, though not on TPU v2/v3, jax issue 18595).
 MEASURED_ON = {"cudnn": ("9.0",), "pallas_tpu": ()}
 
-#: The compute capability of NVIDIA GPUs by device kind (prefix), for when only the kind is known
-#: (a question asked off the GPU, or a device that does not report its capability).
+#: The compute capability of NVIDIA GPUs by device kind (prefix), for when only the kind is known.
 COMPUTE_CAPABILITY = {
     "NVIDIA H100": "9.0", "NVIDIA H200": "9.0", "NVIDIA GH200": "9.0", "NVIDIA H800": "9.0",
     "NVIDIA B200": "10.0", "NVIDIA GB200": "10.0", "NVIDIA A100": "8.0", "NVIDIA A10": "8.6",
     "NVIDIA L4": "8.9", "NVIDIA L40": "8.9", "Tesla T4": "7.5", "Tesla V100": "7.0",
 }
 
-#: On GPU, where cuDNN cannot serve a call (float32, head dims it lacks), XLA's attention is faster
-#: than the chunked kernel's loops but materialises the [..., N, T, S] logits and probabilities.
-#: Above this many bytes of float32 logits the chunked kernel (memory linear in T) takes over, so
-#: that one call stays within a 16 GB GPU. The measurements behind the threshold:
-#: docs/performance.md, "Where the defaults come from".
+#: On GPU without cuDNN, XLA's attention (faster, but it materialises the logits) up to this many
+#: bytes of float32 logits, the chunked kernel above (docs/performance.md).
 XLA_MAX_LOGITS_BYTES_GPU = 2 ** 31
 
 
@@ -145,33 +137,22 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
                           compute_capability: str | None = None, **call) -> str:
   """The name of the implementation ``dot_product_attention`` runs for these arguments.
 
-  ``call``: the call's other arguments, as ``dot_product_attention`` takes them, so that a call
-  can be asked about as it is written: ``deterministic=True`` switches dropout off,
-  ``module`` asks for the weights, as there, and ``score_mod``, ``mask_mod``, ``block_mask``,
-  ``sinks`` and ``normalizer="sigmoid"`` rule out the kernels that cannot serve them; the
-  others (causality, windows, lengths, segment ids, dtype, ...) do not change the choice. A
-  name that function does not take raises TypeError.
+  ``call``: the call's other arguments, as ``dot_product_attention`` takes them (``deterministic``,
+  ``module``, ``score_mod``, ``mask_mod``, ``block_mask``, ``sinks``, ``normalizer`` matter; an
+  unknown name raises TypeError). ``implementation=None`` picks the first that can serve the
+  request, for ``backend`` (default ``jax.default_backend()``), ``device_kind`` and, on GPU,
+  ``compute_capability`` (default: those of its first device, or COMPUTE_CAPABILITY's):
 
-  ``implementation=None`` picks the first implementation that can serve the request from a list
-  per backend (``backend`` defaults to ``jax.default_backend()``, ``device_kind`` to the kind of
-  its first device, e.g. "NVIDIA H100 80GB HBM3" or "TPU v4", and on GPU ``compute_capability``
-  to that device's, e.g. "9.0", or else the one COMPUTE_CAPABILITY gives for the kind):
-
-  - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference" (both measured
-    faster than jax.nn here);
-  - gpu: "cudnn" on the architectures in MEASURED_ON (float16/bfloat16, head_dim a multiple of 8
-    up to 128, value shaped like key), else "xla" while the float32 logits would take at most
-    XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
+  - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference";
+  - gpu: "cudnn" on the architectures in MEASURED_ON, else "xla" while the float32 logits take
+    at most XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
   - tpu: "pallas_tpu" on the TPUs in MEASURED_ON (none yet), else "xla";
-  - "chunked" wherever "xla" cannot serve the call (a score_mod, sinks, the sigmoid normaliser),
-    so that memory stays linear in T; a mask_mod goes to "xla" or "chunked" as on GPU (cuDNN and
-    the Pallas kernel take it only as a dense mask, when named);
-  - and "reference" when none of these can (attention dropout, returned weights).
+  - "chunked" wherever "xla" cannot serve (a score_mod, sinks, the sigmoid); a mask_mod never
+    goes to "cudnn" or "pallas_tpu" unless named;
+  - "reference" when none of these can (dropout, returned weights).
 
-  A named implementation that cannot serve the request raises ``ValueError`` with the reason;
-  nothing falls back silently. Shapes are enough: pass ``jax.ShapeDtypeStruct`` objects to ask
-  what a call would run, and ``backend="gpu", device_kind="NVIDIA H200"`` (or
-  ``compute_capability="9.0"``) to ask what it would run there.
+  A named implementation that cannot serve raises ``ValueError`` with the reason; nothing falls
+  back silently. Shapes are enough (``jax.ShapeDtypeStruct``).
 
   >>> q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
   >>> select_implementation(q, k, v, return_weights=True)
@@ -243,21 +224,13 @@ _KERNELS = {
 }
 
 
-#: What a query row with no key to attend to returns (``empty_rows=``): "mean", as jax.nn and
-#: flax (their masked logits are all equal, so the softmax is uniform and the row is the mean of
-#: the values over all S keys, with uniform weights), or "zero" (zeros and zero weights).
-#: Rows past ``query_seq_lengths`` are zeros either way, as in jax.nn.
+#: What a query row with no key to attend to returns (``empty_rows=``): "mean" (jax.nn's and
+#: flax's uniform weights) or "zero"; rows past ``query_seq_lengths`` are zeros either way.
 EMPTY_ROWS = ("mean", "zero")
-
-#: flax's arguments that choose how products are computed; we compute them our own way and refuse
-#: any other choice in one line rather than ignore it.
-_FLAX_PRODUCT_ARGUMENTS = ("einsum_dot_general", "qk_attn_weights_einsum",
-                           "attn_weights_value_einsum")
-
 
 def matmul_precision(precision) -> str | None:
   """flax's ``precision`` (a lax.Precision, its name, or a pair) as the name that
-  ``jax.default_matmul_precision`` takes, for the products inside attention; None stays None.
+  ``jax.default_matmul_precision`` takes; None stays None.
 
   >>> matmul_precision(jax.lax.Precision.HIGHEST), matmul_precision(None)
   ('highest', None)
@@ -279,8 +252,7 @@ def default_precision(precision):
 
 
 def _sow(module, weights) -> None:
-  """Sows the weights as flax's attention functions do with ``module=``: in "intermediates" for a
-  Linen module, as an ``nnx.Intermediate`` for an NNX one."""
+  """Sows the weights as flax's attention functions do with ``module=`` (Linen or NNX)."""
   if hasattr(module, "is_mutable_collection"):  # Linen
     module.sow("intermediates", "attention_weights", weights)
   else:
@@ -314,77 +286,53 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
 
   A superset of ``jax.nn.dot_product_attention`` and of flax's ``dot_product_attention`` (Linen
   and NNX): every argument either takes keeps its name, position and meaning, so it can replace
-  them in a call and serve as the ``attention_fn`` of flax's attention modules.
+  them and serve as the ``attention_fn`` of flax's modules. Of flax's product arguments
+  (``einsum_dot_general``, ...) only None is served; ``force_fp32_for_softmax`` is accepted (the
+  softmax is float32 or wider anyway); ``module``: sow the weights there, as flax does.
 
   Args:
     query: [..., T, N, H].
-    key: [..., S, K, H]; N must be a multiple of K (grouped-query attention: query head n reads
-      key/value head n // (N // K); the queries are grouped, keys and values never copied).
+    key: [..., S, K, H]; N a multiple of K (grouped-query attention: query head n reads
+      key/value head n // (N // K), by grouping the queries).
     value: [..., S, K, H_v].
-    bias: optional additive logits broadcastable to [..., N, T, S]; -inf means "do not attend".
-    mask: optional, broadcastable to [..., N, T, S]: attend where True or, for a mask of another
-      dtype (flax's ``make_attention_mask`` gives float32), where nonzero. Boolean is the fast path.
-    broadcast_dropout: one dropout mask [T, S] shared by the batch and the heads (flax's default),
-      or (False) one per weight.
-    dropout_rng: a PRNG key for attention dropout.
-    dropout_rate: attention dropout on the weights; needs ``dropout_rng`` unless deterministic.
-      The masks are flax's for the same key: bernoulli(dropout_rng, 1 - rate, shape).
-    deterministic: no dropout (flax's switch).
-    dtype: the dtype the query, key and value are cast to (None: as they come).
-    precision: of the matrix products (a ``jax.lax.Precision``, its name or a pair), as flax's.
-    module: a Linen or NNX module in which to sow the weights [..., N, T, S] as
-      "attention_weights", as flax does (Linen: the "intermediates" collection).
-    force_fp32_for_softmax: accepted for flax's signature; the softmax always runs in float32 or
-      wider here, which is what True asks for.
-    einsum_dot_general, qk_attn_weights_einsum, attn_weights_value_einsum: flax's ways to replace
-      the products; only None is served (anything else raises ValueError naming it).
-    promote_dtype: flax NNX's ``(arrays, dtype=) -> arrays`` applied to (query, key, value).
+    bias: optional additive logits broadcastable to [..., N, T, S].
+    mask: optional, broadcastable to [..., N, T, S]: attend where True (or nonzero, flax's float
+      masks). Boolean is the fast path.
+    dropout_rate: on the weights, with flax's masks for the same ``dropout_rng``, one [T, S] mask
+      for the batch and heads with ``broadcast_dropout``; off when ``deterministic``.
+    dtype, precision, promote_dtype: as flax's (the cast of query, key and value; the
+      precision of the products).
     scale: multiplies Q K^T; None means 1 / sqrt(H). Any float is allowed.
     is_causal: query t attends only to keys s <= t (top-left aligned, as jax.nn).
-    query_seq_lengths: optional int [...]: query rows t >= length attend to nothing (zeros).
-    key_value_seq_lengths: optional int [...]: keys s >= length are not attended to.
-    local_window_size: optional (left, right) or an int w = (w, w): query t attends to keys
-      t - left <= s <= t + right.
-    logits_soft_cap: optional c > 0: the logits become c * tanh(scale * Q K^T / c) before the
-      bias and the mask (Gemma 2).
-    query_segment_ids, key_segment_ids: optional int [..., T] and [..., S], both or neither:
-      attend only where the ids are equal (packed examples).
-    return_weights: also return the softmax weights [..., N, T, S] (float32, before dropout).
-    return_residual: also return the log-sum-exp of each row's logits, [..., T, N] (float32,
-      -inf for a row with nothing to attend to, without gradient), as jax.nn names it.
-    implementation: "reference" (the formula), "xla" (jax.nn.dot_product_attention), "chunked"
-      (blockwise, memory linear in T and S; it skips key blocks that the causal mask, the window,
-      the lengths or the segment ids rule out; block sizes via ``chunked_attention``), "cudnn"
-      (cuDNN flash attention on NVIDIA GPUs), "pallas_tpu" (the Pallas flash kernel on TPU) or
-      None (automatic, see ``select_implementation``). TRANSFORMS says which autodiff modes each
-      supports.
-    empty_rows: what a query row with no key to attend to returns: "mean" (default, as jax.nn
-      and flax: the mean of the values over all keys, uniform weights) or "zero" (zeros and zero
-      weights). Rows past ``query_seq_lengths`` are zeros either way. Gradients stay finite.
-      With ``sinks`` or sigmoid attention such a row is zeros (all weight on the sink, or none).
-    score_mod: optional ``score_mod(score, batch, head, q_idx, kv_idx) -> score``, PyTorch
-      FlexAttention's: written for scalars (int32 indices; ``batch`` the flattened batch index,
-      ``head`` the query head), applied to every logit after the soft cap and the bias and
-      before the masks. Arrays it closes over receive gradients.
-    mask_mod: optional ``mask_mod(batch, head, q_idx, kv_idx) -> bool``: attend where True,
-      combined with every other mask.
-    block_mask: optional ``BlockMask`` from ``make_block_mask`` for this T and S: it carries its
-      mask_mod, and the chunked kernel skips its empty blocks and does not evaluate the
-      mask_mod on its full ones (the kernel's blocks are the block mask's).
-    sinks: optional [N] logits, one per query head, added to each row's softmax denominator
-      (exp(sink) / (exp(sink) + sum_s exp(logit_s)) is the weight no key gets); zeros give
-      softmax-off-by-one. Included in the returned log-sum-exp; they receive gradients.
-    normalizer: "softmax" (default) or "sigmoid": weights sigmoid(logit + b), 0 where masked,
-      with no normalisation over the row (:ref:`Ramapuram et al. 2024 <ref-ramapuram2024>`).
-    sigmoid_bias: b for the sigmoid; None means -log(S).
+    query_seq_lengths, key_value_seq_lengths: optional int [...]: rows t >= length give zeros,
+      keys s >= length are not attended to.
+    local_window_size: (left, right) or w = (w, w): query t sees keys t - left <= s <= t + right.
+    logits_soft_cap: c > 0: the logits become c * tanh(scale * Q K^T / c) before bias and mask.
+    query_segment_ids, key_segment_ids: int [..., T] and [..., S], both or neither: attend only
+      where the ids are equal (packed examples).
+    return_weights: also return the weights [..., N, T, S] (float32, before dropout).
+    return_residual: also return each row's log-sum-exp [..., T, N] (float32, -inf on a row
+      with nothing to attend to, no gradient).
+    implementation: "reference", "xla" (jax.nn's), "chunked" (blockwise, memory linear in T and
+      S), "cudnn", "pallas_tpu" or None (``select_implementation``); TRANSFORMS says which
+      autodiff modes each supports.
+    empty_rows: what a row with no key returns: "mean" (as jax.nn and flax: uniform weights)
+      or "zero". With ``sinks`` or the sigmoid such a row is zeros. Gradients stay finite.
+    score_mod: ``score_mod(score, batch, head, q_idx, kv_idx) -> score`` (FlexAttention's),
+      written for scalars, applied after the soft cap and bias, before the masks; arrays it
+      closes over receive gradients.
+    mask_mod: ``mask_mod(batch, head, q_idx, kv_idx) -> bool``: attend where True.
+    block_mask: a ``make_block_mask`` result for this T and S, carrying its mask_mod: the
+      chunked kernel skips its empty blocks and its full ones skip the mask_mod.
+    sinks: [N] logits added to each row's softmax denominator (zeros: softmax-off-by-one);
+      included in the log-sum-exp, with gradients.
+    normalizer: "softmax" or "sigmoid": weights sigmoid(logit + sigmoid_bias) (None: -log(S)),
+      unnormalised (:ref:`Ramapuram et al. 2024 <ref-ramapuram2024>`).
 
   Returns:
     [..., T, N, H_v] in the dtype of ``query``, followed by the weights and the residual when
-    asked for (a tuple then). The softmax runs in float32 (at least) with the row max subtracted.
-
-  Raises:
-    ValueError: at trace time, for malformed shapes or dtypes, or an implementation that cannot
-      serve the request.
+    asked for (a tuple then). Malformed shapes or dtypes, or an implementation that cannot serve
+    the call, raise ValueError at trace time.
 
   Example:
     >>> q = k = v = jnp.ones((2, 16, 4, 8))  # (B, T, N, H)
@@ -392,11 +340,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     (2, 16, 4, 8)
     >>> out, lse = dot_product_attention(q, k, v, local_window_size=(4, 0), return_residual=True)
   """
-  for name, argument in zip(_FLAX_PRODUCT_ARGUMENTS, (einsum_dot_general, qk_attn_weights_einsum,
-                                                      attn_weights_value_einsum)):
-    if argument is not None:
-      raise ValueError(f"{name}={argument!r} is not served: attention_jax computes its own "
-                       f"products (precision= sets their precision); leave {name}=None.")
+  _checks.refuse_unserved(einsum_dot_general=einsum_dot_general,
+                          qk_attn_weights_einsum=qk_attn_weights_einsum,
+                          attn_weights_value_einsum=attn_weights_value_einsum)
   del force_fp32_for_softmax  # the softmax is float32 or wider whatever it says
   if empty_rows not in EMPTY_ROWS:
     raise ValueError(f"empty_rows must be one of {EMPTY_ROWS}, got {empty_rows!r}.")
@@ -405,20 +351,12 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     query, key, value = promote_dtype((query, key, value), dtype=dtype)
   elif dtype is not None:
     query, key, value = (x.astype(dtype) for x in (query, key, value))
-  mask = None if mask is None else jnp.asarray(mask)
-  if mask is not None and mask.dtype != jnp.bool_ and (
-      jnp.issubdtype(mask.dtype, jnp.number)):
-    mask = mask != 0  # flax's reading of a float or int mask: nonzero = attend
-  bias = None if bias is None else jnp.asarray(bias)
-  structure = {name: None if array is None else jnp.asarray(array) for name, array in (
-      ("query_seq_lengths", query_seq_lengths), ("key_value_seq_lengths", key_value_seq_lengths),
-      ("query_segment_ids", query_segment_ids), ("key_segment_ids", key_segment_ids))}
   _checks.check_qkv(query, key, value)
   q_len, num_heads, head_dim = query.shape[-3:]
   kv_len = key.shape[-3]
-  target = query.shape[:-3] + (num_heads, q_len, kv_len)  # [..., N, T, S]
-  _checks.check_mask_and_bias(mask, bias, target)
-  _checks.check_structure(query, key, **structure)
+  mask, bias, structure = _checks.attention_inputs(query, key, mask, bias, num_heads, dict(
+      query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+      query_segment_ids=query_segment_ids, key_segment_ids=key_segment_ids))
   window = _checks.local_window(local_window_size)
   logits_soft_cap = _checks.soft_cap(logits_soft_cap)
   sinks = None if sinks is None else jnp.asarray(sinks)
@@ -426,12 +364,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
                        return_residual=return_residual)
   mask_mod = mods_lib.check_block_mask(block_mask, mask_mod, math.prod(query.shape[:-3]),
                                        num_heads, q_len, kv_len)
-  if not 0.0 <= dropout_rate < 1.0:
-    raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
-  dropout_rate = 0.0 if deterministic else dropout_rate
-  if dropout_rate > 0.0 and dropout_rng is None:
-    raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key), or "
-                     "deterministic=True.")
+  dropout_rate = _checks.dropout(dropout_rate, dropout_rng, deterministic)
   want_weights = return_weights or module is not None
   if not _can_empty_rows(mask, structure, window, mask_mod) or (
       sinks is not None or normalizer == "sigmoid"):

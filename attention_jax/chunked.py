@@ -2,8 +2,8 @@
 FlashAttention, :ref:`Dao et al. 2022 <ref-dao2022>`).
 
 Neither direction materialises the T x S matrix: the forward pass walks key blocks with a running
-row max m, row sum l and output accumulator, and keeps only the log-sum-exp per query row; the
-backward pass (a custom VJP) recomputes each block's probabilities from it:
+row max, row sum and output, keeping the log-sum-exp per row; the backward pass (a custom VJP)
+recomputes each block's probabilities from it:
 
   Z_ij = Q_i K_j^T  (Q already multiplied by the scale),  optionally Z = cap * tanh(Z / cap)
   P_ij = exp(Z_ij + bias_ij - lse_i)
@@ -11,21 +11,12 @@ backward pass (a custom VJP) recomputes each block's probabilities from it:
   dZ_ij = dS_ij (times 1 - tanh^2 under the cap),   dbias_ij = dS_ij
   dQ_i += dZ_ij K_j,   dK_j += dZ_ij^T Q_i
 
-Grouped-query attention groups the queries: the G query heads that read one key/value head are
-processed one after another against that head's keys and values, which are never copied (and
-their gradients are summed over the group as they are computed, or, where several heads run side
-by side, afterwards). Key blocks that the causal mask,
-the local window, the sequence lengths or the segment ids rule out entirely are skipped.
-
-Internally tensors are head-major, [B, N, L, H] with B the flattened batch dims, and one
-(batch, head) pair is processed at a time so that each block's [bq, bk] arrays stay in cache, or,
-where blocks are small (short sequences), a few pairs side by side (``_Blocks.pairs_per_step``).
-Memory is linear in T and S (plus the mask and bias, at whatever size the caller gives them),
-plus a constant: the pairs that run side by side hold up to PAIR_BLOCK_BYTES of logits in each
-of the few block-sized buffers a step keeps live.
-Autodiff is reverse mode (grad, vjp, jacrev; hessian too, forward mode running through the
-backward pass); forward mode applied to the kernel itself (jvp, jacfwd) raises a
-ValueError naming the implementations that support it.
+Grouped-query attention runs the G query heads of a key/value head against its keys and values,
+never copied. Key blocks that the causal mask, the window, the lengths, the segment ids or a
+block mask rule out are skipped. Internally tensors are head-major, [B, N, L, H], one (example,
+head) pair at a time, or a few side by side where blocks are small (``_Blocks.pairs_per_step``).
+Memory is linear in T and S (plus the mask and bias as given). Autodiff is reverse mode (and
+hessian); forward mode on the kernel (jvp, jacfwd) raises FORWARD_MODE_ERROR.
 """
 
 from __future__ import annotations
@@ -43,10 +34,8 @@ from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
 from attention_jax import reference
 
-# The largest query and key blocks by default. Without a causal mask long key blocks win; causal
-# attention wants short key blocks, so that whole blocks above the diagonal are skipped (a local
-# window skips blocks the same way). The measurements behind them: docs/performance.md, "Where
-# the defaults come from".
+# The largest query and key blocks by default: causal or windowed attention wants short key
+# blocks, so that whole blocks are skipped (docs/performance.md, "Where the defaults come from").
 DEFAULT_BLOCK_Q = 1024
 DEFAULT_BLOCK_K = 4096
 DEFAULT_BLOCK_K_CAUSAL = 1024
@@ -58,10 +47,8 @@ def _round_up(length: int, block: int) -> int:
 
 
 def _block_size(length: int, requested: int | None, default: int) -> int:
-  """The requested block (at most the length), or else equal blocks of at most ``default``.
-
-  Equal blocks keep the padding small: T = 1100 gets two blocks of 552, not two of 1024.
-  """
+  """The requested block (at most the length), or else equal blocks of at most ``default``
+  (T = 1100 gets two blocks of 552, not two of 1024)."""
   if requested:
     return min(requested, _round_up(length, 8))
   num_blocks = -(-length // default)
@@ -70,14 +57,8 @@ def _block_size(length: int, requested: int | None, default: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Pattern:
-  """The static part of which keys a query sees, and how its logits are shaped.
-
-  is_causal: keys s <= t; window: (left, right), keys t - left <= s <= t + right; soft_cap: the
-  logits Q K^T * scale become cap * tanh(. / cap) before the bias and the mask; score_mod and
-  mask_mod: the traced mods' functions ``fn(consts, *scalars)`` (``mods.Mod.fn``), their
-  constants arriving as inputs; normalizer: "softmax", or "sigmoid" (weights sigmoid(logit +
-  sigmoid_bias), no row normalisation).
-  """
+  """The static part of which keys a query sees and how its logits are shaped, as
+  ``dot_product_attention``'s arguments; the mods as ``mods.Mod.fn``, ``fn(consts, *scalars)``."""
   is_causal: bool = False
   window: tuple[int, int] | None = None
   soft_cap: float | None = None
@@ -88,10 +69,8 @@ class Pattern:
 
 
 class _Extras(NamedTuple):
-  """Per-example structure over the flattened batch: segment ids [B or 1, Tp] / [B or 1, Sp]
-  (packed sequences: attend only within equal ids), sequence lengths [B], and positions
-  [B or 1, Tp] / [B or 1, Sp] (where the causal mask and the window look instead of the indices:
-  a shard of a longer sequence); None when absent."""
+  """Per example of the flattened batch, or None: segment ids and positions [B or 1, Lp] (the
+  causal mask and window read positions, where given, instead of indices), lengths [B]."""
   q_segments: jax.Array | None = None
   kv_segments: jax.Array | None = None
   q_lengths: jax.Array | None = None
@@ -101,9 +80,7 @@ class _Extras(NamedTuple):
 
 
 class _Mods(NamedTuple):
-  """The arrays behind the custom parts of a call: the constants the score_mod and mask_mod
-  closed over (tuples), the sinks [N] and the block mask's kinds [B or 1, N or 1, Q, K] (None
-  when absent)."""
+  """The mods' constants (tuples), the sinks [N] and the block kinds [B or 1, N or 1, Q, K]."""
   score_consts: tuple = ()
   mask_consts: tuple = ()
   sinks: jax.Array | None = None
@@ -112,9 +89,8 @@ class _Mods(NamedTuple):
 
 
 class _Head(NamedTuple):
-  """What one query head of one example sees: bias and mask [T' or 1, S' or 1], segment ids
-  and positions [Tp] and [Sp], and scalar lengths; its batch and head index, its sink, its
-  block kinds [Q, K] and the mods' constants; None when absent."""
+  """One query head of one example: bias and mask [T' or 1, S' or 1], the _Extras' [Lp] and
+  scalars, its indices, sink, block kinds [Q, K] and the mods' constants; None when absent."""
   bias: jax.Array | None
   mask: jax.Array | None
   q_segments: jax.Array | None
@@ -133,8 +109,7 @@ class _Head(NamedTuple):
 
 
 def _occupied(kinds, lo, hi):
-  """[lo, hi) narrowed to the first and last block that the block mask's ``kinds`` (a row or a
-  column of it) does not call empty: the loop never visits the empty blocks on either side."""
+  """[lo, hi) narrowed to the first and last block that ``kinds`` does not call empty."""
   occupied = kinds != mods_lib.EMPTY
   first = jnp.argmax(occupied)  # 0 when none is occupied
   last = occupied.shape[0] - jnp.argmax(occupied[::-1])  # one past the last occupied
@@ -142,8 +117,7 @@ def _occupied(kinds, lo, hi):
 
 
 def _zeros(shape, dtype, *like):
-  """Zeros that vary over the same shard_map axes as the arrays ``like`` (None ignored), so
-  that loop carries keep one type under ``jax.shard_map``'s check_vma."""
+  """Zeros that vary over the shard_map axes of the arrays ``like`` (check_vma's loop carries)."""
   zeros = jnp.zeros(shape, dtype)
   for array in jax.tree_util.tree_leaves(like):
     zeros = zeros + jnp.zeros_like(array, dtype, shape=())
@@ -167,9 +141,8 @@ class _Blocks:
 
   @property
   def pairs_per_step(self):
-    """How many (example, head) pairs one loop step processes side by side: as many as keep
-    their [bq, bk] logits within PAIR_BLOCK_BYTES together; None for one at a time (long
-    sequences), as lax.map's batch_size takes it."""
+    """(example, head) pairs per loop step, as many as keep their logits within
+    PAIR_BLOCK_BYTES; None for one at a time (lax.map's batch_size)."""
     pairs = PAIR_BLOCK_BYTES // (4 * self.block_q * self.block_k) if self.side_by_side else 1
     return pairs if pairs > 1 else None
 
@@ -193,52 +166,39 @@ class _Blocks:
 
   @staticmethod
   def _last(block, size, length, dynamic_length):
-    """The last real index of ``block`` (of ``size``) in a sequence of ``length`` (or of
-    ``dynamic_length`` when given); below the block's first index when the block is empty."""
+    """The last real index of ``block``; below its first when the block is empty."""
     last = jnp.minimum((block + 1) * size, length) - 1
     return last if dynamic_length is None else jnp.minimum(last, dynamic_length - 1)
 
-  def key_range(self, i, pattern: Pattern, head: _Head):
-    """Key blocks [lo, hi) that query block i may attend to; empty when none."""
-    first, last = i * self.block_q, self._last(i, self.block_q, self.q_len, head.q_length)
-    lo, hi = 0, self.num_k
-    if head.q_positions is not None:  # explicit positions: blocks are skipped one by one
-      pattern = Pattern()
-    if pattern.is_causal:
-      hi = jnp.minimum(hi, last // self.block_k + 1)
-    if pattern.window is not None:
-      left, right = pattern.window
-      lo = jnp.maximum(lo, (first - left) // self.block_k)
-      hi = jnp.minimum(hi, (last + right) // self.block_k + 1)
-    if head.kv_length is not None:
-      hi = jnp.minimum(hi, -(-head.kv_length // self.block_k))
+  def span(self, fixed, pattern: Pattern, head: _Head, *, row: bool):
+    """Blocks [lo, hi) of the other axis that block ``fixed`` may meet (``row``: the key blocks
+    of query block ``fixed``, else the query blocks of key block ``fixed``); empty when none."""
+    size, other, length, own_length, other_length, num = (
+        (self.block_q, self.block_k, self.q_len, head.q_length, head.kv_length, self.num_k) if row
+        else (self.block_k, self.block_q, self.kv_len, head.kv_length, head.q_length, self.num_q))
+    first, last = fixed * size, self._last(fixed, size, length, own_length)
+    lo, hi = 0, num
+    if head.q_positions is None:  # explicit positions: blocks are skipped one by one
+      # the other axis's reach before and after this block's positions (None: unbounded)
+      before, after = (None, None) if pattern.window is None else (
+          pattern.window if row else pattern.window[::-1])
+      if pattern.is_causal and row:
+        after = 0 if after is None else min(after, 0)
+      elif pattern.is_causal:
+        before = 0 if before is None else min(before, 0)
+      if before is not None:
+        lo = jnp.maximum(lo, (first - before) // other)
+      if after is not None:
+        hi = jnp.minimum(hi, (last + after) // other + 1)
+    if other_length is not None:
+      hi = jnp.minimum(hi, -(-other_length // other))
     if head.block_kinds is not None:
-      lo, hi = _occupied(head.block_kinds[i], lo, hi)
-    return lo, jnp.where(last < first, lo, hi)
-
-  def query_range(self, j, pattern: Pattern, head: _Head):
-    """Query blocks [lo, hi) that may attend to key block j; empty when none."""
-    first, last = j * self.block_k, self._last(j, self.block_k, self.kv_len, head.kv_length)
-    lo, hi = 0, self.num_q
-    if head.q_positions is not None:
-      pattern = Pattern()
-    if pattern.is_causal:
-      lo = jnp.maximum(lo, first // self.block_q)
-    if pattern.window is not None:
-      left, right = pattern.window
-      lo = jnp.maximum(lo, (first - right) // self.block_q)
-      hi = jnp.minimum(hi, (last + left) // self.block_q + 1)
-    if head.q_length is not None:
-      hi = jnp.minimum(hi, -(-head.q_length // self.block_q))
-    if head.block_kinds is not None:
-      lo, hi = _occupied(head.block_kinds[:, j], lo, hi)
+      lo, hi = _occupied(head.block_kinds[fixed] if row else head.block_kinds[:, fixed], lo, hi)
     return lo, jnp.where(last < first, lo, hi)
 
   def mod_indices(self, i, j, head: _Head):
-    """The query [bq, 1] and key [1, bk] indices of block (i, j) that the mods see: the tokens'
-    positions where the call gives them (a context-parallel shard's places in the whole
-    sequence), else their indices, padding rows and keys getting the last real index (so that a
-    table lookup stays in bounds)."""
+    """The query [bq, 1] and key [1, bk] indices the mods see in block (i, j): the positions
+    where given, else the indices, padding clamped to the last real one (lookups in bounds)."""
     if head.q_positions is not None:
       query_index, key_index = self.block_ids(head.q_positions, head.kv_positions, i, j)
       return query_index.astype(jnp.int32)[:, None], key_index.astype(jnp.int32)[None, :]
@@ -247,8 +207,8 @@ class _Blocks:
     return query_index.astype(jnp.int32)[:, None], key_index.astype(jnp.int32)[None, :]
 
   def allowed(self, i, j, pattern: Pattern, head: _Head, full: bool = False):
-    """Boolean [bq or 1, bk] of the pairs of block (i, j) that may attend; None when all may.
-    ``full``: the block mask says the mask_mod allows every pair here, so it is not evaluated."""
+    """Boolean [bq or 1, bk] of the pairs of block (i, j) that may attend; None when all may
+    (``full``: the block mask says the mask_mod allows them all)."""
     query_index = (i * self.block_q + jnp.arange(self.block_q))[:, None]  # [bq, 1]
     key_index = (j * self.block_k + jnp.arange(self.block_k))[None, :]  # [1, bk]
     query_position, key_position = query_index, key_index
@@ -277,16 +237,13 @@ class _Blocks:
     return masks_lib.combine_masks(*parts)
 
   def block_ids(self, query_ids, key_ids, i, j):
-    """The [bq] and [bk] entries of per-query and per-key ids (segments, positions) in block
-    (i, j)."""
+    """The [bq] and [bk] ids (segments, positions) of block (i, j)."""
     return (lax.dynamic_slice_in_dim(query_ids, i * self.block_q, self.block_q),
             lax.dynamic_slice_in_dim(key_ids, j * self.block_k, self.block_k))
 
   def unless_skipped(self, step, carry, i, j, pattern: Pattern, head: _Head):
-    """step(carry, full), or carry unchanged when the id ranges of block (i, j) rule out every
-    pair: no shared segment id, (with explicit positions) every key after every query (causal)
-    or outside every query's window, or an empty block of the block mask. ``full``: the block
-    mask says the mask_mod allows every pair of the block."""
+    """step(carry, full), or carry when block (i, j) is ruled out whole: by its segment ids,
+    positions (causal, window) or the block mask (``full``: the mask_mod allows every pair)."""
     could_attend = []
     kind = None if head.block_kinds is None else head.block_kinds[i, j]
     if kind is not None:
@@ -311,15 +268,12 @@ class _Blocks:
                       carry)
 
   def along(self, fixed, step, carry, pattern: Pattern, head: _Head, *, row: bool):
-    """``step(carry, other, full)`` over the blocks of query block ``fixed`` (``row``: key
-    blocks ``other``) or of key block ``fixed`` (query blocks) that may attend, in a loop.
+    """``step(carry, other, full)`` over the blocks that block ``fixed`` meets (``span``).
 
-    With a block mask and no other id-based skips, its full blocks run in one loop and its
-    partial ones in a second (in the order of its kinds), so that no block pays for a branch
-    (a branch per block cost 10-25% of a block on CPU) and empty blocks are never visited; the
-    online softmax does not depend on the order. Otherwise every block of the range is checked
+    With a block mask and no id-based skips, its full blocks run in one loop and its partial
+    ones in a second, so that no block pays for a branch; else each block is checked
     (``unless_skipped``)."""
-    lo, hi = (self.key_range if row else self.query_range)(fixed, pattern, head)
+    lo, hi = self.span(fixed, pattern, head, row=row)
     pair = (lambda other: (fixed, other)) if row else (lambda other: (other, fixed))
     by_ids = head.q_segments is not None or (
         head.q_positions is not None and (pattern.is_causal or pattern.window is not None))
@@ -338,9 +292,8 @@ class _Blocks:
 
 
 def _score_mod(pattern: Pattern, head: _Head, geometry: _Blocks, i, j, transposed):
-  """The score_mod on block (i, j) as a function of (logits, trainable constants), or None:
-  logits [bq, bk] (or [bk, bq] ``transposed``), the trainable constants being the floating
-  arrays it closed over (``mods.is_trainable``), which the backward pass differentiates."""
+  """(score, trainable constants) of the score_mod on block (i, j) (logits [bq, bk], or [bk, bq]
+  ``transposed``), or None; ``score(logits, trainable)``."""
   if pattern.score_mod is None:
     return None
   q_idx, kv_idx = geometry.mod_indices(i, j, head)  # [bq, 1], [1, bk]
@@ -359,10 +312,8 @@ def _score_mod(pattern: Pattern, head: _Head, geometry: _Blocks, i, j, transpose
 
 def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Blocks, dtype,
             transposed=False, full=False, pullback=False):
-  """(Z_ij [+ bias_ij], through the score_mod, ``reference.masked_logit`` where not allowed:
-  [bq, bk]; tanh(Z / cap) or None; with ``pullback``, the score_mod's VJP, d score -> (d input,
-  d trainable constants), or None), all transposed, [bk, bq], with ``transposed`` (from the
-  product K_j Q_i^T, not a transpose). ``full``: the mask_mod allows every pair of the block."""
+  """(logits [bq, bk]: Z_ij + bias_ij through the score_mod, masked; tanh(Z / cap) or None; and
+  with ``pullback`` the score_mod's VJP or None), [bk, bq] from K_j Q_i^T with ``transposed``."""
   turn = (lambda x: None if x is None else x.T) if transposed else (lambda x: x)
   logits = (jnp.einsum("kh,qh->kq", k_block, q_block, preferred_element_type=dtype) if transposed
             else jnp.einsum("qh,kh->qk", q_block, k_block, preferred_element_type=dtype))
@@ -385,40 +336,17 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Bl
   return (logits, squashed, vjp) if pullback else (logits, squashed)
 
 
-def _sigmoid_forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
-  """Sigmoid attention: out = sum_j sigmoid(Z_ij + b) V_j, no normaliser, so no running max;
-  q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv], lse [Tp] (zeros: sigmoid has none)."""
-  dtype = reference.compute_dtype(q.dtype)
-
-  def query_block(i):
-    q_block = lax.dynamic_slice_in_dim(q, i * g.block_q, g.block_q)
-
-    def attend(acc, j, full):
-      k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
-      v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
-      logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype, full=full)
-      weights = jax.nn.sigmoid(logits + pattern.sigmoid_bias)  # 0 where masked
-      return acc + jnp.einsum("qk,kh->qh", weights.astype(v.dtype), v_block,
-                              preferred_element_type=dtype)
-
-    acc = g.along(i, attend, _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head), pattern,
-                  head, row=True)
-    return acc, jnp.zeros((g.block_q,), dtype)
-
-  out, lse = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq]
-  return out.reshape(-1, v.shape[-1]), lse.reshape(-1)
-
-
 def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
-  """q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv], lse [Tp] (``reference.least_row_max``
-  where a row has no key and no sink). A sink s adds exp(s) to each row's denominator: the
+  """q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv] (compute dtype), lse [Tp]
+  (``reference.least_row_max`` where a row has no key and no sink; zeros for the sigmoid, which
+  has no normaliser and so no running max). A sink s adds exp(s) to each row's denominator: the
   running max and sum start at s and 1 instead of least_max and 0."""
-  if pattern.normalizer == "sigmoid":
-    return _sigmoid_forward_head(q, k, v, head, pattern, g)
   dtype = reference.compute_dtype(q.dtype)
   least_max = reference.least_row_max(dtype)  # a masked logit minus it underflows to exp = 0
   sink = None if head.sink is None else head.sink.astype(dtype)
   start_max = least_max if sink is None else jnp.maximum(sink, least_max)
+  product = lambda p, v_block: jnp.einsum("qk,kh->qh", p.astype(v.dtype), v_block,
+                                          preferred_element_type=dtype)
 
   def with_sink(row_max, row_sum):  # adds exp(sink - row_max) to the row sums
     return row_sum if sink is None else row_sum + jnp.exp(sink - row_max)
@@ -427,28 +355,30 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
     q_block = lax.dynamic_slice_in_dim(q, i * g.block_q, g.block_q)
 
     def attend(carry, j, full):
-      row_max, row_sum, acc = carry
       k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
       v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
       logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype, full=full)
+      if pattern.normalizer == "sigmoid":  # sum_j sigmoid(Z_ij + b) V_j, 0 where masked
+        return carry + product(jax.nn.sigmoid(logits + pattern.sigmoid_bias), v_block)
+      row_max, row_sum, acc = carry
       new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))  # >= least_max: finite
       correction = jnp.exp(row_max - new_max)
       probs = jnp.exp(logits - new_max[:, None])  # 0 where masked
       row_sum = row_sum * correction + jnp.sum(probs, axis=-1)
-      acc = acc * correction[:, None] + jnp.einsum(
-          "qk,kh->qh", probs.astype(v.dtype), v_block, preferred_element_type=dtype)
-      return new_max, row_sum, acc
+      return new_max, row_sum, acc * correction[:, None] + product(probs, v_block)
 
+    acc = _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head)
+    if pattern.normalizer == "sigmoid":
+      return g.along(i, attend, acc, pattern, head, row=True), jnp.zeros((g.block_q,), dtype)
     if g.num_k == 1:  # all keys in one block: a plain softmax, with nothing to rescale
       logits, _ = _logits(q_block, k, i, 0, pattern, head, g, dtype)
       row_max = jnp.maximum(jnp.max(logits, axis=-1, initial=least_max), start_max)
       probs = jnp.exp(logits - row_max[:, None])  # 0 where masked
       row_sum = with_sink(row_max, jnp.sum(probs, axis=-1))
-      acc = jnp.einsum("qk,kh->qh", probs.astype(v.dtype), v, preferred_element_type=dtype)
+      acc = product(probs, v)
     else:
       zeros = _zeros((g.block_q,), dtype, q, k, v, head)
-      init = (zeros + start_max, with_sink(zeros + start_max, zeros),
-              _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head))
+      init = (zeros + start_max, with_sink(zeros + start_max, zeros), acc)
       row_max, row_sum, acc = g.along(i, attend, init, pattern, head, row=True)
     has_key = row_sum > 0.0
     out = acc / jnp.where(has_key, row_sum, 1.0)[:, None]
@@ -456,7 +386,7 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
     return out, lse  # an empty row: out 0, lse = least_max, so that exp(logit - lse) = 0 later
 
   out, lse = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq]
-  return out.reshape(-1, v.shape[-1]), lse.reshape(-1)  # out in the compute dtype
+  return out.reshape(-1, v.shape[-1]), lse.reshape(-1)
 
 
 def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _Blocks, d_bias,
@@ -467,13 +397,9 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
   dtype = reference.compute_dtype(q.dtype)
   delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # rowsum(dO * O) [Tp]
 
-  # Key blocks outside (dK_j, dV_j accumulate locally), query blocks inside (dQ_i and dbias
-  # accumulate in place in carried buffers), so each P_ij is computed once. The blocks are
-  # computed transposed, [bk, bq] (S_ij^T = K_j Q_i^T, dP_ij^T = V_j dO_i^T), so that two of the
-  # three gradient products are plain matrix products: dV_j += P_ij^T dO_i, dK_j += dS_ij^T Q_i,
-  # and dQ_i^T += K_j^T dS_ij^T accumulates dQ transposed, from K^T [H, Sp]. XLA's CPU backend
-  # runs a product with a transposed operand (P_ij^T dO_i from P_ij) markedly slower
-  # (docs/performance.md, "Where the defaults come from").
+  # Key blocks outside, query blocks inside, so each P_ij is computed once. Blocks are
+  # transposed, [bk, bq], so that the gradient products are plain matrix products (XLA's CPU
+  # backend runs transposed operands markedly slower): dQ accumulates transposed, from K^T.
   k_t = lax.optimization_barrier(k.T)  # kept, not folded back into the product
 
   def key_block(carry, j):
@@ -544,7 +470,7 @@ def _pick(array, index):
 
 
 def _group_inputs(bias, mask, extras: _Extras, mods: _Mods, b, n):
-  """The _Head of example b and query head n from [B', N', T', S'] bias and mask."""
+  """The _Head of example b and query head n."""
   return _Head(_pick(_pick(bias, b), n), _pick(_pick(mask, b), n),
                *(_pick(per_example, b) for per_example in extras),
                batch=jnp.asarray(b, jnp.int32), head=jnp.asarray(n, jnp.int32),
@@ -554,10 +480,8 @@ def _group_inputs(bias, mask, extras: _Extras, mods: _Mods, b, n):
 
 
 def _map_heads(f, per_query_head, k, v, geometry):
-  """lax.map of f(b, n, *arrays of query head n, k_n, v_n) over the B * N (example, query head)
-  pairs, ``geometry.pairs_per_step`` side by side. The per-query-head arrays [B, N, ...] arrive
-  as contiguous slices, and so do k and v [B, K, ...] when each query head has its own (with
-  grouped-query attention, the key/value head that query head n reads is picked by index)."""
+  """lax.map of f(b, n, *arrays of query head n, k_n, v_n) over the B * N pairs,
+  ``geometry.pairs_per_step`` side by side (with grouped queries, k_n and v_n by index)."""
   batch, num_heads = per_query_head[0].shape[:2]
   group = num_heads // k.shape[1]
   by_pair = lambda x: x.reshape((-1,) + x.shape[2:])  # [B, N, ...] -> [B * N, ...]
@@ -576,8 +500,7 @@ def _map_heads(f, per_query_head, k, v, geometry):
 
 def _forward(q, k, v, bias, mask, extras, mods, pattern, geometry):
   """q [B, N, Tp, H], k [B, K, Sp, H], v [B, K, Sp, Hv] -> out [B, N, Tp, Hv] (compute dtype),
-  lse [B, N, Tp]. One (example, query head) at a time, or a few side by side, keeps each
-  block's arrays in cache."""
+  lse [B, N, Tp]."""
   def one_head(b, n, q_n, k_n, v_n):
     return _forward_head(q_n, k_n, v_n, _group_inputs(bias, mask, extras, mods, b, n), pattern,
                          geometry)
@@ -598,9 +521,8 @@ def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_
   batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
   group = num_heads // num_kv
   dtype = reference.compute_dtype(q.dtype)
-  # The products run in the compute dtype (float32 for bfloat16 and float16 inputs): dS rounded
-  # to bfloat16 cost dQ a third more error than jax.nn's, and XLA's CPU backend has no
-  # bfloat16 x bfloat16 = float32 product outside a fusion.
+  # The products run in the compute dtype (float32 for 16-bit inputs): dS rounded to bfloat16
+  # cost dQ a third more error than jax.nn's.
   q, k, v, out, d_out = (x.astype(dtype) for x in (q, k, v, out, d_out))
   trained = _trainable(mods)
   like = (q, k, v, d_out, bias, mask, extras, mods)
@@ -745,15 +667,10 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                       block_k: int | None = None, empty_rows: str = "zero", score_mod=None,
                       mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
                       sigmoid_bias: float | None = None):
-  """Memory-efficient attention, blockwise in both directions; same contract as the reference.
-
-  query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> [..., T, N, H_v] (and the
-  log-sum-exp [..., T, N], float32, -inf on empty rows, with ``return_residual``). The other
-  arguments as ``dot_product_attention`` (``empty_rows`` defaults to "zero" here). Blocks of
-  ``block_q`` queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most 1024
-  queries and 4096 keys, or 1024 keys when causal or windowed; a ``block_mask``'s own blocks when
-  one is given: its empty blocks are skipped, and its full blocks do not evaluate the mask_mod).
-  Inputs are assumed validated.
+  """Memory-efficient attention, blockwise in both directions; validated arguments as
+  ``dot_product_attention``'s (``empty_rows`` defaults to "zero" here). Blocks of ``block_q``
+  queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most
+  DEFAULT_BLOCK_Q and DEFAULT_BLOCK_K or DEFAULT_BLOCK_K_CAUSAL; a ``block_mask``'s own).
 
   >>> q = k = v = jnp.ones((2, 512, 4, 64))  # [B, T, N, H]
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256).shape
@@ -786,13 +703,11 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   result = finish(out, lse, query, return_residual)
   if empty_rows == "zero":
     return result
-  has_key = _has_key(lse, query)
+  output, *residual = result if return_residual else (result,)
   query_valid = None if query_seq_lengths is None else masks_lib.lengths_to_valid(
       query_seq_lengths, query.shape[-3])
-  if not return_residual:
-    return masks_lib.uniform_empty_rows(result, has_key, value, None, query_valid)[0]
-  output, residual = result
-  return masks_lib.uniform_empty_rows(output, has_key, value, None, query_valid)[0], residual
+  output = masks_lib.uniform_empty_rows(output, _has_key(lse, query), value, None, query_valid)[0]
+  return (output, *residual) if residual else output
 
 
 def trace_mods(score_mod, mask_mod, query, *inputs, sinks=None, block_kinds=None):

@@ -1,27 +1,18 @@
-"""Context-parallel attention: the sequence axis sharded over a mesh axis of P devices.
+"""Context-parallel attention: the sequence axis sharded over a mesh axis of P devices, each
+holding T / P queries, keys and values. Two strategies compute exact attention:
 
-Each device holds T / P queries, keys and values. Two strategies compute exact attention:
+- "ring" (:ref:`Liu et al. 2023 <ref-liu2023>`): the key/value shards travel around the ring
+  (``lax.ppermute``) for P steps while each device runs ``chunked``'s kernel on its query shard,
+  merging partial results by their log-sum-exps; the backward pass (a custom VJP) recomputes
+  each step and rotates the key/value gradients home with their shards. Memory per device is
+  linear in T / P.
+- "all_gather": every device gathers all keys and values and attends its query shard to them.
+  It alone takes a bias or a general mask, rows sharded with the queries, [..., N or 1,
+  T / P or 1, S]. Both take a key (padding) mask [..., 1, 1, S].
 
-- "ring" (:ref:`Liu et al. 2023 <ref-liu2023>`, Ring Attention): the key/value shards travel around
-  the ring
-  (``lax.ppermute``) for P steps while each device runs the blockwise kernel of ``chunked`` on its
-  query shard against the shard passing by, merging the partial results by their log-sum-exps.
-  The backward pass (a custom VJP) recomputes each step from the saved log-sum-exp and rotates the
-  key/value gradients with their shards, so that after P steps they arrive home. Memory per
-  device is linear in T / P: one query, key and value shard, one travelling key/value shard.
-- "all_gather": every device gathers all keys and values (S x K x H per device, cheap with
-  grouped-query attention) and attends its query shard to them; autodiff reduce-scatters the
-  key/value gradients. It is the strategy that takes a bias or a general mask: rows sharded with
-  the queries, [..., N or 1, T / P or 1, S] (columns in the layout order of the gathered keys).
-  Both take a mask that only says which keys are real, [..., 1, 1, S] (a padding mask).
-
-Causal attention on a contiguous layout leaves the first devices idle (device 0 has one block
-of work, device P - 1 has P). The zigzag layout (:ref:`Brandon et al. 2023 <ref-brandon2023>`,
-Striped/zigzag ring
-attention) gives device i the sequence chunks i and 2P - 1 - i of 2P, so every device has the
-same work; ``to_zigzag`` / ``from_zigzag`` permute tokens in and out of it. The kernel masks by
-the tokens' true positions, so any layout is exact; blocks that the positions rule out are
-skipped.
+The zigzag layout (:ref:`Brandon et al. 2023 <ref-brandon2023>`) gives device i the chunks i and
+2P - 1 - i of 2P, balancing causal work; ``to_zigzag`` / ``from_zigzag`` permute tokens in and
+out of it. The kernel masks by the tokens' true positions, so any layout is exact.
 """
 
 from __future__ import annotations
@@ -216,14 +207,11 @@ def context_parallel_attention_shard(
     block_q: int | None = None, block_k: int | None = None, score_mod=None, mask_mod=None):
   """The per-device part of ``context_parallel_attention``, for use inside your own shard_map.
 
-  query [..., T/P, N, H], key [..., S/P, K, H], value [..., S/P, K, H_v]: this device's shards
-  along the mesh axis ``axis_name``, in ``layout`` ("contiguous": device i holds positions
-  i T/P .. (i + 1) T/P - 1; "zigzag": see ``zigzag_order``). Segment ids are this device's
-  shards [..., T/P] / [..., S/P]; sequence lengths are of the whole sequence, [...].
-  mask: a key mask [..., 1, 1, S/P] (this device's keys), or (strategy "all_gather" only)
-  [..., N or 1, T/P or 1, S], as bias. ``score_mod`` and ``mask_mod`` (as for
-  ``dot_product_attention``) see the tokens' positions in the whole sequence, in either layout.
-  -> [..., T/P, N, H_v].
+  query [..., T/P, N, H], key [..., S/P, K, H], value [..., S/P, K, H_v] -> [..., T/P, N, H_v]:
+  this device's shards along ``axis_name``, in ``layout`` ("contiguous" or "zigzag", see
+  ``zigzag_order``); segment ids are shards too, sequence lengths are of the whole sequence.
+  mask: a key mask [..., 1, 1, S/P], or (strategy "all_gather") as bias, [..., N or 1, T/P or 1,
+  S]. The mods see the tokens' positions in the whole sequence.
 
   >>> from jax.sharding import AxisType, PartitionSpec as P
   >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",), axis_types=(AxisType.Auto,))
@@ -287,11 +275,8 @@ def context_parallel_attention_shard(
       query, key, value, bias, mask, scale=scale, geometry=geometry,
       segment_ids=(q_segments, kv_segments),
       positions=(q_positions, kv_positions) if by_position else (None, None), mods=mods)
-  # One (example, head) pair per loop step, as memory per device is what sharding the sequence
-  # is for (several side by side hold more bytes per device: docs/performance.md, "Where the
-  # defaults come from");
-  # and vmapped over several pairs the ring's backward fails shard_map's check_vma (jax 0.10.2:
-  # "Primitive mul requires varying manual axes to match").
+  # One (example, head) pair per loop step: memory per device is what sharding is for, and
+  # vmapped over pairs the ring's backward fails shard_map's check_vma (jax 0.10.2).
   geometry = dataclasses.replace(geometry, side_by_side=False)
   if strategy == "all_gather":
     out, lse = chunked._attention(*inputs, pattern, geometry)
@@ -310,17 +295,12 @@ def context_parallel_attention(
   """Self-attention over a sequence sharded along ``axis_name`` of ``mesh``.
 
   query [..., T, N, H], key [..., T, K, H], value [..., T, K, H_v], global arrays -> [..., T, N,
-  H_v], sharded the same way. The sequence is padded inside to a multiple of P, the size of the
-  mesh axis (2P with ``load_balance`` under a causal mask or a window); pass such lengths to save
-  the copies. The other mesh axes are left to the compiler (shard the batch over them as you
-  like). The arguments mean what they mean for ``dot_product_attention``; a key (padding) mask
-  [..., 1, 1, T] works with both strategies, a general bias or mask ([..., N or 1, T or 1, T])
-  needs strategy="all_gather". A ``score_mod`` and ``mask_mod`` (FlexAttention's functions, as
-  ``dot_product_attention`` takes them) see the tokens' positions in the whole sequence, and the
-  arrays a score_mod closes over get their gradients. ``load_balance`` runs causal and windowed
-  attention in the zigzag layout (tokens are permuted in and out: keep your activations in
-  ``to_zigzag`` order and call ``context_parallel_attention_shard(layout="zigzag")`` to save the
-  two permutations).
+  H_v], sharded the same way; the other mesh axes are left to the compiler. The sequence is
+  padded inside to a multiple of P (2P in the zigzag layout). The arguments mean what they mean
+  for ``dot_product_attention``; a general bias or mask needs strategy="all_gather". The mods
+  see positions in the whole sequence. ``load_balance`` runs causal and windowed attention in
+  the zigzag layout (keep activations in ``to_zigzag`` order and call
+  ``context_parallel_attention_shard(layout="zigzag")`` to save the two permutations).
 
   >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",))  # e.g. 8 devices
   >>> q = jnp.ones((1, 64, 8, 16))  # [B, T, N, H]
@@ -391,14 +371,11 @@ def context_parallel_attention(
 
 
 def _onto(x, spec, mesh):
-  """x resharded to ``spec`` on ``mesh`` when the mesh's axes are explicit, where shard_map takes
-  inputs only as they are placed (with automatic axes the compiler places them). The other
-  explicit axes are replicated, so on such a mesh each of their devices computes the whole
-  batch: use automatic axes (jax.sharding.Mesh's default) to keep the batch sharded as well."""
+  """x resharded to ``spec`` on a mesh with explicit axes (shard_map takes inputs as placed);
+  its other explicit axes are replicated, so automatic axes keep the batch sharded."""
   if not any(str(kind).endswith("Explicit") for kind in getattr(mesh, "axis_types", ())):
     return x
   return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, spec or PartitionSpec()))
-
 
 
 def _check_request(query, key, bias, mask, strategy):
@@ -432,13 +409,9 @@ def _permute_logits(x, size):
 @dataclasses.dataclass(frozen=True)
 class ContextParallel:
   """``dot_product_attention``'s signature, run by ``context_parallel_attention`` over
-  ``axis_name`` of ``mesh``: the ``attention_fn`` of MultiHeadAttention (and EncoderConfig).
-  Attention dropout and returned weights are refused (they would be [T, S] per device), and so
-  are the log-sum-exp residual and block masks, sinks and sigmoid attention (a score_mod and a
-  mask_mod are served, on the tokens' positions in the whole sequence). A query row with no key
-  to attend to gives zeros (what ``empty_rows="zero"`` asks of ``dot_product_attention``; the
-  ring does not compute the mean of the values that flax gives there). ``dtype`` casts the query, key and value; ``precision``
-  is the caller's (the module runs it under ``jax.default_matmul_precision``).
+  ``axis_name`` of ``mesh``: an ``attention_fn`` for MultiHeadAttention (and EncoderConfig).
+  Refused: attention dropout, returned weights or log-sum-exp, block masks, sinks and sigmoid
+  attention; a row with no key gives zeros (``empty_rows="zero"``).
 
   >>> from attention_jax import MultiHeadAttention
   >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",))

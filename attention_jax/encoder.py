@@ -265,43 +265,41 @@ def masked_mean(x, valid):
   return jnp.sum(x * weights, axis=-2) / jnp.maximum(jnp.sum(weights, axis=-2), 1.0)
 
 
-class SequenceClassifier(nn.Module):
-  """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token or masked mean.
-  The same read-out gives C real values for a regression target (the loss is the caller's).
+class _Classifier(nn.Module):
+  """An encoder and a linear read-out, of the pooled vector or (``per_token``) of every one."""
+  config: EncoderConfig
+  per_token = False
+
+  @nn.compact
+  def __call__(self, tokens, valid=None, *, deterministic: bool = True):
+    cfg = self.config
+    valid = inputs_to_valid(tokens, cfg) if valid is None else valid
+    use_cls = not self.per_token and cfg.pooling == "cls"
+    x = TransformerEncoder(cfg, cls_token=use_cls, name="encoder")(
+        tokens, valid, deterministic=deterministic)  # [B, T(+1), D]
+    if not self.per_token:
+      x = x[..., 0, :] if use_cls else masked_mean(x, valid)  # [B, D]
+    return nn.Dense(cfg.num_classes, dot_general=dense_dot_general, name="logits")(x)
+
+
+class SequenceClassifier(_Classifier):
+  """Token ids [B, T] -> class logits [B, C] (or C real values), pooling the encoder by CLS
+  token or masked mean.
 
   >>> model = SequenceClassifier(EncoderConfig(vocab_size=32, num_classes=10, pooling="mean"))
   >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding
   >>> model.apply(model.init(jax.random.key(0), tokens), tokens).shape
   (2, 10)
   """
-  config: EncoderConfig
-
-  @nn.compact
-  def __call__(self, tokens, valid=None, *, deterministic: bool = True):
-    cfg = self.config
-    valid = inputs_to_valid(tokens, cfg) if valid is None else valid
-    use_cls = cfg.pooling == "cls"
-    x = TransformerEncoder(cfg, cls_token=use_cls, name="encoder")(
-        tokens, valid, deterministic=deterministic)  # [B, T(+1), D]
-    pooled = x[..., 0, :] if use_cls else masked_mean(x, valid)  # [B, D]
-    logits = nn.Dense(cfg.num_classes, dot_general=dense_dot_general, name="logits")
-    return logits(pooled)  # [B, C]
 
 
-class TokenClassifier(nn.Module):
-  """Token ids [B, T] -> logits [B, T, C] at every position (no CLS token), for tasks with a
-  target per token (C classes, or C real values); the loss belongs to the caller, which masks padding and untargeted positions.
+class TokenClassifier(_Classifier):
+  """Token ids [B, T] -> logits [B, T, C] at every position (no CLS token), for a target per
+  token; the caller's loss masks padding and untargeted positions.
 
   >>> model = TokenClassifier(EncoderConfig(vocab_size=32, num_classes=16))
   >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding
   >>> model.apply(model.init(jax.random.key(0), tokens), tokens).shape
   (2, 4, 16)
   """
-  config: EncoderConfig
-
-  @nn.compact
-  def __call__(self, tokens, valid=None, *, deterministic: bool = True):
-    x = TransformerEncoder(self.config, name="encoder")(
-        tokens, valid, deterministic=deterministic)  # [B, T, D]
-    return nn.Dense(self.config.num_classes, dot_general=dense_dot_general,
-                    name="logits")(x)  # [B, T, C]
+  per_token = True

@@ -160,19 +160,9 @@ def _block_sizes(q_len, kv_len, block_size):
 
 @dataclasses.dataclass(frozen=True)
 class BlockMask:
-  """Which blocks of queries and keys a mask_mod leaves empty, partial or full.
-
-  A pytree (``kinds`` is its one array; the rest is static), made by ``make_block_mask`` and
-  passed to ``dot_product_attention`` as ``block_mask=``.
-
-  Attributes:
-    kinds: int8 [B or 1, N or 1, T / block_q, S / block_k] (blocks rounded up): EMPTY (0),
-      PARTIAL (1) or FULL (2).
-    q_len: T, the query length it was made for.
-    kv_len: S, the key length it was made for.
-    block_q: queries per block.
-    block_k: keys per block.
-    mask_mod: the mask_mod it was made from.
+  """Which blocks of queries and keys a mask_mod leaves empty, partial or full: a pytree whose
+  one array is ``kinds``, int8 [B or 1, N or 1, T / block_q, S / block_k] of EMPTY, PARTIAL or
+  FULL; made by ``make_block_mask`` for T = q_len and S = kv_len, passed as ``block_mask=``.
 
   Example:
     >>> causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx  # diagonal blocks partial
@@ -199,22 +189,10 @@ jax.tree_util.register_dataclass(BlockMask, data_fields=["kinds"],
 
 def make_block_mask(mask_mod, batch: int | None, heads: int | None, q_len: int, kv_len: int,
                     *, block_size: int | tuple[int, int] = DEFAULT_BLOCK_SIZE) -> BlockMask:
-  """The block structure of ``mask_mod`` over T x S, computed once (torch's create_block_mask).
-
-  The mask_mod is evaluated one block row at a time, [block_q, S] entries, so memory stays
-  linear in the lengths.
-
-  Args:
-    mask_mod: ``mask_mod(batch, head, q_idx, kv_idx) -> bool``, True = attend.
-    batch: the (flattened) batch size B, or None when the mask is the same for every example.
-    heads: the query heads N, or None when the mask is the same for every head.
-    q_len: T.
-    kv_len: S.
-    block_size: queries and keys per block, an int or (block_q, block_k); rounded to a multiple
-      of 8 and to at most the length, as the blockwise kernel rounds its blocks.
-
-  Returns:
-    A BlockMask, kinds [B or 1, N or 1, T / block_q, S / block_k].
+  """The BlockMask of ``mask_mod`` over T x S (torch's create_block_mask), evaluated one block
+  row at a time (memory linear in the lengths). ``batch`` (B) and ``heads`` (N): None where the
+  mask is the same for all; ``block_size``: an int or (block_q, block_k), rounded as the
+  blockwise kernel rounds its blocks.
 
   Example:
     >>> docs = jnp.repeat(jnp.arange(4), 64)  # 4 documents of 64 tokens

@@ -122,9 +122,8 @@ def project_out(params, heads, *, dtype=None, precision=None):
 
 def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
   """LayerNorm over the head dimension without bias (QK-norm, :ref:`Dehghani et al. 2023
-  <ref-dehghani2023>`): each head's
-  query (or key) vector normalised to zero mean and unit variance, times a learned ``scale`` [H].
-  Statistics in float32 whatever the input dtype: [..., N, H] -> [..., N, H].
+  <ref-dehghani2023>`), times a learned ``scale`` [H], statistics in float32: [..., N, H] ->
+  [..., N, H].
 
   >>> query = jnp.arange(12.0).reshape(1, 2, 3, 2)  # [B, T, N, H]
   >>> qk_layer_norm(query, jnp.ones(2))[0, 0]
@@ -141,16 +140,9 @@ def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
 def attention_inputs(params, inputs_q, inputs_k=None, inputs_v=None, *,
                      scale: float | str = "inv_sqrt", qk_transform: Callable | None = None,
                      dtype=None, precision=None, positions=None, head_variant=None):
-  """Projected, normalised (with query_ln/key_ln), transformed query/key/value and the scale left
-  to apply to Q K^T.
-
-  [..., T, D_in], [..., S, D_k], [..., S, D_v] -> query [..., T, N, H], key, value [..., S, K, H],
-  scale (inputs_k, inputs_v: flax's defaults, see ``key_value_inputs``).
-  ``positions`` [T] (decoding: where the new tokens sit) reach ``qk_transform`` as
-  ``positions=``; by default it sees positions 0, 1, ... ``head_variant``: its layout hook
-  rearranges the heads here (overlapping heads widen them, differential attention halves them),
-  and the scale is that of its ``scale_dim``.
-  """
+  """Projected, QK-normed, transformed (``qk_transform``, with ``positions=`` [T] when given)
+  query [..., T, N, H], key and value [..., S, K, H] in the variant's layout, and the scale left
+  to apply to Q K^T (of the variant's ``scale_dim``)."""
   variant = variant_of(head_variant)
   inputs_k, inputs_v = key_value_inputs(inputs_q, inputs_k, inputs_v)
   query, key, value = project_qkv(params, inputs_q, inputs_k, inputs_v, dtype=dtype,
@@ -189,10 +181,8 @@ def _neutral(name, value, head_dim: int) -> bool:
 
 
 def call_attention_fn(attention_fn, query, key, value, **arguments):
-  """``attention_fn(query, key, value, **arguments)`` handing it only what it takes, as flax's
-  modules do (``dot_product_attention``, flax's functions or yours); an argument it does not take
-  whose value asks something of it raises ValueError naming it. A function with ``**kwargs``
-  gets the arguments whose value asks something."""
+  """``attention_fn(query, key, value, **arguments)`` handing it only what it takes (all that
+  asks something with ``**kwargs``); one it does not take that asks something raises ValueError."""
   parameters = inspect.signature(attention_fn).parameters
   takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
   head_dim = query.shape[-1]
@@ -211,11 +201,9 @@ def call_attention_fn(attention_fn, query, key, value, **arguments):
 
 
 class Step(NamedTuple):
-  """What one multi-head attention call computes: its output ([..., T, D_out], or a tuple with
-  the weights and residual when asked for), the updated cache (decoding), and what it records,
-  {collection: {name: value}}: in "intermediates" the maps "attention_logits" and
-  "attention_weights" [..., N, T, S] when asked for and the variant's records (MoH's
-  "head_gates"), in "losses" the variant's auxiliary losses. Linen and NNX record these alike."""
+  """One multi-head attention call: its output (with the weights and residual when asked for),
+  the updated cache (decoding), and {collection: {name: value}} to record: "intermediates" (the
+  maps "attention_logits" and "attention_weights", the variant's records) and "losses"."""
   output: Any
   cache: kv_cache.KVCache | None = None
   records: dict[str, dict[str, jax.Array]] = {}
@@ -230,13 +218,10 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
                               cache: kv_cache.KVCache | None = None, return_maps: bool = False,
                               head_variant=None, **attention_args) -> Step:
   """``multi_head_attention`` with a key/value cache and what it records: what the modules
-  run. With ``cache`` (decoding), inputs_q [..., T, D_in] are the next T tokens: their keys and
-  values are appended to the cache, and they attend to every cached position up to their own
-  (causal by construction; ``is_causal`` is then implied). ``return_maps``: also record the
-  logits and weights [..., N, T, S] that the softmax sees and gives (before dropout), computed
-  from the same queries and keys beside the output, which they leave unchanged (for a variant
-  that forms its own maps, those it applies: mixed, possibly negative). ``head_variant``: see
-  ``multi_head_attention``; its hooks are called here, in the order ``variants.base`` lists.
+  run. With ``cache`` (decoding), inputs_q [..., T, D_in] are the next T tokens, appended to the
+  cache, attending to every cached position up to their own (causal by construction).
+  ``return_maps``: also record the logits and weights [..., N, T, S] (before dropout), computed
+  beside the output. A variant's hooks are called in the order ``variants.base`` lists.
 
   >>> x = jnp.ones((2, 5, 16))  # [B, T, D_in]
   >>> variables = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)
@@ -301,23 +286,10 @@ def variant_attention(query, key, value, bias=None, mask=None, *, variant, state
                       return_residual: bool = False, logits_soft_cap: float | None = None,
                       empty_rows: str = "mean", **structure):
   """Attention for a variant that forms its own maps (``forms_maps``): ``head_maps`` with its
-  hooks, dropout, then the weights applied to the values. The arguments are validated as
-  ``dot_product_attention`` validates them, against N heads; an empty row gets zero weights (a
-  variant's weights need not be a softmax).
-
-  The other arguments are ``dot_product_attention``'s; ``implementation`` other than None or
-  "reference", an ``attention_fn`` and ``return_residual`` are refused in one line.
-
-  Args:
-    query: [..., T, N', H], after the variant's layout (N' = N unless it splits heads).
-    key: [..., S, K', H], likewise.
-    value: [..., S, K, H_v].
-    variant: the ``variants.Variant``.
-    state: what the variant's prepare hook gave for this call.
-    num_heads: N, the heads of the output (``bias`` and ``mask`` broadcast to [..., N, T, S]).
-
-  Returns:
-    (heads [..., T, N, H_v], (weights,) with ``return_weights`` else (), (logits, weights)).
+  hooks, dropout, then the weights applied to the values; an empty row gets zero weights.
+  Arguments as ``dot_product_attention``'s, validated against N = ``num_heads`` heads; query
+  [..., T, N', H] and key [..., S, K', H] after the variant's layout; ``state``: what its
+  prepare hook gave. -> (heads [..., T, N, H_v], (weights,) or (), (logits, weights)).
   """
   if implementation not in (None, "reference") or attention_fn is not None:
     asked = (f"implementation={implementation!r}" if attention_fn is None
@@ -329,19 +301,10 @@ def variant_attention(query, key, value, bias=None, mask=None, *, variant, state
     raise ValueError(f"return_residual: head variant {variant.name!r} applies weights that are "
                      "no softmax, so there is no log-sum-exp to return; call without it.")
   del empty_rows  # see the docstring
-  mask = None if mask is None else jnp.asarray(mask)
-  mask = mask if mask is None or mask.dtype == jnp.bool_ else mask != 0  # flax's float masks
-  bias = None if bias is None else jnp.asarray(bias)
-  _checks.check_mask_and_bias(mask, bias, query.shape[:-3] + (num_heads, query.shape[-3],
-                                                             key.shape[-3]))
-  arrays = ("query_seq_lengths", "key_value_seq_lengths", "query_segment_ids", "key_segment_ids")
-  structure.update({name: None if structure.get(name) is None else jnp.asarray(structure[name])
-                    for name in arrays})
-  _checks.check_structure(query, key, **{name: structure[name] for name in arrays})
+  mask, bias, arrays = _checks.attention_inputs(query, key, mask, bias, num_heads, structure)
+  structure.update(arrays)
   _checks.local_window(structure.get("local_window_size"))
-  dropout_rate = 0.0 if deterministic else dropout_rate
-  if dropout_rate > 0.0 and dropout_rng is None:
-    raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng (a jax.random key).")
+  dropout_rate = _checks.dropout(dropout_rate, dropout_rng, deterministic)
   maps = head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal,
                    logits_soft_cap=_checks.soft_cap(logits_soft_cap), variant=variant,
                    state=state, **structure)
@@ -354,66 +317,33 @@ def variant_attention(query, key, value, bias=None, mask=None, *, variant, state
   return heads, (maps[1],) if return_weights else (), maps
 
 
-def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
-                         bias=None, scale: float | str = "inv_sqrt", is_causal: bool = False,
-                         qk_transform: Callable | None = None, dropout_rate: float = 0.0,
-                         dropout_rng=None, broadcast_dropout: bool = True,
-                         implementation: str | None = None, return_weights: bool = False,
-                         attention_fn: Callable | None = None, dtype=None, precision=None,
-                         head_variant=None, **attention_args):
+def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, **options):
   """Multi-head attention as a pure function of its parameters (layout in the module docstring).
 
-  Args:
-    params: the parameter dict of ``MultiHeadAttention`` (``variables["params"]``).
-    inputs_q: [..., T, D_in].
-    inputs_k: [..., S, D_k]; None for self-attention (inputs_q).
-    inputs_v: [..., S, D_v]; None: inputs_k.
-    mask, bias, is_causal: as in ``dot_product_attention``, broadcastable to [..., N, T, S].
-    scale: a number or "inv_sqrt" (1/sqrt(H)), "none" (1), "inv" (1/H), "learned".
-    qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
-    dropout_rate, dropout_rng, broadcast_dropout, implementation, return_weights: as in
-      ``dot_product_attention``.
-    attention_fn: what computes attention from the projected heads: ``dot_product_attention``
-      (None, the default), flax's functions, ``ContextParallel(mesh, axis_name)`` or yours; it
-      is handed the arguments it takes (``call_attention_fn``).
-    dtype: the dtype of the computation (None: the promoted dtype of the inputs and the
-      parameters), e.g. bfloat16 over float32 parameters, as flax's ``dtype``.
-    precision: of the matrix products (a ``jax.lax.Precision`` or its name), as flax's.
-    head_variant: a ``variants.Variant`` (``variants.get(name)``: talking heads, DCMHA, MoH,
-      overlapping heads, gated, differential, yours) or None (plain multi-head attention); its
-      parameters are in ``params[variant.name]``.
-    **attention_args: the other keyword arguments of ``dot_product_attention``
-      (query_seq_lengths, key_value_seq_lengths, local_window_size, logits_soft_cap,
-      query_segment_ids, key_segment_ids, return_residual, empty_rows).
-
-  Returns:
-    [..., T, D_out]; followed by the weights [..., N, T, S] with ``return_weights`` and the
-    log-sum-exp [..., T, N] with ``return_residual`` (a tuple then).
+  ``params``: ``variables["params"]`` of ``MultiHeadAttention``; inputs_q [..., T, D_in],
+  inputs_k [..., S, D_k] (None: inputs_q), inputs_v [..., S, D_v] (None: inputs_k) ->
+  [..., T, D_out], followed by the weights and log-sum-exp when asked for (a tuple then).
+  ``options``: those of ``multi_head_attention_step``: ``scale``,
+  ``qk_transform``, ``attention_fn``, ``head_variant`` as the module's attributes, ``dtype`` and
+  ``precision`` as flax's, the others as ``dot_product_attention``'s.
 
   >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
   >>> variables = MultiHeadAttention(num_heads=8, qkv_features=256).init(jax.random.key(0), x)
   >>> multi_head_attention(variables["params"], x).shape  # 8 heads of d_k = 32
   (2, 10, 128)
   """
-  return multi_head_attention_step(
-      params, inputs_q, inputs_k, inputs_v, mask=mask, bias=bias, scale=scale,
-      is_causal=is_causal, qk_transform=qk_transform, dropout_rate=dropout_rate,
-      dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout, implementation=implementation,
-      return_weights=return_weights, attention_fn=attention_fn, dtype=dtype, precision=precision,
-      head_variant=head_variant, **attention_args).output
+  return multi_head_attention_step(params, inputs_q, inputs_k, inputs_v, **options).output
 
 
 def _per_head(x, heads: int):
-  """A mask or bias [..., N, T, S] repeated for a variant's sub-heads (differential attention's
-  2N halves); unchanged when it has 1 or ``heads`` heads."""
+  """A mask or bias [..., N, T, S] repeated for a variant's sub-heads (differential's 2N)."""
   if x is None or x.ndim < 3 or x.shape[-3] in (1, heads):
     return x
   return jnp.repeat(x, heads // x.shape[-3], axis=-3)
 
 
 def with_variant_arguments(attention_args: dict, variant, state) -> dict:
-  """The call's attention arguments with those the variant sets (``attention_arguments``); an
-  argument set by both is refused in one line."""
+  """The call's attention arguments with those the variant sets; one set by both is refused."""
   added = variant.attention_arguments(state)
   both = sorted(set(added) & {name for name, value in attention_args.items()
                               if value is not None})
@@ -428,13 +358,9 @@ def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool
               empty_rows: str = "mean", variant=None, state=None, score_mod=None,
               mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
               sigmoid_bias: float | None = None, **structure):
-  """(logits, weights), each [..., N, T, S], of projected query [..., T, N, H] and key
-  [..., S, K, H]: the logits Q K^T * scale + bias (through the score_mod) and the masked
-  softmax (with the sinks, or the sigmoid) that ``dot_product_attention`` with the same
-  arguments applies (before dropout). ``structure``: the sequence lengths, local window and
-  segment ids, as there. With a ``variant`` (and the ``state`` its prepare hook gave) that forms
-  its own maps: its logits, normalize and weights hooks, the weights masked again (the logits
-  then have the variant's heads, the weights N).
+  """(logits, weights) [..., N, T, S] of projected query [..., T, N, H] and key [..., S, K, H]:
+  what ``dot_product_attention`` with the same arguments forms (weights before dropout). With a
+  ``variant`` (and its ``state``) that forms its own maps: its hooks, the weights masked again.
 
   >>> q = k = jnp.ones((2, 6, 4, 8))  # [B, T, N, H]
   >>> logits, weights = head_maps(q, k, scale=0.5, is_causal=True)
@@ -473,10 +399,8 @@ def attention_maps(params, inputs_q, inputs_k=None, *, mask=None, bias=None,
                    qk_transform: Callable | None = None, dtype=None, precision=None,
                    head_variant=None, **options):
   """(logits, weights), each [..., N, T, S]: what ``multi_head_attention`` with the same
-  arguments computes inside (the weights before dropout). ``options``: those of ``head_maps``
-  (logits_soft_cap, sequence lengths, local window, segment ids). The modules sow these when
-  asked. For a variant that forms its own maps (talking heads, DCMHA, differential): the logits
-  and the (possibly negative) weights that it applies.
+  arguments forms inside (the weights before dropout; a variant's, possibly negative).
+  ``options``: those of ``head_maps``.
 
   >>> x = jnp.ones((2, 6, 32))  # [B, T, D_in]
   >>> params = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)["params"]
@@ -526,11 +450,9 @@ def multi_head_attention_weights(params, inputs_q, inputs_k=None, **options):
 
 
 def flat_init(init: Callable, shape, input_dims: int) -> Callable:
-  """``init`` drawn as the matrix [prod(shape[:input_dims]), prod(shape[input_dims:])] (a vector
-  when input_dims is 0) and reshaped to ``shape``, as flax's DenseGeneral and LinearGeneral draw
-  theirs (so the same key gives flax's numbers, and the initial scale of q . k does not depend on
-  how the output is split into heads). Sharding metadata (Linen's ``with_logical_partitioning``,
-  NNX's ``with_partitioning``) stays on the result."""
+  """``init`` drawn as the matrix [prod(shape[:input_dims]), prod(shape[input_dims:])] and
+  reshaped to ``shape``, as flax's DenseGeneral and LinearGeneral draw theirs (the same key gives
+  flax's numbers); Linen's and NNX's sharding metadata stays on the result."""
   flat = ((math.prod(shape[:input_dims]),) if input_dims else ()) + (
       math.prod(shape[input_dims:]),)
 
@@ -548,9 +470,8 @@ def flat_init(init: Callable, shape, input_dims: int) -> Callable:
 
 def projection_specs(kernel_shape, input_dims: int, *, use_bias: bool, kernel_init,
                      bias_init) -> dict[str, tuple[tuple[int, ...], Callable]]:
-  """{"kernel": (shape, initializer), "bias": ...}: the parameters of one projection, drawn as
-  flax's DenseGeneral (Linen) and LinearGeneral (NNX) draw theirs (``flat_init``); the specs the
-  Linen and NNX holders declare alike."""
+  """{"kernel": (shape, initializer), "bias": ...}: one projection's parameters, as the Linen and
+  NNX holders declare them (``flat_init``)."""
   specs = {"kernel": (kernel_shape, flat_init(kernel_init, kernel_shape, input_dims))}
   if use_bias:
     bias_shape = kernel_shape[input_dims:]
@@ -582,58 +503,21 @@ def check_heads(num_heads: int, num_kv_heads: int | None, fused_qkv: bool = Fals
   return num_kv_heads
 
 
-def refuse_unserved(**arguments) -> None:
-  """flax arguments that choose how products are computed or sharded: only None (flax's default)
-  is served; anything else raises ValueError naming it, never ignored."""
-  for name, value in arguments.items():
-    if value is not None:
-      raise ValueError(f"{name}={value!r} is not served: attention_jax computes its own products "
-                       f"(dtype= and precision= choose their dtype and precision; parameters shard "
-                       f"by their partitioning metadata); leave {name} unset.")
+refuse_unserved = _checks.refuse_unserved
 
 
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head attention (:ref:`Vaswani et al. 2017 <ref-vaswani2017>`, section 3.2.2) as a Flax
-  Linen module: a drop-in for ``flax.linen.MultiHeadDotProductAttention``.
+  Linen module: a drop-in for ``flax.linen.MultiHeadDotProductAttention`` (also under flax's
+  other names, ``MultiHeadAttention`` and ``SelfAttention``).
 
-  flax's attributes come first, in flax's order, with flax's names, defaults and meaning, so
-  replacing ``nn.MultiHeadDotProductAttention(`` by ``aj.MultiHeadDotProductAttention(`` with the
-  same arguments gives the same parameter tree, auto-name, initial parameters, outputs, dropout
-  masks, decode cache, sown weights and partitioning metadata. ``MultiHeadAttention`` and
-  ``SelfAttention`` are flax's two other names for it. Our extras follow flax's attributes.
+  flax's attributes come first, with flax's names, order, defaults and meaning, so the same
+  arguments give the same parameter tree, auto-name, initial parameters, outputs, dropout masks,
+  decode cache, sown weights and partitioning metadata; ``force_fp32_for_softmax`` is accepted
+  (the softmax is float32 or wider anyway) and of the ``*_dot_general*`` and ``*_einsum_cls``
+  attributes only None is served. Ours follow:
 
   Attributes:
-    num_heads: N.
-    dtype: the computation's dtype (None: promoted from the inputs and parameters).
-    param_dtype: the parameters' dtype.
-    qkv_features: N * H, the width of the projected queries; default: the width of inputs_q.
-    out_features: D_out; default: the width of inputs_q.
-    broadcast_dropout: one attention dropout mask [T, S] for every batch entry and head (True,
-      flax's default) or one per weight.
-    dropout_rate: attention dropout; then ``deterministic`` must be given here or at the call
-      (not both, as flax), and the keys come from the "dropout" rng or the call's dropout_rng.
-    deterministic: no dropout.
-    precision: of the matrix products, a ``jax.lax.Precision`` (or its name).
-    kernel_init: initialiser of the projections' kernels (``with_logical_partitioning`` ones
-      keep their metadata).
-    out_kernel_init: of W_O's kernel (None: ``kernel_init``).
-    bias_init: initialiser of the projections' biases.
-    out_bias_init: of W_O's bias (None: ``bias_init``).
-    use_bias: biases on the four projections.
-    attention_fn: what computes attention from the projected heads: None or
-      ``attention_jax.dot_product_attention`` (the same), flax's ``dot_product_attention``,
-      ``ContextParallel(mesh, axis_name)`` or yours; handed the arguments it takes.
-    decode: autoregressive decoding with a key/value cache, as flax: ``init`` with the whole
-      input [..., L, D_in] makes the "cache" collection (cached_key, cached_value
-      [..., L, K, H], cache_index); then each ``apply(..., mutable=["cache"])`` takes the next
-      token (or tokens) [..., T, D_in], which attend to every cached position up to their own.
-    normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys before
-      the dot product (:ref:`Dehghani et al. 2023 <ref-dehghani2023>`;
-      :ref:`Wortsman et al. 2023 <ref-wortsman2023>`).
-    force_fp32_for_softmax: accepted; the softmax always runs in float32 or wider here.
-    qkv_dot_general: only None is served, as for ``out_dot_general``, ``qkv_dot_general_cls``,
-      ``out_dot_general_cls``, ``qk_attn_weights_einsum_cls`` and
-      ``attn_weights_value_einsum_cls``: anything else raises ValueError naming it.
     num_kv_heads: K key/value heads (grouped-query attention; N a multiple of K); default N.
     scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (per-head temperature, starting at
       1/sqrt(H)).
@@ -641,19 +525,15 @@ class MultiHeadDotProductAttention(nn.Module):
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
     qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings; while
       decoding it is called with ``positions=`` [T], the new tokens' positions.
-    head_variant: a ``variants.Variant`` (``variants.get(name)``; see ``attention_jax.variants``);
-      None: plain multi-head attention. Its parameters sit under params[variant.name].
-    empty_rows: what a query row with no key to attend to gives, "mean" (flax's) or "zero" (see
-      ``dot_product_attention``).
+    head_variant: a ``variants.Variant`` (``variants.get(name)``) or None (plain multi-head
+      attention); its parameters sit under params[variant.name].
+    empty_rows: what a query row with no key gives, "mean" (flax's) or "zero".
 
-  The attributes from ``num_kv_heads`` on are ours; the ones before are flax's. The call: ``(inputs_q, inputs_k=None, inputs_v=None, *, inputs_kv=None, mask=None,
-  deterministic=None, dropout_rng=None, sow_weights=False)`` as flax's, plus ``bias``,
-  ``is_causal`` and the keyword arguments of ``multi_head_attention``. With ``sow_weights`` the
-  weights [..., N, T, S] are sown in "intermediates" as "attention_weights" (as flax), beside
-  the logits "attention_logits", computed beside the output (which they leave unchanged);
-  ``sow_weights=None`` sows whenever "intermediates" is mutable. A head variant's records
-  (MoH's "head_gates") are sown in "intermediates" and its auxiliary losses (MoH's weighted
-  "load_balancing") in "losses", each whenever that collection is mutable.
+  ``attention_fn`` may be flax's functions, ``ContextParallel(mesh, axis_name)`` or yours
+  (handed the arguments it takes). The call is flax's plus ``bias``, ``is_causal`` and the
+  keyword arguments of ``multi_head_attention``. ``sow_weights`` sows the weights and logits
+  [..., N, T, S] in "intermediates" (None: whenever it is mutable); a head variant's records
+  (MoH's "head_gates") and losses are sown in "intermediates" and "losses" when mutable.
 
   >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
   >>> layer = MultiHeadDotProductAttention(num_heads=8, qkv_features=256)  # 8 heads of d_k = 32
@@ -733,8 +613,7 @@ class MultiHeadDotProductAttention(nn.Module):
     return params
 
   def _cache(self, params, inputs_q, inputs_k, inputs_v):
-    """The cache while decoding (None at init, which makes it, and when not decoding), and a
-    function that stores an updated one."""
+    """The cache while decoding (None at init, which makes it), and a function that stores one."""
     if not self.decode:
       return None, None
     initialized = self.has_variable("cache", "cached_key")
@@ -757,10 +636,7 @@ class MultiHeadDotProductAttention(nn.Module):
                sow_weights: bool | None = False, bias=None, is_causal: bool = False,
                **attention_args):
     """inputs_q [..., T, D_in], inputs_k [..., S, D_k] (None: inputs_q), inputs_v [..., S, D_v]
-    (None: inputs_k) -> [..., T, D_out]. ``inputs_kv``: flax's older name for inputs_k and
-    inputs_v together. ``attention_args``: further keyword arguments of
-    ``multi_head_attention`` (sequence lengths, local window, soft cap, segment ids,
-    return_residual)."""
+    (None: inputs_k) -> [..., T, D_out]; ``attention_args``: ``multi_head_attention``'s."""
     refuse_unserved(qkv_dot_general=self.qkv_dot_general, out_dot_general=self.out_dot_general,
                     qkv_dot_general_cls=self.qkv_dot_general_cls,
                     out_dot_general_cls=self.out_dot_general_cls,

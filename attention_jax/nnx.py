@@ -1,21 +1,10 @@
-"""Flax NNX shells over the pure functions that the Linen modules call: one implementation of
-the mathematics, two thin shells.
+"""Flax NNX shells over the pure functions that the Linen modules call, with the parameter trees
+of their Linen twins, so weights move both ways (``load_linen_params``, ``linen_params``).
 
-Each NNX module holds the parameter tree of its Linen twin (same names, same shapes), so weights
-move both ways:
-
-  load_linen_params(module, variables["params"])   Linen -> NNX, in place
-  linen_params(module)                             NNX -> Linen, a dict of arrays
-
-Dropout: ``deterministic`` (default True, as in the Linen twins' call) is set in the constructor,
-by ``model.train()`` / ``model.eval()`` or ``nnx.view(model, deterministic=False)``, or at the
-call; the keys come from the ``rngs`` given to the constructor ("dropout" stream, or "default").
-
-Attention maps: inside ``nnx.capture(..., nnx.Intermediate)`` each MultiHeadAttention sows
-"attention_logits" and "attention_weights" [..., N, T, S], computed beside the output (which does
-not change), and its head variant's records, as the Linen module does when "intermediates" is
-mutable; inside ``nnx.capture(..., Losses)`` it sows the variant's auxiliary losses (MoH's
-"load_balancing"), as the Linen module does when "losses" is mutable.
+Dropout: ``deterministic`` is set in the constructor, by ``model.train()`` / ``model.eval()`` or
+``nnx.view``, or at the call; the keys come from the constructor's ``rngs``. Inside
+``nnx.capture(..., nnx.Intermediate)`` each MultiHeadAttention sows what the Linen module sows
+in "intermediates", and inside ``nnx.capture(..., Losses)`` what it sows in "losses".
 
 Shape letters: B batch, T tokens, S keys, D d_model, N heads, H head dim, C classes.
 """
@@ -55,16 +44,13 @@ RECORDED_AS = {"intermediates": nnx.Intermediate, variants.LOSSES: Losses}
 
 
 def _capturing(module: nnx.Module, variable_type=nnx.Intermediate) -> bool:
-  """True inside ``nnx.capture(..., variable_type)``: NNX's counterpart of a mutable Linen
-  collection. (``nnx.capture`` marks the modules it runs with ``__captures__``; outside it a
-  ``sow`` would set an attribute instead, which flax 0.12 deprecates.)"""
+  """True inside ``nnx.capture(..., variable_type)`` (which marks modules with ``__captures__``):
+  NNX's counterpart of a mutable Linen collection."""
   return any(type(v) is variable_type for v in getattr(module, "__captures__", ()))
 
 
 class _Dropping(nnx.Module):
-  """A module with dropout somewhere inside. ``deterministic`` is set by the constructor,
-  ``train()`` / ``eval()``, ``nnx.view(module, deterministic=...)`` or the call, and the call
-  passes it down explicitly."""
+  """A module with dropout inside, whose call passes ``deterministic`` down explicitly."""
 
   def set_view(self, deterministic: bool | None = None):
     """Called by ``nnx.view``, as on ``nnx.Dropout``."""
@@ -76,9 +62,8 @@ class _Dropping(nnx.Module):
 
 
 class _Params(nnx.Module):
-  """Parameters declared by specs {name: (shape, initializer)} (``multihead.projection_specs``,
-  a QK-norm's scale, a head variant's own), each drawn from ``rngs.params()`` in order as flax
-  draws its own, with ``metadata[name]`` on its variable; called, it returns {name: array}."""
+  """Parameters declared by specs {name: (shape, initializer)}, drawn from ``rngs.params()`` in
+  flax's order with ``metadata[name]``; called, it returns {name: array}."""
 
   def __init__(self, specs: dict, param_dtype, rngs: nnx.Rngs,
                metadata: Mapping = MappingProxyType({})):
@@ -92,67 +77,18 @@ class _Params(nnx.Module):
 
 
 class MultiHeadAttention(_Dropping):
-  """Multi-head attention (:ref:`Vaswani et al. 2017 <ref-vaswani2017>`) as a Flax NNX module: a
-  drop-in for ``flax.nnx.MultiHeadAttention``, computed by
-  ``multihead.multi_head_attention_step`` (the Linen twin is
-  ``attention_jax.MultiHeadDotProductAttention``).
+  """Multi-head attention as a Flax NNX module: a drop-in for ``flax.nnx.MultiHeadAttention``
+(same arguments, state, parameters for the same ``rngs``, dropout masks, decode cache, sown
+weights and partitioning metadata), computed by ``multihead.multi_head_attention_step``.
 
-  flax's arguments come first, in flax's order, with flax's names, defaults and meaning, so
-  replacing ``nnx.MultiHeadAttention(`` by ``ajnnx.MultiHeadAttention(`` with the same arguments
-  gives the same state (``nnx.update(ours, nnx.state(theirs))`` loads flax's weights; the same
-  ``rngs`` give the same parameters and dropout masks), outputs, decode cache, sown weights and
-  partitioning metadata. Our extras follow.
-
-  inputs_q [..., T, D_in], inputs_k [..., S, D_kv] (None: inputs_q), inputs_v (None: inputs_k)
-  -> [..., T, D_out].
-
-  Args:
-    num_heads: N.
-    in_features: D_in, the width of inputs_q.
-    qkv_features: N * H, the width of the projected queries; default: in_features.
-    out_features: D_out; default: in_features.
-    num_kv_heads: K key/value heads (grouped-query attention; N a multiple of K); default N.
-    in_kv_features: D_kv, the width of inputs_k and inputs_v; default: in_features.
-    dtype: the computation's dtype (None: promoted from the inputs and parameters).
-    param_dtype: the parameters' dtype.
-    broadcast_dropout: one dropout mask [T, S] for every batch entry and head (flax's default).
-    dropout_rate: attention dropout, with keys from ``rngs``; ``deterministic`` must then be set
-      here, by ``model.train()``/``eval()``/``nnx.view`` or at the call (the call wins).
-    deterministic: no dropout.
-    precision: of the matrix products.
-    kernel_init: the initialiser of the projections' kernels, as flax's; likewise
-      ``out_kernel_init``, ``bias_init``, ``out_bias_init`` and ``use_bias``.
-    attention_fn: None or ``attention_jax.dot_product_attention`` (the same), flax's functions,
-      ``ContextParallel(mesh, axis_name)`` or yours; handed the arguments it takes.
-    decode: autoregressive decoding against the key/value cache that ``init_cache`` makes
-      (here or at the call).
-    normalize_qk: LayerNorm (no bias, learned scale [H]) on each head's queries and keys.
-    qkv_promote_dtype: only flax's default is served, as for ``out_promote_dtype`` and
-      ``ln_promote_dtype``.
-    qkv_dot_general: only None is served, as for ``out_dot_general``, ``qkv_dot_general_cls``
-      and ``out_dot_general_cls``: anything else raises ValueError naming it.
-    rngs: the keys of the parameters, and of dropout ("dropout" stream, forked and kept when
-      ``keep_rngs``; else the call's ``rngs``).
-    keep_rngs: keep a dropout stream in the module (flax's default).
-    kernel_metadata: metadata of the projections' kernels (e.g. ``sharding_names``), as
-      flax's; likewise ``out_kernel_metadata``, ``bias_metadata``, ``out_bias_metadata``,
-      ``query_ln_scale_metadata`` and ``key_ln_scale_metadata``.
-    scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (a per-head temperature [N]).
-    implementation: passed to ``dot_product_attention``.
-    fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
-    qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE; while
-      decoding it is called with ``positions=`` [T].
-    head_variant: a ``variants.Variant`` (``variants.get(name)``; see ``attention_jax.variants``);
-      None: plain multi-head attention. Its records (MoH's "head_gates") are sown inside
-      ``nnx.capture(..., nnx.Intermediate)``, its auxiliary losses (MoH's "load_balancing")
-      inside ``nnx.capture(..., Losses)``, whatever ``sow_weights`` says.
-    empty_rows: what a query row with no key to attend to gives, "mean" (flax's) or "zero".
-
-  The arguments from ``scale`` on are ours; the ones before are flax's.
-
-  Parameters: query {kernel [D_in, N, H], bias [N, H]}, key/value {kernel [D_kv, K, H], bias
-  [K, H]} (or qkv), query_ln/key_ln {scale [H]}, out {kernel [N, H, D_out], bias [D_out]},
-  temperature [N].
+inputs_q [..., T, D_in], inputs_k [..., S, D_kv] (None: inputs_q), inputs_v (None: inputs_k)
+-> [..., T, D_out]. The arguments mean what the Linen twin's attributes mean
+(``attention_jax.MultiHeadDotProductAttention``; ours from ``scale`` on), plus flax NNX's own:
+in_features (D_in), in_kv_features (D_kv, default D_in), ``rngs`` (parameter keys, and the
+"dropout" stream, forked and kept when ``keep_rngs``), ``*_metadata`` (e.g. ``sharding_names``)
+and ``*_promote_dtype`` (only flax's default is served). ``decode`` uses the cache that
+``init_cache`` makes. A head variant's records and losses are sown inside ``nnx.capture(...,
+nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` says.
 
   >>> layer = MultiHeadAttention(8, 128, 256, rngs=nnx.Rngs(0))  # 8 heads of d_k = 32
   >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
@@ -286,16 +222,10 @@ class MultiHeadAttention(_Dropping):
                deterministic: bool | None = None, rngs=None, sow_weights: bool | None = False,
                decode: bool | None = None, is_causal: bool = False, out_sharding=None,
                qkv_sharding=None, bias=None, dropout_rng=None, **attention_args):
-    """inputs_q [..., T, D_in], inputs_k [..., S, D_kv] (None: inputs_q), inputs_v (None:
-    inputs_k) -> [..., T, D_out], with flax's call arguments.
-
-    mask (nonzero = attend) and bias broadcast to [..., N, T, S]; ``rngs`` (an ``nnx.Rngs`` or
-    stream) or ``dropout_rng`` (a key) override the module's dropout keys; ``sow_weights``: sow
-    "attention_weights" (and "attention_logits") as ``nnx.Intermediate`` (None: inside
-    ``nnx.capture(..., nnx.Intermediate)``); ``decode`` overrides the constructor's;
-    ``out_sharding``/``qkv_sharding`` (flax's, for meshes with Explicit axes): only None is
-    served; ``attention_args``: further keyword arguments of ``multihead.multi_head_attention``.
-    """
+    """flax's call; ``rngs`` (an ``nnx.Rngs`` or stream) or ``dropout_rng`` override the
+    module's dropout keys; ``sow_weights=None``: sow inside ``nnx.capture``; ``out_sharding``
+    and ``qkv_sharding``: only None is served; ``attention_args``: those of
+    ``multihead.multi_head_attention``."""
     if inputs_q.shape[-1] != self.in_features:
       raise ValueError(f"inputs_q has width {inputs_q.shape[-1]}, and this module was built for "
                        f"in_features={self.in_features}.")
@@ -323,8 +253,8 @@ class MultiHeadAttention(_Dropping):
 
 
 
-# Positional encodings: the Linen ones' three methods, over the same pure functions. ``rotate`` is
-# static so that a block can take it from the config alone (and be built by nnx.vmap over layers).
+# Positional encodings: the Linen ones' methods over the same functions; ``rotate`` is static, so
+# that a block can take it from the config alone.
 
 class NoPositionalEncoding(nnx.Module):
   """No position information: embed, rotate and attention_bias leave everything as it is.
@@ -337,17 +267,14 @@ class NoPositionalEncoding(nnx.Module):
     del max_length, d_model, rngs
     self.num_heads = num_heads
 
-  def embed(self, x):
-    """[B, T, D] -> [B, T, D]."""
+  def embed(self, x):  # [B, T, D] -> [B, T, D]
     return x
 
   @staticmethod
-  def rotate(query, key, positions=None):
-    """[B, T, N, H], [B, S, N, H] -> same (``positions`` [T]: those of the tokens, decoding)."""
+  def rotate(query, key, positions=None):  # [B, T, N, H], [B, S, N, H] -> same
     return query, key
 
-  def attention_bias(self, q_len: int, kv_len: int):
-    """None, or a logit bias [N, T, S]."""
+  def attention_bias(self, q_len: int, kv_len: int):  # None, or a logit bias [N, T, S]
     return None
 
 
@@ -460,11 +387,8 @@ class FeedForward(_Dropping):
 
 
 class EncoderBlock(_Dropping):
-  """Self-attention and feed-forward sublayers with residuals and LayerNorm: [B, T, D] -> same;
-  the twin of ``attention_jax.EncoderBlock`` (attention, feed_forward, norm_0, norm_1).
-
-  ``mask`` broadcasts to [B, N, T, T]; ``attention_bias`` to [N, T, T] (or None). RoPE comes from
-  ``config.positional_encoding``; the other encodings act outside the block.
+  """The twin of ``attention_jax.EncoderBlock``: [B, T, D] -> same; RoPE comes from the config,
+  the other encodings act outside the block.
 
   >>> from attention_jax import EncoderConfig, lengths_to_valid, padding_mask
   >>> block = EncoderBlock(EncoderConfig(vocab_size=32, d_model=64), rngs=nnx.Rngs(0))
@@ -505,10 +429,7 @@ class EncoderBlock(_Dropping):
 
 
 class TransformerEncoder(_Dropping):
-  """Token ids [B, T] -> contextual vectors [B, T', D] (T' = T + 1 with ``cls_token``); the twin
-  of ``attention_jax.TransformerEncoder`` (embed, cls, positional, block_{i}, final_norm).
-
-  ``valid`` [B, T] marks real tokens (default: tokens != pad_id); padded keys get no attention.
+  """The twin of ``attention_jax.TransformerEncoder``: token ids [B, T] -> [B, T', D].
 
   >>> from attention_jax import EncoderConfig
   >>> config = EncoderConfig(vocab_size=32, d_model=64, num_heads=4, num_layers=2)
@@ -539,9 +460,8 @@ class TransformerEncoder(_Dropping):
       self.final_norm = nnx.LayerNorm(cfg.d_model, rngs=rngs)
 
   def embed_inputs(self, tokens, valid=None, *, deterministic: bool | None = None):
-    """What the first block sees: tokens [B, T] (or vectors [B, T, F]) -> x [B, T', D], mask
-    [B, 1, 1, T'] and attention_bias [N, T', T'] or None. (For running the blocks another way,
-    e.g. nnx.scan.)"""
+    """What the first block sees (to run the blocks another way, e.g. nnx.scan): x [B, T', D],
+    mask [B, 1, 1, T'] and attention_bias [N, T', T'] or None."""
     deterministic = self._deterministic(deterministic)
     cfg = self.config
     valid = encoder_lib.inputs_to_valid(tokens, cfg) if valid is None else valid
@@ -561,7 +481,28 @@ class TransformerEncoder(_Dropping):
     return self.final_norm(x) if self.config.pre_layer_norm else x
 
 
-class SequenceClassifier(_Dropping):
+class _Classifier(_Dropping):
+  """An encoder and a linear read-out, of the pooled vector or (``per_token``) of every one."""
+  per_token = False
+
+  def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
+               rngs: nnx.Rngs):
+    self.config, self.deterministic = config, deterministic
+    cls_token = not self.per_token and config.pooling == "cls"
+    self.encoder = TransformerEncoder(config, cls_token=cls_token, deterministic=deterministic,
+                                      rngs=rngs)
+    self.logits = nnx.Linear(config.d_model, config.num_classes, dot_general=dense_dot_general,
+                             rngs=rngs)
+
+  def __call__(self, tokens, valid=None, *, deterministic: bool | None = None):
+    valid = encoder_lib.inputs_to_valid(tokens, self.config) if valid is None else valid
+    x = self.encoder(tokens, valid, deterministic=self._deterministic(deterministic))
+    if not self.per_token:  # [B, T(+1), D] -> [B, D]
+      x = x[..., 0, :] if self.encoder.cls_token else encoder_lib.masked_mean(x, valid)
+    return self.logits(x)  # [B, C] or [B, T, C]
+
+
+class SequenceClassifier(_Classifier):
   """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token or masked mean;
   the twin of ``attention_jax.SequenceClassifier`` (encoder, logits).
 
@@ -573,23 +514,8 @@ class SequenceClassifier(_Dropping):
   (2, 10)
   """
 
-  def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
-               rngs: nnx.Rngs):
-    self.config, self.deterministic = config, deterministic
-    self.encoder = TransformerEncoder(config, cls_token=config.pooling == "cls",
-                                      deterministic=deterministic, rngs=rngs)
-    self.logits = nnx.Linear(config.d_model, config.num_classes, dot_general=dense_dot_general,
-                             rngs=rngs)
 
-  def __call__(self, tokens, valid=None, *, deterministic: bool | None = None):
-    deterministic = self._deterministic(deterministic)
-    valid = encoder_lib.inputs_to_valid(tokens, self.config) if valid is None else valid
-    x = self.encoder(tokens, valid, deterministic=deterministic)  # [B, T(+1), D]
-    pooled = x[..., 0, :] if self.encoder.cls_token else encoder_lib.masked_mean(x, valid)
-    return self.logits(pooled)  # [B, C]
-
-
-class TokenClassifier(_Dropping):
+class TokenClassifier(_Classifier):
   """Token ids [B, T] -> logits [B, T, C] at every position (no CLS token); the twin of
   ``attention_jax.TokenClassifier`` (encoder, logits).
 
@@ -599,23 +525,11 @@ class TokenClassifier(_Dropping):
   >>> model(tokens).shape  # [B, T, C]
   (2, 4, 16)
   """
-
-  def __init__(self, config: encoder_lib.EncoderConfig, *, deterministic: bool = True,
-               rngs: nnx.Rngs):
-    self.config, self.deterministic = config, deterministic
-    self.encoder = TransformerEncoder(config, deterministic=deterministic, rngs=rngs)
-    self.logits = nnx.Linear(config.d_model, config.num_classes, dot_general=dense_dot_general,
-                             rngs=rngs)
-
-  def __call__(self, tokens, valid=None, *, deterministic: bool | None = None):
-    deterministic = self._deterministic(deterministic)
-    x = self.encoder(tokens, valid, deterministic=deterministic)  # [B, T, D]
-    return self.logits(x)  # [B, T, C]
+  per_token = True
 
 
 def linen_params(module: nnx.Module) -> dict:
-  """The parameters of ``module`` as the Linen twin's ``variables["params"]`` (nested dicts of
-  arrays; a leading axis stays where nnx.vmap made one).
+  """The parameters of ``module`` as the Linen twin's ``variables["params"]``.
 
   >>> import attention_jax
   >>> config = attention_jax.EncoderConfig(vocab_size=32, d_model=32, num_heads=4)
@@ -645,8 +559,8 @@ def _shapes(tree, prefix=()):
 
 
 def load_linen_params(module: nnx.Module, params) -> nnx.Module:
-  """Sets the parameters of ``module`` (in place) to the Linen twin's ``variables["params"]``
-  (or the variables dict itself); returns the module. A different tree raises ValueError.
+  """Sets the parameters of ``module`` in place to the Linen twin's ``variables["params"]`` (or
+  its variables); returns the module. A different tree raises ValueError.
 
   >>> import attention_jax
   >>> config = attention_jax.EncoderConfig(vocab_size=32, d_model=32, num_heads=4)

@@ -24,9 +24,8 @@ def masked_logit(dtype):
 
 
 def least_row_max(dtype):
-  """The softmax subtracts max(row max, this): halfway to ``masked_logit``, so that a row whose
-  entries are all masked gets exp(masked_logit - this) = 0 (zeros, not a uniform average), and
-  below any real logit, which leaves every other row's max as it is."""
+  """The softmax subtracts max(row max, this): halfway to ``masked_logit``, so that a fully
+  masked row gets exp(masked_logit - this) = 0, and below any real logit."""
   return 0.5 * masked_logit(dtype)
 
 
@@ -42,9 +41,7 @@ def lse_of(residual):
 
 
 def heads_first(array):
-  """[..., L, N, H] -> [..., N, L, H], and back (it is its own inverse). XLA's CPU dots run several
-  times faster on head-major operands than when they have to gather each head's rows from the
-  [L, N, H] layout."""
+  """[..., L, N, H] -> [..., N, L, H], and back (head-major dots are faster on XLA's CPU)."""
   return jnp.swapaxes(array, -3, -2)
 
 
@@ -121,16 +118,8 @@ def masked_softmax(logits, mask=None):
 
 def attention_weights(query, key, bias=None, mask=None, *, scale: float,
                       is_causal: bool = False, logits_soft_cap: float | None = None):
-  """softmax(Q K^T * scale + bias) with masking: [..., N, T, S], float32 (or wider).
-
-  Args:
-    query: [..., T, N, H].
-    key: [..., S, K, H], N a multiple of K.
-    bias: optional additive logits, broadcastable to [..., N, T, S].
-    mask: optional bool, True = attend, broadcastable to [..., N, T, S].
-    scale: multiplies Q K^T (1/sqrt(H) in the paper).
-    is_causal: query t attends only to keys s <= t.
-    logits_soft_cap: optional c: the logits c * tanh(scale * Q K^T / c), before bias and mask.
+  """softmax(Q K^T * scale + bias) with masking: query [..., T, N, H], key [..., S, K, H] ->
+  [..., N, T, S], float32 (or wider); the other arguments as ``dot_product_attention``'s.
 
   >>> q, k = jnp.ones((2, 5, 4, 64)), jnp.ones((2, 7, 2, 64))  # [B, T, N, H], [B, S, K, H]
   >>> attention_weights(q, k, scale=1 / 8.0).shape  # [B, N, T, S]
