@@ -317,22 +317,53 @@ def variant_attention(query, key, value, bias=None, mask=None, *, variant, state
   return heads, (maps[1],) if return_weights else (), maps
 
 
-def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, **options):
+def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
+                         bias=None, scale: float | str = "inv_sqrt", is_causal: bool = False,
+                         qk_transform: Callable | None = None, dropout_rate: float = 0.0,
+                         dropout_rng=None, broadcast_dropout: bool = True,
+                         implementation: str | None = None, return_weights: bool = False,
+                         attention_fn: Callable | None = None, dtype=None, precision=None,
+                         head_variant=None, **attention_args):
   """Multi-head attention as a pure function of its parameters (layout in the module docstring).
 
-  ``params``: ``variables["params"]`` of ``MultiHeadAttention``; inputs_q [..., T, D_in],
-  inputs_k [..., S, D_k] (None: inputs_q), inputs_v [..., S, D_v] (None: inputs_k) ->
-  [..., T, D_out], followed by the weights and log-sum-exp when asked for (a tuple then).
-  ``options``: those of ``multi_head_attention_step``: ``scale``,
-  ``qk_transform``, ``attention_fn``, ``head_variant`` as the module's attributes, ``dtype`` and
-  ``precision`` as flax's, the others as ``dot_product_attention``'s.
+  Args:
+    params: the parameter dict of ``MultiHeadAttention`` (``variables["params"]``).
+    inputs_q: [..., T, D_in].
+    inputs_k: [..., S, D_k]; None for self-attention (inputs_q).
+    inputs_v: [..., S, D_v]; None: inputs_k.
+    mask, bias, is_causal: as in ``dot_product_attention``, broadcastable to [..., N, T, S].
+    scale: a number or "inv_sqrt" (1/sqrt(H)), "none" (1), "inv" (1/H), "learned".
+    qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
+    dropout_rate, dropout_rng, broadcast_dropout, implementation, return_weights: as in
+      ``dot_product_attention``.
+    attention_fn: what computes attention from the projected heads: ``dot_product_attention``
+      (None, the default), flax's functions, ``ContextParallel(mesh, axis_name)`` or yours; it
+      is handed the arguments it takes (``call_attention_fn``).
+    dtype: the dtype of the computation (None: the promoted dtype of the inputs and the
+      parameters), e.g. bfloat16 over float32 parameters, as flax's ``dtype``.
+    precision: of the matrix products (a ``jax.lax.Precision`` or its name), as flax's.
+    head_variant: a ``variants.Variant`` (``variants.get(name)``: talking heads, DCMHA, MoH,
+      overlapping heads, gated, differential, yours) or None (plain multi-head attention); its
+      parameters are in ``params[variant.name]``.
+    **attention_args: the other keyword arguments of ``dot_product_attention``
+      (query_seq_lengths, key_value_seq_lengths, local_window_size, logits_soft_cap,
+      query_segment_ids, key_segment_ids, return_residual, empty_rows).
+
+  Returns:
+    [..., T, D_out]; followed by the weights [..., N, T, S] with ``return_weights`` and the
+    log-sum-exp [..., T, N] with ``return_residual`` (a tuple then).
 
   >>> x = jnp.ones((2, 10, 128))  # [B, T, D_in]
   >>> variables = MultiHeadAttention(num_heads=8, qkv_features=256).init(jax.random.key(0), x)
   >>> multi_head_attention(variables["params"], x).shape  # 8 heads of d_k = 32
   (2, 10, 128)
   """
-  return multi_head_attention_step(params, inputs_q, inputs_k, inputs_v, **options).output
+  return multi_head_attention_step(
+      params, inputs_q, inputs_k, inputs_v, mask=mask, bias=bias, scale=scale,
+      is_causal=is_causal, qk_transform=qk_transform, dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout, implementation=implementation,
+      return_weights=return_weights, attention_fn=attention_fn, dtype=dtype, precision=precision,
+      head_variant=head_variant, **attention_args).output
 
 
 def _per_head(x, heads: int):
