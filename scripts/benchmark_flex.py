@@ -5,7 +5,7 @@
       [--dtype float32] [--skip-torch] [--json FILE] [--plot FILE]
 
 1. Against torch: the same causal ALiBi attention written as a score_mod and a mask_mod (a block
-   mask made once per length, outside the timing), B = 1, N = 8 heads of 64, float32, at each
+   mask made once per length, outside the timing), B = 1, N = 8 heads of 64, in --dtype, at each
    length. Ours: dot_product_attention(implementation="chunked", block_mask=...) under jit.
    Torch: flex_attention eager (its dense math implementation) and torch.compile'd, forward;
    torch's CPU flex_attention has no backward, so forward+backward compares with torch's eager
@@ -14,8 +14,8 @@
    Where JAX runs on a GPU, torch runs there too, and its compiled FlexAttention (Triton
    kernels) is timed forward and forward+backward.
 2. Block sparsity: a document mask (D equal documents, as a mask_mod with its block mask of
-   --block) against full attention (no mask) at --sparsity-length: time and ratio, forward and
-   forward+backward; ideally 1/D when a document spans whole blocks. "full" runs the same
+   --block) against full attention (no mask) at --sparsity-length, in float32: time and ratio,
+   forward and forward+backward; ideally 1/D when a document spans whole blocks. "full" runs the same
    blocks (what skipping saves); "full, default blocks" the kernel's default blocks (what a
    user of full attention would run). --plot writes the figure.
 

@@ -135,7 +135,7 @@ flag_cost() {
     export XLA_FLAGS=""
     [ "$run" = deterministic ] && export XLA_FLAGS=--xla_gpu_deterministic_ops=true
     part "flag_cost_$run" 60 python3 -m scripts.benchmark_train --rounds 3 --seconds 0.5 \
-      --sizes default "accelerator base" --methods attention_jax --json "$work/flag_cost_$run.json"
+      --sizes "accelerator base" --methods attention_jax --json "$work/flag_cost_$run.json"
   done
   unset XLA_FLAGS
 }
