@@ -34,6 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs.ablations import heads_binding  # noqa: E402
 from experiments import statistics, sweep_report  # noqa: E402
 
 MARGIN = 0.05  # NMSE: 5% of the target's variance
@@ -125,7 +126,7 @@ def predictions(mr, fp) -> list[tuple[int, str, list]]:
   ]
 
 
-ACCELERATOR_HEADS = (1, 2, 4, 8, 16, 32)
+ACCELERATOR_HEADS = heads_binding.ACCELERATOR["multi_retrieval"][2]  # the sweep's head counts
 
 
 def accelerator_predictions(mr) -> list[tuple[str, str, list]]:
