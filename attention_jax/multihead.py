@@ -534,9 +534,6 @@ def check_heads(num_heads: int, num_kv_heads: int | None, fused_qkv: bool = Fals
   return num_kv_heads
 
 
-refuse_unserved = _checks.refuse_unserved
-
-
 class MultiHeadDotProductAttention(nn.Module):
   """Multi-head attention (:ref:`Vaswani et al. 2017 <ref-vaswani2017>`, section 3.2.2) as a Flax
   Linen module: a drop-in for ``flax.linen.MultiHeadDotProductAttention`` (also under flax's
@@ -668,11 +665,12 @@ class MultiHeadDotProductAttention(nn.Module):
                **attention_args):
     """inputs_q [..., T, D_in], inputs_k [..., S, D_k] (None: inputs_q), inputs_v [..., S, D_v]
     (None: inputs_k) -> [..., T, D_out]; ``attention_args``: ``multi_head_attention``'s."""
-    refuse_unserved(qkv_dot_general=self.qkv_dot_general, out_dot_general=self.out_dot_general,
-                    qkv_dot_general_cls=self.qkv_dot_general_cls,
-                    out_dot_general_cls=self.out_dot_general_cls,
-                    qk_attn_weights_einsum_cls=self.qk_attn_weights_einsum_cls,
-                    attn_weights_value_einsum_cls=self.attn_weights_value_einsum_cls)
+    _checks.refuse_unserved(qkv_dot_general=self.qkv_dot_general,
+                            out_dot_general=self.out_dot_general,
+                            qkv_dot_general_cls=self.qkv_dot_general_cls,
+                            out_dot_general_cls=self.out_dot_general_cls,
+                            qk_attn_weights_einsum_cls=self.qk_attn_weights_einsum_cls,
+                            attn_weights_value_einsum_cls=self.attn_weights_value_einsum_cls)
     if inputs_kv is not None:
       if inputs_k is not None or inputs_v is not None:
         raise ValueError("pass either inputs_kv or inputs_k/inputs_v, not both (inputs_kv is "

@@ -21,6 +21,7 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 import jax
 import jax.numpy as jnp
 
+from attention_jax import _checks
 from attention_jax import encoder as encoder_lib
 from attention_jax import kv_cache
 from attention_jax import masks as masks_lib
@@ -122,13 +123,13 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
                scale: float | str = "inv_sqrt", implementation: str | None = None,
                fused_qkv: bool = False, qk_transform: Callable | None = None,
                head_variant=None, empty_rows: str = "mean"):
-    multihead.refuse_unserved(qkv_dot_general=qkv_dot_general, out_dot_general=out_dot_general,
-                              qkv_dot_general_cls=qkv_dot_general_cls,
-                              out_dot_general_cls=out_dot_general_cls,
-                              **{name: None if fn in (None, _FLAX_PROMOTE_DTYPE) else fn
-                                 for name, fn in (("qkv_promote_dtype", qkv_promote_dtype),
-                                                  ("out_promote_dtype", out_promote_dtype),
-                                                  ("ln_promote_dtype", ln_promote_dtype))})
+    _checks.refuse_unserved(qkv_dot_general=qkv_dot_general, out_dot_general=out_dot_general,
+                            qkv_dot_general_cls=qkv_dot_general_cls,
+                            out_dot_general_cls=out_dot_general_cls,
+                            **{name: None if fn in (None, _FLAX_PROMOTE_DTYPE) else fn
+                               for name, fn in (("qkv_promote_dtype", qkv_promote_dtype),
+                                                ("out_promote_dtype", out_promote_dtype),
+                                                ("ln_promote_dtype", ln_promote_dtype))})
     qkv_features = in_features if qkv_features is None else qkv_features
     in_kv_features = in_features if in_kv_features is None else in_kv_features
     head_dim = multihead.head_dim_of(qkv_features, num_heads)
@@ -229,7 +230,7 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
     if inputs_q.shape[-1] != self.in_features:
       raise ValueError(f"inputs_q has width {inputs_q.shape[-1]}, and this module was built for "
                        f"in_features={self.in_features}.")
-    multihead.refuse_unserved(out_sharding=out_sharding, qkv_sharding=qkv_sharding)
+    _checks.refuse_unserved(out_sharding=out_sharding, qkv_sharding=qkv_sharding)
     dropout_rng = self._dropout_rng(deterministic, rngs, dropout_rng)
     sow = _capturing(self) if sow_weights is None else sow_weights
     step = multihead.multi_head_attention_step(
