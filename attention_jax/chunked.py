@@ -516,8 +516,9 @@ def _trainable(mods: _Mods):
 
 def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_out):
   """Gradients for q, k, v, bias and the score_mod's trainable constants (compute dtype):
-  several query heads side by side where ``geometry.pairs_per_step`` allows and no bias or
-  constant gradient is carried, else one key/value head at a time, its G query heads in turn."""
+  several query heads side by side where ``geometry.pairs_per_step`` allows, there is no bias
+  and the constants' gradients of all pairs fit in PAIR_BLOCK_BYTES, else one key/value head at
+  a time, its G query heads in turn."""
   batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
   group = num_heads // num_kv
   dtype = reference.compute_dtype(q.dtype)
@@ -549,17 +550,21 @@ def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_
     (d_k, d_v, d_bias, d_mod), d_q = lax.scan(one_query_head, init, jnp.arange(group))
     return (d_bias, d_mod), (d_q, d_k, d_v)  # d_q [G, Tp, H]
 
-  if bias is None and not trained and geometry.pairs_per_step:
-    # Nothing carried from head to head: several query heads side by side, and the gradients of
-    # a key/value head summed over its G query heads afterwards.
+  stacked_bytes = 4 * batch * num_heads * sum(c.size for c in trained)  # d_mod of every pair
+  if bias is None and geometry.pairs_per_step and stacked_bytes <= PAIR_BLOCK_BYTES:
+    # Nothing large carried from head to head: several query heads side by side; the gradients
+    # of a key/value head (and the score_mod's constants) summed over its query heads after.
     def one_head(b, n, q_n, out_n, lse_n, d_out_n, k_n, v_n):
-      return _backward_head(q_n, k_n, v_n, out_n, lse_n, d_out_n,
-                            _group_inputs(bias, mask, extras, mods, b, n), pattern, geometry,
-                            None)[:3]
+      d_q, d_k, d_v, _, d_mod = _backward_head(
+          q_n, k_n, v_n, out_n, lse_n, d_out_n, _group_inputs(bias, mask, extras, mods, b, n),
+          pattern, geometry, None, mod_gradient_zeros(mods, dtype, q_n, k_n, d_out_n, mods))
+      return d_q, d_k, d_v, d_mod
 
-    d_q, d_k, d_v = _map_heads(one_head, (q, out, lse, d_out), k, v, geometry)  # [B * N, L, .]
+    d_q, d_k, d_v, d_mod = _map_heads(one_head, (q, out, lse, d_out), k, v,
+                                      geometry)  # [B * N, L, .], d_mod [B * N, ...]
     per_kv_head = lambda x: jnp.sum(x.reshape((batch, num_kv, group) + x.shape[1:]), axis=2)
-    return d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None, ()
+    return (d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None,
+            tuple(jnp.sum(x, axis=0) for x in d_mod))
   d_bias = None if bias is None else _zeros(bias.shape, dtype, *like)
   d_mod = mod_gradient_zeros(mods, dtype, *like)
   (d_bias, d_mod), (d_q, d_k, d_v) = lax.scan(one_kv_head, (d_bias, d_mod),

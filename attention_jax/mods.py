@@ -49,11 +49,19 @@ class Mod:
 
 def pointwise(fn, consts, *arrays, anchor=None):
   """``fn(consts, *scalars)`` on every entry of the broadcast ``arrays``: one output per entry, in
-  their broadcast shape (made to vary like ``anchor`` first, as ``fn`` was traced)."""
-  arrays = [vary_like(array, anchor) for array in jnp.broadcast_arrays(*arrays)]
-  shape = arrays[0].shape
-  flat = [jnp.reshape(array, (-1,)) for array in arrays]
-  out = jax.vmap(fn, in_axes=(None,) + (0,) * len(flat))(tuple(consts), *flat)
+  their broadcast shape (made to vary like ``anchor`` first, as ``fn`` was traced). A scalar
+  among them (a block's batch or head index) enters once, not once per entry, so that a
+  constant it indexes (``slopes[h]``) is read, and its gradient added, once per call: the
+  entry-wise gather's transpose is a scatter of every entry onto one address, which a GPU
+  serialises."""
+  arrays = [vary_like(jnp.asarray(array), anchor) for array in arrays]
+  shape = jnp.broadcast_shapes(*(array.shape for array in arrays))
+  flat = [jnp.reshape(jnp.broadcast_to(array, shape), (-1,)) if array.ndim else array
+          for array in arrays]
+  axes = tuple(0 if array.ndim else None for array in arrays)
+  if not any(array.ndim for array in arrays):
+    return fn(tuple(consts), *arrays)
+  out = jax.vmap(fn, in_axes=(None,) + axes)(tuple(consts), *flat)
   return jnp.reshape(out, shape)
 
 

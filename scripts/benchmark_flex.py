@@ -7,6 +7,7 @@
 1. Against torch: the same causal ALiBi attention written as a score_mod and a mask_mod (a block
    mask made once per length, outside the timing), B = 1, N = 8 heads of 64, in --dtype, at each
    length. Ours: dot_product_attention(implementation="chunked", block_mask=...) under jit.
+   "ours, no score_mod" is the same without the score_mod: what the score_mod costs.
    Torch: flex_attention eager (its dense math implementation) and torch.compile'd, forward;
    torch's CPU flex_attention has no backward, so forward+backward compares with torch's eager
    FlexAttention math (``math_attention``) through autograd, the only backward torch offers
@@ -62,7 +63,9 @@ def jax_run(attend, arrays, backward, dtype="float32"):
   return lambda: jax.block_until_ready(executable(*arrays))
 
 
-def ours(length, block):
+def ours(length, block, with_score_mod=True):
+  """Causal ALiBi (or, without the score_mod, causal attention alone) through the chunked
+  kernel with a block mask."""
   slopes = aj.positional.alibi_slopes(HEADS)
 
   def score_mod(score, b, h, q_idx, kv_idx):
@@ -73,7 +76,8 @@ def ours(length, block):
 
   block_mask = aj.make_block_mask(causal, None, None, length, length, block_size=block)
   return lambda q, k, v: aj.dot_product_attention(
-      q, k, v, score_mod=score_mod, block_mask=block_mask, implementation="chunked")
+      q, k, v, score_mod=score_mod if with_score_mod else None, block_mask=block_mask,
+      implementation="chunked")
 
 
 def torch_runs(length, arrays, backward, eager_max, dtype="float32"):
@@ -127,7 +131,9 @@ def torch_rows(args):
   for length in args.lengths:
     arrays = inputs(length)
     for backward in (False, True):
-      runs = {"ours (chunked)": jax_run(ours(length, args.block), arrays, backward, args.dtype)}
+      runs = {"ours (chunked)": jax_run(ours(length, args.block), arrays, backward, args.dtype),
+              "ours, no score_mod": jax_run(ours(length, args.block, with_score_mod=False),
+                                            arrays, backward, args.dtype)}
       if not args.skip_torch:
         runs.update(torch_runs(length, arrays, backward, args.torch_eager_max, args.dtype))
       times = median_times(runs, args.rounds)
@@ -227,7 +233,8 @@ def main():
   parser.add_argument("--torch-eager-max", type=int, default=4096,
                       help="the longest T at which torch's eager (dense) runs")
   parser.add_argument("--sparsity-length", type=int, default=4096)
-  parser.add_argument("--documents", type=int, nargs="+", default=[1, 2, 4, 8])
+  parser.add_argument("--documents", type=int, nargs="*", default=[1, 2, 4, 8],
+                      help="document counts of the block-sparsity part (none: skip it)")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                       help="of q, k and v (the comparison with torch)")
   parser.add_argument("--skip-torch", action="store_true")
@@ -243,7 +250,7 @@ def main():
       parser.error("torch is not installed (pip install -r scripts/requirements-flex.txt), or "
                    "pass --skip-torch")
   rows = torch_rows(args) if args.lengths else []
-  rows += sparsity_rows(args)
+  rows += sparsity_rows(args) if args.documents else []
   info = machine()
   print(json.dumps(info))
   if args.plot:

@@ -59,7 +59,13 @@ ACCELERATOR_SIZES = {
     "accelerator large": (16, 2048, 1024, 16, 8, 4096),
     "accelerator wide": (32, 1024, 1024, 16, 8, 4096),
 }
-ALL_SIZES = {**SIZES, **ACCELERATOR_SIZES}  # by name, for --sizes
+# Beyond --accelerator-sizes (by name only): the large size with heads of 128 (where attention
+# kernels run nearer their peak than at d_k 64), and twice its width.
+WIDE_HEAD_SIZES = {
+    "accelerator large dk128": (16, 2048, 1024, 8, 8, 4096),
+    "accelerator xl": (8, 2048, 2048, 16, 8, 8192),
+}
+ALL_SIZES = {**SIZES, **ACCELERATOR_SIZES, **WIDE_HEAD_SIZES}  # by name, for --sizes
 METHODS = ("attention_jax", "flax.linen", "torch", "torch.compile")
 HEAD_VARIANT_METHODS = ("attention_jax",) + tuple(
     f"attention_jax+{name}" for name in aj.head_variants.VARIANTS if name != "mha")

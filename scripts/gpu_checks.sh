@@ -8,8 +8,8 @@
 # training step at accelerator sizes, attention in float16 (where JAX's Mosaic GPU kernel runs)
 # and in float32, and the library's test files with whatever time remains. PART names choose
 # some, in the order given: tests, attention_bf16, train_bf16, attention_f16, attention_f32,
-# library_tests, and (not in the default list) study_heads, attention_tokamax, profile_bf16,
-# flag_cost, flex. Logs and JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so
+# library_tests, and (not in the default list) study_heads, study_scaling, attention_tokamax,
+# profile_bf16, flag_cost, flex, flex_mod, mfu. Logs and JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so
 # that a run cut short keeps what it finished. Python packages missing on the machine go in
 # .whl/ as wheels (scripts/gpu_wheels.sh puts them there; modules they import but never use here
 # in .whl/stubs/); they are installed to /tmp/site first.
@@ -96,21 +96,31 @@ attention_f32() {
     tokamax:triton torch_sdpa --json "$work/attention_f32.json"
 }
 
-# The heads study sized for one accelerator (D = 8 maxima, h 1 .. 32, 8 seeds x 3 learning
-# rates vmapped); its workdir goes in the results, so that a sweep cut short resumes from it
-# (extract it to .gpu_work/ here and carry that path).
-study_heads() {
-  local workdir=.gpu_work/multi_retrieval_accelerator
-  part study_heads 420 python3 -m experiments.sweep \
-    --config=configs/ablations/heads_binding.py:multi_retrieval_accelerator --workdir="$workdir"
+# A study sized for one accelerator (study NAME CONFIG CAP), all replicas of a variant vmapped;
+# its workdir goes in the results without finished variants' checkpoints, so that a sweep cut
+# short resumes from it (extract it to .gpu_work/ here and carry that path).
+study() {
+  local name=$1 config=$2 cap=$3 workdir=.gpu_work/$1
+  part "$name" "$cap" python3 -m experiments.sweep --config="$config" --workdir="$workdir"
   local unfinished=()  # their checkpoints travel; a finished variant's record is enough
   for variant in "$workdir"/variants/*/; do
     [ -e "$variant/result.json" ] || unfinished+=("$variant")
   done
-  tar czf "$results/study_heads_workdir.tar.gz" --exclude=checkpoints "$workdir"
+  tar czf "$results/${name}_workdir.tar.gz" --exclude=checkpoints "$workdir"
   if (( ${#unfinished[@]} )); then
-    tar czf "$results/study_heads_checkpoints.tar.gz" "${unfinished[@]}"
+    tar czf "$results/${name}_checkpoints.tar.gz" "${unfinished[@]}"
   fi
+}
+
+# The heads study (D = 8 maxima, h 1 .. 32, 8 seeds x 3 learning rates).
+study_heads() {
+  study multi_retrieval_accelerator \
+    configs/ablations/heads_binding.py:multi_retrieval_accelerator 420
+}
+
+# The scaling study (d_k 64, 256, 1024; 1/sqrt(d_k), none, QK-norm; 6 seeds x 5 rates).
+study_scaling() {
+  study scaling_accelerator configs/ablations/scaling.py:accelerator 560
 }
 
 # Attention in bfloat16 with tokamax's kernels (its Mosaic GPU and Triton kernels).
@@ -145,6 +155,26 @@ flag_cost() {
 flex() {
   part flex 150 python3 scripts/benchmark_flex.py --dtype bfloat16 --lengths 2048 8192 \
     --rounds 3 --sparsity-length 8192 --documents 1 4 --json "$work/flex.json"
+}
+
+# The score_mod's own cost on the GPU: causal ALiBi against causal attention alone, forward and
+# forward+backward, bfloat16 and float32, beside torch's compiled FlexAttention.
+flex_mod() {
+  local dtype
+  for dtype in bfloat16 float32; do
+    part "flex_mod_$dtype" 80 python3 scripts/benchmark_flex.py --dtype $dtype \
+      --lengths 2048 8192 --rounds 3 --documents --json "$work/flex_mod_$dtype.json"
+  done
+}
+
+# Model FLOPs utilisation in bfloat16 at d_model 1024 with heads of 64 and of 128, and at
+# d_model 2048, beside the PyTorch twin; where the wider heads' step spends its time.
+mfu() {
+  part mfu 150 python3 -m scripts.benchmark_train --dtype bfloat16 --rounds 3 --seconds 0.5 \
+    --sizes "accelerator large" "accelerator large dk128" "accelerator xl" --peak-tflops 989 \
+    --methods attention_jax torch --json "$work/mfu.json"
+  part profile_dk128 80 python3 -m scripts.profile_train --sizes "accelerator large dk128" \
+    --steps 5 --dtype bfloat16 --json "$work/profile_dk128.json"
 }
 
 # The library's test files, as far as the time goes.

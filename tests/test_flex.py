@@ -114,7 +114,9 @@ DOCUMENTS = np.repeat([0, 1, 2], [5, 11, 8])
 
 
 @pytest.mark.parametrize("implementation", ["chunked", "chunked_blocks"])
-def test_mods_match_the_reference_and_a_closed_over_table_gets_its_gradient(implementation):
+@pytest.mark.parametrize("with_bias", [True, False])  # without: heads side by side backward
+def test_mods_match_the_reference_and_a_closed_over_table_gets_its_gradient(implementation,
+                                                                            with_bias):
   q, k, v = _case(1)
   table = jnp.asarray(np.random.default_rng(2).standard_normal((N, 2 * T - 1)), jnp.float32)
   sinks = jnp.asarray([0.5, -1.0, 0.0, 2.0], jnp.float32)
@@ -122,8 +124,8 @@ def test_mods_match_the_reference_and_a_closed_over_table_gets_its_gradient(impl
 
   def run(implementation, table, sinks, bias, q, k, v):
     score_mod, mask_mod = _relative_bias_mods(table, jnp.asarray(DOCUMENTS))
-    return _attend(implementation, q, k, v, bias=bias, score_mod=score_mod, mask_mod=mask_mod,
-                   sinks=sinks)
+    return _attend(implementation, q, k, v, bias=bias if with_bias else None,
+                   score_mod=score_mod, mask_mod=mask_mod, sinks=sinks)
 
   args = (table, sinks, bias, q, k, v)
   expected = _value_and_grads(functools.partial(run, "reference"), *args)
@@ -131,6 +133,34 @@ def test_mods_match_the_reference_and_a_closed_over_table_gets_its_gradient(impl
   _assert_all_close(actual, expected)
   assert float(jnp.max(jnp.abs(actual[1]))) > 0.0  # the table trains
   assert float(jnp.max(jnp.abs(actual[2]))) > 0.0  # so do the sinks
+
+
+def _equations(jaxpr):
+  """Every equation of ``jaxpr`` and of the jaxprs inside its equations."""
+  for equation in jaxpr.eqns:
+    yield equation
+    for param in equation.params.values():
+      for inner in param if isinstance(param, (tuple, list)) else (param,):
+        inner = getattr(inner, "jaxpr", inner)
+        if hasattr(inner, "eqns"):
+          yield from _equations(inner)
+
+
+def test_a_constant_indexed_by_the_head_is_differentiated_once_per_block_not_per_entry():
+  # slopes[h] at every entry of a block would transpose into one scatter of all its entries
+  # onto one address, which a GPU serialises.
+  slopes = jnp.asarray([0.5, 0.25, 0.125], jnp.float32)
+  mod = aj.mods.trace_score_mod(lambda s, b, h, q_idx, kv_idx: s - slopes[h] * (q_idx - kv_idx))
+  q_idx, kv_idx = jnp.arange(8)[:, None], jnp.arange(16)[None, :]
+  loss = lambda consts, logits: jnp.sum(aj.mods.pointwise(
+      mod.fn, consts, logits, jnp.int32(0), jnp.int32(2), q_idx, kv_idx))
+  d_consts = jax.grad(loss)(mod.consts, jnp.zeros((8, 16)))
+  np.testing.assert_allclose(d_consts[0], [0.0, 0.0, -float(jnp.sum(q_idx - kv_idx))])
+  jaxpr = jax.make_jaxpr(jax.grad(loss))(mod.consts, jnp.zeros((8, 16))).jaxpr
+  per_entry = [(e.primitive.name, e.invars[1].aval.shape) for e in _equations(jaxpr)
+               if e.primitive.name in ("gather", "scatter", "scatter-add")
+               and e.invars[1].aval.size > 1]
+  assert not per_entry, per_entry  # was a gather and a scatter-add of 128 indices
 
 
 def test_mods_compose_with_dropout_and_the_residual():

@@ -4,6 +4,8 @@ paper's 1/sqrt(d_k)) -- at d_k = 16, 64 and 256, each across a learning-rate gri
 
   python -m experiments.sweep --config=configs/ablations/scaling.py \
       --workdir=workdir/ablations/scaling
+  python -m experiments.sweep --config=configs/ablations/scaling.py:accelerator \
+      --workdir=workdir/ablations/scaling_accelerator
   python -m experiments.sweep --config=configs/ablations/scaling.py:quick --workdir=/tmp/scaling
 
 Question: does the scale matter once the learning rate is tuned, and does it change how
@@ -17,27 +19,43 @@ that QK-layernorm removes that, flattening the loss-against-learning-rate curve 
 sensitivity). The report logs the largest attention logit at every log step, counts the
 diverged runs and gives each variant's LR sensitivity.
 
-`:quick` is a smoke test of the pipeline. The results, with their runtime and provenance:
+`:accelerator` is the study sized for one GPU or TPU: d_k 64, 256 and 1024, the paper's scale
+against none and QK-norm, 1000 steps, 6 seeds x 5 learning rates, the learning rate chosen on a
+validation stream; its predictions, fixed before it ran, are checked by
+scripts/scaling_predictions.py. `:quick` is a smoke test of the pipeline. The results, with their runtime and provenance:
 docs/results/scaling.md.
 """
 
 import ml_collections
 
 from configs import mqar
-from configs.ablations import sweep_config
+from configs.ablations import VALIDATION, sweep_config
 
 HEAD_DIMS = (16, 64, 256)
 SCALES = {"inv_sqrt": {}, "none": {"attention_scale": "none"}, "inv": {"attention_scale": "inv"},
           "learned": {"attention_scale": "learned"}, "qk_norm": {"normalize_qk": True}}
 LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 1e-1)
+# The accelerator preset: d_k up to 1024, the paper's scale against none and QK-norm, more
+# steps and seeds, the learning rate chosen on a validation stream.
+ACCELERATOR_HEAD_DIMS = (64, 256, 1024)
+ACCELERATOR_SCALES = ("inv_sqrt", "none", "qk_norm")
+ACCELERATOR_STEPS, ACCELERATOR_SEEDS = 1000, 6
 
 
 def get_config(mode=None):
-  head_dims = HEAD_DIMS[:2] if mode == "quick" else HEAD_DIMS
-  sweep = sweep_config(mode, steps=600, eval_every=100, warmup=60, base=mqar, variants=(
-      (f"dk{head_dim}_{name}", {"model": {"head_dim": head_dim, **model}})
-      for head_dim in head_dims for name, model in SCALES.items()))
+  if mode not in (None, "quick", "accelerator"):
+    raise ValueError(f"mode must be 'quick' or 'accelerator' (or none), got {mode!r}.")
+  accelerator = mode == "accelerator"
+  head_dims = {"quick": HEAD_DIMS[:2], "accelerator": ACCELERATOR_HEAD_DIMS}.get(mode, HEAD_DIMS)
+  scales = {name: SCALES[name] for name in ACCELERATOR_SCALES} if accelerator else SCALES
+  steps = ACCELERATOR_STEPS if accelerator else 600
+  sweep = sweep_config(None if accelerator else mode, steps=steps, eval_every=100,
+                       warmup=60, base=mqar, extra_evals=VALIDATION if accelerator else None,
+                       variants=((f"dk{head_dim}_{name}", {"model": {"head_dim": head_dim, **model}})
+                                 for head_dim in head_dims for name, model in scales.items()))
   sweep.train.model.num_heads = 1
+  if accelerator:
+    sweep.num_seeds = ACCELERATOR_SEEDS
   rates = LEARNING_RATES[1::3] if mode == "quick" else LEARNING_RATES  # quick: 1e-3 and 1e-1
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep
