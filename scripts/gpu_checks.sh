@@ -167,7 +167,7 @@ flex_mod() {
 # Model FLOPs utilisation in bfloat16 at d_model 1024 with heads of 64 and of 128, and at
 # d_model 2048, beside the PyTorch twin; where the wider heads' step spends its time.
 mfu() {
-  part mfu 150 python3 -m scripts.benchmark_train --dtype bfloat16 --rounds 3 --seconds 0.5 \
+  part mfu 220 python3 -m scripts.benchmark_train --dtype bfloat16 --rounds 3 --seconds 0.5 \
     --sizes "accelerator large" "accelerator large dk128" "accelerator xl" --peak-tflops 989 \
     --methods attention_jax torch --json "$work/mfu.json"
   part profile_dk128 80 python3 -m scripts.profile_train --sizes "accelerator large dk128" \

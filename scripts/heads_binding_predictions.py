@@ -142,8 +142,10 @@ def accelerator_predictions(mr) -> list[tuple[str, str, list]]:
   ]
 
 
-def table(rows) -> str:
-  lines = ["| prediction | task | check | measured | check holds | prediction held |",
+def table(rows, setting="task") -> str:
+  """The checks as a markdown table; ``setting`` names the second column (what each row's
+  second entry is)."""
+  lines = [f"| prediction | {setting} | check | measured | check holds | prediction held |",
            "|---|---|---|---|---|---|"]
   for number, task, checks in rows:
     held = all(check[1] for check in checks)

@@ -59,14 +59,12 @@ def predictions(chosen, at_largest) -> list[tuple[str, str, list]]:
   """(name, setting, checks) per prediction, from the errors at the chosen and the largest
   learning rate."""
   return [
-      ("S1", "chosen learning rate", [above(chosen, f"dk{d}_none", f"dk{d}_inv_sqrt")
-                                      for d in HEAD_DIMS[1:]]),
-      ("S2", "chosen learning rate", [above(gaps(chosen, HEAD_DIMS), f"gap_{HEAD_DIMS[-1]}",
-                                            f"gap_{HEAD_DIMS[0]}")]),
-      ("S3", "largest learning rate", [above(at_largest, f"dk{d}_inv_sqrt", f"dk{d}_qk_norm")
-                                       for d in HEAD_DIMS]),
-      ("S4", "chosen learning rate", [close(chosen, f"dk{d}_qk_norm", f"dk{d}_inv_sqrt")
-                                      for d in HEAD_DIMS]),
+      ("S1", "chosen", [above(chosen, f"dk{d}_none", f"dk{d}_inv_sqrt") for d in HEAD_DIMS[1:]]),
+      ("S2", "chosen", [above(gaps(chosen, HEAD_DIMS), f"gap_{HEAD_DIMS[-1]}",
+                              f"gap_{HEAD_DIMS[0]}")]),
+      ("S3", "largest", [above(at_largest, f"dk{d}_inv_sqrt", f"dk{d}_qk_norm")
+                         for d in HEAD_DIMS]),
+      ("S4", "chosen", [close(chosen, f"dk{d}_qk_norm", f"dk{d}_inv_sqrt") for d in HEAD_DIMS]),
   ]
 
 
@@ -76,7 +74,8 @@ def main():
   parser.add_argument("--out", default=None, help="write the table here (markdown)")
   args = parser.parse_args()
   records = sweep_report.records_from_csv(args.results)
-  text = table(predictions(errors(records), errors(records, max(scaling.LEARNING_RATES))))
+  text = table(predictions(errors(records), errors(records, max(scaling.LEARNING_RATES))),
+               setting="learning rate")
   if args.out:
     with open(args.out, "w") as f:
       f.write(text)
