@@ -55,12 +55,12 @@ def pointwise(fn, consts, *arrays, anchor=None):
   entry-wise gather's transpose is a scatter of every entry onto one address, which a GPU
   serialises."""
   arrays = [vary_like(jnp.asarray(array), anchor) for array in arrays]
+  if not any(array.ndim for array in arrays):
+    return fn(tuple(consts), *arrays)
   shape = jnp.broadcast_shapes(*(array.shape for array in arrays))
   flat = [jnp.reshape(jnp.broadcast_to(array, shape), (-1,)) if array.ndim else array
           for array in arrays]
   axes = tuple(0 if array.ndim else None for array in arrays)
-  if not any(array.ndim for array in arrays):
-    return fn(tuple(consts), *arrays)
   out = jax.vmap(fn, in_axes=(None,) + axes)(tuple(consts), *flat)
   return jnp.reshape(out, shape)
 

@@ -8,8 +8,9 @@
 # training step at accelerator sizes, attention in float16 (where JAX's Mosaic GPU kernel runs)
 # and in float32, and the library's test files with whatever time remains. PART names choose
 # some, in the order given: tests, attention_bf16, train_bf16, attention_f16, attention_f32,
-# library_tests, and (not in the default list) study_heads, study_scaling, attention_tokamax,
-# profile_bf16, flag_cost, flex, flex_mod, mfu. Logs and JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so
+# library_tests, and (not in the default list) study_heads, study_scaling, study_positional,
+# attention_tokamax, profile_bf16, flag_cost, flex, flex_mod, mfu. Logs and JSON go to
+# RESULTS_DIR/results.tar.gz, rewritten after each part, so
 # that a run cut short keeps what it finished. Python packages missing on the machine go in
 # .whl/ as wheels (scripts/gpu_wheels.sh puts them there; modules they import but never use here
 # in .whl/stubs/); they are installed to /tmp/site first.
@@ -121,6 +122,12 @@ study_heads() {
 # The scaling study (d_k 64, 256, 1024; 1/sqrt(d_k), none, QK-norm; 6 seeds x 5 rates).
 study_scaling() {
   study scaling_accelerator configs/ablations/scaling.py:accelerator 400
+}
+
+# The positional study (even_pairs and order trained to length 64, tested at 2x, 4x and 8x;
+# 6 seeds x 2 rates).
+study_positional() {
+  study positional_accelerator configs/ablations/positional.py:accelerator 560
 }
 
 # Attention in bfloat16 with tokamax's kernels (its Mosaic GPU and Triton kernels).

@@ -40,9 +40,11 @@ from experiments import statistics, sweep_report  # noqa: E402
 MARGIN = 0.05  # NMSE: 5% of the target's variance
 
 
-def chosen_nmse(records) -> dict[str, dict[int, float]]:
-  """{variant: {seed: test NMSE}} at each variant's chosen learning rate."""
-  return {variant: dict(zip(metrics["seed"], metrics["eval_nmse"]))
+def chosen(records, column="eval_nmse",
+           measure=lambda value: value) -> dict[str, dict[int, float]]:
+  """{variant: {seed: measure(column)}} at each variant's chosen learning rate (test NMSE by
+  default)."""
+  return {variant: {s: measure(v) for s, v in zip(metrics["seed"], metrics[column])}
           for variant, _, metrics, _ in sweep_report.best_learning_rates(records)}
 
 
@@ -201,11 +203,11 @@ def main():
   parser.add_argument("--plot", default=None, help="draw NMSE against the head count here (png)")
   args = parser.parse_args()
   if args.accelerator:
-    mr = chosen_nmse(sweep_report.records_from_csv(args.accelerator))
+    mr = chosen(sweep_report.records_from_csv(args.accelerator))
     text, by_task, heads = table(accelerator_predictions(mr)), {"multi_retrieval, D = 8": mr}, \
         ACCELERATOR_HEADS
   elif args.multi_retrieval and args.farthest_point:
-    mr, fp = (chosen_nmse(sweep_report.records_from_csv(path))
+    mr, fp = (chosen(sweep_report.records_from_csv(path))
               for path in (args.multi_retrieval, args.farthest_point))
     text, by_task, heads = table(predictions(mr, fp)), {
         "multi_retrieval": mr, "farthest_point": fp}, HEADS

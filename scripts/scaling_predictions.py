@@ -28,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs.ablations import scaling  # noqa: E402
 from experiments import sweep_report  # noqa: E402
-from scripts.heads_binding_predictions import above, close, table  # noqa: E402
+from scripts.heads_binding_predictions import above, chosen, close, table  # noqa: E402
 
 HEAD_DIMS = scaling.ACCELERATOR_HEAD_DIMS
 
@@ -37,8 +37,7 @@ def errors(records, learning_rate=None) -> dict[str, dict[int, float]]:
   """{variant: {seed: test error}} at the learning rate chosen on validation, or at
   ``learning_rate``."""
   if learning_rate is None:
-    return {variant: {s: 1.0 - a for s, a in zip(metrics["seed"], metrics["eval_accuracy"])}
-            for variant, _, metrics, _ in sweep_report.best_learning_rates(records)}
+    return chosen(records, "eval_accuracy", lambda accuracy: 1.0 - accuracy)
   by_variant = {}
   for record in records:
     metrics = record["metrics"]

@@ -209,4 +209,4 @@ def test_the_head_count_plot_draws_both_tasks(tmp_path):
 def test_the_predictions_read_each_variant_at_its_chosen_learning_rate():
   script = _script("heads_binding_predictions")
   records = [_record("a", {1e-3: (0.10, 0.30), 3e-3: (0.40, 0.20)})]
-  assert script.chosen_nmse(records) == {"a": {0: pytest.approx(0.39), 1: pytest.approx(0.41)}}
+  assert script.chosen(records) == {"a": {0: pytest.approx(0.39), 1: pytest.approx(0.41)}}

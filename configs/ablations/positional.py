@@ -4,6 +4,8 @@ length 1..20 and tested on lengths up to 80 (4x), on two length-generalisation t
   python -m experiments.sweep --config=configs/ablations/positional.py \
       --workdir=workdir/ablations/positional
   python -m experiments.sweep --config=configs/ablations/positional.py:quick --workdir=/tmp/pos
+  python -m experiments.sweep --config=configs/ablations/positional.py:accelerator \
+      --workdir=workdir/ablations/positional_accelerator
 
 Question: which encodings keep working on sequences longer than any seen in training? Tasks
 (experiments/tasks/formal_languages.py, Delétang et al. 2023): `even_pairs` (first symbol equals
@@ -16,36 +18,54 @@ sinusoidal collapses; Ruoss et al. (2023) find every standard encoding fails to 
 most of these tasks, relative ones (RoPE, ALiBi) doing best. Both studied mostly causal models;
 this is an encoder classifier reading a CLS token, which sees both sides of every token.
 
+`:accelerator` is the study sized for one GPU or TPU: the two order-dependent tasks trained on
+lengths up to 64 and tested at 2x, 4x and 8x (up to 512), 6 seeds x 2 learning rates, 1500
+steps, the learning rate chosen on a validation stream of the training lengths; its
+predictions, fixed before it ran, are checked by scripts/positional_predictions.py.
 `:quick` (even_pairs only, tested at 61-80) is a smoke test of the pipeline. The results, with
 their runtime and provenance: docs/results/positional.md.
 """
 
-from configs.ablations import sweep_config
+import ml_collections
+
+from configs.ablations import VALIDATION, sweep_config
 
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
 TASKS = {"even_pairs": {"min_length": 1}, "cycle_navigation": {"min_length": 1},
          "order": {"min_length": 2}}
 TRAIN_LENGTH = 20
 TEST_LENGTHS = ((21, 40), (41, 60), (61, 80))
+# The accelerator preset: (tasks, training length, test lengths, steps, seeds, learning rates).
+ACCELERATOR = (("even_pairs", "order"), 64, ((65, 128), (129, 256), (257, 512)), 1500, 6,
+               (1e-3, 3e-3))
 
 
 def get_config(mode=None):
+  if mode not in (None, "quick", "accelerator"):
+    raise ValueError(f"mode must be 'quick' or 'accelerator' (or none), got {mode!r}.")
   quick = mode == "quick"  # a smoke test: the first task, tested at the longest lengths only
-  tasks = dict(list(TASKS.items())[:1]) if quick else TASKS
-  test_lengths = TEST_LENGTHS[-1:] if quick else TEST_LENGTHS
+  accelerator = mode == "accelerator"
+  task_names, train_length, test_lengths, steps = tuple(TASKS), TRAIN_LENGTH, TEST_LENGTHS, 1000
+  if accelerator:
+    task_names, train_length, test_lengths, steps, seeds, rates = ACCELERATOR
+  elif quick:
+    task_names, test_lengths = task_names[:1], test_lengths[-1:]
+  extra_evals = {f"length_{low}_{high}": {"min_length": low, "max_length": high, "num_train": 1}
+                 for low, high in test_lengths}
   sweep = sweep_config(
-      mode, steps=1000, eval_every=250, warmup=100,
+      None if accelerator else mode, steps=steps, eval_every=steps // 4, warmup=100,
       variants=((f"{task}-{name}", {"task": task, "model": {"positional_encoding": name},
-                                    "task_options": options})
-                for task, options in tasks.items() for name in ENCODINGS),
-      extra_evals={f"length_{low}_{high}": {"min_length": low, "max_length": high,
-                                            "num_train": 1}
-                   for low, high in test_lengths})
+                                    "task_options": TASKS[task]})
+                for task in task_names for name in ENCODINGS),
+      extra_evals={**extra_evals, **(VALIDATION if accelerator else {})})
   options = sweep.train.task_options
-  sweep.train.task_options = {"max_length": TRAIN_LENGTH, "num_train": options.num_train,
+  sweep.train.task_options = {"max_length": train_length, "num_train": options.num_train,
                               "num_test": min(options.num_test, 1000)}
   sweep.train.model.d_model = 64
   sweep.train.model.mlp_dim = 128
   sweep.train.model.num_layers = 3
-  sweep.train.model.max_length = TEST_LENGTHS[-1][1]
+  sweep.train.model.max_length = test_lengths[-1][1]
+  if accelerator:
+    sweep.num_seeds = seeds
+    sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep

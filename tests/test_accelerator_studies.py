@@ -1,0 +1,126 @@
+"""The scaling and positional ablations' configs, and the predictions of their accelerator
+studies: they hold on results shaped as the literature says and fail where the effect is
+absent."""
+
+import csv
+
+import numpy as np
+import pytest
+
+from configs.ablations import positional, scaling
+from experiments import sweep, sweep_report
+from test_heads_binding import _script
+
+
+@pytest.mark.parametrize("mode", [None, "quick", "accelerator"])
+def test_each_scaling_arm_sets_d_k_and_the_scale_at_one_width(mode):
+  config = scaling.get_config(mode)
+  sweep.check(config)
+  head_dims = {"quick": scaling.HEAD_DIMS[:2],
+               "accelerator": scaling.ACCELERATOR_HEAD_DIMS}.get(mode, scaling.HEAD_DIMS)
+  scales = scaling.ACCELERATOR_SCALES if mode == "accelerator" else tuple(scaling.SCALES)
+  arms = {}
+  for name, overrides in config.variants:
+    model = sweep.variant_config(config, overrides).model
+    assert (model.d_model, model.num_heads) == (64, 1)
+    arms[name] = (model.head_dim, model.attention_scale, model.normalize_qk)
+  assert set(arms) == {f"dk{d}_{s}" for d in head_dims for s in scales}
+  assert arms[f"dk{head_dims[-1]}_none"][1] == "none" and arms[f"dk{head_dims[0]}_qk_norm"][2]
+  if mode == "accelerator":
+    assert (config.num_seeds, config.train.num_train_steps) == (6, 1000)
+    assert set(config.extra_evals) == {"validation"}  # the learning rate is chosen there
+
+
+@pytest.mark.parametrize("study", [scaling, positional])
+def test_an_unknown_mode_names_the_valid_ones(study):
+  with pytest.raises(ValueError, match="'quick' or 'accelerator'"):
+    study.get_config("gpu")
+
+
+def test_the_positional_accelerator_preset_tests_at_two_four_and_eight_times_the_training_length():
+  config = positional.get_config("accelerator")
+  sweep.check(config)
+  tasks, train_length, test_lengths, steps, seeds, rates = positional.ACCELERATOR
+  assert config.train.task_options.max_length == train_length == 64
+  assert [high / train_length for _, high in test_lengths] == [2, 4, 8]
+  assert all(low == previous + 1 for (low, _), (_, previous) in
+             zip(test_lengths, ((0, train_length),) + test_lengths[:-1]))
+  assert config.train.model.max_length == test_lengths[-1][1]  # the embedding covers every test
+  assert set(config.extra_evals) == {f"length_{low}_{high}" for low, high in test_lengths} | {
+      "validation"}
+  assert {name for name, _ in config.variants} == {
+      f"{task}-{name}" for task in tasks for name in positional.ENCODINGS}
+  assert (config.num_seeds, config.train.num_train_steps, tuple(config.grid.learning_rate)) == (
+      seeds, steps, rates)
+
+
+def _results(path, rows, measures):
+  """A results.csv of ``rows`` (variant, seed, learning rate, setting, {measure: value}), each
+  measure an accuracy with its loss; the records read back from it."""
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["variant", "seed", "learning_rate", "weight_decay", "warmup_steps", "status",
+                     "diverged_at", "setting"]
+                    + [f"{m}_{kind}" for m in measures for kind in ("accuracy", "loss")])
+    for variant, seed, lr, setting, values in rows:
+      writer.writerow([variant, seed, lr, 0.01, 60, "ok", 0, setting]
+                      + [x for m in measures for x in (values[m], 1 - values[m])])
+  return sweep_report.records_from_csv(path)
+
+
+def _scaling_results(path, error):
+  """The scaling sweep's results with test (and validation) error
+  ``error(d_k, scale, learning_rate, seed)``."""
+  rows = [(f"dk{d}_{scale}", seed, lr, d, dict.fromkeys(("eval", "validation"),
+                                                         1 - error(d, scale, lr, seed)))
+          for d in scaling.ACCELERATOR_HEAD_DIMS for scale in scaling.ACCELERATOR_SCALES
+          for lr in scaling.LEARNING_RATES for seed in range(6)]
+  return _results(path, rows, ("eval", "validation"))
+
+
+def _held(rows):
+  return {name: all(check[1] for check in checks) for name, _, checks in rows}
+
+
+def test_scaling_predictions_hold_where_the_literature_says_and_fail_where_scale_is_harmless(
+    tmp_path):
+  script = _script("scaling_predictions")
+  noise = lambda d, scale, lr, seed: 0.01 * np.sin(7 * seed + d + 3 * lr)
+
+  def literature(d, scale, lr, seed):  # saturation grows with d_k; QK-norm survives lr 0.1
+    error = 0.1 + (0.0002 * d if scale == "none" else 0.0) + noise(d, scale, lr, seed)
+    return error + (0.4 if lr == 0.1 and scale != "qk_norm" else 0.0)
+
+  records = _scaling_results(tmp_path / "literature.csv", literature)
+  rows = script.predictions(script.errors(records), script.errors(records, 0.1))
+  assert _held(rows) == {"S1": True, "S2": True, "S3": True, "S4": True}
+  harmless = lambda d, scale, lr, seed: 0.1 + noise(d, scale, lr, seed)
+  records = _scaling_results(tmp_path / "harmless.csv", harmless)
+  rows = script.predictions(script.errors(records), script.errors(records, 0.1))
+  assert _held(rows) == {"S1": False, "S2": False, "S3": False, "S4": True}
+
+
+def test_positional_predictions_hold_where_the_literature_says_and_fail_where_all_extrapolate(
+    tmp_path):
+  script = _script("positional_predictions")
+  lengths = [f"length_{low}_{high}" for low, high in positional.ACCELERATOR[2]]
+  noise = lambda seed, i: 0.01 * np.sin(5 * seed + i)
+
+  def results(name, accuracy):  # accuracy(task, encoding, times the training length)
+    rows = [(f"{task}-{encoding}", seed, lr, encoding, {
+        "eval": 0.99, "validation": 0.99 + noise(seed, lr),
+        **{m: accuracy(task, encoding, 2 ** (i + 1)) + noise(seed, i)
+           for i, m in enumerate(lengths)}})
+            for task in positional.ACCELERATOR[0] for encoding in positional.ENCODINGS
+            for lr in positional.ACCELERATOR[5] for seed in range(6)]
+    return _results(tmp_path / name, rows, ("eval", "validation", *lengths))
+
+  def literature(task, encoding, times):
+    if task == "order":
+      return 0.9 if encoding == "alibi" else 0.5 + 0.2 / times
+    return 0.5 + (0.4 if encoding == "rope" and times == 2 else 0.05 / times)
+
+  rows = script.predictions(results("literature.csv", literature))
+  assert _held(rows) == {"P1": True, "P2": True, "P3": True, "P4": True}
+  rows = script.predictions(results("all.csv", lambda task, encoding, times: 0.95))
+  assert _held(rows) == {"P1": False, "P2": False, "P3": False, "P4": False}
