@@ -9,9 +9,9 @@
 # and in float32, and the library's test files with whatever time remains. PART names choose
 # some, in the order given: tests, attention_bf16, train_bf16, attention_f16, attention_f32,
 # library_tests, and (not in the default list) study_heads, study_scaling, study_positional,
-# attention_tokamax, profile_bf16, flag_cost, flex, flex_mod, mfu. Logs and JSON go to
-# RESULTS_DIR/results.tar.gz, rewritten after each part, so
-# that a run cut short keeps what it finished. Python packages missing on the machine go in
+# study_variants, attention_tokamax, profile_bf16, flag_cost, flex, flex_mod, mfu. Logs and
+# JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so that a run cut short
+# keeps what it finished. Python packages missing on the machine go in
 # .whl/ as wheels (scripts/gpu_wheels.sh puts them there; modules they import but never use here
 # in .whl/stubs/); they are installed to /tmp/site first.
 set -u
@@ -128,6 +128,11 @@ study_scaling() {
 # 6 seeds x 2 rates).
 study_positional() {
   study positional_accelerator configs/ablations/positional.py:accelerator 560
+}
+
+# The attention-variants study (8 arms, 2000 steps, 6 seeds x 4 rates).
+study_variants() {
+  study attention_variants_accelerator configs/ablations/attention_variants.py:accelerator 560
 }
 
 # Attention in bfloat16 with tokamax's kernels (its Mosaic GPU and Triton kernels).

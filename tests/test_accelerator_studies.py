@@ -1,4 +1,4 @@
-"""The scaling and positional ablations' configs, and the predictions of their accelerator
+"""The scaling, positional and attention-variant ablations' configs, and the predictions of their accelerator
 studies: they hold on results shaped as the literature says and fail where the effect is
 absent."""
 
@@ -7,7 +7,7 @@ import csv
 import numpy as np
 import pytest
 
-from configs.ablations import positional, scaling
+from configs.ablations import attention_variants, positional, scaling
 from experiments import sweep, sweep_report
 from test_heads_binding import _script
 
@@ -31,7 +31,7 @@ def test_each_scaling_arm_sets_d_k_and_the_scale_at_one_width(mode):
     assert set(config.extra_evals) == {"validation"}  # the learning rate is chosen there
 
 
-@pytest.mark.parametrize("study", [scaling, positional])
+@pytest.mark.parametrize("study", [scaling, positional, attention_variants])
 def test_an_unknown_mode_names_the_valid_ones(study):
   with pytest.raises(ValueError, match="'quick' or 'accelerator'"):
     study.get_config("gpu")
@@ -54,28 +54,34 @@ def test_the_positional_accelerator_preset_tests_at_two_four_and_eight_times_the
       seeds, steps, rates)
 
 
-def _results(path, rows, measures):
-  """A results.csv of ``rows`` (variant, seed, learning rate, setting, {measure: value}), each
-  measure an accuracy with its loss; the records read back from it."""
+def _results(path, rows):
+  """A results.csv of ``rows`` (variant, seed, learning rate, setting, {column: value}); the
+  records read back from it."""
+  columns = list(rows[0][4])
   with open(path, "w", newline="") as f:
     writer = csv.writer(f)
     writer.writerow(["variant", "seed", "learning_rate", "weight_decay", "warmup_steps", "status",
-                     "diverged_at", "setting"]
-                    + [f"{m}_{kind}" for m in measures for kind in ("accuracy", "loss")])
+                     "diverged_at", "setting"] + columns)
     for variant, seed, lr, setting, values in rows:
       writer.writerow([variant, seed, lr, 0.01, 60, "ok", 0, setting]
-                      + [x for m in measures for x in (values[m], 1 - values[m])])
+                      + [values[c] for c in columns])
   return sweep_report.records_from_csv(path)
+
+
+def _accuracy(**accuracies):
+  """{<set>_accuracy: a, <set>_loss: 1 - a} for each test set's accuracy a."""
+  return {f"{name}_{kind}": value for name, a in accuracies.items()
+          for kind, value in (("accuracy", a), ("loss", 1 - a))}
 
 
 def _scaling_results(path, error):
   """The scaling sweep's results with test (and validation) error
   ``error(d_k, scale, learning_rate, seed)``."""
-  rows = [(f"dk{d}_{scale}", seed, lr, d, dict.fromkeys(("eval", "validation"),
-                                                         1 - error(d, scale, lr, seed)))
+  rows = [(f"dk{d}_{scale}", seed, lr, d, _accuracy(eval=1 - error(d, scale, lr, seed),
+                                                    validation=1 - error(d, scale, lr, seed)))
           for d in scaling.ACCELERATOR_HEAD_DIMS for scale in scaling.ACCELERATOR_SCALES
           for lr in scaling.LEARNING_RATES for seed in range(6)]
-  return _results(path, rows, ("eval", "validation"))
+  return _results(path, rows)
 
 
 def _held(rows):
@@ -107,13 +113,13 @@ def test_positional_predictions_hold_where_the_literature_says_and_fail_where_al
   noise = lambda seed, i: 0.01 * np.sin(5 * seed + i)
 
   def results(name, accuracy):  # accuracy(task, encoding, times the training length)
-    rows = [(f"{task}-{encoding}", seed, lr, encoding, {
-        "eval": 0.99, "validation": 0.99 + noise(seed, lr),
+    rows = [(f"{task}-{encoding}", seed, lr, encoding, _accuracy(
+        eval=0.99, validation=0.99 + noise(seed, lr),
         **{m: accuracy(task, encoding, 2 ** (i + 1)) + noise(seed, i)
-           for i, m in enumerate(lengths)}})
+           for i, m in enumerate(lengths)}))
             for task in positional.ACCELERATOR[0] for encoding in positional.ENCODINGS
             for lr in positional.ACCELERATOR[5] for seed in range(6)]
-    return _results(tmp_path / name, rows, ("eval", "validation", *lengths))
+    return _results(tmp_path / name, rows)
 
   def literature(task, encoding, times):
     if task == "order":
@@ -124,3 +130,37 @@ def test_positional_predictions_hold_where_the_literature_says_and_fail_where_al
   assert _held(rows) == {"P1": True, "P2": True, "P3": True, "P4": True}
   rows = script.predictions(results("all.csv", lambda task, encoding, times: 0.95))
   assert _held(rows) == {"P1": False, "P2": False, "P3": False, "P4": False}
+
+
+def test_the_variants_accelerator_preset_trains_the_same_arms_longer_with_more_seeds():
+  config, cpu = attention_variants.get_config("accelerator"), attention_variants.get_config()
+  sweep.check(config)
+  assert config.variants == cpu.variants and config.grid == cpu.grid
+  assert (config.num_seeds, config.train.num_train_steps) == (6, 2000)
+  assert set(config.extra_evals) == {"validation"}
+
+
+def test_variant_predictions_hold_where_the_papers_say_and_fail_where_no_variant_differs(
+    tmp_path):
+  script = _script("attention_variants_predictions")
+  names = [name for name, _ in attention_variants.get_config().variants]
+  noise = lambda seed, lr: 0.01 * np.sin(3 * seed + 100 * lr)
+
+  def results(name, accuracy, first_token):
+    rows = [(variant, seed, lr, variant, {
+        **_accuracy(eval=accuracy(variant, lr) + noise(seed, lr),
+                    validation=accuracy(variant, lr)),
+        "final_first_token_weight": first_token(variant) + noise(seed, 0)})
+            for variant in names for lr in attention_variants.LEARNING_RATES for seed in range(6)]
+    return _results(tmp_path / name, rows)
+
+  def papers(variant, lr):  # the gates and QK-norm train where plain attention fails
+    tolerant = {1e-2: ("gated", "gated_headwise", "qk_norm"), 3e-2: ("qk_norm",)}
+    return 0.99 if lr < 1e-2 or variant in tolerant.get(lr, ()) else 0.5
+
+  low_sink = lambda variant: 0.02 if variant in ("differential", "gated") else 0.11
+  rows = script.predictions(results("papers.csv", papers, low_sink))
+  assert _held(rows) == {"V1": True, "V2": True, "V3": True, "V4": True}
+  rows = script.predictions(results("same.csv", lambda variant, lr: 0.99 - 0.1 * (lr > 3e-3),
+                                    lambda variant: 0.11))
+  assert _held(rows) == {"V1": False, "V2": False, "V3": True, "V4": False}

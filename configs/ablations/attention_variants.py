@@ -6,6 +6,8 @@ the largest activation and attention logit, and accuracy at the best learning ra
       --workdir=workdir/ablations/attention_variants
   python -m experiments.sweep --config=configs/ablations/attention_variants.py:quick \
       --workdir=/tmp/attention_variants
+  python -m experiments.sweep --config=configs/ablations/attention_variants.py:accelerator \
+      --workdir=workdir/ablations/attention_variants_accelerator
 
 Claims (each variant is a plug-in of attention_jax/variants/):
 - gated attention (Qiu et al. 2025; "gated" per feature, "gated_headwise" per head): training
@@ -24,7 +26,10 @@ attention with the feed-forward widened to as many parameters. The task is 2-pai
 3 seeds x 4 learning rates as one vmapped program; the learning rate of each is chosen on a
 validation stream (another data seed's test split), and the test set reports it.
 
-`quick` is a smoke test of the pipeline (a tenth of the steps, 2 seeds, two learning rates).
+`accelerator` is the study sized for one GPU or TPU: the same arms and learning rates, 2000
+steps and 6 seeds; its predictions, fixed before it ran, are checked by
+scripts/attention_variants_predictions.py. `quick` is a smoke test of the pipeline (a tenth of
+the steps, 2 seeds, two learning rates).
 Results, runtime and the comparison with the papers: docs/results/attention_variants.md.
 """
 
@@ -37,6 +42,7 @@ from configs.ablations.head_variants import matched_mlp_dim
 VARIANTS = ("mha", "gated", "gated_headwise", "sinks", "sigmoid", "differential")
 LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
 STEPS = 800
+ACCELERATOR_STEPS, ACCELERATOR_SEEDS = 2000, 6
 
 
 def _variants(model):
@@ -48,11 +54,16 @@ def _variants(model):
 
 
 def get_config(mode=None):
-  if mode not in (None, "quick"):
-    raise ValueError(f"mode must be None or 'quick', got {mode!r}.")
+  if mode not in (None, "quick", "accelerator"):
+    raise ValueError(f"mode must be 'quick' or 'accelerator' (or none), got {mode!r}.")
+  accelerator = mode == "accelerator"
   base = mqar.get_config()
-  sweep = sweep_config(mode, steps=STEPS, eval_every=100, warmup=100, base=mqar,
-                       variants=_variants(base.model), extra_evals=VALIDATION)
+  steps = ACCELERATOR_STEPS if accelerator else STEPS
+  sweep = sweep_config(None if accelerator else mode, steps=steps, eval_every=steps // 8,
+                       warmup=100, base=mqar, variants=_variants(base.model),
+                       extra_evals=VALIDATION)
+  if accelerator:
+    sweep.num_seeds = ACCELERATOR_SEEDS
   rates = LEARNING_RATES[1:3] if mode == "quick" else LEARNING_RATES
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep
