@@ -6,7 +6,7 @@ fixed before the sweep ran, as checks on its results.
       --results=docs/results/attention_variants/accelerator/results.csv \
       --out=docs/results/attention_variants/predictions_accelerator.md
 
-Measures, paired by seed, with the checks of scripts/heads_binding_predictions.py ("a > b": a
+Measures, paired by seed, with the checks of scripts/predictions.py ("a > b": a
 above b, p < 0.05; "a ~ b": a at most 0.05 above b, the 95% interval's upper end included): the
 test error (1 - accuracy) at a fixed learning rate or at each variant's rate chosen on the
 validation stream, and the attention weight on the first token at the end of training.
@@ -29,7 +29,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import sweep_report  # noqa: E402
-from scripts.heads_binding_predictions import above, chosen, close, table  # noqa: E402
+from scripts.predictions import above, chosen, close, table  # noqa: E402
 from scripts.scaling_predictions import errors  # noqa: E402
 
 

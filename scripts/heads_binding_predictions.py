@@ -11,7 +11,8 @@ checks on the two sweeps' results, every variant at the learning rate its report
 
 Comparisons are paired by seed (seed s of every variant saw the same batches in the same order):
 the mean difference of test NMSE with its 95% Student-t interval and the paired t-test's p. A
-prediction holds when all its checks do. The checks, fixed before the sweeps ran:
+prediction holds when all its checks do. The checks, fixed before the sweeps ran (the first three
+from scripts/predictions.py):
 - "a > b": a's NMSE is above b's, p < 0.05;
 - "a not above b": not "a > b";
 - "a ~ b": a is at most MARGIN (NMSE) above b, the interval's upper end below MARGIN;
@@ -36,60 +37,20 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs.ablations import heads_binding  # noqa: E402
 from experiments import statistics, sweep_report  # noqa: E402
-
-MARGIN = 0.05  # NMSE: 5% of the target's variance
-
-
-def chosen(records, column="eval_nmse",
-           measure=lambda value: value) -> dict[str, dict[int, float]]:
-  """{variant: {seed: measure(column)}} at each variant's chosen learning rate (test NMSE by
-  default)."""
-  return {variant: {s: measure(v) for s, v in zip(metrics["seed"], metrics[column])}
-          for variant, _, metrics, _ in sweep_report.best_learning_rates(records)}
-
-
-def _pair(nmse, a, b):
-  seeds = sorted(set(nmse[a]) & set(nmse[b]))
-  return [nmse[a][s] for s in seeds], [nmse[b][s] for s in seeds]
-
-
-def _difference(nmse, a, b) -> tuple[float, float, float, str]:
-  mean, half, p, n = statistics.paired(*_pair(nmse, a, b))
-  half = 0.0 if math.isnan(half) else half
-  return mean, half, p, (f"{a} - {b} = {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}], "
-                         f"p {p:.2g}, {n} seeds")
-
-
-def above(nmse, a, b):
-  mean, _, p, text = _difference(nmse, a, b)
-  return f"{a} > {b}", mean > 0 and p < statistics.SIGNIFICANT, text
-
-
-def not_above(nmse, a, b):
-  name, held, text = above(nmse, a, b)
-  return f"{a} not above {b}", not held, text
-
-
-def close(nmse, a, b):
-  mean, half, _, text = _difference(nmse, a, b)
-  return f"{a} ~ {b} (within {MARGIN:g})", mean + half < MARGIN, text
-
-
-def _mean(nmse, a) -> float:
-  return float(np.nanmean(list(nmse[a].values())))
-
+from scripts.predictions import (  # noqa: E402
+    above, chosen, close, difference, mean_of, not_above, table)
 
 def recovers_half(nmse, a, worse, better):
   """Whether ``a`` sits at most halfway from ``worse`` to ``better``; untestable (False) unless
   ``worse`` is significantly above ``better``."""
-  gap = _mean(nmse, worse) - _mean(nmse, better)
-  recovered = (_mean(nmse, worse) - _mean(nmse, a)) / gap if gap else math.nan
+  gap = mean_of(nmse, worse) - mean_of(nmse, better)
+  recovered = (mean_of(nmse, worse) - mean_of(nmse, a)) / gap if gap else math.nan
   name = f"{a} recovers half of {worse} -> {better}"
   if not above(nmse, worse, better)[1]:
-    return name, None, f"no significant gap: {_difference(nmse, worse, better)[3]}"
+    return name, None, f"no significant gap: {difference(nmse, worse, better)[3]}"
   return (name, recovered >= 0.5,
-          f"recovers {recovered:.0%} of a gap of {gap:.3f} NMSE ({a} {_mean(nmse, a):.3f}, "
-          f"{worse} {_mean(nmse, worse):.3f}, {better} {_mean(nmse, better):.3f})")
+          f"recovers {recovered:.0%} of a gap of {gap:.3f} NMSE ({a} {mean_of(nmse, a):.3f}, "
+          f"{worse} {mean_of(nmse, worse):.3f}, {better} {mean_of(nmse, better):.3f})")
 
 
 def short_of_half(nmse, a, worse, better):
@@ -99,7 +60,7 @@ def short_of_half(nmse, a, worse, better):
 
 
 def largest_drop(nmse, chain, at: int):
-  means = [_mean(nmse, v) for v in chain]
+  means = [mean_of(nmse, v) for v in chain]
   drops = [means[i] - means[i + 1] for i in range(len(chain) - 1)]
   step = int(np.argmax(drops))
   return (f"largest drop {chain[at]} -> {chain[at + 1]}", step == at,
@@ -142,21 +103,6 @@ def accelerator_predictions(mr) -> list[tuple[str, str, list]]:
       ("A2", task, [above(mr, "fixed_2", "split_8"), above(mr, "fixed_4", "split_8")]),
       ("A3", task, [close(mr, "split_16", "split_8"), close(mr, "split_32", "split_8")]),
   ]
-
-
-def table(rows, setting="task") -> str:
-  """The checks as a markdown table; ``setting`` names the second column (what each row's
-  second entry is)."""
-  lines = [f"| prediction | {setting} | check | measured | check holds | prediction held |",
-           "|---|---|---|---|---|---|"]
-  for number, task, checks in rows:
-    held = all(check[1] for check in checks)
-    for i, (name, check_held, text) in enumerate(checks):
-      verdict = {True: "yes", False: "no", None: "untestable"}[check_held]
-      lines.append(f"| {number if i == 0 else ''} | {task if i == 0 else ''} | {name} | {text} | "
-                   f"{verdict} | "
-                   f"{('**yes**' if held else '**no**') if i == 0 else ''} |")
-  return "\n".join(lines) + "\n"
 
 
 HEADS = (1, 2, 4, 8, 16)

@@ -8,7 +8,7 @@ ran, as checks on its results.
 
 Trained on lengths up to 64; the measure is the error (1 - accuracy) on each longer test set at
 each variant's learning rate chosen on the validation stream (training lengths), paired by seed,
-with the checks of scripts/heads_binding_predictions.py ("a > b": a's error above b's, p < 0.05)
+with the checks of scripts/predictions.py ("a > b": a's error above b's, p < 0.05)
 and "a near chance": a's accuracy at most 0.6, the 95% interval's upper end included.
 - P1 (Press et al. 2022): on `order` ALiBi extrapolates: at 4x and 8x the training length it
   errs less than the sinusoidal and the learned encoding.
@@ -28,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs.ablations import positional  # noqa: E402
 from experiments import statistics, sweep_report  # noqa: E402
-from scripts.heads_binding_predictions import above, chosen, table  # noqa: E402
+from scripts.predictions import above, chosen, table  # noqa: E402
 
 TASKS, _, TEST_LENGTHS = positional.ACCELERATOR[:3]
 CHANCE_MARGIN = 0.6  # accuracy; chance is 0.5 on both tasks

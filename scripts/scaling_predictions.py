@@ -28,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs.ablations import scaling  # noqa: E402
 from experiments import sweep_report  # noqa: E402
-from scripts.heads_binding_predictions import above, chosen, close, table  # noqa: E402
+from scripts.predictions import above, chosen, close, table  # noqa: E402
 
 HEAD_DIMS = scaling.ACCELERATOR_HEAD_DIMS
 
