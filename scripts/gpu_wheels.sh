@@ -4,7 +4,7 @@
 # other packages and tokamax (a benchmark peer), as Python 3.12 x86-64 wheels, at the versions of
 # requirements.txt. Run it here, where pip reaches the registries:
 #
-#   bash scripts/gpu_wheels.sh && echo /.whl/ >> .git/info/exclude
+#   bash scripts/gpu_wheels.sh
 set -eu
 cd "$(dirname "$0")/.."
 mkdir -p .whl/stubs/xprof/cli
