@@ -37,6 +37,19 @@ class Request:
         return name
     return None
 
+  def flash_refusal(self, kernel: str) -> str | None:
+    """Why ``kernel``, a fused flash kernel (causal, windows, lengths and segment ids native, a
+    mask_mod as a dense mask), cannot serve this request's dropout, soft cap or custom parts, or
+    None."""
+    if self.dropout_rate > 0.0:
+      return f"{kernel} has no attention dropout"
+    if self.logits_soft_cap is not None:
+      return f"{kernel} has no logits soft cap"
+    if unserved := self.custom(served=("mask_mod",)):
+      return (f"{kernel} cannot serve {unserved} (it serves causal, windows, lengths and "
+              "segment ids natively, and a mask_mod as a dense mask)")
+    return None
+
 
 def check_qkv(query, key, value) -> None:
   """Validates query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v]."""

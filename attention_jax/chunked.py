@@ -517,8 +517,8 @@ def _trainable(mods: _Mods):
 def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_out):
   """Gradients for q, k, v, bias and the score_mod's trainable constants (compute dtype):
   several query heads side by side where ``geometry.pairs_per_step`` allows, there is no bias
-  and the constants' gradients of all pairs fit in PAIR_BLOCK_BYTES, else one key/value head at
-  a time, its G query heads in turn."""
+  and any trained constants' gradients of all pairs fit in PAIR_BLOCK_BYTES (outside
+  shard_map), else one key/value head at a time, its G query heads in turn."""
   batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
   group = num_heads // num_kv
   dtype = reference.compute_dtype(q.dtype)
@@ -551,7 +551,10 @@ def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_
     return (d_bias, d_mod), (d_q, d_k, d_v)  # d_q [G, Tp, H]
 
   stacked_bytes = 4 * batch * num_heads * sum(c.size for c in trained)  # d_mod of every pair
-  if bias is None and geometry.pairs_per_step and stacked_bytes <= PAIR_BLOCK_BYTES:
+  # Under shard_map a trained constant's gradient passes a psum inside the heads' vmap, which
+  # jax 0.8 cannot batch: one head at a time there.
+  side_by_side = not trained or (stacked_bytes <= PAIR_BLOCK_BYTES and not _varying(q))
+  if bias is None and geometry.pairs_per_step and side_by_side:
     # Nothing large carried from head to head: several query heads side by side; the gradients
     # of a key/value head (and the score_mod's constants) summed over its query heads after.
     def one_head(b, n, q_n, out_n, lse_n, d_out_n, k_n, v_n):

@@ -30,13 +30,8 @@ KERNEL = "cudnn"
 def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
   """Why cuDNN flash attention cannot serve this request, or None if it can (cudnn_attention
   brings any mask, bias and length into the kernel's form)."""
-  if request.dropout_rate > 0.0:
-    return "cuDNN attention through jax.nn has no attention dropout"
-  if request.logits_soft_cap is not None:
-    return "cuDNN attention through jax.nn has no logits soft cap"
-  if unserved := request.custom(served=("mask_mod",)):  # a mask_mod arrives as a dense mask
-    return (f"cuDNN attention through jax.nn cannot serve {unserved} (it serves causal, "
-            "windows, lengths and segment ids natively, and a mask_mod as a dense mask)")
+  if reason := request.flash_refusal("cuDNN attention through jax.nn"):
+    return reason
   if request.return_weights:
     return "cuDNN flash attention never forms the weights, so it cannot return them"
   if query.dtype not in (jnp.float16, jnp.bfloat16):

@@ -34,13 +34,8 @@ def unsupported_reason(query, key, value, request: _checks.Request) -> str | Non
   kind = request.device_kind or ""
   if kind.startswith(FAILING_GENERATIONS):
     return f"the Pallas TPU flash kernel does not compile on {kind} (jax issue 18595)"
-  if request.dropout_rate > 0.0:
-    return "the Pallas TPU flash kernel has no attention dropout"
-  if request.logits_soft_cap is not None:
-    return "the Pallas TPU flash kernel has no logits soft cap"
-  if unserved := request.custom(served=("mask_mod",)):  # a mask_mod arrives as a dense bias
-    return (f"the Pallas TPU flash kernel cannot serve {unserved} (it serves causal, windows, "
-            "lengths and segment ids natively, and a mask_mod as a dense mask)")
+  if reason := request.flash_refusal("the Pallas TPU flash kernel"):
+    return reason
   if request.return_residual:
     return "the Pallas TPU flash kernel does not return the log-sum-exp"
   if request.return_weights:
