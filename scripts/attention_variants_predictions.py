@@ -23,13 +23,12 @@ validation stream, and the attention weight on the first token at the end of tra
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments import sweep_report  # noqa: E402
-from scripts.predictions import above, chosen, close, table  # noqa: E402
+from scripts import predictions as predictions_lib  # noqa: E402
+from scripts.predictions import above, chosen, close  # noqa: E402
 from scripts.scaling_predictions import errors  # noqa: E402
 
 
@@ -46,17 +45,5 @@ def predictions(records) -> list[tuple[str, str, list]]:
   ]
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--results", required=True, help="results.csv of the accelerator sweep")
-  parser.add_argument("--out", default=None, help="write the table here (markdown)")
-  args = parser.parse_args()
-  text = table(predictions(sweep_report.records_from_csv(args.results)), setting="learning rate")
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(text)
-  print(text)
-
-
 if __name__ == "__main__":
-  main()
+  predictions_lib.main(__doc__, predictions, "learning rate")

@@ -21,14 +21,14 @@ and "a near chance": a's accuracy at most 0.6, the 95% interval's upper end incl
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs.ablations import positional  # noqa: E402
-from experiments import statistics, sweep_report  # noqa: E402
-from scripts.predictions import above, chosen, table  # noqa: E402
+from experiments import statistics  # noqa: E402
+from scripts import predictions as predictions_lib  # noqa: E402
+from scripts.predictions import above, chosen  # noqa: E402
 
 TASKS, _, TEST_LENGTHS = positional.ACCELERATOR[:3]
 CHANCE_MARGIN = 0.6  # accuracy; chance is 0.5 on both tasks
@@ -63,17 +63,5 @@ def predictions(records) -> list[tuple[str, str, list]]:
   ]
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--results", required=True, help="results.csv of the accelerator sweep")
-  parser.add_argument("--out", default=None, help="write the table here (markdown)")
-  args = parser.parse_args()
-  text = table(predictions(sweep_report.records_from_csv(args.results)), setting="test lengths")
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(text)
-  print(text)
-
-
 if __name__ == "__main__":
-  main()
+  predictions_lib.main(__doc__, predictions, "test lengths")

@@ -10,6 +10,7 @@ True, False, or None where it cannot be tested.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
@@ -77,3 +78,17 @@ def table(rows, setting="task") -> str:
                    f"{verdict} | "
                    f"{('**yes**' if held else '**no**') if i == 0 else ''} |")
   return "\n".join(lines) + "\n"
+
+
+def main(doc: str, predictions, setting: str) -> None:
+  """The command line of a study's predictions script: ``--results`` (the sweep's results.csv)
+  -> ``predictions(records)`` as a table, printed and with ``--out`` written (markdown)."""
+  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+  parser.add_argument("--results", required=True, help="results.csv of the accelerator sweep")
+  parser.add_argument("--out", default=None, help="write the table here (markdown)")
+  args = parser.parse_args()
+  text = table(predictions(sweep_report.records_from_csv(args.results)), setting=setting)
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(text)
+  print(text)

@@ -21,14 +21,13 @@ most 0.05 above b, the 95% interval's upper end below that).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs.ablations import scaling  # noqa: E402
-from experiments import sweep_report  # noqa: E402
-from scripts.predictions import above, chosen, close, table  # noqa: E402
+from scripts import predictions as predictions_lib  # noqa: E402
+from scripts.predictions import above, chosen, close  # noqa: E402
 
 HEAD_DIMS = scaling.ACCELERATOR_HEAD_DIMS
 
@@ -54,32 +53,18 @@ def gaps(error, head_dims) -> dict[str, dict[int, float]]:
           for d in head_dims}
 
 
-def predictions(chosen, at_largest) -> list[tuple[str, str, list]]:
-  """(name, setting, checks) per prediction, from the errors at the chosen and the largest
-  learning rate."""
+def predictions(records) -> list[tuple[str, str, list]]:
+  """(name, learning rate, checks) per prediction."""
+  tuned, at_largest = errors(records), errors(records, max(scaling.LEARNING_RATES))
   return [
-      ("S1", "chosen", [above(chosen, f"dk{d}_none", f"dk{d}_inv_sqrt") for d in HEAD_DIMS[1:]]),
-      ("S2", "chosen", [above(gaps(chosen, HEAD_DIMS), f"gap_{HEAD_DIMS[-1]}",
+      ("S1", "chosen", [above(tuned, f"dk{d}_none", f"dk{d}_inv_sqrt") for d in HEAD_DIMS[1:]]),
+      ("S2", "chosen", [above(gaps(tuned, HEAD_DIMS), f"gap_{HEAD_DIMS[-1]}",
                               f"gap_{HEAD_DIMS[0]}")]),
       ("S3", "largest", [above(at_largest, f"dk{d}_inv_sqrt", f"dk{d}_qk_norm")
                          for d in HEAD_DIMS]),
-      ("S4", "chosen", [close(chosen, f"dk{d}_qk_norm", f"dk{d}_inv_sqrt") for d in HEAD_DIMS]),
+      ("S4", "chosen", [close(tuned, f"dk{d}_qk_norm", f"dk{d}_inv_sqrt") for d in HEAD_DIMS]),
   ]
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--results", required=True, help="results.csv of the accelerator sweep")
-  parser.add_argument("--out", default=None, help="write the table here (markdown)")
-  args = parser.parse_args()
-  records = sweep_report.records_from_csv(args.results)
-  text = table(predictions(errors(records), errors(records, max(scaling.LEARNING_RATES))),
-               setting="learning rate")
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(text)
-  print(text)
-
-
 if __name__ == "__main__":
-  main()
+  predictions_lib.main(__doc__, predictions, "learning rate")

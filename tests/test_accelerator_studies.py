@@ -98,11 +98,11 @@ def test_scaling_predictions_hold_where_the_literature_says_and_fail_where_scale
     return error + (0.4 if lr == 0.1 and scale != "qk_norm" else 0.0)
 
   records = _scaling_results(tmp_path / "literature.csv", literature)
-  rows = script.predictions(script.errors(records), script.errors(records, 0.1))
+  rows = script.predictions(records)
   assert _held(rows) == {"S1": True, "S2": True, "S3": True, "S4": True}
   harmless = lambda d, scale, lr, seed: 0.1 + noise(d, scale, lr, seed)
   records = _scaling_results(tmp_path / "harmless.csv", harmless)
-  rows = script.predictions(script.errors(records), script.errors(records, 0.1))
+  rows = script.predictions(records)
   assert _held(rows) == {"S1": False, "S2": False, "S3": False, "S4": True}
 
 
