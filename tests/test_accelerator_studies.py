@@ -1,6 +1,6 @@
-"""The scaling, positional and attention-variant ablations' configs, and the predictions of their accelerator
-studies: they hold on results shaped as the literature says and fail where the effect is
-absent."""
+"""The scaling, positional and attention-variant ablations' configs, and the predictions of
+their accelerator studies: they hold on results shaped as the literature says and fail where
+the effect is absent."""
 
 import csv
 
