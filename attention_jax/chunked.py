@@ -553,8 +553,8 @@ def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_
   stacked_bytes = 4 * batch * num_heads * sum(c.size for c in trained)  # d_mod of every pair
   # Under shard_map a trained constant's gradient passes a psum inside the heads' vmap, which
   # jax 0.8 cannot batch: one head at a time there.
-  side_by_side = not trained or (stacked_bytes <= PAIR_BLOCK_BYTES and not _varying(q))
-  if bias is None and geometry.pairs_per_step and side_by_side:
+  small_constants = not trained or (stacked_bytes <= PAIR_BLOCK_BYTES and not _varying(q))
+  if bias is None and geometry.pairs_per_step and small_constants:
     # Nothing large carried from head to head: several query heads side by side; the gradients
     # of a key/value head (and the score_mod's constants) summed over its query heads after.
     def one_head(b, n, q_n, out_n, lse_n, d_out_n, k_n, v_n):

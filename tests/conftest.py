@@ -1,5 +1,7 @@
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 
 # Before jax is imported, and in the environment, so that the runs the tests start as
@@ -35,6 +37,17 @@ jax.config.update("jax_default_matmul_precision", "highest")  # if jax was impor
 def pytest_unconfigure(config):
   if not _WORKER:
     shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+def load_script(name: str):
+  """scripts/<name>.py as a module (scripts/ is not a package the tests import from)."""
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                      f"{name}.py")
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module  # dataclasses look their module up there
+  spec.loader.exec_module(module)
+  return module
 
 
 def assert_close(actual, expected, rtol=1e-5, name=""):

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from configs.ablations import attention_variants, positional, scaling
+from conftest import load_script
 from experiments import sweep, sweep_report
-from test_heads_binding import _script
 
 
 @pytest.mark.parametrize("mode", [None, "quick", "accelerator"])
@@ -90,7 +90,7 @@ def _held(rows):
 
 def test_scaling_predictions_hold_where_the_literature_says_and_fail_where_scale_is_harmless(
     tmp_path):
-  script = _script("scaling_predictions")
+  script = load_script("scaling_predictions")
   noise = lambda d, scale, lr, seed: 0.01 * np.sin(7 * seed + d + 3 * lr)
 
   def literature(d, scale, lr, seed):  # saturation grows with d_k; QK-norm survives lr 0.1
@@ -108,7 +108,7 @@ def test_scaling_predictions_hold_where_the_literature_says_and_fail_where_scale
 
 def test_positional_predictions_hold_where_the_literature_says_and_fail_where_all_extrapolate(
     tmp_path):
-  script = _script("positional_predictions")
+  script = load_script("positional_predictions")
   lengths = [f"length_{low}_{high}" for low, high in positional.ACCELERATOR[2]]
   noise = lambda seed, i: 0.01 * np.sin(5 * seed + i)
 
@@ -142,7 +142,7 @@ def test_the_variants_accelerator_preset_trains_the_same_arms_longer_with_more_s
 
 def test_variant_predictions_hold_where_the_papers_say_and_fail_where_no_variant_differs(
     tmp_path):
-  script = _script("attention_variants_predictions")
+  script = load_script("attention_variants_predictions")
   names = [name for name, _ in attention_variants.get_config().variants]
   noise = lambda seed, lr: 0.01 * np.sin(3 * seed + 100 * lr)
 

@@ -1,7 +1,6 @@
 """scripts/benchmark_attention.py runs end to end on a tiny shape and times what it was asked to."""
 
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 
 import numpy_reference
-from conftest import assert_close
+from conftest import assert_close, load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,14 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _benchmark(*arguments):
   return subprocess.run([sys.executable, "scripts/benchmark_attention.py", *arguments], cwd=ROOT,
                         capture_output=True, text=True)
-
-
-def _script(name):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module  # dataclasses look their module up there
-  spec.loader.exec_module(module)
-  return module
 
 
 def test_benchmark_attention_times_causal_methods_and_requested_blocks(tmp_path):
@@ -54,7 +45,7 @@ def test_benchmark_attention_names_a_malformed_block_size():
 
 
 def test_block_math_floor_computes_attention_and_its_gradients():
-  benchmark = _script("benchmark_attention")
+  benchmark = load_script("benchmark_attention")
   floor = functools.partial(benchmark.block_math_floor, block_q=8)
   rng = np.random.default_rng(0)
   query, key, value, cotangent = (rng.standard_normal((2, 24, 2, 8)).astype(np.float32)
@@ -104,7 +95,7 @@ def test_benchmark_context_parallel_reports_memory_per_device_and_the_paper_rati
 def test_benchmark_train_times_the_trainers_step_and_it_trains():
   """The runners step the trainer's compiled step (the loss falls on a repeated batch), and the
   rounds time every method that was asked for."""
-  benchmark = _script("benchmark_train")
+  benchmark = load_script("benchmark_train")
   size = (4, 9, 16, 2, 1, 32)  # (B, T with CLS, D, N, L, mlp)
   config = benchmark.benchmark_config(size, "float32")
   tokens, labels = benchmark.random_batch(size[0], size[1])
@@ -120,7 +111,7 @@ def test_benchmark_train_times_the_trainers_step_and_it_trains():
 
 
 def test_profile_train_measures_a_device_stream_s_busy_share_and_longest_gap():
-  profile = _script("profile_train")
+  profile = load_script("profile_train")
   metadata = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
               {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream 7"}},
               {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}}]
@@ -135,7 +126,7 @@ def test_profile_train_measures_a_device_stream_s_busy_share_and_longest_gap():
 
 
 def test_profile_train_attributes_gpu_kernels_by_instruction_name_or_kind():
-  profile = _script("profile_train")
+  profile = load_script("profile_train")
   metadata = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
               {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}}]
   events = [{"ph": "X", "pid": 1, "tid": 7, "ts": 0, "dur": d, "name": name, "args": args}
@@ -158,7 +149,7 @@ def test_profile_train_gives_products_and_the_chunked_loops_their_parts(monkeypa
   add that XLA fuses it with; the chunked kernel's loop bodies go to the attention core."""
   import attention_jax as aj
   monkeypatch.setattr(aj.chunked, "PAIR_BLOCK_BYTES", 2 * 4 * 16 * 16)  # 2 of 8 heads per step
-  profile = _script("profile_train")
+  profile = load_script("profile_train")
   benchmark = profile.benchmark_train
   size = (4, 9, 16, 2, 1, 32)
   config = benchmark.benchmark_config(size, "float32")
@@ -208,7 +199,7 @@ def test_benchmark_flex_times_block_skipping_and_plots_it(tmp_path):
 def test_determinism_check_finds_the_step_deterministic_on_this_cpu():
   """scripts/determinism_check.py's worker: two runs of the trainer's step from the same state
   end with the same parameters, and the embedding's gradient shows as a scatter."""
-  result = _script("determinism_check").worker("default", "float32", "", steps=2)
+  result = load_script("determinism_check").worker("default", "float32", "", steps=2)
   assert result["digests"][0] == result["digests"][1]
   assert result["losses"][0] == result["losses"][1]
   assert result["ops"]["scatter"] >= 1 and result["ops"]["cudnn calls"] == 0
@@ -217,7 +208,7 @@ def test_determinism_check_finds_the_step_deterministic_on_this_cpu():
 def test_the_pallas_triton_peer_computes_scaled_causal_attention():
   """The benchmark's "pallas:triton" wrapper (scale and causality passed on), in Pallas'
   interpreter, against the NumPy reference."""
-  methods = _script("benchmark_attention").pallas_gpu_methods(is_causal=True, interpret=True)
+  methods = load_script("benchmark_attention").pallas_gpu_methods(is_causal=True, interpret=True)
   rng = np.random.default_rng(0)
   q, k, v = (rng.standard_normal((1, 128, 2, 16)).astype(np.float32) for _ in range(3))
   expected = numpy_reference.attention(q, k, v, is_causal=True)[0]

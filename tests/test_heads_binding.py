@@ -1,27 +1,18 @@
 """The heads-binding sweeps: valid configs, and reports that rank NMSE lowest-first and choose
 learning rates on the validation stream, not on the test set."""
 
-import importlib.util
 import os
 
 import numpy as np
 import pytest
 
 from configs.ablations import heads_binding
+from conftest import load_script
 from experiments import sweep, sweep_report
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _script(name):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
-  return script
 
 
 def test_essential_heads_and_the_top_share():
-  script = _script("head_importance")
+  script = load_script("head_importance")
   importance = np.array([[0.5, 0.3, 0.01, -0.02], [0.2, 0.0, 0.0, 0.0]])  # [L, N]
   assert script.essential_heads(importance, 0.05) == 3
   assert script.top_share(importance, 1) == pytest.approx(0.5 / 1.01)  # negatives count as 0
@@ -135,7 +126,7 @@ def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
   assert "validation_nmse" in report and "steps to 0.1" in report
   assert {"curves", "learning_rates", "lengths", "final"} <= set(paths)
   # Head importance of every seed at the learning rate the report chose: one value per head.
-  script = _script("head_importance")
+  script = load_script("head_importance")
   rates = script.chosen_rates(records)
   importances = script.variant_importances(str(tmp_path / "variants" / "fixed_2"),
                                            rates["fixed_2"])
@@ -164,7 +155,7 @@ THEORY_FP = {"split_1": 0.2, "split_2": 0.3, "split_4": 0.5, "split_8": 0.7, "sp
 
 
 def test_the_predictions_hold_on_what_the_theory_predicts_and_fail_on_its_opposite():
-  script = _script("heads_binding_predictions")
+  script = load_script("heads_binding_predictions")
   rows = script.predictions(_nmse(THEORY_MR), _nmse(THEORY_FP))
   assert [number for number, _, _ in rows] == list(range(1, 10))
   assert all(check[1] for _, _, checks in rows for check in checks), script.table(rows)
@@ -185,7 +176,7 @@ THEORY_D8 = {"split_1": 0.6, "split_2": 0.5, "split_4": 0.35, "split_8": 0.001,
 
 
 def test_the_accelerator_predictions_hold_at_a_step_at_d_and_fail_at_a_step_at_four():
-  script = _script("heads_binding_predictions")
+  script = load_script("heads_binding_predictions")
   rows = script.accelerator_predictions(_nmse(THEORY_D8))
   assert [number for number, _, _ in rows] == ["A1", "A2", "A3"]
   assert all(check[1] for _, _, checks in rows for check in checks), script.table(rows)
@@ -197,7 +188,7 @@ def test_the_accelerator_predictions_hold_at_a_step_at_d_and_fail_at_a_step_at_f
 
 
 def test_the_head_count_plot_draws_both_tasks(tmp_path):
-  script = _script("heads_binding_predictions")
+  script = load_script("heads_binding_predictions")
   path = tmp_path / "nmse_by_heads.png"
   script.plot({"multi_retrieval": _nmse(THEORY_MR), "farthest_point": _nmse(THEORY_FP)},
               str(path))
@@ -207,6 +198,6 @@ def test_the_head_count_plot_draws_both_tasks(tmp_path):
 
 
 def test_the_predictions_read_each_variant_at_its_chosen_learning_rate():
-  script = _script("heads_binding_predictions")
+  script = load_script("heads_binding_predictions")
   records = [_record("a", {1e-3: (0.10, 0.30), 3e-3: (0.40, 0.20)})]
   assert script.chosen(records) == {"a": {0: pytest.approx(0.39), 1: pytest.approx(0.41)}}

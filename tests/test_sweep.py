@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from conftest import load_script
 from experiments import input_pipeline, logbook, steps, sweep, sweep_report, train
 from experiments import workdir as workdir_lib
 from training_helpers import EIGHT_CPU_DEVICES, GRID, ROOT, TINY, tiny_config
@@ -227,7 +228,6 @@ def test_sweep_command_line_errors_are_one_line(flag, message, tmp_path):
 
 def test_a_trained_seed_loads_back_for_head_diagnostics(group, tmp_path):
   import functools
-  import importlib.util
   import jax
   from experiments import trained
   workdir, result = group
@@ -238,10 +238,7 @@ def test_a_trained_seed_loads_back_for_head_diagnostics(group, tmp_path):
   metrics = steps.evaluate(eval_fn, run.params, input_pipeline.eval_batches(
       run.task.test, run.config.batch_size))
   assert metrics["eval_accuracy"] == result["eval_accuracy"][2]
-  spec = importlib.util.spec_from_file_location(
-      "head_diagnostics", os.path.join(ROOT, "scripts", "head_diagnostics.py"))
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
+  script = load_script("head_diagnostics")
   stats = script.diagnose(run, 32)
   layers, heads = run.config.model.num_layers, run.config.model.num_heads
   for name in script.COLUMNS:

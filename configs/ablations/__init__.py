@@ -10,6 +10,12 @@ from configs import default
 VALIDATION = {"validation": {"seed": 1, "num_train": 1}}
 
 
+def check_mode(mode, valid=("quick", "accelerator")) -> None:
+  """Refuses a config mode other than None or ``valid``, naming the valid ones."""
+  if mode not in (None, *valid):
+    raise ValueError(f"mode must be {' or '.join(map(repr, valid))} (or none), got {mode!r}.")
+
+
 def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants,
                  extra_evals=None, base=default) -> ml_collections.ConfigDict:
   """A sweep over ``variants`` of the training config of module ``base`` (configs.default),

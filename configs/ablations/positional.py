@@ -28,7 +28,7 @@ their runtime and provenance: docs/results/positional.md.
 
 import ml_collections
 
-from configs.ablations import VALIDATION, sweep_config
+from configs.ablations import VALIDATION, check_mode, sweep_config
 
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
 TASKS = {"even_pairs": {"min_length": 1}, "cycle_navigation": {"min_length": 1},
@@ -41,8 +41,7 @@ ACCELERATOR = (("even_pairs", "order"), 64, ((65, 128), (129, 256), (257, 512)),
 
 
 def get_config(mode=None):
-  if mode not in (None, "quick", "accelerator"):
-    raise ValueError(f"mode must be 'quick' or 'accelerator' (or none), got {mode!r}.")
+  check_mode(mode)
   quick = mode == "quick"  # a smoke test: the first task, tested at the longest lengths only
   accelerator = mode == "accelerator"
   task_names, train_length, test_lengths, steps = tuple(TASKS), TRAIN_LENGTH, TEST_LENGTHS, 1000
@@ -53,7 +52,7 @@ def get_config(mode=None):
   extra_evals = {f"length_{low}_{high}": {"min_length": low, "max_length": high, "num_train": 1}
                  for low, high in test_lengths}
   sweep = sweep_config(
-      None if accelerator else mode, steps=steps, eval_every=steps // 4, warmup=100,
+      mode, steps=steps, eval_every=steps // 4, warmup=100,
       variants=((f"{task}-{name}", {"task": task, "model": {"positional_encoding": name},
                                     "task_options": TASKS[task]})
                 for task in task_names for name in ENCODINGS),

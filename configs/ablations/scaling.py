@@ -29,7 +29,7 @@ docs/results/scaling.md.
 import ml_collections
 
 from configs import mqar
-from configs.ablations import VALIDATION, sweep_config
+from configs.ablations import VALIDATION, check_mode, sweep_config
 
 HEAD_DIMS = (16, 64, 256)
 SCALES = {"inv_sqrt": {}, "none": {"attention_scale": "none"}, "inv": {"attention_scale": "inv"},
@@ -43,14 +43,13 @@ ACCELERATOR_STEPS, ACCELERATOR_SEEDS = 1000, 6
 
 
 def get_config(mode=None):
-  if mode not in (None, "quick", "accelerator"):
-    raise ValueError(f"mode must be 'quick' or 'accelerator' (or none), got {mode!r}.")
+  check_mode(mode)
   accelerator = mode == "accelerator"
   head_dims = {"quick": HEAD_DIMS[:2], "accelerator": ACCELERATOR_HEAD_DIMS}.get(mode, HEAD_DIMS)
   scales = {name: SCALES[name] for name in ACCELERATOR_SCALES} if accelerator else SCALES
   steps = ACCELERATOR_STEPS if accelerator else 600
-  sweep = sweep_config(None if accelerator else mode, steps=steps, eval_every=100,
-                       warmup=60, base=mqar, extra_evals=VALIDATION if accelerator else None,
+  sweep = sweep_config(mode, steps=steps, eval_every=100, warmup=60, base=mqar,
+                       extra_evals=VALIDATION if accelerator else None,
                        variants=((f"dk{head_dim}_{name}", {"model": {"head_dim": head_dim, **model}})
                                  for head_dim in head_dims for name, model in scales.items()))
   sweep.train.model.num_heads = 1
