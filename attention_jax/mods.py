@@ -40,6 +40,7 @@ class Mod:
   fn: Callable
   consts: tuple
   anchor: jax.Array | None = None
+  jaxpr: jax.core.Jaxpr | None = None  # fn's, for kernels that evaluate it themselves
 
   def __call__(self, *arrays):
     """The mod on every entry of broadcast arrays (the score first, for a score_mod; then the
@@ -104,7 +105,7 @@ def _trace(mod, name, examples, want, anchor):
 
   def fn(consts, *scalars):
     return jax.core.eval_jaxpr(jaxpr, consts, *scalars)[0]
-  return Mod(mod, fn, tuple(closed.consts), anchor)
+  return Mod(mod, fn, tuple(closed.consts), anchor, jaxpr)
 
 
 _SIGNATURES = {"score_mod": "score, batch, head, q_idx, kv_idx",

@@ -42,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
+from attention_jax import flex_triton  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
 
 HEADS, HEAD_DIM = 8, 64
@@ -63,9 +64,9 @@ def jax_run(attend, arrays, backward, dtype="float32"):
   return lambda: jax.block_until_ready(executable(*arrays))
 
 
-def ours(length, block, with_score_mod=True):
+def ours(length, block, with_score_mod=True, fused=False):
   """Causal ALiBi (or, without the score_mod, causal attention alone) through the chunked
-  kernel with a block mask."""
+  kernel with a block mask, or (``fused``) the fused Pallas-Triton kernel (GPU only)."""
   slopes = aj.positional.alibi_slopes(HEADS)
 
   def score_mod(score, b, h, q_idx, kv_idx):
@@ -75,6 +76,9 @@ def ours(length, block, with_score_mod=True):
     return q_idx >= kv_idx
 
   block_mask = aj.make_block_mask(causal, None, None, length, length, block_size=block)
+  if fused:
+    return lambda q, k, v: flex_triton.flex_attention(
+        q, k, v, scale=HEAD_DIM ** -0.5, score_mod=score_mod, block_mask=block_mask)[0]
   return lambda q, k, v: aj.dot_product_attention(
       q, k, v, score_mod=score_mod if with_score_mod else None, block_mask=block_mask,
       implementation="chunked")
@@ -134,6 +138,10 @@ def torch_rows(args):
       runs = {"ours (chunked)": jax_run(ours(length, args.block), arrays, backward, args.dtype),
               "ours, no score_mod": jax_run(ours(length, args.block, with_score_mod=False),
                                             arrays, backward, args.dtype)}
+      if jax.default_backend() == "gpu":
+        for block in args.fused_blocks:
+          runs[f"ours (fused, blocks {block})"] = jax_run(ours(length, block, fused=True),
+                                                          arrays, backward, args.dtype)
       if not args.skip_torch:
         runs.update(torch_runs(length, arrays, backward, args.torch_eager_max, args.dtype))
       times = median_times(runs, args.rounds)
@@ -230,6 +238,8 @@ def main():
                       help="the lengths of the comparison with torch (none: skip it)")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--block", type=int, default=512, help="our block mask's block size")
+  parser.add_argument("--fused-blocks", type=int, nargs="*", default=[64, 128],
+                      help="block sizes of the fused kernel's rows (on a GPU only)")
   parser.add_argument("--torch-eager-max", type=int, default=4096,
                       help="the longest T at which torch's eager (dense) runs")
   parser.add_argument("--sparsity-length", type=int, default=4096)

@@ -9,7 +9,7 @@
 # and in float32, and the library's test files with whatever time remains. PART names choose
 # some, in the order given: tests, attention_bf16, train_bf16, attention_f16, attention_f32,
 # library_tests, and (not in the default list) study_heads, study_scaling, study_positional,
-# study_variants, attention_tokamax, profile_bf16, flag_cost, flex, flex_mod, mfu. Logs and
+# study_variants, attention_tokamax, profile_bf16, flag_cost, flex, flex_mod, flex_fused, mfu. Logs and
 # JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so that a run cut short
 # keeps what it finished. Python packages missing on the machine go in
 # .whl/ as wheels (scripts/gpu_wheels.sh puts them there; modules they import but never use here
@@ -174,6 +174,14 @@ flex() {
 flex_mod() {
   part flex_mod 80 python3 scripts/benchmark_flex.py --dtype bfloat16 --lengths 2048 8192 \
     --rounds 3 --documents --json "$work/flex_mod.json"
+}
+
+# The fused Pallas-Triton kernel for score/mask functions: its tests compiled for the GPU, then
+# its rows beside the chunked kernel and torch's compiled FlexAttention (bfloat16).
+flex_fused() {
+  part flex_fused_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_flex_triton.py
+  part flex_fused 200 python3 scripts/benchmark_flex.py --dtype bfloat16 \
+    --lengths 2048 8192 16384 --rounds 3 --documents --json "$work/flex_fused.json"
 }
 
 # Model FLOPs utilisation in bfloat16 at d_model 1024 with heads of 64 and of 128, and at

@@ -1,0 +1,384 @@
+"""Custom attention (score_mod, mask_mod, block mask) as one fused kernel for NVIDIA GPUs:
+Pallas on Triton, with FlashAttention-2's blocking (a program per block of queries and head, an
+online softmax over the blocks of keys that are not empty; backward: one kernel for dQ, one for
+dK and dV, from the forward's log-sum-exp).
+
+A mod is traced on scalars (``mods.py``); its jaxpr is evaluated here on whole [bq, bk] blocks
+inside the kernel: elementwise primitives on broadcast blocks, and an array the mod closed over,
+indexed by scalars (``slopes[h]``, ``table[q_idx - kv_idx]``, a ``dynamic_slice`` in the jaxpr),
+read from the kernel's flattened copy of it, one gather per block (Triton has no dynamic_slice).
+Closed-over arrays must be constants (not traced): the kernel gives them no gradient.
+
+Shape letters: B batch, T query length, S key length, N query heads, K key/value heads, H head
+dim; bq, bk the blocks of queries and keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend import core as jex_core
+from jax.experimental import pallas as pl
+
+from attention_jax import mods as mods_lib
+
+
+class Unservable(ValueError):
+  """A mod whose jaxpr the kernel cannot evaluate blockwise."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+  """A closed-over array as the kernel holds it: a flattened ref and the array's shape."""
+  ref: object
+  shape: tuple[int, ...]
+
+
+# Primitives that only move a scalar between shapes of size 1: the identity on a block.
+_SHAPE_ONLY = ("squeeze", "reshape", "broadcast_in_dim", "reduce_sum", "reduce_max", "reduce_min",
+               "reduce_prod", "transpose", "copy", "copy_p")
+
+
+def evaluate(jaxpr, tables, *blocks):
+  """``jaxpr`` (a mod's, on scalars) on broadcastable ``blocks`` (the score, batch, head, query
+  and key indices), its constants read from ``tables`` (``_Table``s): one output block."""
+  env = dict(zip(jaxpr.constvars, tables))
+  env.update(zip(jaxpr.invars, blocks))
+  read = lambda v: np.asarray(v.val, v.aval.dtype) if isinstance(v, jex_core.Literal) else env[v]
+  for eqn in jaxpr.eqns:
+    outs = _apply(eqn, [read(v) for v in eqn.invars])
+    env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
+  (out,) = [read(v) for v in jaxpr.outvars]
+  return out
+
+
+def _apply(eqn, inputs):
+  name = eqn.params.get("name", eqn.primitive.name)  # a jit's: the jnp function's name
+  if name == "dynamic_slice" and isinstance(inputs[0], _Table):
+    return _gather(inputs[0], inputs[1:], eqn.params["slice_sizes"])
+  if any(isinstance(x, _Table) for x in inputs):
+    raise Unservable(f"the fused kernel reads a closed-over array only by indexing it with "
+                     f"scalars; this mod applies {name!r} to the whole array")
+  inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+  if inner is not None:  # jit, custom_jvp_call: evaluate the body
+    closed = inner if hasattr(inner, "consts") else jex_core.ClosedJaxpr(inner, ())
+    consts = [np.asarray(c) for c in closed.consts]
+    if any(c.size != 1 for c in consts):
+      raise Unservable(f"{name!r} inside the mod closes over an array")
+    outs = [evaluate(closed.jaxpr, [], *inputs)] if len(closed.jaxpr.outvars) == 1 else None
+    if outs is None or consts:
+      raise Unservable(f"{name!r} inside the mod has constants or several outputs")
+    return outs if eqn.primitive.multiple_results else outs[0]
+  if any(math.prod(v.aval.shape) != 1 for v in list(eqn.invars) + list(eqn.outvars)):
+    raise Unservable(f"the mod forms an array ({name!r}); a mod must work on scalars")
+  if name in _SHAPE_ONLY:
+    return inputs[0]
+  shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in inputs))
+  inputs = [jnp.broadcast_to(x, shape) for x in inputs]
+  return eqn.primitive.bind(*inputs, **eqn.params)
+
+
+def _gather(table: _Table, indices, slice_sizes):
+  """table[indices] for blocks of indices (dynamic_slice of size 1 clamps them into range)."""
+  if any(size != 1 for size in slice_sizes):
+    raise Unservable("the mod slices a closed-over array; index it with scalars")
+  flat = 0
+  for index, size, stride in zip(indices, table.shape,
+                                 np.cumprod((1,) + table.shape[:0:-1])[::-1]):
+    flat = flat + jnp.clip(jnp.asarray(index, jnp.int32), 0, size - 1) * int(stride)
+  return table.ref[flat]
+
+
+def check(mod: mods_lib.Mod | None, dtype=jnp.float32, block=(16, 16)) -> str | None:
+  """Why the kernel cannot run ``mod`` (its jaxpr evaluated blockwise), or None."""
+  if mod is None:
+    return None
+  if any(isinstance(c, jax.core.Tracer) for c in mod.consts):
+    return ("the fused kernel gives closed-over arrays no gradient, and this mod closes over "
+            "a traced one")
+  tables = [_Table(jnp.reshape(jnp.asarray(c), -1), np.shape(c)) for c in mod.consts]
+  index = jnp.zeros(block, jnp.int32)
+  blocks = ((jnp.zeros(block, dtype),) if len(mod.jaxpr.invars) == 5 else ()) + (
+      jnp.int32(0), jnp.int32(0), index, index)
+  try:
+    jax.eval_shape(lambda *b: evaluate(mod.jaxpr, tables, *b), *blocks)
+  except Unservable as error:
+    return str(error)
+  return None
+
+
+def _block_order(kinds, num_q: int, num_k: int, transpose: bool):
+  """Per (example, head, block row), the count of non-empty blocks followed by their indices:
+  int32 [B', N', rows, 1 + cols], flattened. ``kinds``: a BlockMask's [B', N', nq, nk] or None
+  (every block); ``transpose``: rows are key blocks (the dK/dV kernel)."""
+  if kinds is None:
+    kinds = jnp.full((1, 1, num_q, num_k), mods_lib.PARTIAL, jnp.int8)
+  if transpose:
+    kinds = jnp.swapaxes(kinds, -1, -2)
+  occupied = kinds != mods_lib.EMPTY
+  order = jnp.argsort(~occupied, axis=-1, stable=True).astype(jnp.int32)
+  count = jnp.sum(occupied, axis=-1, keepdims=True, dtype=jnp.int32)
+  return jnp.reshape(jnp.concatenate([count, order], axis=-1), (-1,)), kinds.shape[:2]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """What the kernels share: sizes, the mods (traced on scalars) and the scale."""
+  scale: float
+  block_q: int
+  block_k: int
+  num_q: int
+  num_k: int
+  kv_len: int
+  group: int  # query heads per key/value head
+  mask_shape: tuple[int, int]  # (B', N') of the block mask
+  score: mods_lib.Mod | None
+  allow: mods_lib.Mod | None
+  interpret: bool
+
+  def row(self, b, h, i, transpose: bool = False):
+    """Where block row ``i`` of (example b, head h) starts in a ``_block_order`` list."""
+    rows, cols = (self.num_k, self.num_q) if transpose else (self.num_q, self.num_k)
+    mb, mn = self.mask_shape
+    return (((b % mb) * mn + h % mn) * rows + i) * (1 + cols)
+
+  def tables(self, refs):
+    """The mods' tables (``_Table``s over the first refs), and the refs after them."""
+    consts = [(mod, c) for mod in (self.score, self.allow) if mod is not None
+              for c in mod.consts]
+    tables = [_Table(ref, np.shape(c)) for ref, (_, c) in zip(refs, consts)]
+    n = len(self.score.consts) if self.score is not None else 0
+    return (tables[:n], tables[n:]), refs[len(consts):]
+
+  def logits(self, q, k, tables, b, h, q_start, k_start):
+    """Scaled, modded logits [bq, bk] (-inf where masked) and d(score_mod)/d(score) or None."""
+    s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * self.scale
+    q_idx = q_start + lax.broadcasted_iota(jnp.int32, s.shape, 0)
+    kv_idx = k_start + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    derivative = None
+    if self.score is not None:
+      modded = lambda x: evaluate(self.score.jaxpr, tables[0], x, b, h, q_idx, kv_idx)
+      s, derivative = jax.jvp(modded, (s,), (jnp.ones_like(s),))
+    allowed = kv_idx < self.kv_len
+    if self.allow is not None:
+      allowed = allowed & evaluate(self.allow.jaxpr, tables[1], b, h, q_idx, kv_idx)
+    return jnp.where(allowed, s, -jnp.inf), derivative
+
+
+def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
+  tables, (out_ref, lse_ref) = plan.tables(refs)
+  i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  q = q_ref[...]  # [bq, H]
+  start = plan.row(b, h, i)
+
+  def step(t, carry):
+    acc, m, l = carry  # [bq, H_v], [bq], [bq]
+    k_start = order_ref[start + 1 + t] * plan.block_k
+    k = k_ref[pl.ds(k_start, plan.block_k), :]  # [bk, H]
+    v = v_ref[pl.ds(k_start, plan.block_k), :]  # [bk, H_v]
+    s, _ = plan.logits(q, k, tables, b, h, i * plan.block_q, k_start)  # [bq, bk]
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.exp(s - m_safe[:, None])
+    alpha = jnp.exp(m - m_safe)
+    acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v,
+                                         preferred_element_type=jnp.float32)
+    return acc, m_new, l * alpha + jnp.sum(p, axis=1)
+
+  init = (jnp.zeros((plan.block_q, v_ref.shape[-1]), jnp.float32),
+          jnp.full((plan.block_q,), -jnp.inf, jnp.float32),
+          jnp.zeros((plan.block_q,), jnp.float32))
+  acc, m, l = lax.fori_loop(0, order_ref[start], step, init)
+  empty = l == 0.0
+  out_ref[...] = (acc / jnp.where(empty, 1.0, l)[:, None]).astype(out_ref.dtype)
+  lse_ref[...] = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
+
+
+def _weights_gradient(plan, q, k, v, do, lse, delta, tables, b, h, q_start, k_start):
+  """The weights P [bq, bk] and dL/d(logits before the score_mod) [bq, bk] of one block pair."""
+  s, derivative = plan.logits(q, k, tables, b, h, q_start, k_start)
+  p = jnp.exp(s - jnp.where(lse == -jnp.inf, 0.0, lse)[:, None])
+  dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
+  ds = p * (dp - delta[:, None])
+  return p, ds if derivative is None else ds * derivative
+
+
+def _dq_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
+  tables, (dq_ref,) = plan.tables(refs)
+  i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  start = plan.row(b, h, i)
+
+  def step(t, dq):
+    k_start = order_ref[start + 1 + t] * plan.block_k
+    k = k_ref[pl.ds(k_start, plan.block_k), :]
+    v = v_ref[pl.ds(k_start, plan.block_k), :]
+    _, ds = _weights_gradient(plan, q, k, v, do, lse, delta, tables, b, h,
+                              i * plan.block_q, k_start)
+    return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+
+  dq = lax.fori_loop(0, order_ref[start], step, jnp.zeros(q.shape, jnp.float32))
+  dq_ref[...] = (dq * plan.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
+  tables, (dk_ref, dv_ref) = plan.tables(refs)
+  j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  k, v = k_ref[...], v_ref[...]  # [bk, H], [bk, H_v]
+  start = plan.row(b, h, j, transpose=True)
+
+  def step(t, carry):
+    dk, dv = carry
+    q_start = order_ref[start + 1 + t] * plan.block_q
+    rows = pl.ds(q_start, plan.block_q)
+    q, do = q_ref[rows, :], do_ref[rows, :]
+    p, ds = _weights_gradient(plan, q, k, v, do, lse_ref[rows], delta_ref[rows], tables, b, h,
+                              q_start, j * plan.block_k)
+    dv = dv + jnp.dot(p.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
+    return dk + jnp.dot(ds.T.astype(q.dtype), q, preferred_element_type=jnp.float32), dv
+
+  init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+  dk, dv = lax.fori_loop(0, order_ref[start], step, init)
+  dk_ref[...] = (dk * plan.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _call(kernel, plan, grid, inputs, in_specs, out_shape, out_specs):
+  """``kernel`` as a Pallas Triton call; every program reads the whole block order and
+  tables (flattened) besides its blocks."""
+  whole = lambda x: pl.BlockSpec(x.shape, lambda *_: (0,) * x.ndim)
+  order, *arrays, tables = inputs
+  from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
+  return pl.pallas_call(
+      functools.partial(kernel, plan=plan), grid=grid, out_shape=out_shape,
+      in_specs=[whole(order)] + in_specs + [whole(t) for t in tables], out_specs=out_specs,
+      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=2),
+      interpret=plan.interpret)(order, *arrays, *tables)
+
+
+def _specs(plan, head_dim, value_dim):
+  """BlockSpecs of [B, L, N or K, H] arrays and [B, N, T] statistics, for grid (rows, B, N)."""
+  kv_head = lambda h: h // plan.group
+  return dict(
+      q=pl.BlockSpec((None, plan.block_q, None, head_dim), lambda i, b, h: (b, i, h, 0)),
+      k_all=pl.BlockSpec((None, plan.num_k * plan.block_k, None, head_dim),
+                         lambda i, b, h: (b, 0, kv_head(h), 0)),
+      v_all=pl.BlockSpec((None, plan.num_k * plan.block_k, None, value_dim),
+                         lambda i, b, h: (b, 0, kv_head(h), 0)),
+      o=pl.BlockSpec((None, plan.block_q, None, value_dim), lambda i, b, h: (b, i, h, 0)),
+      stat=pl.BlockSpec((None, None, plan.block_q), lambda i, b, h: (b, h, i)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(plan, q, k, v, orders, tables):
+  return _attention_fwd(plan, q, k, v, orders, tables)[0]
+
+
+def _attention_fwd(plan, q, k, v, orders, tables):
+  batch, q_pad, num_heads, head_dim = q.shape
+  value_dim = v.shape[-1]
+  specs = _specs(plan, head_dim, value_dim)
+  out, lse = _call(
+      _forward_kernel, plan, (plan.num_q, batch, num_heads), (orders[0], q, k, v, tables),
+      [specs["q"], specs["k_all"], specs["v_all"]],
+      (jax.ShapeDtypeStruct((batch, q_pad, num_heads, value_dim), q.dtype),
+       jax.ShapeDtypeStruct((batch, num_heads, q_pad), jnp.float32)),
+      (specs["o"], specs["stat"]))
+  return (out, lse), (q, k, v, out, lse, orders, tables)
+
+
+def _attention_bwd(plan, residuals, cotangents):
+  q, k, v, out, lse, orders, tables = residuals
+  d_out, d_lse = cotangents
+  batch, q_pad, num_heads, head_dim = q.shape
+  kv_pad, value_dim = k.shape[1], v.shape[-1]
+  delta = jnp.einsum("bthd,bthd->bht", d_out.astype(jnp.float32), out.astype(jnp.float32))
+  delta = delta - d_lse  # a cotangent of the log-sum-exp enters as -delta would
+  specs = _specs(plan, head_dim, value_dim)
+  q_all = pl.BlockSpec((None, q_pad, None, head_dim), lambda j, b, h: (b, 0, h, 0))
+  do_all = pl.BlockSpec((None, q_pad, None, value_dim), lambda j, b, h: (b, 0, h, 0))
+  stat_all = pl.BlockSpec((None, None, q_pad), lambda j, b, h: (b, h, 0))
+  k_block = pl.BlockSpec((None, plan.block_k, None, head_dim),
+                         lambda j, b, h: (b, j, h // plan.group, 0))
+  v_block = pl.BlockSpec((None, plan.block_k, None, value_dim),
+                         lambda j, b, h: (b, j, h // plan.group, 0))
+  dq = _call(_dq_kernel, plan, (plan.num_q, batch, num_heads),
+             (orders[0], q, k, v, d_out, lse, delta, tables),
+             [specs["q"], specs["k_all"], specs["v_all"], specs["o"], specs["stat"],
+              specs["stat"]], jax.ShapeDtypeStruct(q.shape, q.dtype), specs["q"])
+  per_head = lambda dim, dtype: jax.ShapeDtypeStruct((batch, kv_pad, num_heads, dim), dtype)
+  dk, dv = _call(
+      _dkv_kernel, plan, (plan.num_k, batch, num_heads),
+      (orders[1], q, k, v, d_out, lse, delta, tables),
+      [q_all, k_block, v_block, do_all, stat_all, stat_all],
+      (per_head(head_dim, jnp.float32), per_head(value_dim, jnp.float32)),
+      (pl.BlockSpec((None, plan.block_k, None, head_dim), lambda j, b, h: (b, j, h, 0)),
+       pl.BlockSpec((None, plan.block_k, None, value_dim), lambda j, b, h: (b, j, h, 0))))
+  by_kv_head = lambda x: jnp.sum(jnp.reshape(x, x.shape[:2] + (-1, plan.group) + x.shape[3:]),
+                                 axis=3)  # [B, S, N, H] -> [B, S, K, H]
+  return (dq, by_kv_head(dk).astype(k.dtype), by_kv_head(dv).astype(v.dtype), None, None)
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _padded(x, axis: int, multiple: int):
+  pad = -x.shape[axis] % multiple
+  return x if not pad else jnp.pad(x, [(0, pad if a == axis else 0) for a in range(x.ndim)])
+
+
+def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=None,
+                   block_mask: mods_lib.BlockMask | None = None, block_size: int = 64,
+                   interpret: bool = False):
+  """Attention with a score_mod and a mask_mod (or a block mask) in one fused kernel:
+  query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> (output [..., T, N, H_v],
+  log-sum-exp [..., T, N]; -inf on a row that attends to nothing, whose output is 0).
+
+  ``block_size``: of queries and keys (a power of two, at least 16), unless ``block_mask``
+  brings its own. ``interpret``: run the kernels in Pallas' interpreter (any backend).
+
+  >>> q = k = v = jnp.ones((1, 100, 2, 16))  # [B, T, N, H]
+  >>> alibi = lambda score, b, h, q_idx, kv_idx: score - 0.5 * (q_idx - kv_idx)
+  >>> causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx
+  >>> out, lse = flex_attention(q, k, v, scale=0.25, score_mod=alibi, mask_mod=causal,
+  ...                           interpret=True)
+  >>> out.shape, lse.shape
+  ((1, 100, 2, 16), (1, 100, 2))
+  """
+  batch_shape, (q_len, num_heads, head_dim) = query.shape[:-3], query.shape[-3:]
+  kv_len, num_kv_heads, value_dim = key.shape[-3], key.shape[-2], value.shape[-1]
+  flat = lambda x: jnp.reshape(x, (-1,) + x.shape[-3:])
+  batch = math.prod(batch_shape)
+  mask_mod = mods_lib.check_block_mask(block_mask, mask_mod, batch, num_heads, q_len, kv_len)
+  block_q, block_k = ((block_mask.block_q, block_mask.block_k) if block_mask is not None
+                      else (block_size, block_size))
+  for size in (block_q, block_k):
+    if size < 16 or size & (size - 1):
+      raise ValueError(f"the fused kernel's blocks must be powers of two from 16, got {size}.")
+  score = mods_lib.trace_score_mod(score_mod, jnp.float32)
+  allow = mods_lib.trace_mask_mod(mask_mod)
+  for mod in (score, allow):
+    if reason := check(mod):
+      raise ValueError(f"{reason}; use implementation='chunked'.")
+  num_q, num_k = -(-q_len // block_q), -(-kv_len // block_k)
+  kinds = None if block_mask is None else block_mask.kinds
+  forward, mask_shape = _block_order(kinds, num_q, num_k, transpose=False)
+  backward, _ = _block_order(kinds, num_q, num_k, transpose=True)
+  plan = _Plan(float(scale), block_q, block_k, num_q, num_k, kv_len, num_heads // num_kv_heads,
+               tuple(mask_shape), score, allow, interpret)
+  width = lambda dim: max(16, 1 << (dim - 1).bit_length())  # Triton's blocks: powers of two
+  prepare = lambda x, length_multiple, dim: _padded(_padded(flat(x), 1, length_multiple), 3,
+                                                      width(dim))
+  tables = tuple(jnp.reshape(jnp.asarray(c), (-1,)) for mod in (score, allow) if mod is not None
+                 for c in mod.consts)
+  out, lse = _attention(plan, prepare(query, block_q, head_dim), prepare(key, block_k, head_dim),
+                        prepare(value, block_k, value_dim), (forward, backward), tables)
+  out = jnp.reshape(out[:, :q_len, :, :value_dim], batch_shape + (q_len, num_heads, value_dim))
+  lse = jnp.reshape(jnp.swapaxes(lse[:, :, :q_len], 1, 2), batch_shape + (q_len, num_heads))
+  return out, lse

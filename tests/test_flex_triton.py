@@ -1,0 +1,160 @@
+"""The fused Pallas-Triton kernel for score/mask functions, as far as a CPU can check it: its
+forward and backward in Pallas' interpreter against the dense reference (with the same mods), the
+refusals, and the lowering of all three kernels to Triton for CUDA (where this JAX lowers for a
+GPU it does not have)."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention_jax as aj
+from attention_jax import flex_triton
+from conftest import assert_close
+
+B, T, S, N, K, H = 2, 40, 36, 4, 2, 8  # T, S not multiples of the blocks; K < N (GQA)
+SLOPES = jnp.asarray([0.5, 0.25, 0.125, 0.0625])
+DOCS = jnp.repeat(jnp.arange(4), 10)  # four documents of 10 tokens
+
+
+def alibi(s, b, h, q_idx, kv_idx):
+  return s - SLOPES[h] * jnp.abs(q_idx - kv_idx)
+
+
+def soft_cap(s, b, h, q_idx, kv_idx):
+  return 2.0 * jnp.tanh(s / 2.0) + jnp.where(b == 1, 0.5, 0.0)
+
+
+def causal(b, h, q_idx, kv_idx):
+  return q_idx >= kv_idx
+
+
+def same_document(b, h, q_idx, kv_idx):
+  return (DOCS[q_idx] == DOCS[kv_idx]) & (q_idx >= kv_idx)
+
+
+def late_start(b, h, q_idx, kv_idx):  # rows 0-5 of head 0 attend to nothing
+  return (kv_idx < q_idx - 5) | (h > 0)
+
+
+def _inputs(seed=0, value_dim=12):
+  rng = np.random.default_rng(seed)
+  draw = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  return draw(B, T, N, H), draw(B, S, K, H), draw(B, S, K, value_dim), draw(B, T, N, value_dim)
+
+
+@pytest.mark.parametrize("score_mod, mask_mod, block_size", [
+    (alibi, causal, 16), (soft_cap, same_document, 16), (None, late_start, 32),
+    (alibi, None, 16)])
+def test_outputs_and_gradients_equal_the_reference(score_mod, mask_mod, block_size):
+  q, k, v, cotangent = _inputs()
+  kwargs = dict(scale=0.3, score_mod=score_mod, mask_mod=mask_mod)
+
+  def fused(q, k, v):
+    out, lse = flex_triton.flex_attention(q, k, v, block_size=block_size, interpret=True,
+                                          **kwargs)
+    return out, lse
+
+  def dense(q, k, v):
+    out, lse = aj.dot_product_attention(q, k, v, implementation="reference", empty_rows="zero",
+                                        return_residual=True, **kwargs)
+    return out, lse
+
+  loss = lambda f: lambda *a: jnp.sum(f(*a)[0] * cotangent)  # the contract's lse: no gradient
+  expected = jax.jit(lambda *a: (dense(*a), jax.grad(loss(dense), (0, 1, 2))(*a)))(q, k, v)
+  actual = jax.jit(lambda *a: (fused(*a), jax.grad(loss(fused), (0, 1, 2))(*a)))(q, k, v)
+  (out, lse), grads = actual
+  (want_out, want_lse), want_grads = expected
+  assert_close(out, want_out, rtol=1e-5, name="output")
+  finite = np.isfinite(np.asarray(want_lse))
+  np.testing.assert_array_equal(np.isfinite(np.asarray(lse)), finite)  # empty rows: -inf
+  assert_close(np.where(finite, lse, 0.0), np.where(finite, want_lse, 0.0), rtol=1e-5, name="lse")
+  for name, got, want in zip("qkv", grads, want_grads):
+    assert_close(got, want, rtol=1e-5, name=f"d{name}")
+
+
+def test_the_log_sum_exp_has_its_gradient():
+  """Unlike the contract's residual (stop_gradient), the kernel's log-sum-exp is differentiable:
+  against the logsumexp of the dense modded, masked logits."""
+  q, k, v, _ = _inputs(2)
+
+  def dense(q, k):
+    logits = jnp.einsum("bthd,bshd->bhts", q, jnp.repeat(k, N // K, axis=2)) * 0.3
+    b, h, t, s = np.ix_(*(np.arange(n) for n in logits.shape))
+    logits = jnp.where(causal(b, h, t, s), alibi(logits, b, h, t, s), -jnp.inf)
+    return jnp.sum(jax.nn.logsumexp(logits, axis=-1))
+
+  fused = lambda q, k: jnp.sum(flex_triton.flex_attention(
+      q, k, v, scale=0.3, score_mod=alibi, mask_mod=causal, block_size=16, interpret=True)[1])
+  for got, want in zip(jax.grad(fused, (0, 1))(q, k), jax.grad(dense, (0, 1))(q, k)):
+    assert_close(got, want, rtol=1e-5)
+
+
+def test_a_block_mask_skips_its_empty_blocks_and_gives_the_same_numbers():
+  q, k, v, _ = _inputs(1, value_dim=H)
+  block_mask = aj.make_block_mask(same_document, None, None, T, S, block_size=16)
+  assert float(block_mask.sparsity()) > 0.0
+  fused = flex_triton.flex_attention(q, k, v, scale=0.3, block_mask=block_mask, interpret=True)
+  dense = aj.dot_product_attention(q, k, v, scale=0.3, mask_mod=same_document,
+                                   implementation="reference", return_residual=True)
+  assert_close(fused[0], dense[0], rtol=1e-5, name="output")
+  assert_close(fused[1], dense[1], rtol=1e-5, name="lse")
+  order, _ = flex_triton._block_order(block_mask.kinds, 3, 3, transpose=False)
+  counts = np.asarray(order).reshape(3, 4)[:, 0]  # per query block: non-empty key blocks
+  np.testing.assert_array_equal(counts, np.sum(np.asarray(block_mask.kinds[0, 0]) != 0, axis=1))
+
+
+def test_what_the_kernel_cannot_run_is_refused_in_one_line():
+  q, k, v, _ = _inputs()
+  forms_array = lambda s, b, h, q_idx, kv_idx: s + jnp.cumsum(SLOPES)[h]
+  with pytest.raises(ValueError, match="applies 'cumsum' to the whole array.*chunked"):
+    flex_triton.flex_attention(q, k, v, scale=1.0, score_mod=forms_array, interpret=True)
+
+  def trained(slopes):
+    mod = lambda s, b, h, q_idx, kv_idx: s + slopes[h]
+    return flex_triton.flex_attention(q, k, v, scale=1.0, score_mod=mod, interpret=True)[0]
+  with pytest.raises(ValueError, match="no gradient.*traced one"):
+    jax.grad(lambda s: jnp.sum(trained(s)))(SLOPES)
+  with pytest.raises(ValueError, match="powers of two from 16"):
+    flex_triton.flex_attention(q, k, v, scale=1.0, block_size=24, interpret=True)
+
+
+def test_the_three_kernels_lower_to_triton_in_bfloat16():
+  def loss(q, k, v):
+    out, _ = flex_triton.flex_attention(q, k, v, scale=0.125, score_mod=alibi,
+                                        mask_mod=same_document, block_size=16)
+    return jnp.sum(out.astype(jnp.float32))
+
+  shapes = [jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+            for shape in ((B, T, N, 64), (B, S, K, 64), (B, S, K, 64))]
+  try:
+    lowered = jax.jit(jax.grad(loss, (0, 1, 2))).trace(*shapes).lower(
+        lowering_platforms=("cuda",))
+  except RuntimeError as error:  # newer JAX lowers for CUDA only with a GPU it can see
+    if "No supported GPU devices" in str(error):
+      pytest.skip(f"jax {jax.__version__} does not lower Triton kernels without a GPU")
+    raise
+  assert len(re.findall(r"custom_call @__gpu\$xla\.gpu\.triton", lowered.as_text())) == 3
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs a GPU")
+@pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 2e-3), (jnp.bfloat16, 3e-2)])
+def test_on_a_gpu_the_compiled_kernels_equal_the_reference(dtype, rtol):
+  """Float32 at TF32's tolerance: Triton's dots round their inputs to TF32 on NVIDIA GPUs."""
+  rng = np.random.default_rng(3)
+  q, k, v, cotangent = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in (
+      (2, 300, 4, 64), (2, 280, 2, 64), (2, 280, 2, 64), (2, 300, 4, 64)))
+  kwargs = dict(scale=0.125, score_mod=alibi, mask_mod=causal)
+  fused = lambda q, k, v: flex_triton.flex_attention(q, k, v, block_size=64, **kwargs)[0]
+  dense = lambda q, k, v: aj.dot_product_attention(
+      q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+      implementation="reference", empty_rows="zero", **kwargs)
+  run = lambda f: jax.jit(lambda *a: (f(*a), jax.grad(
+      lambda *b: jnp.sum(f(*b).astype(jnp.float32) * cotangent.astype(jnp.float32)),
+      (0, 1, 2))(*a)))(q, k, v)
+  (out, grads), (want, want_grads) = run(fused), run(dense)
+  assert_close(out, want, rtol=rtol, name="output")
+  for name, got, expected in zip("qkv", grads, want_grads):
+    assert_close(got, expected, rtol=rtol, name=f"d{name}")
