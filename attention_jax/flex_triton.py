@@ -68,13 +68,10 @@ def _apply(eqn, inputs):
   inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
   if inner is not None:  # jit, custom_jvp_call: evaluate the body
     closed = inner if hasattr(inner, "consts") else jex_core.ClosedJaxpr(inner, ())
-    consts = [np.asarray(c) for c in closed.consts]
-    if any(c.size != 1 for c in consts):
-      raise Unservable(f"{name!r} inside the mod closes over an array")
-    outs = [evaluate(closed.jaxpr, [], *inputs)] if len(closed.jaxpr.outvars) == 1 else None
-    if outs is None or consts:
+    if closed.consts or len(closed.jaxpr.outvars) != 1:
       raise Unservable(f"{name!r} inside the mod has constants or several outputs")
-    return outs if eqn.primitive.multiple_results else outs[0]
+    out = evaluate(closed.jaxpr, [], *inputs)
+    return [out] if eqn.primitive.multiple_results else out
   if any(math.prod(v.aval.shape) != 1 for v in list(eqn.invars) + list(eqn.outvars)):
     raise Unservable(f"the mod forms an array ({name!r}); a mod must work on scalars")
   if name in _SHAPE_ONLY:
