@@ -12,6 +12,11 @@ from typing import Sequence
 import jax.numpy as jnp
 
 
+#: The structure arguments of dot_product_attention that are arrays.
+STRUCTURE_ARRAYS = ("query_seq_lengths", "key_value_seq_lengths", "query_segment_ids",
+                    "key_segment_ids")
+
+
 @dataclasses.dataclass(frozen=True)
 class Request:
   """What a call asks of an implementation beyond its query, key and value, and where it runs
@@ -26,6 +31,7 @@ class Request:
   mask_mod: bool = False
   sinks: bool = False
   normalizer: str = "softmax"
+  arrays: tuple[str, ...] = ()  # the structure given as arrays: mask, bias, lengths, segment ids
 
   def custom(self, served: tuple[str, ...] = ()) -> str | None:
     """The first custom part of the request (score_mod, mask_mod, sinks, sigmoid) that is not

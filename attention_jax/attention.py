@@ -17,15 +17,16 @@ from attention_jax import chunked
 from attention_jax import cudnn
 from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
+from attention_jax import pallas_gpu
 from attention_jax import pallas_tpu
 from attention_jax import reference
 from attention_jax import xla
 
 #: The names ``implementation=`` takes.
-IMPLEMENTATIONS = ("reference", "xla", "chunked", "cudnn", "pallas_tpu")
+IMPLEMENTATIONS = ("reference", "xla", "chunked", "cudnn", "pallas_tpu", "pallas_gpu")
 
 #: Accelerator kernels run on one backend only; the other implementations run everywhere.
-REQUIRED_BACKEND = {"cudnn": "gpu", "pallas_tpu": "tpu"}
+REQUIRED_BACKEND = {"cudnn": "gpu", "pallas_tpu": "tpu", "pallas_gpu": "gpu"}
 
 #: What each implementation supports under JAX's transformations, beyond jit, vmap, grad, remat,
 #: scan, shard_map and sharded jit, which all of them do.
@@ -35,6 +36,7 @@ TRANSFORMS = {
     "chunked": "reverse mode and hessian (a custom VJP); jvp and jacfwd raise ValueError",
     "cudnn": "reverse mode only (jax's cuDNN custom VJP)",
     "pallas_tpu": "reverse mode only (the kernel's custom VJP)",
+    "pallas_gpu": "reverse mode only (its custom VJP); arrays a mod closes over get no gradient",
 }
 
 
@@ -53,6 +55,7 @@ _UNSUPPORTED_REASON = {
     "chunked": _chunked_unsupported_reason,
     "cudnn": cudnn.unsupported_reason,
     "pallas_tpu": pallas_tpu.unsupported_reason,
+    "pallas_gpu": pallas_gpu.unsupported_reason,
 }
 
 
@@ -72,8 +75,9 @@ CHUNKED_MIN_LENGTH_CPU = 256
 #: The architectures where an accelerator kernel has been run against the float64 reference and
 #: timed, so that it is chosen automatically: CUDA compute capabilities for cuDNN (Hopper: an
 #: H100 and an H200, docs/performance.md), TPU device kinds by prefix for the Pallas kernel
-#: (none yet: it stays available by name, though not on TPU v2/v3, jax issue 18595).
-MEASURED_ON = {"cudnn": ("9.0",), "pallas_tpu": ()}
+#: (none yet: it stays available by name, though not on TPU v2/v3, jax issue 18595), compute
+#: capabilities for the fused Pallas GPU kernel (none yet: by name only).
+MEASURED_ON = {"cudnn": ("9.0",), "pallas_tpu": (), "pallas_gpu": ()}
 
 #: The compute capability of NVIDIA GPUs by device kind (prefix), for when only the kind is known.
 COMPUTE_CAPABILITY = {
@@ -118,7 +122,8 @@ def _automatic_order(query, key, backend: str, arch: str | None) -> tuple[str, .
     logits_bytes = 4 * math.prod(query.shape[:-1]) * key.shape[-3]  # [..., T, N] x S float32
     portable = ("chunked", "xla") if logits_bytes > XLA_MAX_LOGITS_BYTES_GPU else (
         "xla", "chunked")
-    return ("cudnn",) * _measured("cudnn", arch) + portable + ("reference",)
+    return ("cudnn",) * _measured("cudnn", arch) + ("pallas_gpu",) * _measured(
+        "pallas_gpu", arch) + portable + ("reference",)
   if backend == "tpu":
     return ("pallas_tpu",) * _measured("pallas_tpu", arch) + ("xla", "chunked", "reference")
   return ("xla", "chunked", "reference")
@@ -144,8 +149,8 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   ``compute_capability`` (default: those of its first device, or COMPUTE_CAPABILITY's):
 
   - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference";
-  - gpu: "cudnn" on the architectures in MEASURED_ON, else "xla" while the float32 logits take
-    at most XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
+  - gpu: "cudnn" on the architectures in MEASURED_ON, then "pallas_gpu" on those in MEASURED_ON,
+    else "xla" while the float32 logits take at most XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
   - tpu: "pallas_tpu" on the TPUs in MEASURED_ON (none yet), else "xla";
   - "chunked" wherever "xla" cannot serve (a score_mod, sinks, the sigmoid); a mask_mod never
     goes to "cudnn" or "pallas_tpu" unless named;
@@ -162,7 +167,6 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   >>> select_implementation(q, k, v, backend="gpu", compute_capability="8.0")  # not measured
   'xla'
   """
-  del bias, mask  # every implementation serves any mask and bias
   unknown = sorted(set(call) - set(inspect.signature(dot_product_attention).parameters))
   if unknown:
     raise TypeError(f"select_implementation() got arguments that dot_product_attention does not "
@@ -180,7 +184,9 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
       logits_soft_cap=logits_soft_cap, device_kind=device_kind, backend=backend,
       score_mod=call.get("score_mod") is not None,
       mask_mod=call.get("mask_mod") is not None or call.get("block_mask") is not None,
-      sinks=call.get("sinks") is not None, normalizer=call.get("normalizer", "softmax"))
+      sinks=call.get("sinks") is not None, normalizer=call.get("normalizer", "softmax"),
+      arrays=tuple(name for name, given in [("mask", mask), ("bias", bias)] + [
+          (name, call.get(name)) for name in _checks.STRUCTURE_ARRAYS] if given is not None))
   if implementation is None:
     arch = architecture(backend, device_kind, compute_capability)
     for name in _automatic_order(query, key, backend, arch):
@@ -314,7 +320,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     return_residual: also return each row's log-sum-exp [..., T, N] (float32, -inf on a row
       with nothing to attend to, no gradient).
     implementation: "reference", "xla" (jax.nn's), "chunked" (blockwise, memory linear in T and
-      S), "cudnn", "pallas_tpu" or None (``select_implementation``); TRANSFORMS says which
+      S), "cudnn", "pallas_tpu", "pallas_gpu" (score and mask functions fused, on NVIDIA
+      GPUs) or None (``select_implementation``); TRANSFORMS says which
       autodiff modes each supports.
     empty_rows: what a row with no key returns: "mean" (as jax.nn and flax: uniform weights)
       or "zero". With ``sinks`` or the sigmoid such a row is zeros. Gradients stay finite.
@@ -371,10 +378,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     empty_rows = "zero"  # no row can be empty, or an empty row is zeros (sink, sigmoid)
   custom = dict(score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, sinks=sinks,
                 normalizer=normalizer)
-  name = select_implementation(query, key, value, dropout_rate=dropout_rate,
+  name = select_implementation(query, key, value, bias, mask, dropout_rate=dropout_rate,
                                return_weights=want_weights, return_residual=return_residual,
                                logits_soft_cap=logits_soft_cap, implementation=implementation,
-                               **custom)
+                               **structure, **custom)
   scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
   custom["sigmoid_bias"] = sigmoid_bias
   with default_precision(precision):
@@ -396,6 +403,12 @@ def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logit
          empty_rows, structure, custom):
   """The named implementation on validated arguments: (output, weights?, residual?) or output.
   ``custom``: score_mod, mask_mod, block_mask, sinks, normalizer and sigmoid_bias."""
+  if name == "pallas_gpu":  # the structure as mods, in the kernel
+    return pallas_gpu.pallas_gpu_attention(
+        query, key, value, scale=scale, is_causal=is_causal, local_window_size=window,
+        logits_soft_cap=logits_soft_cap, return_residual=return_residual, empty_rows=empty_rows,
+        score_mod=custom["score_mod"], mask_mod=custom["mask_mod"],
+        block_mask=custom["block_mask"])
   if name == "chunked":  # the structure stays implicit, so that whole blocks can be skipped
     return chunked.chunked_attention(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,

@@ -42,7 +42,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
-from attention_jax import flex_triton  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
 
 HEADS, HEAD_DIM = 8, 64
@@ -76,12 +75,9 @@ def ours(length, block, with_score_mod=True, fused=False):
     return q_idx >= kv_idx
 
   block_mask = aj.make_block_mask(causal, None, None, length, length, block_size=block)
-  if fused:
-    return lambda q, k, v: flex_triton.flex_attention(
-        q, k, v, scale=HEAD_DIM ** -0.5, score_mod=score_mod, block_mask=block_mask)[0]
   return lambda q, k, v: aj.dot_product_attention(
       q, k, v, score_mod=score_mod if with_score_mod else None, block_mask=block_mask,
-      implementation="chunked")
+      implementation="pallas_gpu" if fused else "chunked")
 
 
 def torch_runs(length, arrays, backward, eager_max, dtype="float32"):

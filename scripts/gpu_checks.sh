@@ -179,7 +179,7 @@ flex_mod() {
 # The fused Pallas-Triton kernel for score/mask functions: its tests compiled for the GPU, then
 # its rows beside the chunked kernel and torch's compiled FlexAttention (bfloat16).
 flex_fused() {
-  part flex_fused_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_flex_triton.py
+  part flex_fused_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_pallas_gpu.py
   part flex_fused 200 python3 scripts/benchmark_flex.py --dtype bfloat16 \
     --lengths 2048 8192 16384 --rounds 3 --documents --json "$work/flex_fused.json"
 }

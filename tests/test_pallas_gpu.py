@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import attention_jax as aj
-from attention_jax import flex_triton
+from attention_jax import _checks
+from attention_jax import attention as attention_lib
+from attention_jax import pallas_gpu
 from conftest import assert_close
 
 B, T, S, N, K, H = 2, 40, 36, 4, 2, 8  # T, S not multiples of the blocks; K < N (GQA)
@@ -53,7 +55,7 @@ def test_outputs_and_gradients_equal_the_reference(score_mod, mask_mod, block_si
   kwargs = dict(scale=0.3, score_mod=score_mod, mask_mod=mask_mod)
 
   def fused(q, k, v):
-    out, lse = flex_triton.flex_attention(q, k, v, block_size=block_size, interpret=True,
+    out, lse = pallas_gpu.flex_attention(q, k, v, block_size=block_size, interpret=True,
                                           **kwargs)
     return out, lse
 
@@ -86,7 +88,7 @@ def test_the_log_sum_exp_has_its_gradient():
     logits = jnp.where(causal(b, h, t, s), alibi(logits, b, h, t, s), -jnp.inf)
     return jnp.sum(jax.nn.logsumexp(logits, axis=-1))
 
-  fused = lambda q, k: jnp.sum(flex_triton.flex_attention(
+  fused = lambda q, k: jnp.sum(pallas_gpu.flex_attention(
       q, k, v, scale=0.3, score_mod=alibi, mask_mod=causal, block_size=16, interpret=True)[1])
   for got, want in zip(jax.grad(fused, (0, 1))(q, k), jax.grad(dense, (0, 1))(q, k)):
     assert_close(got, want, rtol=1e-5)
@@ -96,12 +98,16 @@ def test_a_block_mask_skips_its_empty_blocks_and_gives_the_same_numbers():
   q, k, v, _ = _inputs(1, value_dim=H)
   block_mask = aj.make_block_mask(same_document, None, None, T, S, block_size=16)
   assert float(block_mask.sparsity()) > 0.0
-  fused = flex_triton.flex_attention(q, k, v, scale=0.3, block_mask=block_mask, interpret=True)
+  fused = pallas_gpu.flex_attention(q, k, v, scale=0.3, block_mask=block_mask, interpret=True)
   dense = aj.dot_product_attention(q, k, v, scale=0.3, mask_mod=same_document,
                                    implementation="reference", return_residual=True)
   assert_close(fused[0], dense[0], rtol=1e-5, name="output")
   assert_close(fused[1], dense[1], rtol=1e-5, name="lse")
-  order, _ = flex_triton._block_order(block_mask.kinds, 3, 3, transpose=False)
+  odd = aj.make_block_mask(same_document, None, None, T, S)  # blocks of 40: not Triton's
+  assert odd.block_q == 40
+  fused_odd = pallas_gpu.flex_attention(q, k, v, scale=0.3, block_mask=odd, interpret=True)
+  assert_close(fused_odd[0], dense[0], rtol=1e-5, name="output, its kinds at blocks of 64")
+  order, _ = pallas_gpu._block_order(block_mask.kinds, 3, 3, transpose=False)
   counts = np.asarray(order).reshape(3, 4)[:, 0]  # per query block: non-empty key blocks
   np.testing.assert_array_equal(counts, np.sum(np.asarray(block_mask.kinds[0, 0]) != 0, axis=1))
 
@@ -110,20 +116,20 @@ def test_what_the_kernel_cannot_run_is_refused_in_one_line():
   q, k, v, _ = _inputs()
   forms_array = lambda s, b, h, q_idx, kv_idx: s + jnp.cumsum(SLOPES)[h]
   with pytest.raises(ValueError, match="applies 'cumsum' to the whole array.*chunked"):
-    flex_triton.flex_attention(q, k, v, scale=1.0, score_mod=forms_array, interpret=True)
+    pallas_gpu.flex_attention(q, k, v, scale=1.0, score_mod=forms_array, interpret=True)
 
   def trained(slopes):
     mod = lambda s, b, h, q_idx, kv_idx: s + slopes[h]
-    return flex_triton.flex_attention(q, k, v, scale=1.0, score_mod=mod, interpret=True)[0]
+    return pallas_gpu.flex_attention(q, k, v, scale=1.0, score_mod=mod, interpret=True)[0]
   with pytest.raises(ValueError, match="no gradient.*traced one"):
     jax.grad(lambda s: jnp.sum(trained(s)))(SLOPES)
   with pytest.raises(ValueError, match="powers of two from 16"):
-    flex_triton.flex_attention(q, k, v, scale=1.0, block_size=24, interpret=True)
+    pallas_gpu.flex_attention(q, k, v, scale=1.0, block_size=24, interpret=True)
 
 
 def test_the_three_kernels_lower_to_triton_in_bfloat16():
   def loss(q, k, v):
-    out, _ = flex_triton.flex_attention(q, k, v, scale=0.125, score_mod=alibi,
+    out, _ = pallas_gpu.flex_attention(q, k, v, scale=0.125, score_mod=alibi,
                                         mask_mod=same_document, block_size=16)
     return jnp.sum(out.astype(jnp.float32))
 
@@ -139,6 +145,48 @@ def test_the_three_kernels_lower_to_triton_in_bfloat16():
   assert len(re.findall(r"custom_call @__gpu\$xla\.gpu\.triton", lowered.as_text())) == 3
 
 
+@pytest.mark.parametrize("options", [
+    dict(is_causal=True), dict(local_window_size=(3, 2)), dict(is_causal=True, local_window_size=(
+        6, 4), logits_soft_cap=1.5, score_mod=alibi), dict(mask_mod=late_start),
+    dict(mask_mod=late_start, empty_rows="zero", return_residual=True)])
+def test_the_contracts_structure_as_mods_gives_the_reference(options):
+  """is_causal, windows, the soft cap, empty rows and the residual, as dot_product_attention
+  gives them (the fused call is what implementation="pallas_gpu" runs on a GPU)."""
+  q, k, v, _ = _inputs(4)
+  options = {"scale": 0.3, **options}
+  window = _checks.local_window(options.pop("local_window_size", None))
+  fused = pallas_gpu.pallas_gpu_attention(q, k, v, local_window_size=window, interpret=True,
+                                          **options)
+  dense = aj.dot_product_attention(q, k, v, local_window_size=window, implementation="reference",
+                                   **options)
+  for got, want in zip(*(x if isinstance(x, tuple) else (x,) for x in (fused, dense))):
+    assert_close(np.nan_to_num(got, neginf=0.0), np.nan_to_num(want, neginf=0.0), rtol=1e-5)
+
+
+def test_it_is_chosen_by_name_on_a_gpu_and_refuses_what_it_cannot_serve():
+  q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
+  select = lambda **kw: aj.select_implementation(q, k, v, backend="gpu",
+                                                 device_kind="NVIDIA H200", **kw)
+  assert select(implementation="pallas_gpu", score_mod=alibi, is_causal=True) == "pallas_gpu"
+  assert select(score_mod=alibi) == "chunked"  # not timed on a GPU yet: by name only
+  for arguments, named in [(dict(mask=jnp.ones((512, 512), bool)), "mask"),
+                           (dict(key_value_seq_lengths=jnp.array([3, 4])),
+                            "key_value_seq_lengths"), (dict(sinks=jnp.zeros(8)), "sinks")]:
+    with pytest.raises(ValueError, match=f"'pallas_gpu' cannot serve this call: .*{named}"):
+      select(implementation="pallas_gpu", **arguments)
+  with pytest.raises(ValueError, match="runs only on the gpu backend"):
+    aj.select_implementation(q, k, v, implementation="pallas_gpu", backend="cpu")
+
+
+def test_once_measured_it_serves_the_score_mods_on_that_architecture(monkeypatch):
+  monkeypatch.setitem(attention_lib.MEASURED_ON, "pallas_gpu", ("9.0",))
+  q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
+  select = lambda **kw: aj.select_implementation(q, k, v, backend="gpu", **kw)
+  assert select(device_kind="NVIDIA H200", score_mod=alibi) == "pallas_gpu"
+  assert select(device_kind="NVIDIA H200") == "cudnn"  # plain attention stays with cuDNN
+  assert select(device_kind="NVIDIA A100", score_mod=alibi) == "chunked"
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs a GPU")
 @pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 2e-3), (jnp.bfloat16, 3e-2)])
 def test_on_a_gpu_the_compiled_kernels_equal_the_reference(dtype, rtol):
@@ -147,7 +195,7 @@ def test_on_a_gpu_the_compiled_kernels_equal_the_reference(dtype, rtol):
   q, k, v, cotangent = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in (
       (2, 300, 4, 64), (2, 280, 2, 64), (2, 280, 2, 64), (2, 300, 4, 64)))
   kwargs = dict(scale=0.125, score_mod=alibi, mask_mod=causal)
-  fused = lambda q, k, v: flex_triton.flex_attention(q, k, v, block_size=64, **kwargs)[0]
+  fused = lambda q, k, v: pallas_gpu.flex_attention(q, k, v, block_size=64, **kwargs)[0]
   dense = lambda q, k, v: aj.dot_product_attention(
       q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
       implementation="reference", empty_rows="zero", **kwargs)

@@ -1,4 +1,4 @@
-"""Custom attention (score_mod, mask_mod, block mask) as one fused kernel for NVIDIA GPUs:
+"""Attention with score/mask functions as one fused kernel for NVIDIA GPUs, held to our contract:
 Pallas on Triton, with FlashAttention-2's blocking (a program per block of queries and head, an
 online softmax over the blocks of keys that are not empty; backward: one kernel for dQ, one for
 dK and dV, from the forward's log-sum-exp).
@@ -8,6 +8,11 @@ inside the kernel: elementwise primitives on broadcast blocks, and an array the 
 indexed by scalars (``slopes[h]``, ``table[q_idx - kv_idx]``, a ``dynamic_slice`` in the jaxpr),
 read from the kernel's flattened copy of it, one gather per block (Triton has no dynamic_slice).
 Closed-over arrays must be constants (not traced): the kernel gives them no gradient.
+
+Of the contract's structure it takes ``is_causal``, windows and the soft cap (folded into the
+mods); masks, biases, lengths and segment ids as arrays it refuses: written as a mask_mod (or
+score_mod) they run here. Off GPU the kernels run only in Pallas' interpreter (``interpret=True``),
+which is how the tests run them.
 
 Shape letters: B batch, T query length, S key length, N query heads, K key/value heads, H head
 dim; bq, bk the blocks of queries and keys.
@@ -26,7 +31,12 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.experimental import pallas as pl
 
+from attention_jax import _checks
+from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
+
+
+BLOCK = 64  # the kernel's default block of queries and keys
 
 
 class Unservable(ValueError):
@@ -47,7 +57,7 @@ _SHAPE_ONLY = ("squeeze", "reshape", "broadcast_in_dim", "reduce_sum", "reduce_m
 
 def evaluate(jaxpr, tables, *blocks):
   """``jaxpr`` (a mod's, on scalars) on broadcastable ``blocks`` (the score, batch, head, query
-  and key indices), its constants read from ``tables`` (``_Table``s): one output block."""
+  and key indices), its constants read from ``tables`` (``_Table`` objects): one output block."""
   env = dict(zip(jaxpr.constvars, tables))
   env.update(zip(jaxpr.invars, blocks))
   read = lambda v: np.asarray(v.val, v.aval.dtype) if isinstance(v, jex_core.Literal) else env[v]
@@ -146,7 +156,7 @@ class _Plan:
     return (((b % mb) * mn + h % mn) * rows + i) * (1 + cols)
 
   def tables(self, refs):
-    """The mods' tables (``_Table``s over the first refs), and the refs after them."""
+    """The mods' tables (``_Table`` objects over the first refs), and the refs after them."""
     consts = [(mod, c) for mod in (self.score, self.allow) if mod is not None
               for c in mod.consts]
     tables = [_Table(ref, np.shape(c)) for ref, (_, c) in zip(refs, consts)]
@@ -330,15 +340,26 @@ def _padded(x, axis: int, multiple: int):
   return x if not pad else jnp.pad(x, [(0, pad if a == axis else 0) for a in range(x.ndim)])
 
 
+def _is_block(size: int) -> bool:
+  return size >= 16 and not size & (size - 1)  # Triton's blocks: powers of two
+
+
+def block_kinds(mask_mod, batch: int, heads: int, q_len: int, kv_len: int, block: int):
+  """``make_block_mask``'s kinds [batch, heads, T / block, S / block] at the kernel's blocks."""
+  round_up = lambda length: -(-length // block) * block
+  return mods_lib.make_block_mask(mask_mod, batch, heads, round_up(q_len), round_up(kv_len),
+                                  block_size=block).kinds
+
+
 def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=None,
-                   block_mask: mods_lib.BlockMask | None = None, block_size: int = 64,
+                   block_mask: mods_lib.BlockMask | None = None, block_size: int = BLOCK,
                    interpret: bool = False):
   """Attention with a score_mod and a mask_mod (or a block mask) in one fused kernel:
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> (output [..., T, N, H_v],
   log-sum-exp [..., T, N]; -inf on a row that attends to nothing, whose output is 0).
 
   ``block_size``: of queries and keys (a power of two, at least 16), unless ``block_mask``
-  brings its own. ``interpret``: run the kernels in Pallas' interpreter (any backend).
+  brings blocks of that kind. ``interpret``: run the kernels in Pallas' interpreter (any backend).
 
   >>> q = k = v = jnp.ones((1, 100, 2, 16))  # [B, T, N, H]
   >>> alibi = lambda score, b, h, q_idx, kv_idx: score - 0.5 * (q_idx - kv_idx)
@@ -353,18 +374,21 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   flat = lambda x: jnp.reshape(x, (-1,) + x.shape[-3:])
   batch = math.prod(batch_shape)
   mask_mod = mods_lib.check_block_mask(block_mask, mask_mod, batch, num_heads, q_len, kv_len)
-  block_q, block_k = ((block_mask.block_q, block_mask.block_k) if block_mask is not None
-                      else (block_size, block_size))
-  for size in (block_q, block_k):
-    if size < 16 or size & (size - 1):
-      raise ValueError(f"the fused kernel's blocks must be powers of two from 16, got {size}.")
+  if not _is_block(block_size):
+    raise ValueError(f"the fused kernel's blocks must be powers of two from 16, got "
+                     f"block_size={block_size}.")
+  block_q = block_k = block_size
+  kinds = None if block_mask is None else block_mask.kinds
+  if block_mask is not None and _is_block(block_mask.block_q) and _is_block(block_mask.block_k):
+    block_q, block_k = block_mask.block_q, block_mask.block_k
+  elif block_mask is not None:  # its blocks do not suit Triton: its kinds at ours
+    kinds = block_kinds(mask_mod, *kinds.shape[:2], q_len, kv_len, block_size)
   score = mods_lib.trace_score_mod(score_mod, jnp.float32)
   allow = mods_lib.trace_mask_mod(mask_mod)
   for mod in (score, allow):
     if reason := check(mod):
       raise ValueError(f"{reason}; use implementation='chunked'.")
   num_q, num_k = -(-q_len // block_q), -(-kv_len // block_k)
-  kinds = None if block_mask is None else block_mask.kinds
   forward, mask_shape = _block_order(kinds, num_q, num_k, transpose=False)
   backward, _ = _block_order(kinds, num_q, num_k, transpose=True)
   plan = _Plan(float(scale), block_q, block_k, num_q, num_k, kv_len, num_heads // num_kv_heads,
@@ -379,3 +403,66 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   out = jnp.reshape(out[:, :q_len, :, :value_dim], batch_shape + (q_len, num_heads, value_dim))
   lse = jnp.reshape(jnp.swapaxes(lse[:, :, :q_len], 1, 2), batch_shape + (q_len, num_heads))
   return out, lse
+
+
+def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
+  """Why the fused kernel cannot serve this request, or None if it can."""
+  del query, key, value
+  kernel = "the fused Pallas GPU kernel"
+  if request.dropout_rate > 0.0:
+    return f"{kernel} has no attention dropout"
+  if request.return_weights:
+    return f"{kernel} never forms the weights, so it cannot return them"
+  if request.arrays:
+    return (f"{kernel} takes {request.arrays[0]} only written as a mask_mod or score_mod "
+            "(it serves is_causal, windows and the soft cap as they are)")
+  if unserved := request.custom(served=("score_mod", "mask_mod")):
+    return f"{kernel} cannot serve {unserved}"
+  return None
+
+
+def _structural_mod(is_causal: bool, window):
+  """is_causal and the window (left, right) as one mask_mod, or None."""
+  if not is_causal and window is None:
+    return None
+  left, right = window if window is not None else (None, None)
+  right = 0 if is_causal and right is None else (min(right, 0) if is_causal else right)
+
+  def allowed(b, h, q_idx, kv_idx):
+    ok = kv_idx <= q_idx + right if right is not None else q_idx >= 0
+    return ok & (kv_idx >= q_idx - left) if left is not None else ok
+  return allowed
+
+
+def pallas_gpu_attention(query, key, value, *, scale: float, is_causal: bool = False,
+                         local_window_size=None, logits_soft_cap: float | None = None,
+                         score_mod=None, mask_mod=None, block_mask=None,
+                         return_residual: bool = False, empty_rows: str = "mean",
+                         interpret: bool = False):
+  """``dot_product_attention`` through the fused kernel: query [..., T, N, H], key/value
+  [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``).
+  Inputs are assumed validated and servable (see ``unsupported_reason``); ``local_window_size``
+  as (left, right) or None."""
+  structural = _structural_mod(is_causal, local_window_size)
+  user_mask = mask_mod if block_mask is None else block_mask.mask_mod
+  combined = user_mask if structural is None else (structural if user_mask is None else (
+      lambda b, h, q_idx, kv_idx: structural(b, h, q_idx, kv_idx) & user_mask(
+          b, h, q_idx, kv_idx)))
+  if logits_soft_cap is not None:
+    inner = score_mod or (lambda score, *indices: score)
+    score_mod = lambda score, *indices: inner(
+        logits_soft_cap * jnp.tanh(score / logits_soft_cap), *indices)
+  q_len, kv_len = query.shape[-3], key.shape[-3]
+  if block_mask is None and structural is not None:  # skip the blocks the structure empties
+    block_mask = mods_lib.BlockMask(block_kinds(structural, 1, 1, q_len, kv_len, BLOCK), q_len,
+                                    kv_len, BLOCK, BLOCK, structural)
+  if block_mask is not None:  # its kinds, with the mask_mod that also holds the structure
+    block_mask = dataclasses.replace(block_mask, mask_mod=combined)
+    combined = None
+  output, lse = flex_attention(query, key, value, scale=scale, score_mod=score_mod,
+                               mask_mod=combined, block_mask=block_mask, interpret=interpret)
+  if empty_rows == "mean":
+    output, _ = masks_lib.uniform_empty_rows(output, jnp.isfinite(lse), value)
+  if return_residual:
+    return output, lax.stop_gradient(lse)
+  return output
