@@ -52,7 +52,7 @@ class _Table:
 
 # Primitives that only move a scalar between shapes of size 1: the identity on a block.
 _SHAPE_ONLY = ("squeeze", "reshape", "broadcast_in_dim", "reduce_sum", "reduce_max", "reduce_min",
-               "reduce_prod", "transpose", "copy", "copy_p")
+               "reduce_prod", "transpose", "copy")
 
 
 def evaluate(jaxpr, tables, *blocks):
@@ -69,8 +69,9 @@ def evaluate(jaxpr, tables, *blocks):
 
 
 def _apply(eqn, inputs):
-  name = eqn.params.get("name", eqn.primitive.name)  # a jit's: the jnp function's name
-  if name == "dynamic_slice" and isinstance(inputs[0], _Table):
+  primitive = eqn.primitive.name
+  name = eqn.params.get("name", primitive)  # for messages: a jit's is the jnp function's name
+  if primitive == "dynamic_slice" and isinstance(inputs[0], _Table):
     return _gather(inputs[0], inputs[1:], eqn.params["slice_sizes"])
   if any(isinstance(x, _Table) for x in inputs):
     raise Unservable(f"the fused kernel reads a closed-over array only by indexing it with "
@@ -84,7 +85,7 @@ def _apply(eqn, inputs):
     return [out] if eqn.primitive.multiple_results else out
   if any(math.prod(v.aval.shape) != 1 for v in list(eqn.invars) + list(eqn.outvars)):
     raise Unservable(f"the mod forms an array ({name!r}); a mod must work on scalars")
-  if name in _SHAPE_ONLY:
+  if primitive in _SHAPE_ONLY:
     return inputs[0]
   shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in inputs))
   inputs = [jnp.broadcast_to(x, shape) for x in inputs]
@@ -213,7 +214,7 @@ def _weights_gradient(plan, q, k, v, do, lse, delta, tables, b, h, q_start, k_st
   p = jnp.exp(s - jnp.where(lse == -jnp.inf, 0.0, lse)[:, None])
   dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
   ds = p * (dp - delta[:, None])
-  return p, ds if derivative is None else ds * derivative
+  return p, ds if derivative is None else jnp.where(p > 0.0, ds * derivative, 0.0)
 
 
 def _dq_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
