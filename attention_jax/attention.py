@@ -405,10 +405,10 @@ def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logit
   ``custom``: score_mod, mask_mod, block_mask, sinks, normalizer and sigmoid_bias."""
   if name == "pallas_gpu":  # the structure as mods, in the kernel
     return pallas_gpu.pallas_gpu_attention(
-        query, key, value, scale=scale, is_causal=is_causal, local_window_size=window,
+        query, key, value, mask, scale=scale, is_causal=is_causal, local_window_size=window,
         logits_soft_cap=logits_soft_cap, return_residual=return_residual, empty_rows=empty_rows,
         score_mod=custom["score_mod"], mask_mod=custom["mask_mod"],
-        block_mask=custom["block_mask"])
+        block_mask=custom["block_mask"], **structure)
   if name == "chunked":  # the structure stays implicit, so that whole blocks can be skipped
     return chunked.chunked_attention(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,

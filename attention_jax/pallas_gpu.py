@@ -7,11 +7,12 @@ A mod is traced on scalars (``mods.py``); its jaxpr is evaluated here on whole [
 inside the kernel: elementwise primitives on broadcast blocks, and an array the mod closed over,
 indexed by scalars (``slopes[h]``, ``table[q_idx - kv_idx]``, a ``dynamic_slice`` in the jaxpr),
 read from the kernel's flattened copy of it, one gather per block (Triton has no dynamic_slice).
-Closed-over arrays must be constants (not traced): the kernel gives them no gradient.
+The kernel gives closed-over arrays no gradient, so a floating one must be a constant (not
+traced); integer and boolean ones may be traced.
 
-Of the contract's structure it takes ``is_causal``, windows and the soft cap (folded into the
-mods); masks, biases, lengths and segment ids as arrays it refuses: written as a mask_mod (or
-score_mod) they run here. Off GPU the kernels run only in Pallas' interpreter (``interpret=True``),
+The contract's structure (``is_causal``, windows, lengths, segment ids, a mask) becomes one more
+mask_mod, and the soft cap part of the score_mod; a bias it refuses (written as a score_mod it
+runs here). Off GPU the kernels run only in Pallas' interpreter (``interpret=True``),
 which is how the tests run them.
 
 Shape letters: B batch, T query length, S key length, N query heads, K key/value heads, H head
@@ -107,9 +108,9 @@ def check(mod: mods_lib.Mod | None, dtype=jnp.float32, block=(16, 16)) -> str | 
   """Why the kernel cannot run ``mod`` (its jaxpr evaluated blockwise), or None."""
   if mod is None:
     return None
-  if any(isinstance(c, jax.core.Tracer) for c in mod.consts):
+  if any(isinstance(c, jax.core.Tracer) and mods_lib.is_trainable(c) for c in mod.consts):
     return ("the fused kernel gives closed-over arrays no gradient, and this mod closes over "
-            "a traced one")
+            "a traced floating one")
   tables = [_Table(jnp.reshape(jnp.asarray(c), -1), np.shape(c)) for c in mod.consts]
   index = jnp.zeros(block, jnp.int32)
   blocks = ((jnp.zeros(block, dtype),) if len(mod.jaxpr.invars) == 5 else ()) + (
@@ -414,16 +415,17 @@ def unsupported_reason(query, key, value, request: _checks.Request) -> str | Non
     return f"{kernel} has no attention dropout"
   if request.return_weights:
     return f"{kernel} never forms the weights, so it cannot return them"
-  if request.arrays:
-    return (f"{kernel} takes {request.arrays[0]} only written as a mask_mod or score_mod "
-            "(it serves is_causal, windows and the soft cap as they are)")
+  if "bias" in request.arrays:
+    return (f"{kernel} takes a bias only written as a score_mod (it would give an array bias "
+            "no gradient)")
   if unserved := request.custom(served=("score_mod", "mask_mod")):
     return f"{kernel} cannot serve {unserved}"
   return None
 
 
 def _structural_mod(is_causal: bool, window):
-  """is_causal and the window (left, right) as one mask_mod, or None."""
+  """is_causal and the window (left, right) as one mask_mod, or None: the structure that is the
+  same for every example and head, whose empty blocks are skipped."""
   if not is_causal and window is None:
     return None
   left, right = window if window is not None else (None, None)
@@ -435,20 +437,50 @@ def _structural_mod(is_causal: bool, window):
   return allowed
 
 
-def pallas_gpu_attention(query, key, value, *, scale: float, is_causal: bool = False,
+def _array_mods(batch_shape, mask, query_seq_lengths, key_value_seq_lengths,
+                query_segment_ids, key_segment_ids):
+  """The structure given as arrays, as mask_mods reading them (batch: the flattened index)."""
+  per_example = lambda x, *tail: jnp.reshape(jnp.broadcast_to(x, batch_shape + x.shape[
+      x.ndim - len(tail):]), (-1,) + tail)
+  mods = []
+  if mask is not None:
+    flat_mask = masks_lib.flatten_batch(mask, batch_shape).astype(jnp.int8)  # [B or 1, N', T', S']
+    mods.append(lambda b, h, q_idx, kv_idx: flat_mask[b, h, q_idx, kv_idx] != 0)
+  if key_value_seq_lengths is not None:
+    kv_lengths = per_example(key_value_seq_lengths)  # [B]
+    mods.append(lambda b, h, q_idx, kv_idx: kv_idx < kv_lengths[b])
+  if query_seq_lengths is not None:
+    q_lengths = per_example(query_seq_lengths)
+    mods.append(lambda b, h, q_idx, kv_idx: q_idx < q_lengths[b])
+  if query_segment_ids is not None:
+    q_ids = per_example(query_segment_ids, query_segment_ids.shape[-1])  # [B, T]
+    kv_ids = per_example(key_segment_ids, key_segment_ids.shape[-1])  # [B, S]
+    mods.append(lambda b, h, q_idx, kv_idx: q_ids[b, q_idx] == kv_ids[b, kv_idx])
+  return mods
+
+
+def _all_of(mods):
+  """The mask_mod that allows what every one of ``mods`` (None skipped) allows, or None."""
+  mods = [mod for mod in mods if mod is not None]
+  if len(mods) <= 1:
+    return mods[0] if mods else None
+  return lambda *indices: functools.reduce(jnp.logical_and, (mod(*indices) for mod in mods))
+
+
+def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causal: bool = False,
                          local_window_size=None, logits_soft_cap: float | None = None,
-                         score_mod=None, mask_mod=None, block_mask=None,
-                         return_residual: bool = False, empty_rows: str = "mean",
-                         interpret: bool = False):
+                         query_seq_lengths=None, key_value_seq_lengths=None,
+                         query_segment_ids=None, key_segment_ids=None, score_mod=None,
+                         mask_mod=None, block_mask=None, return_residual: bool = False,
+                         empty_rows: str = "mean", interpret: bool = False):
   """``dot_product_attention`` through the fused kernel: query [..., T, N, H], key/value
   [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``).
   Inputs are assumed validated and servable (see ``unsupported_reason``); ``local_window_size``
   as (left, right) or None."""
   structural = _structural_mod(is_causal, local_window_size)
-  user_mask = mask_mod if block_mask is None else block_mask.mask_mod
-  combined = user_mask if structural is None else (structural if user_mask is None else (
-      lambda b, h, q_idx, kv_idx: structural(b, h, q_idx, kv_idx) & user_mask(
-          b, h, q_idx, kv_idx)))
+  combined = _all_of([structural, mask_mod if block_mask is None else block_mask.mask_mod,
+                      *_array_mods(query.shape[:-3], mask, query_seq_lengths,
+                                   key_value_seq_lengths, query_segment_ids, key_segment_ids)])
   if logits_soft_cap is not None:
     inner = score_mod or (lambda score, *indices: score)
     score_mod = lambda score, *indices: inner(
@@ -462,8 +494,11 @@ def pallas_gpu_attention(query, key, value, *, scale: float, is_causal: bool = F
     combined = None
   output, lse = flex_attention(query, key, value, scale=scale, score_mod=score_mod,
                                mask_mod=combined, block_mask=block_mask, interpret=interpret)
-  if empty_rows == "mean":
-    output, _ = masks_lib.uniform_empty_rows(output, jnp.isfinite(lse), value)
+  if empty_rows == "mean":  # rows past a query length stay zeros
+    query_valid = None if query_seq_lengths is None else masks_lib.lengths_to_valid(
+        query_seq_lengths, q_len)
+    output, _ = masks_lib.uniform_empty_rows(output, jnp.isfinite(lse), value,
+                                             query_valid=query_valid)
   if return_residual:
     return output, lax.stop_gradient(lse)
   return output

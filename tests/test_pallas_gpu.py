@@ -121,20 +121,22 @@ def test_what_the_kernel_cannot_run_is_refused_in_one_line():
   def trained(slopes):
     mod = lambda s, b, h, q_idx, kv_idx: s + slopes[h]
     return pallas_gpu.flex_attention(q, k, v, scale=1.0, score_mod=mod, interpret=True)[0]
-  with pytest.raises(ValueError, match="no gradient.*traced one"):
+  with pytest.raises(ValueError, match="no gradient.*traced floating one"):
     jax.grad(lambda s: jnp.sum(trained(s)))(SLOPES)
   with pytest.raises(ValueError, match="powers of two from 16"):
     pallas_gpu.flex_attention(q, k, v, scale=1.0, block_size=24, interpret=True)
 
 
 def test_the_three_kernels_lower_to_triton_in_bfloat16():
-  def loss(q, k, v):
-    out, _ = pallas_gpu.flex_attention(q, k, v, scale=0.125, score_mod=alibi,
-                                        mask_mod=same_document, block_size=16)
+  def loss(q, k, v, mask, lengths):  # with the structure arrays read as tables, traced
+    out = pallas_gpu.pallas_gpu_attention(q, k, v, mask, scale=0.125, score_mod=alibi,
+                                          mask_mod=same_document, key_value_seq_lengths=lengths,
+                                          is_causal=True)
     return jnp.sum(out.astype(jnp.float32))
 
-  shapes = [jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-            for shape in ((B, T, N, 64), (B, S, K, 64), (B, S, K, 64))]
+  shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in (
+      ((B, T, N, 64), jnp.bfloat16), ((B, S, K, 64), jnp.bfloat16),
+      ((B, S, K, 64), jnp.bfloat16), ((B, 1, 1, S), jnp.bool_), ((B,), jnp.int32))]
   lower = lambda: jax.jit(jax.grad(loss, (0, 1, 2))).trace(*shapes).lower(
       lowering_platforms=("cuda",))
   try:
@@ -152,17 +154,26 @@ def test_the_three_kernels_lower_to_triton_in_bfloat16():
 @pytest.mark.parametrize("options", [
     dict(is_causal=True), dict(local_window_size=(3, 2)), dict(is_causal=True, local_window_size=(
         6, 4), logits_soft_cap=1.5, score_mod=alibi), dict(mask_mod=late_start),
-    dict(mask_mod=late_start, empty_rows="zero", return_residual=True)])
+    dict(mask_mod=late_start, empty_rows="zero", return_residual=True),
+    dict(query_seq_lengths=np.array([40, 17]), key_value_seq_lengths=np.array([30, 5]),
+         is_causal=True),
+    dict(query_segment_ids=np.repeat([[0, 1], [2, 3]], 20, axis=1),
+         key_segment_ids=np.repeat([[0, 1], [3, 2]], 18, axis=1), return_residual=True),
+    dict(mask=np.random.default_rng(5).random((B, 1, T, S)) < 0.3, score_mod=alibi),
+    dict(mask=np.arange(S) % 3 > 0, query_seq_lengths=np.array([12, 40]))])
 def test_the_contracts_structure_as_mods_gives_the_reference(options):
-  """is_causal, windows, the soft cap, empty rows and the residual, as dot_product_attention
-  gives them (the fused call is what implementation="pallas_gpu" runs on a GPU)."""
+  """is_causal, windows, lengths, segment ids, masks, the soft cap, empty rows and the residual,
+  as dot_product_attention gives them (the fused call is what implementation="pallas_gpu" runs
+  on a GPU); the structure arrays are traced (jit), as in a model."""
   q, k, v, _ = _inputs(4)
   options = {"scale": 0.3, **options}
   window = _checks.local_window(options.pop("local_window_size", None))
-  fused = pallas_gpu.pallas_gpu_attention(q, k, v, local_window_size=window, interpret=True,
-                                          **options)
+  arrays = {name: value for name, value in options.items() if isinstance(value, np.ndarray)}
+  options = {name: value for name, value in options.items() if name not in arrays}
+  fused = jax.jit(lambda q, k, v, arrays: pallas_gpu.pallas_gpu_attention(
+      q, k, v, local_window_size=window, interpret=True, **arrays, **options))(q, k, v, arrays)
   dense = aj.dot_product_attention(q, k, v, local_window_size=window, implementation="reference",
-                                   **options)
+                                   **arrays, **options)
   for got, want in zip(*(x if isinstance(x, tuple) else (x,) for x in (fused, dense))):
     assert_close(np.nan_to_num(got, neginf=0.0), np.nan_to_num(want, neginf=0.0), rtol=1e-5)
 
@@ -173,9 +184,11 @@ def test_it_is_chosen_by_name_on_a_gpu_and_refuses_what_it_cannot_serve():
                                                  device_kind="NVIDIA H200", **kw)
   assert select(implementation="pallas_gpu", score_mod=alibi, is_causal=True) == "pallas_gpu"
   assert select(score_mod=alibi) == "chunked"  # not timed on a GPU yet: by name only
-  for arguments, named in [(dict(mask=jnp.ones((512, 512), bool)), "mask"),
-                           (dict(key_value_seq_lengths=jnp.array([3, 4])),
-                            "key_value_seq_lengths"), (dict(sinks=jnp.zeros(8)), "sinks")]:
+  assert select(implementation="pallas_gpu", mask=jnp.ones((512, 512), bool),
+                key_value_seq_lengths=jnp.array([3, 4])) == "pallas_gpu"
+  for arguments, named in [(dict(bias=jnp.ones((512, 512))), "bias only written as a score_mod"),
+                           (dict(sinks=jnp.zeros(8)), "sinks"),
+                           (dict(dropout_rate=0.1), "dropout")]:
     with pytest.raises(ValueError, match=f"'pallas_gpu' cannot serve this call: .*{named}"):
       select(implementation="pallas_gpu", **arguments)
   with pytest.raises(ValueError, match="runs only on the gpu backend"):
