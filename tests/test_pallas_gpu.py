@@ -211,11 +211,13 @@ def test_on_a_gpu_the_compiled_kernels_equal_the_reference(dtype, rtol):
   rng = np.random.default_rng(3)
   q, k, v, cotangent = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in (
       (2, 300, 4, 64), (2, 280, 2, 64), (2, 280, 2, 64), (2, 300, 4, 64)))
-  kwargs = dict(scale=0.125, score_mod=alibi, mask_mod=causal)
-  fused = lambda q, k, v: pallas_gpu.flex_attention(q, k, v, block_size=64, **kwargs)[0]
+  kwargs = dict(scale=0.125, score_mod=alibi, is_causal=True,
+                key_value_seq_lengths=jnp.array([280, 150]))
+  fused = lambda q, k, v: aj.dot_product_attention(q, k, v, implementation="pallas_gpu",
+                                                   **kwargs)
   dense = lambda q, k, v: aj.dot_product_attention(
       q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
-      implementation="reference", empty_rows="zero", **kwargs)
+      implementation="reference", **kwargs)
   run = lambda f: jax.jit(lambda *a: (f(*a), jax.grad(
       lambda *b: jnp.sum(f(*b).astype(jnp.float32) * cotangent.astype(jnp.float32)),
       (0, 1, 2))(*a)))(q, k, v)
