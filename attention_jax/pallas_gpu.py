@@ -1,7 +1,7 @@
 """Attention with score/mask functions as one fused kernel for NVIDIA GPUs, held to our contract:
 Pallas on Triton, with FlashAttention-2's blocking (a program per block of queries and head, an
-online softmax over the blocks of keys that are not empty; backward: one kernel for dQ, one for
-dK and dV, from the forward's log-sum-exp).
+online softmax over the blocks of keys that are not empty, the mask_mod skipped on full ones;
+backward: one kernel for dQ, one for dK and dV, from the forward's log-sum-exp).
 
 A mod is traced on scalars (``mods.py``); its jaxpr is evaluated here on whole [bq, bk] blocks
 inside the kernel: elementwise primitives on broadcast blocks, and an array the mod closed over,
@@ -123,17 +123,19 @@ def check(mod: mods_lib.Mod | None, dtype=jnp.float32, block=(16, 16)) -> str | 
 
 
 def _block_order(kinds, num_q: int, num_k: int, transpose: bool):
-  """Per (example, head, block row), the count of non-empty blocks followed by their indices:
-  int32 [B', N', rows, 1 + cols], flattened. ``kinds``: a BlockMask's [B', N', nq, nk] or None
-  (every block); ``transpose``: rows are key blocks (the dK/dV kernel)."""
+  """Per (example, head, block row), the count of non-empty blocks followed by their entries,
+  2 * index + 1 if full (the mask_mod is not evaluated there): int32 [B', N', rows, 1 + cols],
+  flattened. ``kinds``: a BlockMask's [B', N', nq, nk] or None (every block partial);
+  ``transpose``: rows are key blocks (the dK/dV kernel)."""
   if kinds is None:
     kinds = jnp.full((1, 1, num_q, num_k), mods_lib.PARTIAL, jnp.int8)
   if transpose:
     kinds = jnp.swapaxes(kinds, -1, -2)
   occupied = kinds != mods_lib.EMPTY
   order = jnp.argsort(~occupied, axis=-1, stable=True).astype(jnp.int32)
+  full = jnp.take_along_axis(kinds == mods_lib.FULL, order, axis=-1).astype(jnp.int32)
   count = jnp.sum(occupied, axis=-1, keepdims=True, dtype=jnp.int32)
-  return jnp.reshape(jnp.concatenate([count, order], axis=-1), (-1,)), kinds.shape[:2]
+  return jnp.reshape(jnp.concatenate([count, 2 * order + full], axis=-1), (-1,)), kinds.shape[:2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +167,9 @@ class _Plan:
     n = len(self.score.consts) if self.score is not None else 0
     return (tables[:n], tables[n:]), refs[len(consts):]
 
-  def logits(self, q, k, tables, b, h, q_start, k_start):
-    """Scaled, modded logits [bq, bk] (-inf where masked) and d(score_mod)/d(score) or None."""
+  def logits(self, q, k, tables, b, h, q_start, k_start, full):
+    """Scaled, modded logits [bq, bk] (-inf where masked) and d(score_mod)/d(score) or None;
+    ``full``: the block is full, the mask_mod is not evaluated."""
     s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * self.scale
     q_idx = q_start + lax.broadcasted_iota(jnp.int32, s.shape, 0)
     kv_idx = k_start + lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -176,7 +179,9 @@ class _Plan:
       s, derivative = jax.jvp(modded, (s,), (jnp.ones_like(s),))
     allowed = kv_idx < self.kv_len
     if self.allow is not None:
-      allowed = allowed & evaluate(self.allow.jaxpr, tables[1], b, h, q_idx, kv_idx)
+      allowed = allowed & lax.cond(
+          full, lambda: jnp.ones(s.shape, jnp.bool_),
+          lambda: evaluate(self.allow.jaxpr, tables[1], b, h, q_idx, kv_idx))
     return jnp.where(allowed, s, -jnp.inf), derivative
 
 
@@ -188,10 +193,11 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
 
   def step(t, carry):
     acc, m, l = carry  # [bq, H_v], [bq], [bq]
-    k_start = order_ref[start + 1 + t] * plan.block_k
+    entry = order_ref[start + 1 + t]
+    k_start = entry // 2 * plan.block_k
     k = k_ref[pl.ds(k_start, plan.block_k), :]  # [bk, H]
     v = v_ref[pl.ds(k_start, plan.block_k), :]  # [bk, H_v]
-    s, _ = plan.logits(q, k, tables, b, h, i * plan.block_q, k_start)  # [bq, bk]
+    s, _ = plan.logits(q, k, tables, b, h, i * plan.block_q, k_start, entry % 2 == 1)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp(s - m_safe[:, None])
@@ -209,9 +215,9 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
   lse_ref[...] = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
 
 
-def _weights_gradient(plan, q, k, v, do, lse, delta, tables, b, h, q_start, k_start):
+def _weights_gradient(plan, q, k, v, do, lse, delta, tables, b, h, q_start, k_start, full):
   """The weights P [bq, bk] and dL/d(logits before the score_mod) [bq, bk] of one block pair."""
-  s, derivative = plan.logits(q, k, tables, b, h, q_start, k_start)
+  s, derivative = plan.logits(q, k, tables, b, h, q_start, k_start, full)
   p = jnp.exp(s - jnp.where(lse == -jnp.inf, 0.0, lse)[:, None])
   dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
   ds = p * (dp - delta[:, None])
@@ -225,11 +231,12 @@ def _dq_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs
   start = plan.row(b, h, i)
 
   def step(t, dq):
-    k_start = order_ref[start + 1 + t] * plan.block_k
+    entry = order_ref[start + 1 + t]
+    k_start = entry // 2 * plan.block_k
     k = k_ref[pl.ds(k_start, plan.block_k), :]
     v = v_ref[pl.ds(k_start, plan.block_k), :]
     _, ds = _weights_gradient(plan, q, k, v, do, lse, delta, tables, b, h,
-                              i * plan.block_q, k_start)
+                              i * plan.block_q, k_start, entry % 2 == 1)
     return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
 
   dq = lax.fori_loop(0, order_ref[start], step, jnp.zeros(q.shape, jnp.float32))
@@ -244,11 +251,12 @@ def _dkv_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *ref
 
   def step(t, carry):
     dk, dv = carry
-    q_start = order_ref[start + 1 + t] * plan.block_q
+    entry = order_ref[start + 1 + t]
+    q_start = entry // 2 * plan.block_q
     rows = pl.ds(q_start, plan.block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
     p, ds = _weights_gradient(plan, q, k, v, do, lse_ref[rows], delta_ref[rows], tables, b, h,
-                              q_start, j * plan.block_k)
+                              q_start, j * plan.block_k, entry % 2 == 1)
     dv = dv + jnp.dot(p.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
     return dk + jnp.dot(ds.T.astype(q.dtype), q, preferred_element_type=jnp.float32), dv
 
@@ -490,7 +498,10 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
     block_mask = mods_lib.BlockMask(block_kinds(structural, 1, 1, q_len, kv_len, BLOCK), q_len,
                                     kv_len, BLOCK, BLOCK, structural)
   if block_mask is not None:  # its kinds, with the mask_mod that also holds the structure
-    block_mask = dataclasses.replace(block_mask, mask_mod=combined)
+    kinds = block_mask.kinds
+    if combined is not block_mask.mask_mod:  # full for its mod, maybe not for the combined one
+      kinds = jnp.where(kinds == mods_lib.FULL, mods_lib.PARTIAL, kinds).astype(kinds.dtype)
+    block_mask = dataclasses.replace(block_mask, kinds=kinds, mask_mod=combined)
     combined = None
   output, lse = flex_attention(query, key, value, scale=scale, score_mod=score_mod,
                                mask_mod=combined, block_mask=block_mask, interpret=interpret)

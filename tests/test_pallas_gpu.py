@@ -3,6 +3,7 @@ forward and backward in Pallas' interpreter against the dense reference (with th
 refusals, and the lowering of all three kernels to Triton for CUDA (for a GPU this machine does
 not have)."""
 
+import dataclasses
 import re
 
 import jax
@@ -110,6 +111,25 @@ def test_a_block_mask_skips_its_empty_blocks_and_gives_the_same_numbers():
   order, _ = pallas_gpu._block_order(block_mask.kinds, 3, 3, transpose=False)
   counts = np.asarray(order).reshape(3, 4)[:, 0]  # per query block: non-empty key blocks
   np.testing.assert_array_equal(counts, np.sum(np.asarray(block_mask.kinds[0, 0]) != 0, axis=1))
+
+
+def test_full_blocks_skip_the_mask_mod():
+  """Blockwise causal at blocks of 16: every non-empty block is full, so the mask_mod is never
+  evaluated, and the numbers stay the reference's; a block mask that calls every block full
+  (wrongly) shows that the mask_mod is indeed skipped there."""
+  q, k, v, _ = _inputs(6, value_dim=H)
+  block_causal = lambda b, h, q_idx, kv_idx: q_idx // 16 >= kv_idx // 16
+  block_mask = aj.make_block_mask(block_causal, None, None, T, S, block_size=16)
+  assert set(np.unique(np.asarray(block_mask.kinds)).tolist()) == {0, 2}  # empty or full
+  fused = pallas_gpu.flex_attention(q, k, v, scale=0.3, block_mask=block_mask, interpret=True)
+  dense = aj.dot_product_attention(q, k, v, scale=0.3, mask_mod=block_causal,
+                                   implementation="reference")
+  assert_close(fused[0], dense, rtol=1e-5)
+  every_block_full = dataclasses.replace(block_mask, kinds=jnp.full_like(block_mask.kinds, 2))
+  lied = pallas_gpu.flex_attention(q, k, v, scale=0.3, block_mask=every_block_full,
+                                   interpret=True)
+  unmasked = aj.dot_product_attention(q, k, v, scale=0.3, implementation="reference")
+  assert_close(lied[0], unmasked, rtol=1e-5)
 
 
 def test_what_the_kernel_cannot_run_is_refused_in_one_line():
