@@ -33,6 +33,7 @@ from jax.extend import core as jex_core
 from jax.experimental import pallas as pl
 
 from attention_jax import _checks
+from attention_jax import chunked
 from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
 
@@ -345,18 +346,13 @@ def _attention_bwd(plan, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def _padded(x, axis: int, multiple: int):
-  pad = -x.shape[axis] % multiple
-  return x if not pad else jnp.pad(x, [(0, pad if a == axis else 0) for a in range(x.ndim)])
-
-
 def _is_block(size: int) -> bool:
   return size >= 16 and not size & (size - 1)  # Triton's blocks: powers of two
 
 
 def block_kinds(mask_mod, batch: int, heads: int, q_len: int, kv_len: int, block: int):
   """``make_block_mask``'s kinds [batch, heads, T / block, S / block] at the kernel's blocks."""
-  round_up = lambda length: -(-length // block) * block
+  round_up = lambda length: chunked._round_up(length, block)  # pylint: disable=protected-access
   return mods_lib.make_block_mask(mask_mod, batch, heads, round_up(q_len), round_up(kv_len),
                                   block_size=block).kinds
 
@@ -404,8 +400,9 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   plan = _Plan(float(scale), block_q, block_k, num_q, num_k, kv_len, num_heads // num_kv_heads,
                tuple(mask_shape), score, allow, interpret)
   width = lambda dim: max(16, 1 << (dim - 1).bit_length())  # Triton's blocks: powers of two
-  prepare = lambda x, length_multiple, dim: _padded(_padded(flat(x), 1, length_multiple), 3,
-                                                      width(dim))
+  pad, round_up = chunked._pad_axis, chunked._round_up  # pylint: disable=protected-access
+  prepare = lambda x, block, dim: pad(pad(flat(x), 1, round_up(x.shape[-3], block),
+                                          broadcasts=False), 3, width(dim), broadcasts=False)
   tables = tuple(jnp.reshape(jnp.asarray(c), (-1,)) for mod in (score, allow) if mod is not None
                  for c in mod.consts)
   out, lse = _attention(plan, prepare(query, block_q, head_dim), prepare(key, block_k, head_dim),
