@@ -11,8 +11,9 @@ The kernel gives closed-over arrays no gradient, so a floating one must be a con
 traced); integer and boolean ones may be traced.
 
 The contract's structure (``is_causal``, windows, lengths, segment ids, a mask) becomes one more
-mask_mod, and the soft cap part of the score_mod; a bias it refuses (written as a score_mod it
-runs here). Off GPU the kernels run only in Pallas' interpreter (``interpret=True``),
+mask_mod, with the kinds of blocks it leaves (per example where it comes as arrays), so that its
+empty blocks are skipped and its full ones skip the mask_mod; the soft cap becomes part of the
+score_mod; a bias it refuses (written as a score_mod it runs here). Off GPU the kernels run only in Pallas' interpreter (``interpret=True``),
 which is how the tests run them.
 
 Shape letters: B batch, T query length, S key length, N query heads, K key/value heads, H head
@@ -152,6 +153,8 @@ class _Plan:
   mask_shape: tuple[int, int]  # (B', N') of the block mask
   score: mods_lib.Mod | None
   allow: mods_lib.Mod | None
+  num_warps: int  # Triton's, per program
+  num_stages: int  # Triton's software pipelining of the loop over key blocks
   interpret: bool
 
   def row(self, b, h, i, transpose: bool = False):
@@ -276,7 +279,8 @@ def _call(kernel, plan, grid, inputs, in_specs, out_shape, out_specs):
   return pl.pallas_call(
       functools.partial(kernel, plan=plan), grid=grid, out_shape=out_shape,
       in_specs=[whole(order)] + in_specs + [whole(t) for t in tables], out_specs=out_specs,
-      compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=2),
+      compiler_params=pltriton.CompilerParams(num_warps=plan.num_warps,
+                                              num_stages=plan.num_stages),
       interpret=plan.interpret)(order, *arrays, *tables)
 
 
@@ -350,22 +354,24 @@ def _is_block(size: int) -> bool:
   return size >= 16 and not size & (size - 1)  # Triton's blocks: powers of two
 
 
-def block_kinds(mask_mod, batch: int, heads: int, q_len: int, kv_len: int, block: int):
-  """``make_block_mask``'s kinds [batch, heads, T / block, S / block] at the kernel's blocks."""
-  round_up = lambda length: chunked._round_up(length, block)  # pylint: disable=protected-access
-  return mods_lib.make_block_mask(mask_mod, batch, heads, round_up(q_len), round_up(kv_len),
-                                  block_size=block).kinds
+def block_kinds(mask_mod, batch: int, heads: int, q_len: int, kv_len: int, blocks):
+  """``make_block_mask``'s kinds [batch, heads, T / bq, S / bk] at the kernel's ``blocks``
+  (bq, bk)."""
+  round_up = chunked._round_up  # pylint: disable=protected-access
+  return mods_lib.make_block_mask(mask_mod, batch, heads, round_up(q_len, blocks[0]),
+                                  round_up(kv_len, blocks[1]), block_size=blocks).kinds
 
 
 def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=None,
                    block_mask: mods_lib.BlockMask | None = None, block_size: int = BLOCK,
-                   interpret: bool = False):
+                   num_warps: int = 4, num_stages: int = 2, interpret: bool = False):
   """Attention with a score_mod and a mask_mod (or a block mask) in one fused kernel:
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> (output [..., T, N, H_v],
   log-sum-exp [..., T, N]; -inf on a row that attends to nothing, whose output is 0).
 
   ``block_size``: of queries and keys (a power of two, at least 16), unless ``block_mask``
-  brings blocks of that kind. ``interpret``: run the kernels in Pallas' interpreter (any backend).
+  brings blocks of that kind. ``num_warps``, ``num_stages``: Triton's (untuned defaults).
+  ``interpret``: run the kernels in Pallas' interpreter (any backend).
 
   >>> q = k = v = jnp.ones((1, 100, 2, 16))  # [B, T, N, H]
   >>> alibi = lambda score, b, h, q_idx, kv_idx: score - 0.5 * (q_idx - kv_idx)
@@ -388,7 +394,7 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   if block_mask is not None and _is_block(block_mask.block_q) and _is_block(block_mask.block_k):
     block_q, block_k = block_mask.block_q, block_mask.block_k
   elif block_mask is not None:  # its blocks do not suit Triton: its kinds at ours
-    kinds = block_kinds(mask_mod, *kinds.shape[:2], q_len, kv_len, block_size)
+    kinds = block_kinds(mask_mod, *kinds.shape[:2], q_len, kv_len, (block_size,) * 2)
   score = mods_lib.trace_score_mod(score_mod, jnp.float32)
   allow = mods_lib.trace_mask_mod(mask_mod)
   for mod in (score, allow):
@@ -398,7 +404,7 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   forward, mask_shape = _block_order(kinds, num_q, num_k, transpose=False)
   backward, _ = _block_order(kinds, num_q, num_k, transpose=True)
   plan = _Plan(float(scale), block_q, block_k, num_q, num_k, kv_len, num_heads // num_kv_heads,
-               tuple(mask_shape), score, allow, interpret)
+               tuple(mask_shape), score, allow, num_warps, num_stages, interpret)
   width = lambda dim: max(16, 1 << (dim - 1).bit_length())  # Triton's blocks: powers of two
   pad, round_up = chunked._pad_axis, chunked._round_up  # pylint: disable=protected-access
   prepare = lambda x, block, dim: pad(pad(flat(x), 1, round_up(x.shape[-3], block),
@@ -442,34 +448,81 @@ def _structural_mod(is_causal: bool, window):
   return allowed
 
 
-def _array_mods(batch_shape, mask, query_seq_lengths, key_value_seq_lengths,
-                query_segment_ids, key_segment_ids):
-  """The structure given as arrays, as mask_mods reading them (batch: the flattened index)."""
+def _prefix_kinds(lengths, size: int, block: int):
+  """The kinds of blocks of ``block`` positions of ``size`` under ``position < lengths[b]``:
+  [B] -> int8 [B, blocks]."""
+  starts = jnp.arange(-(-size // block), dtype=jnp.int32) * block
+  ends, lengths = jnp.minimum(starts + block, size), jnp.asarray(lengths)[:, None]
+  return jnp.where(ends <= lengths, mods_lib.FULL,
+                   jnp.where(starts < lengths, mods_lib.PARTIAL, mods_lib.EMPTY)).astype(jnp.int8)
+
+
+def _by_block(x, axis: int, block: int):
+  """``x`` with ``axis`` (length L) padded by its last entry to whole blocks and split into
+  [L / block, block] (a block's any, all, min and max are those of its real entries)."""
+  pad, round_up = chunked._pad_axis, chunked._round_up  # pylint: disable=protected-access
+  x = pad(x, axis, round_up(x.shape[axis], block), mode="edge", broadcasts=False)
+  return jnp.reshape(x, x.shape[:axis] + (-1, block) + x.shape[axis + 1:])
+
+
+def _array_parts(batch_shape, q_len: int, kv_len: int, blocks, mask, query_seq_lengths,
+                 key_value_seq_lengths, query_segment_ids, key_segment_ids):
+  """The structure given as arrays, as (mask_mod reading them, the kinds of the blocks it
+  leaves: int8 [B or 1, N' or 1, T / bq, S / bk]) pairs; batch: the flattened index, ``blocks``:
+  (bq, bk)."""
+  block_q, block_k = blocks
   per_example = lambda x, *tail: jnp.reshape(jnp.broadcast_to(x, batch_shape + x.shape[
       x.ndim - len(tail):]), (-1,) + tail)
-  mods = []
+  parts = []
   if mask is not None:
-    flat_mask = masks_lib.flatten_batch(mask, batch_shape).astype(jnp.int8)  # [B or 1, N', T', S']
-    mods.append(lambda b, h, q_idx, kv_idx: flat_mask[b, h, q_idx, kv_idx] != 0)
+    flat_mask = masks_lib.flatten_batch(mask, batch_shape) != 0  # [B or 1, N', T', S']
+    allowed = jnp.broadcast_to(flat_mask, flat_mask.shape[:2] + (q_len, kv_len))
+    allowed = _by_block(_by_block(allowed, 3, block_k), 2, block_q)  # [B', N', nq, bq, nk, bk]
+    kinds = jnp.where(jnp.all(allowed, axis=(3, 5)), mods_lib.FULL, jnp.where(
+        jnp.any(allowed, axis=(3, 5)), mods_lib.PARTIAL, mods_lib.EMPTY)).astype(jnp.int8)
+    flat_mask = flat_mask.astype(jnp.int8)
+    parts.append((lambda b, h, q_idx, kv_idx: flat_mask[b, h, q_idx, kv_idx] != 0, kinds))
   if key_value_seq_lengths is not None:
     kv_lengths = per_example(key_value_seq_lengths)  # [B]
-    mods.append(lambda b, h, q_idx, kv_idx: kv_idx < kv_lengths[b])
+    parts.append((lambda b, h, q_idx, kv_idx: kv_idx < kv_lengths[b],
+                  _prefix_kinds(kv_lengths, kv_len, block_k)[:, None, None, :]))
   if query_seq_lengths is not None:
     q_lengths = per_example(query_seq_lengths)
-    mods.append(lambda b, h, q_idx, kv_idx: q_idx < q_lengths[b])
+    parts.append((lambda b, h, q_idx, kv_idx: q_idx < q_lengths[b],
+                  _prefix_kinds(q_lengths, q_len, block_q)[:, None, :, None]))
   if query_segment_ids is not None:
     q_ids = per_example(query_segment_ids, query_segment_ids.shape[-1])  # [B, T]
     kv_ids = per_example(key_segment_ids, key_segment_ids.shape[-1])  # [B, S]
-    mods.append(lambda b, h, q_idx, kv_idx: q_ids[b, q_idx] == kv_ids[b, kv_idx])
-  return mods
+    q_blocks, kv_blocks = _by_block(q_ids, 1, block_q), _by_block(kv_ids, 1, block_k)
+    q_lo, q_hi = (jnp.min(q_blocks, -1)[:, :, None], jnp.max(q_blocks, -1)[:, :, None])
+    kv_lo, kv_hi = (jnp.min(kv_blocks, -1)[:, None, :], jnp.max(kv_blocks, -1)[:, None, :])
+    same = (q_lo == q_hi) & (kv_lo == kv_hi) & (q_lo == kv_lo)  # [B, nq, nk]: one segment
+    apart = (q_hi < kv_lo) | (kv_hi < q_lo)  # their ranges of ids do not meet
+    kinds = jnp.where(same, mods_lib.FULL, jnp.where(apart, mods_lib.EMPTY, mods_lib.PARTIAL))
+    parts.append((lambda b, h, q_idx, kv_idx: q_ids[b, q_idx] == kv_ids[b, kv_idx],
+                  kinds.astype(jnp.int8)[:, None]))
+  return parts
 
 
 def _all_of(mods):
-  """The mask_mod that allows what every one of ``mods`` (None skipped) allows, or None."""
-  mods = [mod for mod in mods if mod is not None]
+  """The mask_mod that allows what every one of ``mods`` allows, or None."""
   if len(mods) <= 1:
     return mods[0] if mods else None
   return lambda *indices: functools.reduce(jnp.logical_and, (mod(*indices) for mod in mods))
+
+
+def _combined(parts, q_len: int, kv_len: int, blocks):
+  """(mask_mod or None, block mask or None) for ``parts``, (mask_mod, kinds or None: not known)
+  pairs: their conjunction, and its kinds where any part's are known: the parts' minimum
+  (EMPTY < PARTIAL < FULL: empty where one is, full only where every one is)."""
+  mask_mod = _all_of([mod for mod, _ in parts])
+  known = [kinds for _, kinds in parts if kinds is not None]
+  if not known:
+    return mask_mod, None
+  kinds = functools.reduce(jnp.minimum, known)
+  if len(known) < len(parts):  # a mask_mod without a block mask: no block is known full
+    kinds = jnp.minimum(kinds, mods_lib.PARTIAL)
+  return None, mods_lib.BlockMask(kinds.astype(jnp.int8), q_len, kv_len, *blocks, mask_mod)
 
 
 def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causal: bool = False,
@@ -482,26 +535,30 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
   [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``).
   Inputs are assumed validated and servable (see ``unsupported_reason``); ``local_window_size``
   as (left, right) or None."""
-  structural = _structural_mod(is_causal, local_window_size)
-  combined = _all_of([structural, mask_mod if block_mask is None else block_mask.mask_mod,
-                      *_array_mods(query.shape[:-3], mask, query_seq_lengths,
-                                   key_value_seq_lengths, query_segment_ids, key_segment_ids)])
+  q_len, kv_len = query.shape[-3], key.shape[-3]
+  blocks = (BLOCK, BLOCK)
+  if block_mask is not None and _is_block(block_mask.block_q) and _is_block(block_mask.block_k):
+    blocks = (block_mask.block_q, block_mask.block_k)
+  parts = []  # (mask_mod, kinds at blocks or None)
+  if structural := _structural_mod(is_causal, local_window_size):
+    with jax.ensure_compile_time_eval():  # a constant: it depends on the lengths alone
+      parts.append((structural, block_kinds(structural, 1, 1, q_len, kv_len, blocks)))
+  if block_mask is not None:
+    kinds = block_mask.kinds
+    if blocks != (block_mask.block_q, block_mask.block_k):  # its kinds at the kernel's blocks
+      kinds = block_kinds(block_mask.mask_mod, *kinds.shape[:2], q_len, kv_len, blocks)
+    parts.append((block_mask.mask_mod, kinds))
+  elif mask_mod is not None:
+    parts.append((mask_mod, None))
+  parts += _array_parts(query.shape[:-3], q_len, kv_len, blocks, mask, query_seq_lengths,
+                        key_value_seq_lengths, query_segment_ids, key_segment_ids)
+  mask_mod, block_mask = _combined(parts, q_len, kv_len, blocks)
   if logits_soft_cap is not None:
     inner = score_mod or (lambda score, *indices: score)
     score_mod = lambda score, *indices: inner(
         logits_soft_cap * jnp.tanh(score / logits_soft_cap), *indices)
-  q_len, kv_len = query.shape[-3], key.shape[-3]
-  if block_mask is None and structural is not None:  # skip the blocks the structure empties
-    block_mask = mods_lib.BlockMask(block_kinds(structural, 1, 1, q_len, kv_len, BLOCK), q_len,
-                                    kv_len, BLOCK, BLOCK, structural)
-  if block_mask is not None:  # its kinds, with the mask_mod that also holds the structure
-    kinds = block_mask.kinds
-    if combined is not block_mask.mask_mod:  # full for its mod, maybe not for the combined one
-      kinds = jnp.where(kinds == mods_lib.FULL, mods_lib.PARTIAL, kinds).astype(kinds.dtype)
-    block_mask = dataclasses.replace(block_mask, kinds=kinds, mask_mod=combined)
-    combined = None
   output, lse = flex_attention(query, key, value, scale=scale, score_mod=score_mod,
-                               mask_mod=combined, block_mask=block_mask, interpret=interpret)
+                               mask_mod=mask_mod, block_mask=block_mask, interpret=interpret)
   if empty_rows == "mean":  # rows past a query length stay zeros
     query_valid = None if query_seq_lengths is None else masks_lib.lengths_to_valid(
         query_seq_lengths, q_len)

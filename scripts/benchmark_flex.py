@@ -2,12 +2,14 @@
 
   python scripts/benchmark_flex.py [--lengths 1024 2048 4096 8192] [--rounds 3]
       [--sparsity-length 4096] [--documents 1 2 4 8] [--block 512] [--torch-eager-max 4096]
-      [--dtype float32] [--skip-torch] [--json FILE] [--plot FILE]
+      [--fused-configs 128:4:2 ...] [--dtype float32] [--skip-torch] [--json FILE] [--plot FILE]
 
 1. Against torch: the same causal ALiBi attention written as a score_mod and a mask_mod (a block
    mask made once per length, outside the timing), B = 1, N = 8 heads of 64, in --dtype, at each
    length. Ours: dot_product_attention(implementation="chunked", block_mask=...) under jit.
    "ours, no score_mod" is the same without the score_mod: what the score_mod costs.
+   On a GPU, "ours (fused)" is the fused Pallas-Triton kernel (implementation="pallas_gpu"),
+   and --fused-configs adds it at other blocks, warps and pipeline stages (for tuning).
    Torch: flex_attention eager (its dense math implementation) and torch.compile'd, forward;
    torch's CPU flex_attention has no backward, so forward+backward compares with torch's eager
    FlexAttention math (``math_attention``) through autograd, the only backward torch offers
@@ -42,6 +44,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
+from attention_jax import pallas_gpu  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
 
 HEADS, HEAD_DIM = 8, 64
@@ -63,9 +66,8 @@ def jax_run(attend, arrays, backward, dtype="float32"):
   return lambda: jax.block_until_ready(executable(*arrays))
 
 
-def ours(length, block, with_score_mod=True, fused=False):
-  """Causal ALiBi (or, without the score_mod, causal attention alone) through the chunked
-  kernel with a block mask, or (``fused``) the fused Pallas-Triton kernel (GPU only)."""
+def alibi_mods():
+  """Causal ALiBi as a score_mod and a mask_mod."""
   slopes = aj.positional.alibi_slopes(HEADS)
 
   def score_mod(score, b, h, q_idx, kv_idx):
@@ -73,11 +75,30 @@ def ours(length, block, with_score_mod=True, fused=False):
 
   def causal(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
+  return score_mod, causal
 
+
+def ours(length, block, with_score_mod=True, fused=False):
+  """Causal ALiBi (or, without the score_mod, causal attention alone) through the chunked
+  kernel with a block mask, or (``fused``) the fused Pallas-Triton kernel (GPU only)."""
+  score_mod, causal = alibi_mods()
   block_mask = aj.make_block_mask(causal, None, None, length, length, block_size=block)
   return lambda q, k, v: aj.dot_product_attention(
       q, k, v, score_mod=score_mod if with_score_mod else None, block_mask=block_mask,
       implementation="pallas_gpu" if fused else "chunked")
+
+
+def fused_tuned(length, config):
+  """Causal ALiBi through the fused kernel at ``config`` = "BLOCK:WARPS:STAGES" (GPU only);
+  BLOCK: one size for queries and keys, or BQxBK."""
+  block, num_warps, num_stages = config.split(":")
+  blocks = tuple(int(size) for size in block.split("x"))
+  score_mod, causal = alibi_mods()
+  block_mask = aj.make_block_mask(causal, None, None, length, length,
+                                  block_size=blocks if len(blocks) == 2 else blocks[0])
+  return lambda q, k, v: pallas_gpu.flex_attention(
+      q, k, v, scale=HEAD_DIM ** -0.5, score_mod=score_mod, block_mask=block_mask,
+      num_warps=int(num_warps), num_stages=int(num_stages))[0]
 
 
 def torch_runs(length, arrays, backward, eager_max, dtype="float32"):
@@ -135,9 +156,11 @@ def torch_rows(args):
               "ours, no score_mod": jax_run(ours(length, args.block, with_score_mod=False),
                                             arrays, backward, args.dtype)}
       if jax.default_backend() == "gpu":
-        for block in args.fused_blocks:
-          runs[f"ours (fused, blocks {block})"] = jax_run(ours(length, block, fused=True),
-                                                          arrays, backward, args.dtype)
+        runs["ours (fused)"] = jax_run(ours(length, pallas_gpu.BLOCK, fused=True), arrays,
+                                       backward, args.dtype)
+        for config in args.fused_configs:
+          runs[f"fused {config}"] = jax_run(fused_tuned(length, config), arrays, backward,
+                                            args.dtype)
       if not args.skip_torch:
         runs.update(torch_runs(length, arrays, backward, args.torch_eager_max, args.dtype))
       times = median_times(runs, args.rounds)
@@ -234,8 +257,9 @@ def main():
                       help="the lengths of the comparison with torch (none: skip it)")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--block", type=int, default=512, help="our block mask's block size")
-  parser.add_argument("--fused-blocks", type=int, nargs="*", default=[64, 128],
-                      help="block sizes of the fused kernel's rows (on a GPU only)")
+  parser.add_argument("--fused-configs", nargs="*", default=[],
+                      help="on a GPU, more rows of the fused kernel: BLOCK:WARPS:STAGES each, "
+                           "BLOCK as 128 or 128x64 (its default, 'ours (fused)', is 64:4:2)")
   parser.add_argument("--torch-eager-max", type=int, default=4096,
                       help="the longest T at which torch's eager (dense) runs")
   parser.add_argument("--sparsity-length", type=int, default=4096)

@@ -177,11 +177,13 @@ flex_mod() {
 }
 
 # The fused Pallas-Triton kernel for score/mask functions: its tests compiled for the GPU, then
-# its rows beside the chunked kernel and torch's compiled FlexAttention (bfloat16).
+# its rows (the default and five other blocks:warps:stages) beside the chunked kernel and
+# torch's compiled FlexAttention (bfloat16).
 flex_fused() {
   part flex_fused_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_pallas_gpu.py
-  part flex_fused 200 python3 scripts/benchmark_flex.py --dtype bfloat16 \
-    --lengths 2048 8192 16384 --rounds 3 --documents --json "$work/flex_fused.json"
+  part flex_fused 300 python3 scripts/benchmark_flex.py --dtype bfloat16 \
+    --lengths 2048 8192 16384 --rounds 3 --documents --json "$work/flex_fused.json" \
+    --fused-configs 64:4:3 128:4:2 128x64:4:3 128x64:8:3 128:8:3
 }
 
 # Model FLOPs utilisation in bfloat16 at d_model 1024 with heads of 64 and of 128, and at

@@ -108,6 +108,9 @@ def test_a_block_mask_skips_its_empty_blocks_and_gives_the_same_numbers():
   assert odd.block_q == 40
   fused_odd = pallas_gpu.flex_attention(q, k, v, scale=0.3, block_mask=odd, interpret=True)
   assert_close(fused_odd[0], dense[0], rtol=1e-5, name="output, its kinds at blocks of 64")
+  oblong = aj.make_block_mask(same_document, None, None, T, S, block_size=(32, 16))
+  fused_oblong = pallas_gpu.flex_attention(q, k, v, scale=0.3, block_mask=oblong, interpret=True)
+  assert_close(fused_oblong[0], dense[0], rtol=1e-5, name="output, blocks of 32 x 16")
   order, _ = pallas_gpu._block_order(block_mask.kinds, 3, 3, transpose=False)
   counts = np.asarray(order).reshape(3, 4)[:, 0]  # per query block: non-empty key blocks
   np.testing.assert_array_equal(counts, np.sum(np.asarray(block_mask.kinds[0, 0]) != 0, axis=1))
@@ -180,22 +183,69 @@ def test_the_three_kernels_lower_to_triton_in_bfloat16():
     dict(query_segment_ids=np.repeat([[0, 1], [2, 3]], 20, axis=1),
          key_segment_ids=np.repeat([[0, 1], [3, 2]], 18, axis=1), return_residual=True),
     dict(mask=np.random.default_rng(5).random((B, 1, T, S)) < 0.3, score_mod=alibi),
-    dict(mask=np.arange(S) % 3 > 0, query_seq_lengths=np.array([12, 40]))])
+    dict(mask=np.arange(S) % 3 > 0, query_seq_lengths=np.array([12, 40])),
+    dict(block_mask=aj.make_block_mask(causal, None, None, T, S, block_size=16),
+         query_seq_lengths=np.array([40, 17]), key_value_seq_lengths=np.array([30, 5]),
+         query_segment_ids=np.repeat([[0, 1], [2, 3]], 20, axis=1),
+         key_segment_ids=np.repeat([[0, 1], [3, 2]], 18, axis=1))])
 def test_the_contracts_structure_as_mods_gives_the_reference(options):
   """is_causal, windows, lengths, segment ids, masks, the soft cap, empty rows and the residual,
   as dot_product_attention gives them (the fused call is what implementation="pallas_gpu" runs
   on a GPU); the structure arrays are traced (jit), as in a model."""
-  q, k, v, _ = _inputs(4)
+  q, k, v, cotangent = _inputs(4)
   options = {"scale": 0.3, **options}
   window = _checks.local_window(options.pop("local_window_size", None))
   arrays = {name: value for name, value in options.items() if isinstance(value, np.ndarray)}
   options = {name: value for name, value in options.items() if name not in arrays}
-  fused = jax.jit(lambda q, k, v, arrays: pallas_gpu.pallas_gpu_attention(
-      q, k, v, local_window_size=window, interpret=True, **arrays, **options))(q, k, v, arrays)
-  dense = aj.dot_product_attention(q, k, v, local_window_size=window, implementation="reference",
-                                   **arrays, **options)
-  for got, want in zip(*(x if isinstance(x, tuple) else (x,) for x in (fused, dense))):
+  fused = lambda q, k, v, arrays: pallas_gpu.pallas_gpu_attention(
+      q, k, v, local_window_size=window, interpret=True, **arrays, **options)
+  dense = lambda q, k, v, arrays: aj.dot_product_attention(
+      q, k, v, local_window_size=window, implementation="reference", **arrays, **options)
+  for got, want in zip(*(x if isinstance(x, tuple) else (x,) for x in (
+      jax.jit(fused)(q, k, v, arrays), dense(q, k, v, arrays)))):
     assert_close(np.nan_to_num(got, neginf=0.0), np.nan_to_num(want, neginf=0.0), rtol=1e-5)
+  if "block_mask" in options:  # the blocks skipped per example in the backward kernels too
+    loss = lambda f: lambda *a: jnp.sum(f(*a, arrays) * cotangent)
+    grads = jax.jit(jax.grad(loss(fused), (0, 1, 2)))(q, k, v)
+    for name, got, want in zip("qkv", grads, jax.grad(loss(dense), (0, 1, 2))(q, k, v)):
+      assert_close(got, want, rtol=1e-5, name=f"d{name}")
+
+
+def test_the_structure_arrays_skip_the_blocks_they_empty():
+  """Lengths, segment ids and a mask give kinds of blocks (at blocks of 16 here) that are
+  make_block_mask's of their mask_mods: equal for lengths, a mask, and segment ids constant over
+  blocks or sorted (packed); for ids mixed within blocks never wrongly empty or full. Combined: empty where one is empty, full where
+  all are full, never full beside a mask_mod whose kinds are unknown."""
+  rng = np.random.default_rng(7)
+  ids = lambda low, high, length: rng.integers(low, high, (B, length))
+  packed = np.sort(ids(0, 4, T), axis=1), np.sort(ids(0, 4, S), axis=1)
+  permuted = (np.repeat([[3, 1, 2], [0, 2, 1]], 16, axis=1)[:, :T],  # constant over blocks
+              np.repeat([[2, 3, 1], [1, 0, 2]], 16, axis=1)[:, :S])
+  mixed = ids(0, 3, T), ids(0, 3, S)
+  cases = [dict(query_seq_lengths=np.array([40, 17]), key_value_seq_lengths=np.array([30, 5])),
+           dict(mask=rng.random((B, N, T, S)) < 0.97), dict(mask=np.arange(S) < 20),
+           dict(query_segment_ids=packed[0], key_segment_ids=packed[1]),
+           dict(query_segment_ids=permuted[0], key_segment_ids=permuted[1]),
+           dict(query_segment_ids=mixed[0], key_segment_ids=mixed[1])]
+  for case in cases:
+    arrays = {name: None if case.get(name) is None else jnp.asarray(case[name]) for name in (
+        "mask", "query_seq_lengths", "key_value_seq_lengths", "query_segment_ids",
+        "key_segment_ids")}
+    parts = pallas_gpu._array_parts((B,), T, S, (16, 16), **arrays)
+    for mod, kinds in parts:
+      want = np.asarray(aj.make_block_mask(mod, B, N, T, S, block_size=16).kinds)
+      got = np.broadcast_to(np.asarray(kinds), want.shape)
+      if case is cases[-1]:  # ids mixed within blocks: sound
+        assert np.all((got == 0) <= (want == 0)) and np.all((got == 2) <= (want == 2))
+      else:
+        np.testing.assert_array_equal(got, want, err_msg=str(sorted(case)))
+  lengths = {name: jnp.asarray(value) for name, value in cases[0].items()}
+  parts = pallas_gpu._array_parts((B,), T, S, (16, 16), **{**dict.fromkeys(arrays), **lengths})
+  _, block_mask = pallas_gpu._combined(parts, T, S, (16, 16))
+  want = aj.make_block_mask(block_mask.mask_mod, B, None, T, S, block_size=16).kinds
+  np.testing.assert_array_equal(block_mask.kinds, want)
+  mask_mod, block_mask = pallas_gpu._combined(parts + [(late_start, None)], T, S, (16, 16))
+  assert mask_mod is None and np.max(block_mask.kinds) == 1 and np.min(block_mask.kinds) == 0
 
 
 def test_it_is_chosen_by_name_on_a_gpu_and_refuses_what_it_cannot_serve():
