@@ -13,8 +13,8 @@ traced); integer and boolean ones may be traced.
 The contract's structure (``is_causal``, windows, lengths, segment ids, a mask) becomes one more
 mask_mod, with the kinds of blocks it leaves (per example where it comes as arrays), so that its
 empty blocks are skipped and its full ones skip the mask_mod; the soft cap becomes part of the
-score_mod; a bias it refuses (written as a score_mod it runs here). Off GPU the kernels run only in Pallas' interpreter (``interpret=True``),
-which is how the tests run them.
+score_mod; a bias it refuses (written as a score_mod it runs here). Off GPU the kernels run only
+in Pallas' interpreter (``interpret=True``), which is how the tests run them.
 
 Shape letters: B batch, T query length, S key length, N query heads, K key/value heads, H head
 dim; bq, bk the blocks of queries and keys.

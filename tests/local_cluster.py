@@ -27,8 +27,10 @@ def free_port() -> int:
 
 
 def environment(process_id: int, num_processes: int, devices: int, port: int) -> dict:
-  env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
-  return {**env, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": str(devices),
+  flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()  # the device count is ours
+           if not flag.startswith("--xla_force_host_platform_device_count")]
+  return {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu",
+          "JAX_NUM_CPU_DEVICES": str(devices),
           "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": str(num_processes),
           "JAX_PROCESS_ID": str(process_id)}
 

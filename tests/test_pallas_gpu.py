@@ -214,8 +214,9 @@ def test_the_contracts_structure_as_mods_gives_the_reference(options):
 def test_the_structure_arrays_skip_the_blocks_they_empty():
   """Lengths, segment ids and a mask give kinds of blocks (at blocks of 16 here) that are
   make_block_mask's of their mask_mods: equal for lengths, a mask, and segment ids constant over
-  blocks or sorted (packed); for ids mixed within blocks never wrongly empty or full. Combined: empty where one is empty, full where
-  all are full, never full beside a mask_mod whose kinds are unknown."""
+  blocks or sorted (packed); for ids mixed within blocks never wrongly empty or full. Combined:
+  empty where one is empty, full where all are full, never full beside a mask_mod whose kinds
+  are unknown."""
   rng = np.random.default_rng(7)
   ids = lambda low, high, length: rng.integers(low, high, (B, length))
   packed = np.sort(ids(0, 4, T), axis=1), np.sort(ids(0, 4, S), axis=1)

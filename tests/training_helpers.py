@@ -7,7 +7,9 @@ from experiments import config_check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Eight simulated CPU devices, also on a machine whose default backend is a GPU.
-EIGHT_CPU_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+EIGHT_CPU_DEVICES = {  # for a subprocess's environment (keeping the flags conftest.py set)
+    "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8",
+    "JAX_PLATFORMS": "cpu"}
 TINY = {
     "task_options.max_length": 12, "task_options.num_train": 512, "task_options.num_test": 64,
     "model.d_model": 16, "model.num_heads": 2, "model.num_layers": 1, "model.mlp_dim": 32,
