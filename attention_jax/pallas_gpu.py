@@ -459,10 +459,11 @@ def _prefix_kinds(lengths, size: int, block: int):
 
 def _by_block(x, axis: int, block: int):
   """``x`` with ``axis`` (length L) padded by its last entry to whole blocks and split into
-  [L / block, block] (a block's any, all, min and max are those of its real entries)."""
+  [L / block, block] (a block's any, all, min and max are those of its real entries); an axis
+  of size 1 (one that broadcasts) into [1, 1]."""
   pad, round_up = chunked._pad_axis, chunked._round_up  # pylint: disable=protected-access
-  x = pad(x, axis, round_up(x.shape[axis], block), mode="edge", broadcasts=False)
-  return jnp.reshape(x, x.shape[:axis] + (-1, block) + x.shape[axis + 1:])
+  x = pad(x, axis, round_up(x.shape[axis], block), mode="edge")
+  return jnp.reshape(x, x.shape[:axis] + (-1, min(block, x.shape[axis])) + x.shape[axis + 1:])
 
 
 def _array_parts(batch_shape, q_len: int, kv_len: int, blocks, mask, query_seq_lengths,
@@ -476,10 +477,11 @@ def _array_parts(batch_shape, q_len: int, kv_len: int, blocks, mask, query_seq_l
   parts = []
   if mask is not None:
     flat_mask = masks_lib.flatten_batch(mask, batch_shape) != 0  # [B or 1, N', T', S']
-    allowed = jnp.broadcast_to(flat_mask, flat_mask.shape[:2] + (q_len, kv_len))
-    allowed = _by_block(_by_block(allowed, 3, block_k), 2, block_q)  # [B', N', nq, bq, nk, bk]
+    allowed = _by_block(_by_block(flat_mask, 3, block_k), 2, block_q)  # [B', N', nq, bq, nk, bk]
+    # (a T' or S' of 1, which broadcasts, stays one block of one: the mask is never made T x S)
     kinds = jnp.where(jnp.all(allowed, axis=(3, 5)), mods_lib.FULL, jnp.where(
         jnp.any(allowed, axis=(3, 5)), mods_lib.PARTIAL, mods_lib.EMPTY)).astype(jnp.int8)
+    kinds = jnp.broadcast_to(kinds, kinds.shape[:2] + (-(-q_len // block_q), -(-kv_len // block_k)))
     flat_mask = flat_mask.astype(jnp.int8)
     parts.append((lambda b, h, q_idx, kv_idx: flat_mask[b, h, q_idx, kv_idx] != 0, kinds))
   if key_value_seq_lengths is not None:

@@ -282,8 +282,10 @@ def test_on_a_gpu_the_compiled_kernels_equal_the_reference(dtype, rtol):
   rng = np.random.default_rng(3)
   q, k, v, cotangent = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in (
       (2, 300, 4, 64), (2, 280, 2, 64), (2, 280, 2, 64), (2, 300, 4, 64)))
+  ids = lambda length: jnp.broadcast_to(jnp.arange(length) // 100, (2, length))  # 3 documents
   kwargs = dict(scale=0.125, score_mod=alibi, is_causal=True,
-                key_value_seq_lengths=jnp.array([280, 150]))
+                key_value_seq_lengths=jnp.array([280, 150]), query_segment_ids=ids(300),
+                key_segment_ids=ids(280))
   fused = lambda q, k, v: aj.dot_product_attention(q, k, v, implementation="pallas_gpu",
                                                    **kwargs)
   dense = lambda q, k, v: aj.dot_product_attention(
