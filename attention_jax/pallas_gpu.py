@@ -434,18 +434,33 @@ def unsupported_reason(query, key, value, request: _checks.Request) -> str | Non
   return None
 
 
-def _structural_mod(is_causal: bool, window):
-  """is_causal and the window (left, right) as one mask_mod, or None: the structure that is the
-  same for every example and head, whose empty blocks are skipped."""
+def _band(is_causal: bool, window):
+  """is_causal and the window (left, right) as the band of offsets ``kv_idx - q_idx`` they allow:
+  (lowest, highest), None where unbounded; or None if neither is given."""
   if not is_causal and window is None:
     return None
   left, right = window if window is not None else (None, None)
   right = 0 if is_causal and right is None else (min(right, 0) if is_causal else right)
+  return None if left is None else -left, right
+
+
+def _band_part(band, q_len: int, kv_len: int, blocks):
+  """The band as (mask_mod, the kinds of the blocks it leaves: int8 [1, 1, T / bq, S / bk]), the
+  kinds from the offsets each block spans (every offset between its least and its greatest)."""
+  lowest, highest = band
 
   def allowed(b, h, q_idx, kv_idx):
-    ok = kv_idx <= q_idx + right if right is not None else q_idx >= 0
-    return ok & (kv_idx >= q_idx - left) if left is not None else ok
-  return allowed
+    ok = kv_idx - q_idx <= highest if highest is not None else q_idx >= 0
+    return ok & (kv_idx - q_idx >= lowest) if lowest is not None else ok
+
+  ranges = lambda length, block: (np.arange(0, length, block),
+                                  np.minimum(np.arange(block, length + block, block), length) - 1)
+  (q_first, q_last), (kv_first, kv_last) = ranges(q_len, blocks[0]), ranges(kv_len, blocks[1])
+  least, greatest = kv_first[None] - q_last[:, None], kv_last[None] - q_first[:, None]
+  low, high = -np.inf if lowest is None else lowest, np.inf if highest is None else highest
+  kinds = np.where((least >= low) & (greatest <= high), mods_lib.FULL, np.where(
+      (greatest < low) | (least > high), mods_lib.EMPTY, mods_lib.PARTIAL))
+  return allowed, jnp.asarray(kinds[None, None], jnp.int8)
 
 
 def _prefix_kinds(lengths, size: int, block: int):
@@ -542,9 +557,8 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
   if block_mask is not None and _is_block(block_mask.block_q) and _is_block(block_mask.block_k):
     blocks = (block_mask.block_q, block_mask.block_k)
   parts = []  # (mask_mod, kinds at blocks or None)
-  if structural := _structural_mod(is_causal, local_window_size):
-    with jax.ensure_compile_time_eval():  # a constant: it depends on the lengths alone
-      parts.append((structural, block_kinds(structural, 1, 1, q_len, kv_len, blocks)))
+  if (band := _band(is_causal, local_window_size)) is not None:
+    parts.append(_band_part(band, q_len, kv_len, blocks))
   if block_mask is not None:
     kinds = block_mask.kinds
     if blocks != (block_mask.block_q, block_mask.block_k):  # its kinds at the kernel's blocks

@@ -211,6 +211,18 @@ def test_the_contracts_structure_as_mods_gives_the_reference(options):
       assert_close(got, want, rtol=1e-5, name=f"d{name}")
 
 
+@pytest.mark.parametrize("is_causal, window", [
+    (True, None), (False, (5, 3)), (True, (20, None)), (False, (None, -9)), (True, (3, 7))])
+def test_causal_and_windows_skip_the_blocks_they_empty(is_causal, window):
+  """The band's kinds of blocks (from the offsets each block spans) are make_block_mask's of its
+  mask_mod, at square and oblong blocks; T and S not multiples of them."""
+  band = pallas_gpu._band(is_causal, window)
+  for blocks in [(16, 16), (16, 8)]:
+    mod, kinds = pallas_gpu._band_part(band, T, S, blocks)
+    want = aj.make_block_mask(mod, None, None, T, S, block_size=blocks).kinds
+    np.testing.assert_array_equal(kinds, want, err_msg=str(blocks))
+
+
 def test_the_structure_arrays_skip_the_blocks_they_empty():
   """Lengths, segment ids and a mask give kinds of blocks (at blocks of 16 here) that are
   make_block_mask's of their mask_mods: equal for lengths, a mask, and segment ids constant over
