@@ -27,9 +27,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # unless the caller chose one
 # On a CPU-only machine, XLA compiles with LLVM's optimisations off: the tests' programs are tiny
 # and mostly compilation, which this makes 20-30% faster (docs/contributing.md, "Tests"). The flags
 # change how fast the compiled code runs and, at most, its rounding (LLVM may fuse multiply-adds
-# differently), not its semantics. They go in the environment, so that the subprocesses the tests start
-# compile as the tests do (runs compared bitwise are made under the same flags), and not where a
-# GPU or TPU plugin is installed (there the tests time kernels).
+# differently), not its semantics. They go in the environment, so that the subprocesses the tests
+# start compile as the tests do (runs compared bitwise are made under the same flags), and not
+# where a GPU or TPU plugin is installed (there the tests time kernels).
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 _ACCELERATOR_PLUGINS = ("jax-cuda", "jax_cuda", "libtpu", "jax-rocm", "jax_rocm")
 if not any(dist.metadata["Name"].lower().startswith(_ACCELERATOR_PLUGINS)
