@@ -167,6 +167,12 @@ def _block_sizes(q_len, kv_len, block_size):
   return size(q_len, block_q, block_q), size(kv_len, block_k, block_k)
 
 
+def block_kind(every, some) -> jax.Array:
+  """int8 FULL where a block's mask allows ``every`` entry, else PARTIAL where it allows
+  ``some``, else EMPTY (broadcastable booleans)."""
+  return jnp.where(every, FULL, jnp.where(some, PARTIAL, EMPTY)).astype(jnp.int8)
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockMask:
   """Which blocks of queries and keys a mask_mod leaves empty, partial or full: a pytree whose
@@ -225,7 +231,7 @@ def make_block_mask(mask_mod, batch: int | None, heads: int | None, q_len: int, 
     per_block = lambda x: jnp.reshape(x, (block_q, num_k, block_k))  # [bq, K, bk]
     some = jnp.any(per_block(allowed), axis=(0, 2))
     every = jnp.all(per_block(allowed | ~real), axis=(0, 2))
-    return jnp.where(every, FULL, jnp.where(some, PARTIAL, EMPTY)).astype(jnp.int8)
+    return block_kind(every, some)
 
   kinds = lax.map(block_row, jnp.arange(batch_size * num_heads * num_q, dtype=jnp.int32))
   kinds = jnp.reshape(kinds, (batch_size, num_heads, num_q, num_k))

@@ -362,6 +362,19 @@ def block_kinds(mask_mod, batch: int, heads: int, q_len: int, kv_len: int, block
                                   round_up(kv_len, blocks[1]), block_size=blocks).kinds
 
 
+def _kernel_blocks(block_mask: mods_lib.BlockMask | None, block_size: int):
+  """The kernel's blocks (bq, bk) and the block mask's kinds at them (None without one): its own
+  blocks where they suit Triton, else ``block_size``'s, its kinds made again there."""
+  if block_mask is None:
+    return (block_size, block_size), None
+  blocks = (block_mask.block_q, block_mask.block_k)
+  if _is_block(blocks[0]) and _is_block(blocks[1]):
+    return blocks, block_mask.kinds
+  blocks = (block_size, block_size)
+  return blocks, block_kinds(block_mask.mask_mod, *block_mask.kinds.shape[:2], block_mask.q_len,
+                             block_mask.kv_len, blocks)
+
+
 def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=None,
                    block_mask: mods_lib.BlockMask | None = None, block_size: int = BLOCK,
                    num_warps: int = 4, num_stages: int = 2, interpret: bool = False):
@@ -389,12 +402,7 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   if not _is_block(block_size):
     raise ValueError(f"the fused kernel's blocks must be powers of two from 16, got "
                      f"block_size={block_size}.")
-  block_q = block_k = block_size
-  kinds = None if block_mask is None else block_mask.kinds
-  if block_mask is not None and _is_block(block_mask.block_q) and _is_block(block_mask.block_k):
-    block_q, block_k = block_mask.block_q, block_mask.block_k
-  elif block_mask is not None:  # its blocks do not suit Triton: its kinds at ours
-    kinds = block_kinds(mask_mod, *kinds.shape[:2], q_len, kv_len, (block_size,) * 2)
+  (block_q, block_k), kinds = _kernel_blocks(block_mask, block_size)
   score = mods_lib.trace_score_mod(score_mod, jnp.float32)
   allow = mods_lib.trace_mask_mod(mask_mod)
   for mod in (score, allow):
@@ -458,9 +466,9 @@ def _band_part(band, q_len: int, kv_len: int, blocks):
   (q_first, q_last), (kv_first, kv_last) = ranges(q_len, blocks[0]), ranges(kv_len, blocks[1])
   least, greatest = kv_first[None] - q_last[:, None], kv_last[None] - q_first[:, None]
   low, high = -np.inf if lowest is None else lowest, np.inf if highest is None else highest
-  kinds = np.where((least >= low) & (greatest <= high), mods_lib.FULL, np.where(
-      (greatest < low) | (least > high), mods_lib.EMPTY, mods_lib.PARTIAL))
-  return allowed, jnp.asarray(kinds[None, None], jnp.int8)
+  kinds = mods_lib.block_kind((least >= low) & (greatest <= high),
+                              (greatest >= low) & (least <= high))
+  return allowed, kinds[None, None]
 
 
 def _prefix_kinds(lengths, size: int, block: int):
@@ -468,8 +476,7 @@ def _prefix_kinds(lengths, size: int, block: int):
   [B] -> int8 [B, blocks]."""
   starts = jnp.arange(-(-size // block), dtype=jnp.int32) * block
   ends, lengths = jnp.minimum(starts + block, size), jnp.asarray(lengths)[:, None]
-  return jnp.where(ends <= lengths, mods_lib.FULL,
-                   jnp.where(starts < lengths, mods_lib.PARTIAL, mods_lib.EMPTY)).astype(jnp.int8)
+  return mods_lib.block_kind(ends <= lengths, starts < lengths)
 
 
 def _by_block(x, axis: int, block: int):
@@ -494,8 +501,7 @@ def _array_parts(batch_shape, q_len: int, kv_len: int, blocks, mask, query_seq_l
     flat_mask = masks_lib.flatten_batch(mask, batch_shape) != 0  # [B or 1, N', T', S']
     allowed = _by_block(_by_block(flat_mask, 3, block_k), 2, block_q)  # [B', N', nq, bq, nk, bk]
     # (a T' or S' of 1, which broadcasts, stays one block of one: the mask is never made T x S)
-    kinds = jnp.where(jnp.all(allowed, axis=(3, 5)), mods_lib.FULL, jnp.where(
-        jnp.any(allowed, axis=(3, 5)), mods_lib.PARTIAL, mods_lib.EMPTY)).astype(jnp.int8)
+    kinds = mods_lib.block_kind(jnp.all(allowed, axis=(3, 5)), jnp.any(allowed, axis=(3, 5)))
     kinds = jnp.broadcast_to(kinds, kinds.shape[:2] + (-(-q_len // block_q), -(-kv_len // block_k)))
     flat_mask = flat_mask.astype(jnp.int8)
     parts.append((lambda b, h, q_idx, kv_idx: flat_mask[b, h, q_idx, kv_idx] != 0, kinds))
@@ -515,9 +521,8 @@ def _array_parts(batch_shape, q_len: int, kv_len: int, blocks, mask, query_seq_l
     kv_lo, kv_hi = (jnp.min(kv_blocks, -1)[:, None, :], jnp.max(kv_blocks, -1)[:, None, :])
     same = (q_lo == q_hi) & (kv_lo == kv_hi) & (q_lo == kv_lo)  # [B, nq, nk]: one segment
     apart = (q_hi < kv_lo) | (kv_hi < q_lo)  # their ranges of ids do not meet
-    kinds = jnp.where(same, mods_lib.FULL, jnp.where(apart, mods_lib.EMPTY, mods_lib.PARTIAL))
     parts.append((lambda b, h, q_idx, kv_idx: q_ids[b, q_idx] == kv_ids[b, kv_idx],
-                  kinds.astype(jnp.int8)[:, None]))
+                  mods_lib.block_kind(same, ~apart)[:, None]))
   return parts
 
 
@@ -539,7 +544,7 @@ def _combined(parts, q_len: int, kv_len: int, blocks):
   kinds = functools.reduce(jnp.minimum, known)
   if len(known) < len(parts):  # a mask_mod without a block mask: no block is known full
     kinds = jnp.minimum(kinds, mods_lib.PARTIAL)
-  return None, mods_lib.BlockMask(kinds.astype(jnp.int8), q_len, kv_len, *blocks, mask_mod)
+  return None, mods_lib.BlockMask(kinds, q_len, kv_len, *blocks, mask_mod)
 
 
 def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causal: bool = False,
@@ -553,16 +558,11 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
   Inputs are assumed validated and servable (see ``unsupported_reason``); ``local_window_size``
   as (left, right) or None."""
   q_len, kv_len = query.shape[-3], key.shape[-3]
-  blocks = (BLOCK, BLOCK)
-  if block_mask is not None and _is_block(block_mask.block_q) and _is_block(block_mask.block_k):
-    blocks = (block_mask.block_q, block_mask.block_k)
+  blocks, kinds = _kernel_blocks(block_mask, BLOCK)
   parts = []  # (mask_mod, kinds at blocks or None)
   if (band := _band(is_causal, local_window_size)) is not None:
     parts.append(_band_part(band, q_len, kv_len, blocks))
   if block_mask is not None:
-    kinds = block_mask.kinds
-    if blocks != (block_mask.block_q, block_mask.block_k):  # its kinds at the kernel's blocks
-      kinds = block_kinds(block_mask.mask_mod, *kinds.shape[:2], q_len, kv_len, blocks)
     parts.append((block_mask.mask_mod, kinds))
   elif mask_mod is not None:
     parts.append((mask_mod, None))
