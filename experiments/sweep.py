@@ -35,6 +35,7 @@ import traceback
 
 from experiments import config_check
 from experiments import hosts
+from experiments import provenance
 from experiments import steps as steps_lib
 from experiments import train as train_lib
 from experiments import workdir as workdir_lib
@@ -56,11 +57,27 @@ def check(sweep) -> None:
   if not names or len(set(names)) != len(names):
     raise config_check.ConfigError(f"the sweep needs variants with distinct names, got {names}.")
   train_lib.replicas_of(sweep.train, sweep.num_seeds, grid(sweep))  # a bad grid is refused here
+  if sweep.get("baseline") not in names:
+    raise config_check.ConfigError(f"sweep.baseline must name one of the variants {names}, got "
+                                   f"{sweep.get('baseline')!r}.")
+  for arm, reference in comparisons(sweep):
+    if arm not in names or reference not in names:
+      raise config_check.ConfigError(
+          f"sweep.contrasts pairs {arm!r} with {reference!r}, but the variants are {names}.")
   for name, overrides in sweep.variants:
     try:
       config_check.validate(variant_config(sweep, overrides))
     except (config_check.ConfigError, KeyError, TypeError) as error:
       raise config_check.ConfigError(f"variant '{name}': {error}") from None
+
+
+def comparisons(sweep) -> list[tuple[str, str]]:
+  """The (arm, reference) pairs the report tests, declared by the config before any run: its
+  ``contrasts``, or else every other variant against its ``baseline``."""
+  if sweep.get("contrasts"):
+    return [tuple(pair) for pair in sweep.contrasts]
+  baseline = sweep.get("baseline")
+  return [(name, baseline) for name, _ in sweep.variants if name != baseline]
 
 
 def grid(sweep) -> dict:
@@ -138,7 +155,7 @@ def _run_variant(sweep, name, overrides, directory) -> dict:
   hosts.agree(lambda: workdir_lib.claim(config, directory) if hosts.writer() else None)
   count = len(train_lib.replicas_of(config, sweep.num_seeds, grid(sweep)))
   say(f"[sweep] {name}: training {count} replicas (seeds x grid)", flush=True)
-  record = {"variant": name, "overrides": overrides}
+  record = {"variant": name, "overrides": overrides, "provenance": provenance.collect()}
   try:
     record.update(status="ok", metrics=hosts.agree(train_variant, sweep, config, directory))
     say(f"[sweep] {name}: " + ", ".join(f"eval_{m} {record['metrics'][f'eval_{m}']}"

@@ -1,4 +1,10 @@
-"""Sweep configs for experiments.sweep; ``sweep_config`` holds what they share."""
+"""Sweep configs for experiments.sweep; ``sweep_config`` holds what they share.
+
+Every sweep declares its ``baseline`` (the arm every other arm is compared with) and may declare
+``contrasts``, (arm, reference) pairs that replace "every arm against the baseline" (a study
+whose arms fall into groups, such as one d_k per group, compares within each group). The
+comparisons are fixed here, before any run, never chosen from the results.
+"""
 
 import ml_collections
 
@@ -16,11 +22,13 @@ def check_mode(mode, valid=("quick", "accelerator")) -> None:
     raise ValueError(f"mode must be {' or '.join(map(repr, valid))} (or none), got {mode!r}.")
 
 
-def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants,
-                 extra_evals=None, base=default) -> ml_collections.ConfigDict:
+def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, baseline: str,
+                 contrasts=(), extra_evals=None, base=default) -> ml_collections.ConfigDict:
   """A sweep over ``variants`` of the training config of module ``base`` (configs.default),
   trained for ``steps`` steps (3 seeds), or with mode "quick" for a tenth of them on a smaller
-  dataset (2 seeds, two evaluations).
+  dataset (2 seeds, two evaluations). Every sweep evaluates a validation stream (VALIDATION),
+  which chooses each variant's learning rate; ``baseline`` and ``contrasts``: the module's
+  docstring.
 
   The caller adjusts ``sweep.train`` (the shared training config) afterwards.
   """
@@ -40,6 +48,8 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants,
   sweep.num_seeds = 2 if quick else 3
   sweep.grid = ml_collections.ConfigDict()  # hyperparameter -> values; replicas = seeds x grid
   sweep.vmap_replicas = True  # the replicas of a variant train in one vmapped program
-  sweep.extra_evals = ml_collections.ConfigDict(extra_evals or {})
+  sweep.extra_evals = ml_collections.ConfigDict({**(extra_evals or {}), **VALIDATION})
   sweep.variants = tuple(variants)
+  sweep.baseline = baseline
+  sweep.contrasts = tuple(tuple(pair) for pair in contrasts)
   return sweep

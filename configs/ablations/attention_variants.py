@@ -36,7 +36,7 @@ Results, runtime and the comparison with the papers: docs/results/attention_vari
 import ml_collections
 
 from configs import mqar
-from configs.ablations import VALIDATION, check_mode, sweep_config
+from configs.ablations import check_mode, sweep_config
 from configs.ablations.head_variants import matched_mlp_dim
 
 VARIANTS = ("mha", "gated", "gated_headwise", "sinks", "sigmoid", "differential")
@@ -59,7 +59,7 @@ def get_config(mode=None):
   base = mqar.get_config()
   steps = ACCELERATOR_STEPS if accelerator else STEPS
   sweep = sweep_config(mode, steps=steps, eval_every=steps // 8, warmup=100, base=mqar,
-                       variants=_variants(base.model), extra_evals=VALIDATION)
+                       variants=_variants(base.model), baseline="mha")
   if accelerator:
     sweep.num_seeds = ACCELERATOR_SEEDS
   rates = LEARNING_RATES[1:3] if mode == "quick" else LEARNING_RATES

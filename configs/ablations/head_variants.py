@@ -59,6 +59,16 @@ def _variants(model):
   yield f"mha_matched_{HEADS[-1]}", {"model": {"num_heads": HEADS[-1], "mlp_dim": wide}}
 
 
+def _contrasts():
+  """Each variant against plain attention at its head count; the parameter-matched plain model
+  against plain attention and against DCMHA, whose size it matches."""
+  for heads in HEADS:
+    for name in VARIANTS[1:]:
+      yield f"{name}_{heads}", f"mha_{heads}"
+  yield f"mha_matched_{HEADS[-1]}", f"mha_{HEADS[-1]}"
+  yield f"dcmha_{HEADS[-1]}", f"mha_matched_{HEADS[-1]}"
+
+
 def get_config(mode=None):
   task, _, quick = (mode or "mqar").partition("_")
   task, quick = ("mqar", "quick") if task == "quick" else (task, quick)
@@ -69,7 +79,8 @@ def get_config(mode=None):
   extra_evals = {f"length_{TEST_LENGTHS[0]}_{TEST_LENGTHS[1]}": {
       "min_length": TEST_LENGTHS[0], "max_length": TEST_LENGTHS[1], "num_train": 1}}
   sweep = sweep_config(quick, steps=STEPS[task], eval_every=100, warmup=100, base=mqar,
-                       variants=_variants(base.model),
+                       variants=_variants(base.model), baseline=f"mha_{HEADS[0]}",
+                       contrasts=_contrasts(),
                        extra_evals=extra_evals if task == "order" else None)
   if task == "order":
     options = sweep.train.task_options

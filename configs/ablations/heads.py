@@ -33,8 +33,9 @@ LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2)
 
 
 def get_config(mode=None):
-  sweep = sweep_config(mode, steps=1000, eval_every=100, warmup=100, base=mqar, variants=(
-      (f"heads_{n}", {"model": {"num_heads": n}}) for n in HEADS))
+  sweep = sweep_config(mode, steps=1000, eval_every=100, warmup=100, base=mqar,
+                       baseline=f"heads_{HEADS[0]}", variants=(
+                           (f"heads_{n}", {"model": {"num_heads": n}}) for n in HEADS))
   rates = LEARNING_RATES[1:3] if mode == "quick" else LEARNING_RATES  # quick: a smoke test
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep

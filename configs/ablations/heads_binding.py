@@ -39,7 +39,7 @@ Results, runtime and provenance: docs/results/heads_binding.md.
 import ml_collections
 
 from configs import farthest_point, multi_retrieval
-from configs.ablations import VALIDATION, sweep_config
+from configs.ablations import sweep_config
 
 HEADS = (1, 2, 4, 8, 16)
 QUICK_HEADS = (1, 4)  # both arms, within 3 minutes on 2 CPU cores
@@ -84,7 +84,7 @@ def get_config(mode=None):
                      f"{[f'{name}_accelerator' for name in ACCELERATOR]}, got {mode!r}.")
   base = BASES[task]
   sweep = sweep_config(quick, steps=STEPS[task], eval_every=STEPS[task] // 10, warmup=100,
-                       base=base, extra_evals=VALIDATION,
+                       base=base, baseline="split_1",
                        variants=variants(task, base.get_config().model.d_model,
                                          QUICK_HEADS if quick else HEADS))
   sweep.train.model.num_layers = 1
@@ -99,7 +99,7 @@ def accelerator_config(task: str):
   """The sweep of ``task`` sized for one accelerator (ACCELERATOR)."""
   options, model, heads, fixed, steps, batch_size, seeds = ACCELERATOR[task]
   sweep = sweep_config(None, steps=steps, eval_every=steps // 10, warmup=100, base=BASES[task],
-                       extra_evals=VALIDATION,
+                       baseline="split_1",
                        variants=variants(task, model["d_model"], heads, fixed))
   sweep.train.task_options.update(options)
   sweep.train.model.update(model)

@@ -20,6 +20,6 @@ LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 
 def get_config(mode=None):
   sweep = sweep_config(mode, steps=600, eval_every=100, warmup=100,
-                       variants=(("default", {}),))
+                       variants=(("default", {}),), baseline="default")
   sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
   return sweep

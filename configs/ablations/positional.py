@@ -28,7 +28,7 @@ their runtime and provenance: docs/results/positional.md.
 
 import ml_collections
 
-from configs.ablations import VALIDATION, check_mode, sweep_config
+from configs.ablations import check_mode, sweep_config
 
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
 TASKS = {"even_pairs": {"min_length": 1}, "cycle_navigation": {"min_length": 1},
@@ -56,7 +56,10 @@ def get_config(mode=None):
       variants=((f"{task}-{name}", {"task": task, "model": {"positional_encoding": name},
                                     "task_options": TASKS[task]})
                 for task in task_names for name in ENCODINGS),
-      extra_evals={**extra_evals, **(VALIDATION if accelerator else {})})
+      baseline=f"{task_names[0]}-sinusoidal",
+      contrasts=((f"{task}-{name}", f"{task}-sinusoidal") for task in task_names
+                 for name in ENCODINGS if name != "sinusoidal"),
+      extra_evals=extra_evals)
   options = sweep.train.task_options
   sweep.train.task_options = {"max_length": train_length, "num_train": options.num_train,
                               "num_test": min(options.num_test, 1000)}

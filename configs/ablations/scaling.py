@@ -29,7 +29,7 @@ docs/results/scaling.md.
 import ml_collections
 
 from configs import mqar
-from configs.ablations import VALIDATION, check_mode, sweep_config
+from configs.ablations import check_mode, sweep_config
 
 HEAD_DIMS = (16, 64, 256)
 SCALES = {"inv_sqrt": {}, "none": {"attention_scale": "none"}, "inv": {"attention_scale": "inv"},
@@ -49,7 +49,10 @@ def get_config(mode=None):
   scales = {name: SCALES[name] for name in ACCELERATOR_SCALES} if accelerator else SCALES
   steps = ACCELERATOR_STEPS if accelerator else 600
   sweep = sweep_config(mode, steps=steps, eval_every=100, warmup=60, base=mqar,
-                       extra_evals=VALIDATION if accelerator else None,
+                       baseline=f"dk{head_dims[0]}_inv_sqrt",
+                       contrasts=((f"dk{head_dim}_{name}", f"dk{head_dim}_inv_sqrt")
+                                  for head_dim in head_dims for name in scales
+                                  if name != "inv_sqrt"),
                        variants=((f"dk{head_dim}_{name}", {"model": {"head_dim": head_dim, **model}})
                                  for head_dim in head_dims for name, model in scales.items()))
   sweep.train.model.num_heads = 1
