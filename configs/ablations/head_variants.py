@@ -41,6 +41,10 @@ ORDER = {"max_length": 16, "num_fillers": 16}  # trained at lengths 2..16
 TEST_LENGTHS = (17, 32)
 STEPS = {"mqar": 800, "order": 600}
 
+# Seeds per arm: enough for the exact tests of the report to reach p < 0.05 after Holm over
+# the study's comparisons (experiments/statistics.py, smallest_p).
+NUM_SEEDS = 10
+
 
 def matched_mlp_dim(d_model: int, mlp_dim: int, num_heads: int, variant: str) -> int:
   """The feed-forward width at which a plain model has as many parameters per layer as ``variant``
@@ -89,6 +93,8 @@ def get_config(mode=None):
                                 "num_test": min(options.num_test, 1000)}
     sweep.train.model.max_length = TEST_LENGTHS[1]
     sweep.train.model.pooling = "cls"
+  if not quick:
+    sweep.num_seeds = NUM_SEEDS
   rates = LEARNING_RATES[1:3] if quick else LEARNING_RATES
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep

@@ -31,11 +31,17 @@ from configs.ablations import sweep_config
 HEADS = (1, 2, 4, 8, 16, 32)
 LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2)
 
+# Seeds per arm: enough for the exact tests of the report to reach p < 0.05 after Holm over
+# the study's comparisons (experiments/statistics.py, smallest_p).
+NUM_SEEDS = 10
+
 
 def get_config(mode=None):
   sweep = sweep_config(mode, steps=1000, eval_every=100, warmup=100, base=mqar,
                        baseline=f"heads_{HEADS[0]}", variants=(
                            (f"heads_{n}", {"model": {"num_heads": n}}) for n in HEADS))
+  if mode != "quick":
+    sweep.num_seeds = NUM_SEEDS
   rates = LEARNING_RATES[1:3] if mode == "quick" else LEARNING_RATES  # quick: a smoke test
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep
