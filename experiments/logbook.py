@@ -8,8 +8,11 @@ TensorBoard only, never to metrics.jsonl.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+
+import numpy as np
 
 from tensorboardX import SummaryWriter
 
@@ -52,3 +55,19 @@ def read(workdir: str, replica: int = 0) -> list[dict]:
   """The metrics.jsonl lines of replica ``replica`` (its index on the replica axis) of a run."""
   name = workdir_lib.read_replicas(workdir)[replica]["name"]
   return lines(os.path.join(workdir_lib.replica_dir(workdir, name), "metrics.jsonl"))
+
+
+def curves(workdir: str, record: dict, names, metric: str = "eval_accuracy"):
+  """Steps and values [replicas, steps] of ``metric`` from the metrics.jsonl of the replicas
+  ``names`` of a sweep variant (trained together, alone under <variant>/alone/, or in a
+  bracketing extension of its grid)."""
+  per_replica = []
+  for name in names:
+    pattern = os.path.join(glob.escape(workdir), "variants", record["variant"], "**", "replicas",
+                           name, "metrics.jsonl")
+    (path,) = glob.glob(pattern, recursive=True)[:1] or [None]
+    if path is None:
+      raise ValueError(f"no metrics.jsonl for replica {name} of variant {record['variant']}")
+    per_replica.append([(line["step"], line[metric]) for line in lines(path) if metric in line])
+  steps = [step for step, _ in per_replica[0]]
+  return np.array(steps), np.array([[value for _, value in points] for points in per_replica])

@@ -1,10 +1,27 @@
-"""The statistics of a sweep report: 95% intervals over seeds, Welch's test between two arms, the
-paired test between two arms that share their seeds,
-steps to a target accuracy, and the learning-rate sensitivity of :ref:`Wortsman et al. (2023)
-<ref-wortsman2023>`."""
+"""The statistics engine of every study: intervals that stay in the measure's range, tests that fit
+the outcome, and Holm's correction over a study's family of comparisons. Every test and interval
+is scipy.stats'; what is written here only chooses among them and keeps ties and zero variance
+defined (no warnings, no NaN where the answer is known).
+
+The tests, by outcome (``TESTS``):
+
+- ``"paired_permutation"``: a continuous measure (an NMSE, an accuracy), arm against reference
+  paired by seed (seed s of every variant saw the same batches); the exact sign-flip test of the
+  mean difference (``scipy.stats.permutation_test``, every one of the 2^n flips while n <= 13).
+- ``"solve_rate"``: a threshold outcome (solved or stuck), the share of seeds that reach it;
+  Fisher's exact test, Wilson intervals per arm, Newcombe's interval for the difference.
+- ``"time_to_solve"``: the step at which a seed first reaches the threshold, censored at the
+  end of training where it never does. Paired by seed: the sign-flip test of the mean restricted
+  time (a never-solved seed counts as one evaluation past the last); unpaired: the log-rank test
+  (``scipy.stats.logrank`` on ``CensoredData``).
+
+A "no difference" is claimed only by :func:`equivalence` (two one-sided tests against a stated
+margin); otherwise a report says "no difference detected with n seeds".
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,72 +29,254 @@ from scipy import stats
 
 LEVEL = 0.95
 SIGNIFICANT = 0.05
+TESTS = ("paired_permutation", "solve_rate", "time_to_solve")
+EXACT_UP_TO = 13  # seeds: 2^13 sign flips, all of them; beyond, 9999 random ones
+_RESAMPLES = 9999
 
 
-def interval(values) -> tuple[float, float]:
-  """(mean, half-width of the 95% Student-t interval) over the finite values; the half-width is
-  NaN with fewer than two values.
+def _rng():
+  """A fixed stream, so that a report redone from the same CSV prints the same numbers."""
+  return np.random.default_rng(0)
 
-  >>> interval([0.8, 0.9, 1.0])  # mean 0.9, half-width 4.303 * 0.1 / sqrt(3)
-  (0.9, 0.2484...)
-  """
+
+def _finite(values) -> np.ndarray:
   values = np.asarray(values, np.float64)
-  values = values[np.isfinite(values)]
+  return values[np.isfinite(values)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """One row of comparisons.csv: ``estimate`` (arm minus reference) with its 95% interval
+  [low, high], the test's two-sided p over n seeds (pairs, or the smaller arm unpaired), and p
+  after Holm's correction over the study's family (filled by :func:`adjust`)."""
+  metric: str
+  arm: str
+  baseline: str
+  n: int
+  estimate: float
+  low: float
+  high: float
+  p: float
+  test: str
+  p_adjusted: float = math.nan
+
+  FIELDS = ("metric", "arm", "baseline", "n", "estimate", "low", "high", "p", "p_adjusted",
+            "test")
+
+
+def mean_interval(values, lower=-math.inf, upper=math.inf) -> tuple[float, float, float]:
+  """(mean, low, high): the 95% percentile-bootstrap interval of the mean of the finite values,
+  inside [lower, upper] as every resampled mean is; the mean alone (low == high) when the values
+  do not vary or fewer than two are finite; NaNs when none is.
+
+  >>> mean_interval([0.5, 0.5, 0.5])
+  (0.5, 0.5, 0.5)
+  >>> mean, low, high = mean_interval([0.6, 1.0, 1.0, 1.0], 0.0, 1.0)
+  >>> mean, high
+  (0.9, 1.0)
+  """
+  values = _finite(values)
   if len(values) == 0:
-    return math.nan, math.nan
-  if len(values) == 1:
-    return float(values[0]), math.nan
-  t = stats.t.ppf((1 + LEVEL) / 2, len(values) - 1)
-  return float(values.mean()), float(t * values.std(ddof=1) / math.sqrt(len(values)))
+    return math.nan, math.nan, math.nan
+  mean = float(values.mean())
+  if len(values) < 2 or np.ptp(values) == 0:
+    return mean, mean, mean
+  result = stats.bootstrap((values,), np.mean, confidence_level=LEVEL, method="percentile",
+                           n_resamples=_RESAMPLES, rng=_rng())
+  low, high = result.confidence_interval
+  return mean, float(max(low, lower)), float(min(high, upper))
 
 
-def bounded_interval(values, lower=-math.inf, upper=math.inf) -> tuple[float, float, float]:
-  """(mean, low, high): the 95% Student-t interval of :func:`interval` clipped to the range the
-  measure can take (``[0, 1]`` for an accuracy, ``[0, inf)`` for a loss), so that a plot never
-  draws an interval past a possible value; ``low == high == mean`` with fewer than two values.
+def rate_interval(successes: int, n: int) -> tuple[float, float, float]:
+  """(rate, low, high): the share of ``n`` seeds that succeeded, with Wilson's 95% interval.
 
-  >>> bounded_interval([0.5, 1.0, 1.0], 0.0, 1.0)  # t-interval 0.833 +- 0.717, clipped at 1
-  (0.8333..., 0.1162..., 1.0)
+  >>> [round(x, 3) for x in rate_interval(10, 10)]
+  [1.0, 0.722, 1.0]
   """
-  mean, half = interval(values)
-  half = 0.0 if math.isnan(half) else half
-  return mean, max(mean - half, lower), min(mean + half, upper)
+  if n == 0:
+    return math.nan, math.nan, math.nan
+  interval = stats.binomtest(int(successes), int(n)).proportion_ci(LEVEL, method="wilson")
+  return successes / n, float(interval.low), float(interval.high)
 
 
-def welch_p(a, b) -> float:
-  """Two-sided p-value of Welch's t-test that the means of ``a`` and ``b`` are equal (NaN when
-  either has fewer than two finite values; 1 when both are constant and equal)."""
-  a, b = (np.asarray(x, np.float64) for x in (a, b))
-  a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-  if len(a) < 2 or len(b) < 2:
-    return math.nan
-  if a.std() == 0 and b.std() == 0:
-    return 1.0 if a.mean() == b.mean() else 0.0
-  return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+def _sign_flip_p(differences) -> float:
+  """Two-sided p of the exact (n <= EXACT_UP_TO) sign-flip test that the differences' mean is 0."""
+  if np.all(differences == 0):
+    return 1.0
+  result = stats.permutation_test(
+      (differences,), np.mean, permutation_type="samples", vectorized=True,
+      n_resamples=max(2 ** EXACT_UP_TO, _RESAMPLES) if len(differences) <= EXACT_UP_TO
+      else _RESAMPLES, rng=_rng())
+  return float(min(result.pvalue, 1.0))
 
 
-def paired(a, b) -> tuple[float, float, float, int]:
-  """(mean of a - b, half-width of its 95% Student-t interval, two-sided p of the paired t-test,
-  pairs) over the pairs where both values are finite: ``a[i]`` and ``b[i]`` share a seed (the
-  same data order), so their difference removes what the seed adds to both.
-
-  >>> paired([0.5, 0.6, 0.7], [0.1, 0.3, 0.2])[:2]  # differences 0.4, 0.3, 0.5
-  (0.4..., 0.248...)
-  """
+def _pairs(a, b):
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
   both = np.isfinite(a) & np.isfinite(b)
-  differences = a[both] - b[both]
-  mean, half = interval(differences)
-  if len(differences) < 2:
-    return mean, half, math.nan, len(differences)
-  if differences.std() == 0:
-    return mean, 0.0, 1.0 if mean == 0 else 0.0, len(differences)
-  return mean, half, float(stats.ttest_rel(a[both], b[both]).pvalue), len(differences)
+  return a[both], b[both]
 
 
-def first_step_reaching(steps, values, target: float) -> float:
-  """The first step whose value is >= ``target`` (NaN if none)."""
-  reached = np.flatnonzero(np.asarray(values, np.float64) >= target)
+def paired_difference(metric, arm, baseline, a, b) -> Comparison:
+  """``a[i]`` against ``b[i]`` (one seed each, NaN pairs left out): the mean difference, its
+  bootstrap interval and the exact sign-flip p.
+
+  >>> c = paired_difference("nmse", "x", "y", [0.5, 0.6, 0.7, 0.6, 0.5, 0.6], [0.1] * 6)
+  >>> round(c.estimate, 3), c.p  # every difference positive: 2 of the 64 flips are as extreme
+  (0.483, 0.03125)
+  """
+  a, b = _pairs(a, b)
+  differences = a - b
+  estimate, low, high = mean_interval(differences)
+  p = _sign_flip_p(differences) if len(differences) else math.nan
+  return Comparison(metric, arm, baseline, len(differences), estimate, low, high, p,
+                    "paired_permutation")
+
+
+def independent_difference(metric, arm, baseline, a, b) -> Comparison:
+  """``a`` against ``b`` from different seeds: the difference of means, a bootstrap interval
+  of it, and the two-sided permutation test of exchangeable labels."""
+  a, b = _finite(a), _finite(b)
+  if len(a) == 0 or len(b) == 0:
+    return Comparison(metric, arm, baseline, 0, math.nan, math.nan, math.nan, math.nan,
+                      "permutation")
+  estimate = float(a.mean() - b.mean())
+  if np.ptp(np.concatenate([a, b])) == 0:
+    return Comparison(metric, arm, baseline, min(len(a), len(b)), 0.0, 0.0, 0.0, 1.0,
+                      "permutation")
+  statistic = lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis)  # noqa: E731
+  p = stats.permutation_test((a, b), statistic, vectorized=True, n_resamples=_RESAMPLES,
+                             rng=_rng()).pvalue
+  if np.ptp(a) == 0 and np.ptp(b) == 0:
+    low = high = estimate
+  else:
+    low, high = stats.bootstrap((a, b), statistic, vectorized=True, method="percentile",
+                                n_resamples=_RESAMPLES, rng=_rng()).confidence_interval
+  return Comparison(metric, arm, baseline, min(len(a), len(b)), estimate, float(low),
+                    float(high), float(min(p, 1.0)), "permutation")
+
+
+def solve_rate_difference(metric, arm, baseline, a_solved, b_solved) -> Comparison:
+  """Solve rates (booleans per seed): the difference of the rates, Newcombe's hybrid score
+  interval from the two Wilson intervals, and Fisher's exact test.
+
+  >>> c = solve_rate_difference("solved", "x", "y", [True] * 5, [False] * 5)
+  >>> c.estimate, round(c.p, 4)
+  (1.0, 0.0079)
+  """
+  a, b = np.asarray(a_solved, bool), np.asarray(b_solved, bool)
+  ka, kb = int(a.sum()), int(b.sum())
+  if len(a) == 0 or len(b) == 0:
+    return Comparison(metric, arm, baseline, 0, math.nan, math.nan, math.nan, math.nan,
+                      "solve_rate")
+  (ra, la, ua), (rb, lb, ub) = rate_interval(ka, len(a)), rate_interval(kb, len(b))
+  estimate = ra - rb
+  low = estimate - math.sqrt((ra - la) ** 2 + (ub - rb) ** 2)
+  high = estimate + math.sqrt((ua - ra) ** 2 + (rb - lb) ** 2)
+  table = [[ka, len(a) - ka], [kb, len(b) - kb]]
+  p = float(stats.fisher_exact(table).pvalue)
+  return Comparison(metric, arm, baseline, min(len(a), len(b)), estimate, max(low, -1.0),
+                    min(high, 1.0), min(p, 1.0), "solve_rate")
+
+
+def restricted_times(steps, horizon) -> np.ndarray:
+  """Steps to the threshold with the seeds that never reached it (NaN) at ``horizon``."""
+  steps = np.asarray(steps, np.float64)
+  return np.where(np.isfinite(steps), np.minimum(steps, horizon), horizon)
+
+
+def time_to_solve_difference(metric, arm, baseline, a_steps, b_steps, horizon,
+                             paired: bool) -> Comparison:
+  """Steps to the threshold (NaN: never reached, censored at ``horizon``): the difference of
+  the mean restricted times (a never-solved seed counted at ``horizon``) with a bootstrap
+  interval; p from the paired sign-flip test on the restricted times, or unpaired from the
+  log-rank test of the censored times.
+
+  >>> c = time_to_solve_difference("steps", "x", "y", [100, 200, 100, 100, 200, 100],
+  ...                              [math.nan] * 6, horizon=1100, paired=True)
+  >>> c.estimate, c.p
+  (-966.66..., 0.03125)
+  """
+  a_steps, b_steps = np.asarray(a_steps, np.float64), np.asarray(b_steps, np.float64)
+  a, b = restricted_times(a_steps, horizon), restricted_times(b_steps, horizon)
+  if paired:
+    comparison = paired_difference(metric, arm, baseline, a, b)
+    return dataclasses.replace(comparison, test="time_to_solve")
+  unpaired = independent_difference(metric, arm, baseline, a, b)
+  estimate, low, high = unpaired.estimate, unpaired.low, unpaired.high
+  if np.all(~np.isfinite(a_steps)) and np.all(~np.isfinite(b_steps)):
+    p = 1.0  # both arms censored throughout: nothing to compare
+  else:
+    censored = lambda s: stats.CensoredData(  # noqa: E731
+        uncensored=s[np.isfinite(s)], right=np.full((~np.isfinite(s)).sum(), horizon))
+    p = float(stats.logrank(censored(a_steps), censored(b_steps)).pvalue)
+  return Comparison(metric, arm, baseline, min(len(a), len(b)), estimate, low, high, p,
+                    "logrank")
+
+
+def equivalence(a, b, margin: float) -> float:
+  """p of two one-sided paired sign-flip tests (TOST) that the mean of a - b lies within
+  (-margin, margin): below SIGNIFICANT, the arms are equivalent at that margin. With n seeds it
+  can be no smaller than 2^-n (:func:`smallest_p`)."""
+  a, b = _pairs(a, b)
+  differences = a - b
+  if len(differences) == 0:
+    return math.nan
+  ps = []
+  for shifted, alternative in ((differences + margin, "greater"), (differences - margin, "less")):
+    if np.all(shifted == 0):
+      ps.append(1.0)
+      continue
+    ps.append(stats.permutation_test(
+        (shifted,), np.mean, permutation_type="samples", vectorized=True,
+        alternative=alternative, n_resamples=max(2 ** EXACT_UP_TO, _RESAMPLES), rng=_rng()
+    ).pvalue)
+  return float(max(ps))
+
+
+def adjust(comparisons) -> list[Comparison]:
+  """The comparisons with ``p_adjusted``: Holm's step-down correction over the whole family
+  (a NaN p stays NaN and does not count). Controls the chance of any false positive at 5%.
+
+  >>> [c.p_adjusted for c in adjust([Comparison("m", "a", "b", 5, 0, 0, 0, p, "t")
+  ...                                 for p in (0.01, 0.04, 0.03)])]
+  [0.03, 0.06, 0.06]
+  """
+  comparisons = list(comparisons)
+  ps = np.array([c.p for c in comparisons], np.float64)
+  valid = np.flatnonzero(np.isfinite(ps))
+  adjusted = np.full(len(ps), math.nan)
+  order = valid[np.argsort(ps[valid], kind="stable")]
+  running = 0.0
+  for rank, index in enumerate(order):
+    running = max(running, min(1.0, (len(order) - rank) * ps[index]))
+    adjusted[index] = running
+  return [dataclasses.replace(c, p_adjusted=float(q)) for c, q in zip(comparisons, adjusted)]
+
+
+def smallest_p(test: str, n: int, family: int = 1) -> float:
+  """The smallest Holm-adjusted p that ``test`` can give with ``n`` seeds per arm in a family of
+  ``family`` comparisons (the most extreme outcome in the smallest-p position): below
+  SIGNIFICANT, the study can show an effect; otherwise it cannot, whatever happens.
+
+  >>> smallest_p("paired_permutation", 3), smallest_p("solve_rate", 10, family=12) < 0.05
+  (0.25, True)
+  """
+  if n < 1:
+    return 1.0
+  if test in ("paired_permutation", "time_to_solve"):
+    p = 2.0 / 2 ** min(n, 30)
+  elif test == "solve_rate":
+    p = float(stats.fisher_exact([[n, 0], [0, n]]).pvalue)
+  else:
+    raise ValueError(f"test must be one of {TESTS}, got {test!r}.")
+  return min(1.0, family * p)
+
+
+def first_step_reaching(steps, values, target: float, higher_is_better: bool = True) -> float:
+  """The first step whose value is at or past ``target`` (>= for an accuracy, <= for an NMSE);
+  NaN if none."""
+  values = np.asarray(values, np.float64)
+  reached = np.flatnonzero(values >= target if higher_is_better else values <= target)
   return float(np.asarray(steps)[reached[0]]) if len(reached) else math.nan
 
 

@@ -38,6 +38,7 @@ from experiments import hosts
 from experiments import provenance
 from experiments import steps as steps_lib
 from experiments import train as train_lib
+from experiments import verdicts
 from experiments import workdir as workdir_lib
 
 
@@ -57,10 +58,17 @@ def check(sweep) -> None:
   if not names or len(set(names)) != len(names):
     raise config_check.ConfigError(f"the sweep needs variants with distinct names, got {names}.")
   train_lib.replicas_of(sweep.train, sweep.num_seeds, grid(sweep))  # a bad grid is refused here
-  if sweep.get("baseline") not in names:
+  try:
+    verdicts.Design.of_sweep(sweep, "accuracy")
+  except ValueError as error:
+    raise config_check.ConfigError(f"sweep.test: {error}") from None
+  if not isinstance(sweep.get("bracket", 0), int) or sweep.get("bracket", 0) < 0:
+    raise config_check.ConfigError(f"sweep.bracket must be a count >= 0 of learning rates to add "
+                                   f"past each edge of the grid, got {sweep.get('bracket')!r}.")
+  if sweep.get("baseline") is not None and sweep.baseline not in names:
     raise config_check.ConfigError(f"sweep.baseline must name one of the variants {names}, got "
                                    f"{sweep.get('baseline')!r}.")
-  for arm, reference in comparisons(sweep):
+  for arm, reference in verdicts.comparisons(sweep):
     if arm not in names or reference not in names:
       raise config_check.ConfigError(
           f"sweep.contrasts pairs {arm!r} with {reference!r}, but the variants are {names}.")
@@ -71,30 +79,23 @@ def check(sweep) -> None:
       raise config_check.ConfigError(f"variant '{name}': {error}") from None
 
 
-def comparisons(sweep) -> list[tuple[str, str]]:
-  """The (arm, reference) pairs the report tests, declared by the config before any run: its
-  ``contrasts``, or else every other variant against its ``baseline``."""
-  if sweep.get("contrasts"):
-    return [tuple(pair) for pair in sweep.contrasts]
-  baseline = sweep.get("baseline")
-  return [(name, baseline) for name, _ in sweep.variants if name != baseline]
-
-
 def grid(sweep) -> dict:
   return {name: tuple(values) for name, values in sweep.get("grid", {}).items()}
 
 
-def train_variant(sweep, config, directory: str) -> dict:
-  """All replicas (seeds x grid) of one variant: one vmapped program, or (vmap_replicas=False)
-  one run per replica in <directory>/alone/<replica>. Returns lists over replicas."""
+def train_variant(sweep, config, directory: str, grid_=None) -> dict:
+  """All replicas (seeds x grid, or ``grid_``) of one variant: one vmapped program, or
+  (vmap_replicas=False) one run per replica in <directory>/alone/<replica>. Returns lists over
+  replicas."""
   extra_evals = {name: dict(options) for name, options in sweep.extra_evals.items()}
-  replicas = train_lib.replicas_of(config, sweep.num_seeds, grid(sweep))
+  grid_ = grid(sweep) if grid_ is None else grid_
+  replicas = train_lib.replicas_of(config, sweep.num_seeds, grid_)
   if sweep.vmap_replicas:
     return train_lib.train(config, directory, replicas, extra_evals=extra_evals, probes=True)
   merged = {}
   for replica in replicas:
     alone = copy.deepcopy(config)
-    alone.update({name: type(config[name])(replica[name]) for name in ("seed", *grid(sweep))})
+    alone.update({name: type(config[name])(replica[name]) for name in ("seed", *grid_)})
     result = train_lib.train(alone, os.path.join(directory, "alone", replica["name"]),
                              [replica], extra_evals=extra_evals, probes=True)
     for name, values in result.items():
@@ -139,19 +140,73 @@ def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
   hosts.agree(lambda: [_check_existing(sweep, name, variant_config(sweep, overrides),
                                        os.path.join(workdir, "variants", name))
                         for name, overrides in selected])
+  say = print if hosts.writer() else lambda *args, **kwargs: None
+  design = verdicts.Design.of_sweep(sweep, "accuracy")
+  say(f"[sweep] {verdicts.power_note(design, sweep.num_seeds)}", flush=True)
+  spent = [0.0]  # seconds of training so far, against sweep.budget_minutes
   with workdir_lib.owned(workdir):
-    return [_run_variant(sweep, name, overrides, os.path.join(workdir, "variants", name))
+    return [_run_variant(sweep, name, overrides, os.path.join(workdir, "variants", name), spent)
             for name, overrides in selected]
 
 
-def _run_variant(sweep, name, overrides, directory) -> dict:
-  """The record of one variant: trained now, or as it finished earlier."""
+def _run_variant(sweep, name, overrides, directory, spent) -> dict:
+  """The record of one variant: trained now, or as it finished earlier; its learning-rate grid
+  extended where sweep.bracket asks (bracket)."""
   say = print if hosts.writer() else lambda *args, **kwargs: None
+  config = variant_config(sweep, overrides)
   record = hosts.agree(workdir_lib.read_result, directory)
   if record is not None and record["status"] == "ok":
     say(f"[sweep] {name}: finished earlier, skipped", flush=True)
+  else:
+    record = _train_record(sweep, name, overrides, config, directory)
+  if record["status"] == "ok":
+    spent[0] += record["metrics"]["seconds"][0]
+    record = bracket(sweep, config, directory, record, spent)
+  return record
+
+
+def bracket(sweep, config, directory, record, spent) -> dict:
+  """With ``sweep.bracket`` = k > 0, while the learning rate the validation stream chooses sits
+  at an edge of the grid, trains the seeds at the next rate past that edge (the grid's own ratio
+  between its two outermost rates) in <directory>/bracket/<rate>/, up to k rates per edge and
+  within ``sweep.budget_minutes`` of training for the whole sweep. Returns the record with those
+  replicas added (and rewritten to result.json); unchanged when bracketed already."""
+  rates = sorted(set(record["metrics"]["learning_rate"]))
+  if not sweep.get("bracket") or len(rates) < 2:
     return record
-  config = variant_config(sweep, overrides)
+  say = print if hosts.writer() else lambda *args, **kwargs: None
+  declared = grid(sweep)["learning_rate"]
+  measure = next((m for m in steps_lib.MEASURES if f"eval_{m}" in record["metrics"]), "accuracy")
+  while True:
+    (chosen,) = verdicts.choose([record], measure)
+    rates = sorted(set(record["metrics"]["learning_rate"]))
+    added = {"lowest": sum(r < min(declared) for r in rates),
+             "highest": sum(r > max(declared) for r in rates)}
+    if not chosen.edge or added[chosen.edge] >= sweep.bracket:
+      return record
+    new = (rates[0] ** 2 / rates[1] if chosen.edge == "lowest" else rates[-1] ** 2 / rates[-2])
+    per_rate = record["metrics"]["seconds"][0] / len(declared)  # the grid trains as one program
+    budget = 60 * sweep.get("budget_minutes", 30)
+    if spent[0] + per_rate > budget:
+      say(f"[sweep] {record['variant']}: learning rate {chosen.learning_rate:g} is the "
+          f"{chosen.edge} of the grid; no time left to try {new:.3g} (budget "
+          f"{budget / 60:g} minutes)", flush=True)
+      return record
+    say(f"[sweep] {record['variant']}: learning rate {chosen.learning_rate:g} is the "
+        f"{chosen.edge} of the grid; training {new:.3g} to bracket it", flush=True)
+    extension = os.path.join(directory, "bracket", f"{new:.3g}")
+    hosts.agree(lambda: workdir_lib.claim(config, extension) if hosts.writer() else None)
+    metrics = hosts.agree(train_variant, sweep, config, extension,
+                          {"learning_rate": (float(f"{new:.3g}"),)})
+    spent[0] += metrics["seconds"][0]
+    record = {**record, "metrics": {name: list(values) + list(metrics.get(name, []))
+                                    for name, values in record["metrics"].items()}}
+    if hosts.writer():
+      workdir_lib.write_result(directory, record)
+
+
+def _train_record(sweep, name, overrides, config, directory) -> dict:
+  say = print if hosts.writer() else lambda *args, **kwargs: None
   hosts.agree(lambda: workdir_lib.claim(config, directory) if hosts.writer() else None)
   count = len(train_lib.replicas_of(config, sweep.num_seeds, grid(sweep)))
   say(f"[sweep] {name}: training {count} replicas (seeds x grid)", flush=True)
@@ -194,7 +249,9 @@ def main():
     train_lib.run_command(lambda: (hosts.initialize_from(flags.FLAGS), records.extend(
         run_sweep(flags.FLAGS.config, workdir, flags.FLAGS.variants))))
     if hosts.writer():
-      paths = sweep_report.write(records, workdir, tuple(flags.FLAGS.config.extra_evals))
+      measure = sweep_report.measure_of(records)
+      design = verdicts.Design.of_sweep(flags.FLAGS.config, measure)
+      paths = sweep_report.write(records, workdir, design, tuple(flags.FLAGS.config.extra_evals))
       with open(paths["markdown"]) as f:
         print(f.read())
       print("[sweep] wrote " + ", ".join(sorted(paths.values())))

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments import probes, statistics, sweep_report, trained  # noqa: E402
+from experiments import probes, statistics, sweep_report, trained, verdicts  # noqa: E402
 from experiments import workdir as workdir_lib  # noqa: E402
 
 
@@ -44,7 +44,8 @@ def top_share(importance, top: int) -> float:
 
 def chosen_rates(records) -> dict[str, float]:
   """{variant: learning rate} as the sweep's report chose them."""
-  return {variant: rate for variant, rate, _, _ in sweep_report.best_learning_rates(records)}
+  return {c.variant: c.learning_rate
+          for c in verdicts.choose(records, sweep_report.measure_of(records))}
 
 
 def variant_importances(variant_dir: str, learning_rate: float) -> list[np.ndarray]:
@@ -62,7 +63,7 @@ def variant_importances(variant_dir: str, learning_rate: float) -> list[np.ndarr
 
 
 def _cell(values, lower=-np.inf, upper=np.inf) -> str:
-  mean, low, high = statistics.bounded_interval(values, lower, upper)
+  mean, low, high = statistics.mean_interval(values, lower, upper)
   return f"{mean:.2f} [{low:.2f}, {high:.2f}]"
 
 
@@ -85,8 +86,9 @@ def plot(results: dict, path: str, measure: str) -> None:
   figure, axis = plt.subplots(figsize=(6.4, 3.6))
   for variant, importances in results.items():
     ranked = np.sort(np.stack([i.ravel() for i in importances]), axis=1)[:, ::-1]  # [seeds, L N]
-    means, halves = zip(*(statistics.interval(ranked[:, k]) for k in range(ranked.shape[1])))
-    errors = np.nan_to_num(np.array(halves))  # one seed: no interval
+    cells = np.array([statistics.mean_interval(ranked[:, k]) for k in range(ranked.shape[1])])
+    means = cells[:, 0]
+    errors = np.stack([means - cells[:, 1], cells[:, 2] - means])  # one seed: no interval
     axis.errorbar(np.arange(1, ranked.shape[1] + 1), means, yerr=errors, marker="o",
                   markersize=3, capsize=2, label=variant)
   axis.set_xscale("log", base=2)

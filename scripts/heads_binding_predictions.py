@@ -46,8 +46,10 @@ def recovers_half(nmse, a, worse, better):
   gap = mean_of(nmse, worse) - mean_of(nmse, better)
   recovered = (mean_of(nmse, worse) - mean_of(nmse, a)) / gap if gap else math.nan
   name = f"{a} recovers half of {worse} -> {better}"
-  if not above(nmse, worse, better)[1]:
-    return name, None, f"no significant gap: {difference(nmse, worse, better)[3]}"
+  gap_test = difference(nmse, worse, better)
+  if not (gap_test.estimate > 0 and gap_test.p < statistics.SIGNIFICANT):
+    return name, None, (f"no significant gap: {worse} - {better} = {gap_test.estimate:+.3g}, "
+                        f"p {gap_test.p:.2g}, {gap_test.n} seeds")
   return (name, recovered >= 0.5,
           f"recovers {recovered:.0%} of a gap of {gap:.3f} NMSE ({a} {mean_of(nmse, a):.3f}, "
           f"{worse} {mean_of(nmse, worse):.3f}, {better} {mean_of(nmse, better):.3f})")
@@ -111,21 +113,21 @@ HEADS = (1, 2, 4, 8, 16)
 def plot(by_task: dict, path: str, heads=HEADS) -> None:
   """Test NMSE against the head count, a panel per task ({task: {variant: {seed: NMSE}}}): the
   standard split and the fixed head size (h = 1 is split_1 in both; the head counts the sweep
-  ran), means with 95% intervals clipped at 0, and each extra arm as a marker at its head
+  ran), means with 95% bootstrap intervals, and each extra arm as a marker at its head
   count."""
   figure, axes = plt.subplots(1, len(by_task), figsize=(5 * len(by_task), 3.6), squeeze=False)
   for axis, (task, nmse) in zip(axes[0], by_task.items()):
     for arm, style in (("split", "-o"), ("fixed", "--s")):
       counts = [1] + [h for h in heads[1:] if f"{arm}_{h}" in nmse]
       names = ["split_1"] + [f"{arm}_{h}" for h in counts[1:]]
-      cells = [statistics.bounded_interval(list(nmse[n].values()), 0.0) for n in names]
+      cells = [statistics.mean_interval(list(nmse[n].values()), 0.0) for n in names]
       means = np.array([c[0] for c in cells])
       errors = np.array([[c[0] - c[1] for c in cells], [c[2] - c[0] for c in cells]])
       label = "d_k = d_model / h" if arm == "split" else "d_k = d_model"
       axis.errorbar(counts, means, yerr=errors, fmt=style, capsize=3, label=label)
     for name in sorted(set(nmse) - {f"{a}_{h}" for a in ("split", "fixed") for h in heads}):
       count = int(name.rsplit("_", 1)[1])
-      mean, low, high = statistics.bounded_interval(list(nmse[name].values()), 0.0)
+      mean, low, high = statistics.mean_interval(list(nmse[name].values()), 0.0)
       axis.errorbar([count], [mean], yerr=[[mean - low], [high - mean]], fmt="x", capsize=3,
                     label=name)
     axis.set_xscale("log", base=2)

@@ -41,9 +41,9 @@ def errors(records, low: int, high: int) -> dict[str, dict[int, float]]:
 
 def near_chance(error, a):
   accuracy = [1.0 - e for e in error[a].values()]
-  mean, half = statistics.interval(accuracy)
-  return (f"{a} near chance (accuracy <= {CHANCE_MARGIN:g})", mean + half <= CHANCE_MARGIN,
-          f"{a} accuracy {mean:.3f} [{mean - half:.3f}, {mean + half:.3f}], {len(accuracy)} seeds")
+  mean, low, high = statistics.mean_interval(accuracy, 0.0, 1.0)
+  return (f"{a} near chance (accuracy <= {CHANCE_MARGIN:g})", high <= CHANCE_MARGIN,
+          f"{a} accuracy {mean:.3f} [{low:.3f}, {high:.3f}], {len(accuracy)} seeds")
 
 
 def predictions(records) -> list[tuple[str, str, list]]:

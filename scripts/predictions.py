@@ -1,33 +1,46 @@
 """The checks that the studies' predictions are written in, on {variant: {seed: value}} (a
 measure where lower is better: NMSE, or the error 1 - accuracy), paired by seed (seed s of every
-variant saw the same batches in the same order). Each check is (name, held, measured): held is
-True, False, or None where it cannot be tested.
+variant saw the same batches in the same order). A check is (name, held, measured): held is True,
+False, or None where it cannot be tested. The tested checks of one table are one family: their p
+values are corrected together (Holm) before any is called held.
 
-- "a > b": a's value is above b's, the paired t-test's p < 0.05;
+- "a > b": a's value is above b's, the exact sign-flip test's Holm-adjusted p < 0.05;
 - "a not above b": not "a > b";
-- "a ~ b": a is at most MARGIN above b, the 95% interval's upper end below MARGIN.
+- "a ~ b": a within MARGIN of b, shown by two one-sided tests (TOST) at Holm-adjusted p < 0.05;
+  with few seeds it cannot be shown, and the table says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
+from typing import Callable
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments import statistics, sweep_report  # noqa: E402
+from experiments import statistics, sweep_report, verdicts  # noqa: E402
 
 MARGIN = 0.05  # of NMSE (5% of the target's variance) or of error (5 points of accuracy)
 
 
+@dataclasses.dataclass(frozen=True)
+class Tested:
+  """A check decided by a test's p after Holm over the table: ``held(p_adjusted)``."""
+  name: str
+  text: str
+  p: float
+  held: Callable[[float], bool]
+
+
 def chosen(records, column="eval_nmse", measure=lambda value: value) -> dict[str, dict]:
-  """{variant: {seed: measure(column)}} at each variant's chosen learning rate (test NMSE by
-  default)."""
-  return {variant: {s: measure(v) for s, v in zip(metrics["seed"], metrics[column])}
-          for variant, _, metrics, _ in sweep_report.best_learning_rates(records)}
+  """{variant: {seed: measure(column)}} at each variant's learning rate chosen on the validation
+  stream (test NMSE by default)."""
+  return {c.variant: {s: measure(v) for s, v in zip(c.metrics["seed"], c.metrics[column])}
+          for c in verdicts.choose(records, sweep_report.measure_of(records))}
 
 
 def _pair(values, a, b):
@@ -35,29 +48,35 @@ def _pair(values, a, b):
   return [values[a][s] for s in seeds], [values[b][s] for s in seeds]
 
 
-def difference(values, a, b) -> tuple[float, float, float, str]:
-  """(mean of a - b, half-width of its 95% interval, p, the same as text), paired by seed."""
-  mean, half, p, n = statistics.paired(*_pair(values, a, b))
-  half = 0.0 if math.isnan(half) else half
-  return mean, half, p, (f"{a} - {b} = {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}], "
-                         f"p {p:.2g}, {n} seeds")
+def difference(values, a, b) -> statistics.Comparison:
+  """a - b paired by seed: mean, bootstrap interval, exact sign-flip p."""
+  return statistics.paired_difference("", a, b, *_pair(values, a, b))
 
 
-def above(values, a, b):
-  """a above b, significantly (p < 0.05)."""
-  mean, _, p, text = difference(values, a, b)
-  return f"{a} > {b}", mean > 0 and p < statistics.SIGNIFICANT, text
+def _text(c: statistics.Comparison) -> str:
+  return (f"{c.arm} - {c.baseline} = {c.estimate:+.3g} [{c.low:+.3g}, {c.high:+.3g}], "
+          f"p {c.p:.2g}, {c.n} seeds")
 
 
-def not_above(values, a, b):
-  name, held, text = above(values, a, b)
-  return f"{a} not above {b}", not held, text
+def above(values, a, b) -> Tested:
+  """a above b, significantly after Holm."""
+  c = difference(values, a, b)
+  return Tested(f"{a} > {b}", _text(c), c.p,
+                lambda q: c.estimate > 0 and q < statistics.SIGNIFICANT)
 
 
-def close(values, a, b):
-  """a at most MARGIN above b, the interval's upper end included."""
-  mean, half, _, text = difference(values, a, b)
-  return f"{a} ~ {b} (within {MARGIN:g})", mean + half < MARGIN, text
+def not_above(values, a, b) -> Tested:
+  c = difference(values, a, b)
+  return Tested(f"{a} not above {b}", _text(c), c.p,
+                lambda q: not (c.estimate > 0 and q < statistics.SIGNIFICANT))
+
+
+def close(values, a, b) -> Tested:
+  """a within MARGIN of b, by TOST."""
+  c = difference(values, a, b)
+  p = statistics.equivalence(*_pair(values, a, b), MARGIN)
+  return Tested(f"{a} ~ {b} (within {MARGIN:g})", _text(c) + f"; TOST p {p:.2g}", p,
+                lambda q: q < statistics.SIGNIFICANT)
 
 
 def mean_of(values, a) -> float:
@@ -65,18 +84,44 @@ def mean_of(values, a) -> float:
   return float(np.nanmean(list(values[a].values())))
 
 
+def decide(rows) -> list[tuple[str, str, list[tuple[str, bool | None, str]]]]:
+  """The rows with every check as (name, held, measured): the tested ones decided after Holm's
+  correction over all of them."""
+  tested = [check for _, _, checks in rows for check in checks if isinstance(check, Tested)]
+  adjusted = statistics.adjust(statistics.Comparison("", "", "", 0, 0, 0, 0, check.p, "")
+                               for check in tested)
+  holm = {id(check): c.p_adjusted for check, c in zip(tested, adjusted)}
+  decided = []
+  for number, task, checks in rows:
+    out = []
+    for check in checks:
+      if isinstance(check, Tested):
+        q = holm[id(check)]
+        out.append((check.name, None if math.isnan(q) else check.held(q),
+                    f"{check.text}; Holm {q:.2g}"))
+      else:
+        out.append(check)
+    decided.append((number, task, out))
+  return decided
+
+
+def held(rows) -> dict[str, bool]:
+  """{prediction: whether every one of its checks held}, after Holm."""
+  return {number: all(check[1] for check in checks) for number, _, checks in decide(rows)}
+
+
 def table(rows, setting="task") -> str:
-  """The checks as a markdown table; ``setting`` names the second column (what each row's
-  second entry is)."""
+  """The checks as a markdown table (decide); ``setting`` names the second column (what each
+  row's second entry is)."""
   lines = [f"| prediction | {setting} | check | measured | check holds | prediction held |",
            "|---|---|---|---|---|---|"]
-  for number, task, checks in rows:
-    held = all(check[1] for check in checks)
+  for number, task, checks in decide(rows):
+    held_all = all(check[1] for check in checks)
     for i, (name, check_held, text) in enumerate(checks):
       verdict = {True: "yes", False: "no", None: "untestable"}[check_held]
       lines.append(f"| {number if i == 0 else ''} | {task if i == 0 else ''} | {name} | {text} | "
                    f"{verdict} | "
-                   f"{('**yes**' if held else '**no**') if i == 0 else ''} |")
+                   f"{('**yes**' if held_all else '**no**') if i == 0 else ''} |")
   return "\n".join(lines) + "\n"
 
 

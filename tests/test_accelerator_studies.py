@@ -68,6 +68,9 @@ def _results(path, rows):
   return sweep_report.records_from_csv(path)
 
 
+SEEDS = 10  # enough for the exact tests to pass Holm over a table's checks
+
+
 def _accuracy(**accuracies):
   """{<set>_accuracy: a, <set>_loss: 1 - a} for each test set's accuracy a."""
   return {f"{name}_{kind}": value for name, a in accuracies.items()
@@ -80,12 +83,14 @@ def _scaling_results(path, error):
   rows = [(f"dk{d}_{scale}", seed, lr, d, _accuracy(eval=1 - error(d, scale, lr, seed),
                                                     validation=1 - error(d, scale, lr, seed)))
           for d in scaling.ACCELERATOR_HEAD_DIMS for scale in scaling.ACCELERATOR_SCALES
-          for lr in scaling.LEARNING_RATES for seed in range(6)]
+          for lr in scaling.LEARNING_RATES for seed in range(SEEDS)]
   return _results(path, rows)
 
 
 def _held(rows):
-  return {name: all(check[1] for check in checks) for name, _, checks in rows}
+  """Whether each prediction held, its tested checks decided after Holm over the table."""
+  from scripts import predictions
+  return predictions.held(rows)
 
 
 def test_scaling_predictions_hold_where_the_literature_says_and_fail_where_scale_is_harmless(
@@ -118,7 +123,7 @@ def test_positional_predictions_hold_where_the_literature_says_and_fail_where_al
         **{m: accuracy(task, encoding, 2 ** (i + 1)) + noise(seed, i)
            for i, m in enumerate(lengths)}))
             for task in positional.ACCELERATOR[0] for encoding in positional.ENCODINGS
-            for lr in positional.ACCELERATOR[5] for seed in range(6)]
+            for lr in positional.ACCELERATOR[5] for seed in range(SEEDS)]
     return _results(tmp_path / name, rows)
 
   def literature(task, encoding, times):
@@ -136,7 +141,7 @@ def test_the_variants_accelerator_preset_trains_the_same_arms_longer_with_more_s
   config, cpu = attention_variants.get_config("accelerator"), attention_variants.get_config()
   sweep.check(config)
   assert config.variants == cpu.variants and config.grid == cpu.grid
-  assert (config.num_seeds, config.train.num_train_steps) == (6, 2000)
+  assert (config.num_seeds, config.train.num_train_steps) == (10, 2000)
   assert set(config.extra_evals) == {"validation"}
 
 
@@ -151,7 +156,7 @@ def test_variant_predictions_hold_where_the_papers_say_and_fail_where_no_variant
         **_accuracy(eval=accuracy(variant, lr) + noise(seed, lr),
                     validation=accuracy(variant, lr)),
         "final_first_token_weight": first_token(variant) + noise(seed, 0)})
-            for variant in names for lr in attention_variants.LEARNING_RATES for seed in range(6)]
+            for variant in names for lr in attention_variants.LEARNING_RATES for seed in range(SEEDS)]
     return _results(tmp_path / name, rows)
 
   def papers(variant, lr):  # the gates and QK-norm train where plain attention fails

@@ -392,9 +392,10 @@ def test_the_ablation_configs_are_valid_and_a_bad_mode_is_refused(mode):
   from experiments import sweep
   config = ablation.get_config(mode)
   sweep.check(config)
-  assert config.num_seeds == (2 if mode and mode.endswith("quick") else 3)
+  assert config.num_seeds == (2 if mode and mode.endswith("quick") else ablation.NUM_SEEDS)
   assert len(config.grid.learning_rate) == (2 if mode and mode.endswith("quick") else 4)
-  assert bool(config.extra_evals) == (mode or "").startswith("order")
+  assert ("length_17_32" in config.extra_evals) == (mode or "").startswith("order")
+  assert "validation" in config.extra_evals
   with pytest.raises(ValueError, match="mode must be one of"):
     ablation.get_config("listops")
 
@@ -417,16 +418,18 @@ def test_the_matched_baseline_has_as_many_parameters_as_dcmha():
 
 def test_the_ablation_runs_tiny(data_dir, tmp_path):
   from configs.ablations import head_variants as ablation
-  from experiments import sweep, sweep_report
+  from experiments import sweep, sweep_report, verdicts
   config = ablation.get_config("quick")
   config.train.update(data_dir=data_dir, num_train_steps=2, eval_every_steps=2,
                       checkpoint_every_steps=2, log_every_steps=1, warmup_steps=1, batch_size=8)
   config.train.task_options.update(num_train=64, num_test=16)
   config.num_seeds = 1
   config.variants = tuple(v for v in config.variants if v[0] == "dcmha_16")
+  config.baseline, config.contrasts = "dcmha_16", ()
   (record,) = sweep.run_sweep(config, str(tmp_path))
   assert record["status"] == "ok", record
-  report = sweep_report.markdown("head variants", [record], str(tmp_path))
+  design = verdicts.Design.of_sweep(config, "accuracy")
+  report = open(sweep_report.write([record], str(tmp_path), design)["markdown"]).read()
   assert f"| {record['metrics']['parameters'][0]} |" in report  # the parameter column
 
 

@@ -1,67 +1,140 @@
-"""The sweep report's statistics against values computed by hand."""
+"""The statistics engine against independent references: exact tests enumerated by hand, Wilson's
+interval from its formula, Holm's procedure from its definition; ties and zero variance give
+defined results and no warnings."""
 
+import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from scipy import stats as scipy_stats
 
 from experiments import statistics
 
 pytestmark = pytest.mark.quick  # in the quick subset: python -m pytest -q -n 2 -m quick
 
 
-def test_interval_is_the_student_t_interval():
-  mean, half = statistics.interval([0.8, 0.9, 1.0])
-  assert mean == 0.9
-  np.testing.assert_allclose(half, 4.302653 * 0.1 / math.sqrt(3), rtol=1e-6)  # t(0.975, 2)
-  mean, half = statistics.interval([1.0, 3.0, float("nan")])  # a diverged run is left out
-  np.testing.assert_allclose(half, 12.7062047 * math.sqrt(2) / math.sqrt(2), rtol=1e-6)
-  assert statistics.interval([0.5])[0] == 0.5 and math.isnan(statistics.interval([0.5])[1])
-  assert math.isnan(statistics.interval([float("nan")])[0])
+def _sign_flip_by_enumeration(differences):
+  """Two-sided p: the share of the 2^n sign patterns whose |mean| is at least the observed."""
+  observed = abs(np.mean(differences))
+  means = [abs(np.mean(np.array(signs) * differences))
+           for signs in itertools.product((1, -1), repeat=len(differences))]
+  return np.mean(np.array(means) >= observed - 1e-12)
 
 
-def test_welch_p_against_a_hand_computation():
-  a, b = np.array([1.0, 2.0, 3.0, 4.0]), np.array([3.0, 5.0, 7.0])
-  va, vb = a.var(ddof=1) / 4, b.var(ddof=1) / 3
-  t = (a.mean() - b.mean()) / math.sqrt(va + vb)
-  df = (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 2)  # Welch-Satterthwaite
-  from scipy import special
-  p = special.betainc(df / 2, 0.5, df / (df + t * t))  # two-sided t tail
-  np.testing.assert_allclose(statistics.welch_p(a, b), p, rtol=1e-8)
-  assert statistics.welch_p([1.0, 1.0], [1.0, 1.0]) == 1.0
-  assert math.isnan(statistics.welch_p([1.0], [1.0, 2.0]))
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.floats(-1, 1, allow_nan=False), min_size=2, max_size=8),
+       st.lists(st.floats(-1, 1, allow_nan=False), min_size=8, max_size=8))
+def test_the_paired_test_is_the_exact_sign_flip_test(a, b):
+  b = b[:len(a)]
+  c = statistics.paired_difference("m", "a", "b", a, b)
+  differences = np.array(a) - np.array(b)
+  assert c.n == len(a) and c.test == "paired_permutation"
+  assert c.estimate == pytest.approx(differences.mean())
+  assert c.p == pytest.approx(_sign_flip_by_enumeration(differences)
+                              if np.any(differences != 0) else 1.0)
+  assert c.low <= c.estimate + 1e-12 and c.estimate - 1e-12 <= c.high
 
 
-def test_steps_to_target_and_learning_rate_sensitivity():
-  assert statistics.first_step_reaching([100, 200, 300], [0.5, 0.95, 0.85], 0.9) == 200
-  assert math.isnan(statistics.first_step_reaching([100, 200], [0.5, 0.6], 0.9))
-  # Wortsman et al. eq. 1: mean of min(L, L0) - L*, a diverged (NaN) run counting as L0.
-  np.testing.assert_allclose(statistics.lr_sensitivity([0.5, 0.2, float("nan"), 3.0], 1.0),
-                             (0.3 + 0.0 + 0.8 + 0.8) / 4)
-  assert statistics.lr_sensitivity([0.4, 0.4], 1.0) == 0.0
+def test_wilson_interval_matches_its_formula():
+  z = 1.959963984540054
+  for k, n in ((0, 3), (2, 3), (7, 10), (10, 10)):
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    rate, low, high = statistics.rate_interval(k, n)
+    assert rate == p
+    assert low == pytest.approx(max(0.0, centre - half)) and high == pytest.approx(
+        min(1.0, centre + half))
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=6))
-def test_the_bounded_interval_stays_in_range_and_is_the_t_interval_inside_it(values):
-  mean, low, high = statistics.bounded_interval(values, 0.0, 1.0)
-  assert 0.0 <= low <= mean + 1e-12 and mean - 1e-12 <= high <= 1.0
-  centre, half = statistics.interval(values)
-  half = 0.0 if math.isnan(half) else half
-  assert mean == centre
-  assert low == max(centre - half, 0.0) and high == min(centre + half, 1.0)
+def test_fisher_exact_by_enumerating_the_hypergeometric_tables():
+  # 5 of 5 solved against 0 of 5: of the C(10, 5) = 252 ways to place 5 solves, 2 are as extreme.
+  c = statistics.solve_rate_difference("solved", "a", "b", [True] * 5, [False] * 5)
+  assert c.p == pytest.approx(2 / 252) and c.estimate == 1.0
+  assert -1.0 <= c.low <= c.estimate <= c.high <= 1.0
+  same = statistics.solve_rate_difference("solved", "a", "b", [True, False] * 3, [False, True] * 3)
+  assert same.p == 1.0 and same.estimate == 0.0
 
 
-def test_paired_differences_against_the_t_statistic_by_hand():
-  a, b = [0.52, 0.61, 0.70, 0.55, 0.66], [0.10, 0.35, 0.18, 0.21, 0.30]
-  differences = np.subtract(a, b)
-  n, mean, sd = len(differences), differences.mean(), differences.std(ddof=1)
-  t = mean / (sd / np.sqrt(n))
-  p = 2 * scipy_stats.t.sf(abs(t), n - 1)
-  half = scipy_stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
-  assert statistics.paired(a, b) == pytest.approx((mean, half, p, n))
-  # A pair with a diverged (non-finite) side is left out; identical arms give p = 1.
-  assert statistics.paired(a + [np.nan], b + [0.2])[3] == n
-  assert statistics.paired(a, a)[1:3] == (0.0, 1.0)
+def test_holm_by_its_definition():
+  ps = [0.01, 0.04, 0.03, 0.005, float("nan")]
+  adjusted = [c.p_adjusted for c in statistics.adjust(
+      statistics.Comparison("m", "a", "b", 5, 0, 0, 0, p, "t") for p in ps)]
+  # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1, made monotone: 0.02, 0.03, 0.06, 0.06
+  np.testing.assert_allclose(adjusted[:4], [0.03, 0.06, 0.06, 0.02])
+  assert math.isnan(adjusted[4])
+
+
+def test_ties_and_zero_variance_are_defined_and_silent():
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert statistics.mean_interval([0.578] * 5) == (0.578, 0.578, 0.578)
+    zero = statistics.paired_difference("m", "a", "b", [0.5] * 4, [0.5] * 4)
+    assert (zero.estimate, zero.low, zero.high, zero.p) == (0.0, 0.0, 0.0, 1.0)
+    shifted = statistics.paired_difference("m", "a", "b", [1.0] * 6, [0.5] * 6)
+    assert (shifted.estimate, shifted.low, shifted.high) == (0.5, 0.5, 0.5)
+    assert shifted.p == pytest.approx(2 / 64)
+    both = statistics.independent_difference("m", "a", "b", [0.5] * 4, [0.5] * 3)
+    assert both.p == 1.0 and both.estimate == 0.0
+    constant = statistics.independent_difference("m", "a", "b", [1.0] * 4, [0.0] * 4)
+    assert constant.p == pytest.approx(2 / 70) and constant.low == constant.high == 1.0
+    never = statistics.time_to_solve_difference("t", "a", "b", [math.nan] * 3, [math.nan] * 3,
+                                                horizon=100, paired=False)
+    assert never.p == 1.0 and never.estimate == 0.0
+
+
+@pytest.mark.parametrize("values, lower, upper", [
+    ([0.0001, 0.0002, 0.0009], 0.0, math.inf), ([0.5, 1.0, 1.0], 0.0, 1.0),
+    ([0.4, 0.5, 0.6, 0.55], 0.0, 1.0)])
+def test_mean_intervals_stay_inside_the_range_and_hold_the_mean(values, lower, upper):
+  mean, low, high = statistics.mean_interval(values, lower, upper)
+  assert lower <= low <= mean <= high <= upper
+  assert mean == pytest.approx(np.mean(values))
+
+
+@pytest.mark.parametrize("test", ["paired_permutation", "solve_rate", "time_to_solve"])
+@pytest.mark.parametrize("n", [3, 5, 10])
+def test_smallest_p_is_what_the_most_extreme_outcome_gives(test, n):
+  if test == "solve_rate":
+    p = statistics.solve_rate_difference("s", "a", "b", [True] * n, [False] * n).p
+  elif test == "time_to_solve":
+    p = statistics.time_to_solve_difference("t", "a", "b", [100.0] * n, [math.nan] * n,
+                                            horizon=1000, paired=True).p
+  else:
+    p = statistics.paired_difference("m", "a", "b", np.arange(n) + 1.0, np.zeros(n)).p
+  assert statistics.smallest_p(test, n) == pytest.approx(p)
+  assert statistics.smallest_p(test, n, family=4) == pytest.approx(min(1.0, 4 * p))
+
+
+def test_time_to_solve_unpaired_is_the_log_rank_test_of_the_censored_times():
+  from scipy import stats
+  a, b = [100.0, 200.0, math.nan, 300.0], [math.nan, 400.0, math.nan]
+  c = statistics.time_to_solve_difference("t", "x", "y", a, b, horizon=1000, paired=False)
+  expected = stats.logrank(stats.CensoredData(uncensored=[100, 200, 300], right=[1000]),
+                           stats.CensoredData(uncensored=[400], right=[1000, 1000]))
+  assert c.test == "logrank" and c.p == pytest.approx(expected.pvalue)
+  assert c.estimate == pytest.approx(np.mean([100, 200, 1000, 300]) - np.mean([1000, 400, 1000]))
+
+
+def test_equivalence_needs_the_seeds_to_show_it():
+  rng = np.random.default_rng(0)
+  base = rng.uniform(0.9, 1.0, 12)
+  close = base + rng.normal(0, 0.005, 12)
+  assert statistics.equivalence(close, base, margin=0.05) < 0.01
+  assert statistics.equivalence(close[:3], base[:3], margin=0.05) >= 0.05  # 3 seeds cannot
+  assert statistics.equivalence(base + 0.2, base, margin=0.05) > 0.5
+
+
+def test_first_step_reaching_either_way():
+  assert statistics.first_step_reaching([100, 200, 300], [0.5, 0.9, 1.0], 0.9) == 200
+  assert math.isnan(statistics.first_step_reaching([100, 200], [0.4, 0.2], 0.1,
+                                                   higher_is_better=False))
+  assert statistics.first_step_reaching([100, 200], [0.4, 0.05], 0.1,
+                                        higher_is_better=False) == 200
+
+
+def test_lr_sensitivity_is_wortsman_eq_1():
+  assert statistics.lr_sensitivity([0.5, 0.2, float("nan")], 1.0) == pytest.approx(1.1 / 3)
+  assert statistics.lr_sensitivity([0.3, 0.3], 1.0) == 0.0

@@ -11,10 +11,10 @@ import sys
 import ml_collections
 import numpy as np
 import pytest
-from scipy import stats
 
 from conftest import load_script
-from experiments import input_pipeline, logbook, steps, sweep, sweep_report, train
+from experiments import input_pipeline, logbook, report_tables, steps, sweep, sweep_report, train
+from experiments import verdicts
 from experiments import workdir as workdir_lib
 from training_helpers import EIGHT_CPU_DEVICES, GRID, ROOT, TINY, tiny_config
 
@@ -112,13 +112,16 @@ def test_a_sweep_with_a_grid_survives_sigterm_and_a_busy_workdir(group, data_dir
   for name, values in together.items():
     if name not in ("name", "seconds"):
       np.testing.assert_allclose(record["metrics"][name], values, rtol=1e-6, err_msg=name)
-  with open(sweep_report.write([record], str(tmp_path))["csv"]) as f:
+  design = verdicts.Design.of_sweep(config, "accuracy")
+  with open(sweep_report.write([record], str(tmp_path), design)["csv"]) as f:
     table = list(csv.DictReader(f))
   assert [(row["seed"], float(row["learning_rate"])) for row in table] == [
       ("0", 1e-3), ("1", 1e-3), ("0", 3e-3), ("1", 3e-3)]
+  assert {row["baseline"] for row in table} == {"base"} and table[0]["commit"]
   report = open(tmp_path / "results.md").read()
-  assert "| base learning_rate=0.003 |" in report
-  assert "Best learning rate per variant" in report and "Largest attention logit" in report
+  assert "| base lr=0.003 |" in report
+  assert "Each variant at its chosen learning rate" in report
+  assert "Largest attention logit" in report
   for figure in ("learning_rates.png", "max_attention_logits.png"):
     assert os.path.getsize(tmp_path / figure) > 5000
   for index in range(4):
@@ -129,7 +132,7 @@ def test_sweep_writes_tables_and_plots_then_skips_finished_variants(data_dir, tm
                                                                     monkeypatch):
   config = tiny_sweep(data_dir, TWO_VARIANTS)
   records = sweep.run_sweep(config, str(tmp_path))
-  paths = sweep_report.write(records, str(tmp_path))
+  paths = sweep_report.write(records, str(tmp_path), verdicts.Design.of_sweep(config, "accuracy"))
   with open(paths["csv"]) as f:
     table = list(csv.DictReader(f))
   assert [(row["variant"], row["seed"]) for row in table] == [
@@ -139,8 +142,8 @@ def test_sweep_writes_tables_and_plots_then_skips_finished_variants(data_dir, tm
     assert column in table[0]
   accuracies = [float(row["eval_accuracy"]) for row in table[:2]]
   markdown = open(paths["markdown"]).read()
-  half = stats.t.ppf(0.975, 1) * np.std(accuracies, ddof=1) / np.sqrt(2)  # 95%, 2 seeds
-  assert f"| sinusoidal | {np.mean(accuracies):.3f} ± {half:.3f} |" in markdown
+  assert f"| sinusoidal | {report_tables.mean_cell(accuracies, 'eval_accuracy')} |" in markdown
+  assert "| none | sinusoidal | 2 |" in markdown  # the declared comparison, paired by seed
   for kind in ("final", "curves", "probes"):
     assert os.path.getsize(paths[kind]) > 5000
 
@@ -167,9 +170,10 @@ def test_a_failing_variant_is_recorded_and_the_others_still_run(data_dir, tmp_pa
   assert [record["status"] for record in records] == ["failed", "ok"]
   assert "batch_size=16 exceeds the 8 training examples" in records[0]["error"]
   assert os.path.exists(tmp_path / "variants" / "tiny_data" / "error.txt")
-  markdown = sweep_report.markdown("t", records)
+  paths = sweep_report.write(records, str(tmp_path), verdicts.Design.of_sweep(config, "accuracy"))
+  markdown = open(paths["markdown"]).read()
   assert "- tiny_data: ConfigError: batch_size=16 exceeds" in markdown
-  with open(sweep_report.write(records, str(tmp_path))["csv"]) as f:
+  with open(paths["csv"]) as f:
     assert [row["status"] for row in csv.DictReader(f)] == ["failed", "ok"]
 
 
@@ -187,7 +191,9 @@ def test_ablation_configs_are_valid(name, mode):
   module = importlib.import_module(f"configs.ablations.{name}")
   config = module.get_config(mode)
   sweep.check(config)
-  assert config.num_seeds == (2 if mode == "quick" else 3)
+  seeds = getattr(module, "NUM_SEEDS", 3)  # the re-read studies: enough seeds for their tests
+  assert config.num_seeds == (2 if mode == "quick" else seeds)
+  assert "validation" in config.extra_evals and config.baseline in dict(config.variants)
   for _, overrides in config.variants:
     assert sweep.variant_config(config, overrides).model.num_heads > 0
 

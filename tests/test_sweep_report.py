@@ -1,12 +1,17 @@
-"""The sweep report's plots without a sweep: readable names, intervals inside each measure's
-range, and the plots drawn again from results.csv alone."""
+"""The sweep report without a sweep: readable names, intervals inside each measure's range, and
+the report and plots made again from results.csv alone."""
 
 import os
 
 import numpy as np
 import pytest
 
-from experiments import sweep_report, workdir as workdir_lib
+from experiments import report_plots, report_tables, sweep_report, verdicts
+from experiments import workdir as workdir_lib
+
+DESIGN = verdicts.Design(baseline="heads_1", comparisons=(("heads_4", "heads_1"),),
+                         test="paired_permutation", primary="eval_accuracy", solved_at=0.9,
+                         censored_at=110.0)
 
 
 def _records():
@@ -23,53 +28,59 @@ def _records():
                                 "eval_loss": [0.01, 1.5, 0.02, 0.05, 0.04, 0.01],
                                 "length_21_40_accuracy": list(rng.uniform(0, 1, 6)),
                                 "length_5_20_accuracy": list(rng.uniform(0, 1, 6)),
+                                "validation_accuracy": accuracy,
+                                "validation_loss": [0.01, 1.5, 0.02, 0.05, 0.04, 0.01],
                                 "final_entropy": list(rng.uniform(0, 2, 6)),
                                 "init_entropy": list(rng.uniform(0, 2, 6))}})
   return records
 
 
 def test_keys_read_as_names():
-  assert sweep_report.readable("eval_accuracy") == "Test accuracy"
-  assert sweep_report.readable("eval_loss") == "Test loss"
-  assert sweep_report.readable("length_21_40") == "length 21-40"
-  assert sweep_report.readable("length_21_40_accuracy") == "Test accuracy, length 21-40"
-  assert sweep_report.readable_arm("mha_4 learning_rate=0.01") == "mha_4 lr=0.01"
+  assert report_tables.readable("eval_accuracy") == "Test accuracy"
+  assert report_tables.readable("eval_loss") == "Test loss"
+  assert report_tables.readable("length_21_40") == "length 21-40"
+  assert report_tables.readable("length_21_40_accuracy") == "Test accuracy, length 21-40"
+  assert report_tables.readable_arm("mha_4 learning_rate=0.01") == "mha_4 lr=0.01"
+  assert report_plots.label("dk64_qk_norm", "d_k = 64") == "QK-norm"
+  assert report_plots.label("even_pairs-none") == "even pairs-none"  # not a scale
 
 
 @pytest.mark.parametrize("name, values", [
     ("eval_accuracy", [[1.0, 0.5, 1.0], [0.0, 0.4, 0.0], [0.9]]),
     ("eval_loss", [[0.01, 1.5, 0.02], [3.0, 2.0, 4.0]])])
 def test_error_bars_end_inside_the_measure_s_range(name, values):
-  means, (below, above) = sweep_report._yerr(values, name)
-  low, high = sweep_report.metric_range(name)
+  means, (below, above) = report_plots.yerr(values, name)
+  low, high = report_tables.metric_range(name)
   assert np.all(means - below >= low) and np.all(means + above <= high)
   assert np.all(below >= 0) and np.all(above >= 0)
-  # the first arm's t-interval (0.833 +- 0.717) passes 1: clipped above, not below
-  if name == "eval_accuracy":
-    assert means[0] + above[0] == 1.0 and below[0] == pytest.approx(0.717, abs=1e-3)
+  if name == "eval_accuracy":  # one seed: no interval; the bootstrap never passes the data
+    assert below[2] == above[2] == 0 and means[0] + above[0] == 1.0
 
 
-def test_the_plots_are_drawn_again_from_results_csv_alone(tmp_path):
+def test_the_report_is_made_again_from_results_csv_alone(tmp_path):
   records = _records()
-  sweep_report.write_csv(records, tmp_path / "results.csv")
-  again = sweep_report.records_from_csv(tmp_path / "results.csv")
+  sweep_report.write_csv(records, tmp_path / "results.csv", DESIGN)
+  again, design = sweep_report.read_csv(tmp_path / "results.csv")
+  assert design == DESIGN
   assert [r["variant"] for r in again] == ["heads_1", "heads_4"]
   for record, read in zip(records, again):
     assert read["overrides"] == workdir_lib.flatten(record["overrides"])
     for name in ("eval_accuracy", "eval_loss", "learning_rate", "length_21_40_accuracy"):
       np.testing.assert_allclose(read["metrics"][name], record["metrics"][name])
-    assert sweep_report.arms(read) == sweep_report.arms(record)
+    assert report_tables.arms(read) == report_tables.arms(record)
   paths = sweep_report.write_from_csv(str(tmp_path / "results.csv"))
-  assert sorted(paths) == ["best_learning_rates", "final", "learning_rates", "lengths",
-                          "probes"]
-  for path in paths.values():
-    assert os.path.getsize(path) > 5000
+  assert sorted(paths) == ["chosen", "comparisons", "final", "learning_rates", "lengths",
+                           "markdown", "probes"]
+  for kind, path in paths.items():
+    assert os.path.getsize(path) > (5000 if path.endswith(".png") else 100), kind
 
 
-def test_table_intervals_stay_inside_the_measures_range():
-  # An NMSE near 0 whose t-interval would pass below 0: the interval is clipped and bracketed,
-  # in significant digits; an accuracy near 1 is clipped at 1; an interval inside stays ±.
-  assert sweep_report._ci([0.0001, 0.0002, 0.0009], "eval_nmse") == "0.0004 [0, 0.0015]"
-  assert sweep_report._ci([0.5, 1.0, 1.0], "eval_accuracy") == "0.833 [0.116, 1.000]"
-  assert sweep_report._ci([0.4, 0.5, 0.6], "eval_accuracy") == "0.500 ± 0.248"
-  assert sweep_report._ci([float("nan")], "eval_nmse") == "diverged"
+def test_table_intervals_stay_inside_the_measures_range_in_one_style():
+  assert report_tables.mean_cell([0.0001, 0.0002, 0.0009], "eval_nmse").startswith("0.0004 [")
+  cell = report_tables.mean_cell([0.5, 1.0, 1.0], "eval_accuracy")
+  low, high = (float(x) for x in cell.split("[")[1].rstrip("]").split(", "))
+  assert cell.startswith("0.833 [") and 0.5 <= low and high <= 1.0
+  assert report_tables.mean_cell([0.578] * 3, "eval_accuracy") == "0.578"
+  assert report_tables.mean_cell([float("nan")], "eval_nmse") == "diverged"
+  # a small nonzero difference shows as nonzero
+  assert report_tables.interval_cell(-0.00043, -0.0005, -0.0003) == "-0.00043 [-0.0005, -0.0003]"

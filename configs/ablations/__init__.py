@@ -23,12 +23,16 @@ def check_mode(mode, valid=("quick", "accelerator")) -> None:
 
 
 def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, baseline: str,
-                 contrasts=(), extra_evals=None, base=default) -> ml_collections.ConfigDict:
+                 contrasts=(), test="paired_permutation", primary="", bracket=2,
+                 extra_evals=None, base=default) -> ml_collections.ConfigDict:
   """A sweep over ``variants`` of the training config of module ``base`` (configs.default),
   trained for ``steps`` steps (3 seeds), or with mode "quick" for a tenth of them on a smaller
   dataset (2 seeds, two evaluations). Every sweep evaluates a validation stream (VALIDATION),
   which chooses each variant's learning rate; ``baseline`` and ``contrasts``: the module's
-  docstring.
+  docstring. ``test``: how each comparison is tested (experiments/statistics.py TESTS), on
+  ``primary`` (a metric; default the test set's accuracy or NMSE). ``bracket``: how many
+  learning rates the sweep may add past an edge of the grid where a variant's optimum sits
+  there (experiments/sweep.py, bracket), within ``budget_minutes`` (30) of training.
 
   The caller adjusts ``sweep.train`` (the shared training config) afterwards.
   """
@@ -52,4 +56,8 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, ba
   sweep.variants = tuple(variants)
   sweep.baseline = baseline
   sweep.contrasts = tuple(tuple(pair) for pair in contrasts)
+  sweep.test = test
+  sweep.primary = primary
+  sweep.bracket = 0 if quick else bracket
+  sweep.budget_minutes = 30
   return sweep

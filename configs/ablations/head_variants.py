@@ -84,7 +84,7 @@ def get_config(mode=None):
       "min_length": TEST_LENGTHS[0], "max_length": TEST_LENGTHS[1], "num_train": 1}}
   sweep = sweep_config(quick, steps=STEPS[task], eval_every=100, warmup=100, base=mqar,
                        variants=_variants(base.model), baseline=f"mha_{HEADS[0]}",
-                       contrasts=_contrasts(),
+                       contrasts=_contrasts(), test="time_to_solve",
                        extra_evals=extra_evals if task == "order" else None)
   if task == "order":
     options = sweep.train.task_options

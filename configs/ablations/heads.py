@@ -38,7 +38,7 @@ NUM_SEEDS = 10
 
 def get_config(mode=None):
   sweep = sweep_config(mode, steps=1000, eval_every=100, warmup=100, base=mqar,
-                       baseline=f"heads_{HEADS[0]}", variants=(
+                       baseline=f"heads_{HEADS[0]}", test="time_to_solve", variants=(
                            (f"heads_{n}", {"model": {"num_heads": n}}) for n in HEADS))
   if mode != "quick":
     sweep.num_seeds = NUM_SEEDS

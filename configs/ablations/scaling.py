@@ -52,7 +52,7 @@ def get_config(mode=None):
   scales = {name: SCALES[name] for name in ACCELERATOR_SCALES} if accelerator else SCALES
   steps = ACCELERATOR_STEPS if accelerator else 600
   sweep = sweep_config(mode, steps=steps, eval_every=100, warmup=60, base=mqar,
-                       baseline=f"dk{head_dims[0]}_inv_sqrt",
+                       baseline=f"dk{head_dims[0]}_inv_sqrt", test="time_to_solve",
                        contrasts=((f"dk{head_dim}_{name}", f"dk{head_dim}_inv_sqrt")
                                   for head_dim in head_dims for name in scales
                                   if name != "inv_sqrt"),

@@ -1,0 +1,270 @@
+"""The figures of a sweep's report, each readable at page width: at most three panels, human
+labels, every line with its own marker and nudged sideways where lines would coincide, 95%
+bootstrap intervals inside the measure's range. Those that need only results.csv (final
+metrics, learning rates, test sets, probes) are drawn again from a committed CSV; learning
+curves and logit maxima need the run's metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from experiments import logbook, statistics, verdicts, workdir as workdir_lib  # noqa: E402
+from experiments.report_tables import (INTERVAL_NOTE, MAX_LOGIT, accuracy_columns,  # noqa: E402
+                                       arm_values, measure_of, metric_range, readable,
+                                       readable_arm)
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+MAX_PANELS = 3
+# Words for the parts of variant names and of settings that the configs abbreviate.
+NAMES = (("inv_sqrt", "1/√d_k"), ("qk_norm", "QK-norm"), ("inv", "1/d_k"), ("none", "no scaling"),
+         ("learned", "learned temperature"))
+SETTINGS = {"model.head_dim": "d_k", "model.num_heads": "heads",
+            "model.positional_encoding": "encoding"}
+PROBES_SHOWN = ("entropy", "max_weight", "logit_variance")
+
+
+def label(name: str, panel: str = "") -> str:
+  """A variant's name in words, without what its panel already says (``dk16_`` in the d_k = 16
+  panel).
+
+  >>> label("dk16_inv_sqrt", "d_k = 16"), label("heads_4 learning_rate=0.01")
+  ('1/√d_k', 'heads 4 lr=0.01')
+  """
+  name = readable_arm(name)
+  value = panel.rpartition("= ")[2]
+  if value:
+    name = re.sub(rf"^[a-z]+{re.escape(value)}_", "", name)
+  for short, words in NAMES:  # whole parts only: between underscores, spaces and the ends
+    name = re.sub(rf"(?<![^_ ]){short}(?![^_ ])", words, name)
+  return name.replace("_", " ")
+
+
+def yerr(values_per_point, name):
+  """Means and the [below, above] error-bar lengths of the bootstrap intervals, for matplotlib."""
+  means, lows, highs = (np.array(v) for v in zip(*(
+      statistics.mean_interval(values, *metric_range(name)) for values in values_per_point)))
+  return means, np.nan_to_num(np.stack([means - lows, highs - means]))
+
+
+def _save(figure, path):
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
+def _bars(axis, labels):
+  axis.set_xticks(np.arange(len(labels)), labels, rotation=60, ha="right", fontsize=7)
+
+
+def _shown_columns(records, design) -> list[str]:
+  """At most two measures: the design's primary and, where it differs, the test set's."""
+  columns = [c for c in accuracy_columns(records) if c.endswith(("_accuracy", "_nmse"))]
+  primary = design.primary if design else f"eval_{measure_of(records)}"
+  return list(dict.fromkeys([c for c in (f"eval_{measure_of(records)}", primary)
+                             if c in columns]))[:2]
+
+
+def plot_final(records, path, design=None):
+  """Every arm's final measure: mean (bar), seeds (dots), interval."""
+  armed = arm_values(records)
+  columns = _shown_columns(records, design)
+  figure, axes = plt.subplots(len(columns), 1, figsize=(min(12, max(5, 0.35 * len(armed) + 2)),
+                                                        3.2 * len(columns) + 1), squeeze=False,
+                              sharex=True)
+  for axis, column in zip(axes[:, 0], columns):
+    values = [np.asarray(metrics[column], np.float64) for _, metrics, _ in armed]
+    x = np.arange(len(armed))
+    means, errors = yerr(values, column)
+    axis.bar(x, means, yerr=errors, capsize=2, color="#8fb0d8", label="mean, " + INTERVAL_NOTE)
+    for position, value in zip(x, values):
+      axis.scatter(np.full(len(value), position), value, s=6, color="k", zorder=3,
+                   label="one seed" if position == 0 else None)
+    axis.set_ylabel(readable(column), fontsize=8)
+    if column.endswith("_accuracy"):
+      axis.set_ylim(0, 1.02)
+    axis.grid(axis="y", alpha=0.3)
+  axes[0, 0].legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1), ncol=2, frameon=False)
+  _bars(axes[-1, 0], [label(name) for name, _, _ in armed])
+  _save(figure, path)
+
+
+def plot_chosen(records, path, design=None):
+  """Each variant at its chosen learning rate: mean (bar), seeds (dots), interval."""
+  chosen = verdicts.choose(records, measure_of(records))
+  columns = _shown_columns(records, design)
+  figure, axes = plt.subplots(len(columns), 1, squeeze=False, sharex=True,
+                              figsize=(min(12, max(5, 0.4 * len(chosen) + 2)),
+                                       3.0 * len(columns) + 1))
+  x = np.arange(len(chosen))
+  for axis, column in zip(axes[:, 0], columns):
+    values = [np.asarray(c.metrics[column], np.float64) for c in chosen]
+    means, errors = yerr(values, column)
+    axis.bar(x, means, yerr=errors, capsize=2, color="#8fb0d8")
+    for position, value in zip(x, values):
+      axis.scatter(np.full(len(value), position), value, s=6, color="k", zorder=3)
+    axis.set_ylabel(readable(column), fontsize=8)
+    if column.endswith("_accuracy"):
+      axis.set_ylim(0, 1.02)
+    axis.grid(axis="y", alpha=0.3)
+  _bars(axes[-1, 0], [f"{label(c.variant)} (lr {c.learning_rate:g}{' ⚑' if c.edge else ''})"
+                      for c in chosen])
+  axes[0, 0].set_title(f"At the learning rate chosen on the {readable(chosen[0].chosen_on)}: "
+                       f"mean (bar), seeds (dots), {INTERVAL_NOTE}; ⚑ edge of the grid",
+                       fontsize=8)
+  _save(figure, path)
+
+
+def panels(records) -> dict[str, list[dict]]:
+  """The finished records split by the first override that varies between them, when more than
+  one does (scaling: a panel per d_k, a line per scale); otherwise one panel."""
+  finished = [r for r in records if r["status"] == "ok"]
+  settings = [workdir_lib.flatten(r["overrides"]) for r in finished]
+  keys = list(dict.fromkeys(k for s in settings for k in s))
+  varying = [k for k in keys if len({repr(s.get(k)) for s in settings}) > 1]
+  if len(varying) < 2:
+    return {"": finished}
+  grouped = {}
+  for record, setting in zip(finished, settings):
+    key = SETTINGS.get(varying[0], varying[0])
+    grouped.setdefault(f"{key} = {setting.get(varying[0])}", []).append(record)
+  return grouped
+
+
+def _figure(count, width=4.6, height=3.8):
+  figure, axes = plt.subplots(1, count, figsize=(width * count + 0.8, height), squeeze=False,
+                              sharey=True)
+  return figure, axes[0]
+
+
+def _errorbars(axis, x, per_point, name, metric, index, count, log_x=False):
+  """Means with intervals at each x, nudged by ``index`` of ``count`` lines so that coinciding
+  lines stay visible, with their own marker."""
+  means, errors = yerr(per_point, metric)
+  spread = (np.asarray(x, np.float64) * (1.06 ** (index - (count - 1) / 2)) if log_x else
+            np.asarray(x, np.float64) + 0.06 * (index - (count - 1) / 2))
+  axis.errorbar(spread, means, yerr=errors, label=name, marker=MARKERS[index % len(MARKERS)],
+                ms=4, capsize=2, lw=1.2)
+
+
+def plot_learning_rates(records, path):
+  """The final measure against the learning rate, a line per variant, a panel per group (at
+  most MAX_PANELS; more groups go to further files, path_2.png, ...)."""
+  metric = f"eval_{measure_of(records)}"
+  groups = list(panels(records).items())
+  paths = []
+  for part, start in enumerate(range(0, len(groups), MAX_PANELS)):
+    chunk = groups[start:start + MAX_PANELS]
+    figure, axes = _figure(len(chunk))
+    for axis, (title, members) in zip(axes, chunk):
+      for index, record in enumerate(members):
+        armed = arm_values([record])
+        rates = [metrics["learning_rate"][0] for _, metrics, _ in armed]
+        _errorbars(axis, rates, [metrics[metric] for _, metrics, _ in armed],
+                   label(record["variant"], title), metric, index, len(members), log_x=True)
+      axis.set_title(title, fontsize=9)
+      axis.set_xscale("log")
+      axis.set_xlabel("peak learning rate")
+      axis.grid(alpha=0.3)
+      axis.legend(fontsize=7)
+    axes[0].set_ylabel(f"{readable(metric)}\n(mean, {INTERVAL_NOTE})", fontsize=8)
+    paths.append(path if part == 0 else path.replace(".png", f"_{part + 1}.png"))
+    _save(figure, paths[-1])
+  return paths
+
+
+def plot_lengths(records, evaluations, path):
+  """The measure on each test set in order (the training distribution's first, then the
+  others: longer sequences, the validation stream), a line per arm, a panel per task."""
+  measure = measure_of(records)
+  groups = {}
+  for arm in arm_values(records):
+    groups.setdefault(str(arm[2]["overrides"].get("task", "")), []).append(arm)
+  figure, axes = _figure(min(len(groups), MAX_PANELS), width=5.2)
+  for axis, (group, armed) in zip(axes, itertools.islice(groups.items(), MAX_PANELS)):
+    for index, (name, metrics, _) in enumerate(armed):
+      _errorbars(axis, np.arange(len(evaluations)),
+                 [metrics[f"{e}_{measure}"] for e in evaluations], label(name), measure, index,
+                 len(armed))
+    axis.set_xticks(np.arange(len(evaluations)), [readable(e) for e in evaluations],
+                    fontsize=7, rotation=20)
+    axis.set_title(group or readable(f"eval_{measure}") + " by test set", fontsize=9)
+    if measure == "accuracy":
+      axis.set_ylim(0, 1.02)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=6)
+  axes[0].set_ylabel(f"{readable('eval_' + measure)}\n(mean, {INTERVAL_NOTE})", fontsize=8)
+  _save(figure, path)
+
+
+def plot_probes(records, path):
+  """Three probes of the attention, at initialisation and after training, per arm."""
+  armed = arm_values(records)
+  shown = [p for p in PROBES_SHOWN if f"final_{p}" in armed[0][1]]
+  figure, axes = plt.subplots(len(shown), 1, figsize=(min(12, max(5, 0.35 * len(armed) + 2)),
+                                                      2.6 * len(shown) + 1), squeeze=False,
+                              sharex=True)
+  x = np.arange(len(armed))
+  for axis, probe in zip(axes[:, 0], shown):
+    for offset, stage in ((-0.2, "init"), (0.2, "final")):
+      axis.bar(x + offset, [np.mean(metrics[f"{stage}_{probe}"]) for _, metrics, _ in armed],
+               width=0.4, label={"init": "at initialisation", "final": "after training"}[stage])
+    axis.set_ylabel(readable(probe) + "\n(mean over seeds)", fontsize=8)
+    if probe == "logit_variance":
+      axis.set_yscale("log")
+  axes[0, 0].legend(fontsize=7)
+  _bars(axes[-1, 0], [label(name) for name, _, _ in armed])
+  _save(figure, path)
+
+
+def plot_curves(workdir, records, path):
+  """The measure against step for each variant at its chosen learning rate: the mean, and a
+  band from the lowest to the highest seed; a panel per group."""
+  measure = measure_of(records)
+  chosen = {c.variant: c for c in verdicts.choose(records, measure)}
+  column = f"eval_{measure}"
+  groups = list(panels(records).items())[:MAX_PANELS]
+  figure, axes = _figure(len(groups))
+  for axis, (title, members) in zip(axes, groups):
+    for index, record in enumerate(members):
+      c = chosen[record["variant"]]
+      steps, values = logbook.curves(workdir, record, c.metrics["name"], column)
+      line, = axis.plot(steps, np.nanmean(values, 0), marker=MARKERS[index % len(MARKERS)],
+                        ms=3, label=f"{label(c.variant, title)} (lr {c.learning_rate:g})")
+      axis.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0),
+                        color=line.get_color(), alpha=0.12)
+    axis.set_title(title, fontsize=9)
+    axis.set_xlabel("step")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=6)
+  axes[0].set_ylabel(f"{readable(column)}\n(mean; band: lowest to highest seed)", fontsize=8)
+  _save(figure, path)
+
+
+def plot_max_logits(workdir, records, path):
+  """The largest attention logit against step at the grid's highest learning rate (where
+  logit growth shows first), a line per variant, a panel per group, on a log scale."""
+  groups = list(panels(records).items())[:MAX_PANELS]
+  figure, axes = _figure(len(groups))
+  for axis, (title, members) in zip(axes, groups):
+    for index, record in enumerate(members):
+      highest = max(record["metrics"]["learning_rate"])
+      names = [n for n, r in zip(record["metrics"]["name"], record["metrics"]["learning_rate"])
+               if r == highest]
+      steps, values = logbook.curves(workdir, record, names, MAX_LOGIT)
+      axis.plot(steps, np.mean(values, 0), marker=MARKERS[index % len(MARKERS)], ms=3,
+                label=f"{label(record['variant'], title)} (lr {highest:g})")
+    axis.set_yscale("log")
+    axis.set_title(title, fontsize=9)
+    axis.set_xlabel("step")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=6)
+  axes[0].set_ylabel(readable(MAX_LOGIT) + "\n(mean over seeds)", fontsize=8)
+  _save(figure, path)

@@ -1,0 +1,104 @@
+"""Redoes every committed study's report from its results.csv: comparisons.csv, results.md and
+the figures, with the statistics engine of experiments/statistics.py. Takes a minute or two.
+
+  python -m scripts.rereport            # every study in STUDIES
+  python -m scripts.rereport heads      # the studies whose path contains "heads"
+
+A results.csv written before sweeps recorded their design and provenance gets them first, once:
+the design from the study's config (where the comparisons are declared; for these studies that
+declaration came after their run, which their pages say), the provenance from its results page
+(PAGES), "not recorded" where the page has none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments import provenance, sweep_report, verdicts  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                       "results")
+# results.csv (under docs/results/) -> (config module under configs.ablations, its mode)
+STUDIES = {
+    "heads/results.csv": ("heads", None),
+    "scaling/results.csv": ("scaling", None),
+    "scaling/accelerator/results.csv": ("scaling", "accelerator"),
+    "head_variants/mqar/results.csv": ("head_variants", "mqar"),
+    "head_variants/order/results.csv": ("head_variants", "order"),
+    "heads_binding/multi_retrieval/results.csv": ("heads_binding", "multi_retrieval"),
+    "heads_binding/farthest_point/results.csv": ("heads_binding", "farthest_point"),
+    "heads_binding/multi_retrieval_accelerator/results.csv": (
+        "heads_binding", "multi_retrieval_accelerator"),
+    "attention_variants/results.csv": ("attention_variants", None),
+    "positional/results.csv": ("positional", None),
+}
+_CPU_EPYC, _CPU_XEON = "AMD EPYC, 2 cores", "Intel Xeon, 2 cores"
+_H200 = "1 x NVIDIA H200"
+_OLD = {"python": "3.11 (patch not recorded)", "jax": "0.10.2", "flax": "0.12.8",
+        "optax": "0.2.8"}
+# The provenance that the results pages give for CSVs from before runs recorded it.
+PAGES = {
+    "scaling/accelerator/results.csv": {"commit": "2e6a9bf", "python": "3.12.3", "jax": "0.11.2",
+                                        "flax": "0.12.10", "optax": "0.2.8", "machine": _H200,
+                                        "date": "2026-11-26"},
+    "heads_binding/multi_retrieval/results.csv": {
+        "commit": "381534f", **_OLD, "python": "3.11.7", "machine": _CPU_EPYC,
+        "date": "2026-11-25"},
+    "heads_binding/farthest_point/results.csv": {
+        "commit": "fbbc40f", **_OLD, "python": "3.11.7", "machine": _CPU_EPYC,
+        "date": "2026-11-25"},
+    "heads_binding/multi_retrieval_accelerator/results.csv": {
+        "commit": "f111ad4", "python": "3.12.3", "jax": "0.11.2", "flax": "0.12.10",
+        "optax": "0.2.8", "machine": _H200, "date": "2026-11-26"},
+    "attention_variants/results.csv": {"commit": "92e3314", **_OLD, "python": "3.11.7",
+                                       "machine": _CPU_EPYC, "date": "2026-11-25"},
+    "positional/results.csv": {"commit": "not recorded (results committed in 07309f0)", **_OLD,
+                               "machine": _CPU_XEON, "date": "2026-11-23"},
+}
+
+
+def add_design(path: str, relative: str) -> bool:
+  """Writes the study's design and the page's provenance into a results.csv that lacks them;
+  False when it has them already."""
+  with open(path, newline="") as f:
+    reader = csv.DictReader(f)
+    columns, table = reader.fieldnames, list(reader)
+  if "baseline" in columns:
+    return False
+  module, mode = STUDIES[relative]
+  config = importlib.import_module(f"configs.ablations.{module}")
+  swept = config.get_config(mode) if mode else config.get_config()
+  records, _ = sweep_report.read_csv(path)
+  design = verdicts.Design.of_sweep(swept, sweep_report.measure_of(records))
+  known = {field: PAGES.get(relative, {}).get(field, "not recorded")
+           for field in provenance.FIELDS}
+  for row in table:
+    row.update(design.columns(row["variant"]), **known)
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, list(columns) + list(verdicts.COLUMNS) + list(provenance.FIELDS))
+    writer.writeheader()
+    writer.writerows(table)
+  return True
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("only", nargs="*", help="redo only the studies whose path contains these")
+  args = parser.parse_args()
+  for relative in STUDIES:
+    if args.only and not any(part in relative for part in args.only):
+      continue
+    path = os.path.join(RESULTS, relative)
+    if add_design(path, relative):
+      print(f"{relative}: design and provenance added")
+    paths = sweep_report.write_from_csv(path)
+    print(f"{relative}: " + ", ".join(os.path.relpath(p, RESULTS) for p in paths.values()))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,130 @@
+"""A study's verdicts: the declared comparisons only, learning rates chosen on validation, the
+design carried by results.csv, and the whole pipeline calibrated: arms whose labels are
+exchangeable give a false positive in about 5% of studies or fewer, a planted effect is found."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from experiments import statistics, sweep_report, verdicts
+
+pytestmark = pytest.mark.quick
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                       "results")
+
+
+def _record(variant, accuracy, seeds=8, rates=(1e-3, 3e-3), steps=None):
+  """A finished variant; accuracy(rate, seed) -> (test, validation)."""
+  metrics = {k: [] for k in ("name", "seed", "learning_rate", "weight_decay", "warmup_steps",
+                             "diverged_at", "eval_accuracy", "eval_loss", "validation_accuracy",
+                             "validation_loss", "seconds", verdicts.STEPS_TO)}
+  for rate in rates:
+    for seed in range(seeds):
+      test, validation = accuracy(rate, seed)
+      for key, value in (("name", f"seed_{seed}-lr_{rate:g}"), ("seed", seed),
+                         ("learning_rate", rate), ("weight_decay", 0.0), ("warmup_steps", 10.0),
+                         ("diverged_at", 0), ("eval_accuracy", test), ("eval_loss", 1 - test),
+                         ("validation_accuracy", validation),
+                         ("validation_loss", 1 - validation), ("seconds", 1.0),
+                         (verdicts.STEPS_TO, steps(rate, seed) if steps else math.nan)):
+        metrics[key].append(value)
+  return {"variant": variant, "status": "ok", "overrides": {"arm": variant}, "metrics": metrics}
+
+
+def _design(names, test="paired_permutation", baseline="base"):
+  return verdicts.Design(baseline=baseline, comparisons=tuple((n, baseline) for n in names
+                                                              if n != baseline),
+                         test=test, primary="eval_accuracy", solved_at=0.9, censored_at=1100.0)
+
+
+def test_rates_are_chosen_on_validation_and_edges_flagged():
+  # The test set would pick 1e-3 for "a"; its validation stream picks 3e-3, the grid's edge.
+  a = _record("a", lambda rate, seed: {3e-4: (0.6, 0.6), 1e-3: (0.9, 0.5)}.get(rate, (0.6, 0.7)),
+              rates=(3e-4, 1e-3, 3e-3))
+  b = _record("b", lambda rate, seed: (0.8, 0.8) if rate == 1e-3 else (0.5, 0.5),
+              rates=(3e-4, 1e-3, 3e-3))
+  chosen = {c.variant: c for c in verdicts.choose([a, b], "accuracy")}
+  assert (chosen["a"].learning_rate, chosen["a"].edge) == (3e-3, "highest")
+  assert (chosen["b"].learning_rate, chosen["b"].edge) == (1e-3, "")
+  assert chosen["a"].chosen_on == "validation"
+
+
+def test_only_the_declared_comparisons_are_made_against_the_declared_reference():
+  records = [_record(name, lambda rate, seed, d=d: (0.6 + d + 0.01 * seed, 0.6 + d))
+             for name, d in (("base", 0.0), ("x", 0.3), ("y", 0.35))]
+  design = _design(["base", "x", "y"])
+  comparisons = verdicts.compare(verdicts.choose(records, "accuracy"), design)
+  assert [(c.arm, c.baseline) for c in comparisons] == [("x", "base"), ("y", "base")]
+  assert all(c.p_adjusted == pytest.approx(min(1, 2 * c.p)) or c.p_adjusted >= c.p
+             for c in comparisons)
+  assert [verdicts.verdict(c, design) for c in comparisons] == ["better", "better"]
+
+
+def test_a_planted_effect_in_an_8_seed_study_is_detected_and_no_other_arm():
+  rng = np.random.default_rng(1)
+  noise = rng.normal(0, 0.05, (4, 2, 8))
+  def study(effect):
+    return [_record(name, lambda rate, seed, i=i: (
+        min(1.0, 0.7 + noise[i, int(rate == 3e-3), seed] + (effect if name == "planted" else 0)),
+        0.7 + noise[i, int(rate == 3e-3), seed] / 2)) for i, name in enumerate(
+            ("base", "planted", "other", "third"))]
+  design = _design(["base", "planted", "other", "third"])
+  found = verdicts.compare(verdicts.choose(study(0.25), "accuracy"), design)
+  assert found[0].arm == "planted" and found[0].p_adjusted < 0.05
+  assert all(c.p_adjusted >= 0.05 for c in found[1:])
+
+
+def test_results_csv_carries_the_design_and_provenance(tmp_path):
+  records = [_record(n, lambda rate, seed: (0.9, 0.9), seeds=3) for n in ("base", "x")]
+  records[0]["provenance"] = {"commit": "abc1234", "date": "2026-11-26"}
+  records[1]["provenance"] = {"commit": "abc1234", "date": "2026-11-26"}
+  design = _design(["base", "x"], test="solve_rate")
+  path = tmp_path / "results.csv"
+  sweep_report.write_csv(records, path, design)
+  again, read_design = sweep_report.read_csv(path)
+  assert read_design == design
+  assert again[0]["provenance"]["commit"] == "abc1234"
+  paths = sweep_report.write_from_csv(str(path))
+  with open(paths["comparisons"]) as f:
+    header, row = f.read().splitlines()
+  assert header == "metric,arm,baseline,n,estimate,low,high,p,p_adjusted,test"
+  assert row.startswith("solved,x,base,3,0.0,")
+  report = open(paths["markdown"]).read()
+  assert "commit abc1234" in report and "cannot reach p < 0.05" in report
+  assert "no difference detected (3 seeds)" in report
+
+
+def _exchangeable(records, rng):
+  """The records with their arm labels permuted within each (seed, learning rate)."""
+  shuffled = [{**r, "metrics": {k: list(v) for k, v in r["metrics"].items()}} for r in records]
+  first = records[0]["metrics"]
+  for index in range(len(first["seed"])):
+    order = rng.permutation(len(records))
+    for target, source in zip(shuffled, order):
+      for name, values in records[source]["metrics"].items():
+        target["metrics"][name][index] = values[index]
+  return shuffled
+
+
+@pytest.mark.parametrize("test", ["paired_permutation", "time_to_solve"])
+def test_exchangeable_arms_of_a_committed_study_rarely_give_a_false_positive(test):
+  """The heads study (10 seeds, 6 head counts, 4 learning rates), arms permuted within each seed
+  and rate, run through the whole pipeline (rates chosen on validation, the declared tests,
+  Holm): the share of studies with any adjusted p < 0.05 stays at 5% or below."""
+  records, design = sweep_report.read_csv(os.path.join(RESULTS, "heads", "results.csv"))
+  assert all(len(set(r["metrics"]["seed"])) >= 8 for r in records)
+  design = verdicts.Design(**{**design.__dict__, "test": test})
+  rng = np.random.default_rng(0)
+  trials, any_significant, raw = 200, 0, []
+  for _ in range(trials):
+    comparisons = verdicts.compare(verdicts.choose(_exchangeable(records, rng), "accuracy"),
+                                   design)
+    any_significant += any(c.p_adjusted < statistics.SIGNIFICANT for c in comparisons)
+    raw += [c.p for c in comparisons]
+  share = any_significant / trials
+  assert share <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / trials), share
+  # The raw tests are alive, not stuck at p = 1: their p values spread over [0, 1].
+  assert 0.01 < np.mean(np.array(raw) < 0.05) < 0.1
