@@ -24,9 +24,9 @@ from experiments.report_tables import (INTERVAL_NOTE, MAX_LOGIT, accuracy_column
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 MAX_PANELS = 3
 # Words for the parts of variant names and of settings that the configs abbreviate.
-NAMES = (("inv_sqrt", "1/√d_k"), ("qk_norm", "QK-norm"), ("inv", "1/d_k"), ("none", "no scaling"),
+NAMES = (("inv_sqrt", "1/√dₖ"), ("qk_norm", "QK-norm"), ("inv", "1/dₖ"), ("none", "no scaling"),
          ("learned", "learned temperature"))
-SETTINGS = {"model.head_dim": "d_k", "model.num_heads": "heads",
+SETTINGS = {"model.head_dim": "dₖ", "model.num_heads": "heads",
             "model.positional_encoding": "encoding"}
 PROBES_SHOWN = ("entropy", "max_weight", "logit_variance")
 
@@ -35,8 +35,8 @@ def label(name: str, panel: str = "") -> str:
   """A variant's name in words, without what its panel already says (``dk16_`` in the d_k = 16
   panel).
 
-  >>> label("dk16_inv_sqrt", "d_k = 16"), label("heads_4 learning_rate=0.01")
-  ('1/√d_k', 'heads 4 lr=0.01')
+  >>> label("dk16_inv_sqrt", "dₖ = 16"), label("heads_4 learning_rate=0.01")
+  ('1/√dₖ', 'heads 4 lr=0.01')
   """
   name = readable_arm(name)
   value = panel.rpartition("= ")[2]
@@ -114,17 +114,18 @@ def plot_chosen(records, path, design=None):
     if column.endswith("_accuracy"):
       axis.set_ylim(0, 1.02)
     axis.grid(axis="y", alpha=0.3)
-  _bars(axes[-1, 0], [f"{label(c.variant)} (lr {c.learning_rate:g}{' ⚑' if c.edge else ''})"
+  _bars(axes[-1, 0], [f"{label(c.variant)} (lr {c.learning_rate:g}{', edge' if c.edge else ''})"
                       for c in chosen])
   axes[0, 0].set_title(f"At the learning rate chosen on the {readable(chosen[0].chosen_on)}: "
-                       f"mean (bar), seeds (dots), {INTERVAL_NOTE}; ⚑ edge of the grid",
-                       fontsize=8)
+                       f"mean (bar), seeds (dots),\n{INTERVAL_NOTE}; edge: the grid's lowest "
+                       "or highest rate", fontsize=8)
   _save(figure, path)
 
 
 def panels(records) -> dict[str, list[dict]]:
   """The finished records split by the first override that varies between them, when more than
-  one does (scaling: a panel per d_k, a line per scale); otherwise one panel."""
+  one does and every part holds two or more (scaling: a panel per d_k, a line per scale);
+  otherwise one panel."""
   finished = [r for r in records if r["status"] == "ok"]
   settings = [workdir_lib.flatten(r["overrides"]) for r in finished]
   keys = list(dict.fromkeys(k for s in settings for k in s))
@@ -135,6 +136,8 @@ def panels(records) -> dict[str, list[dict]]:
   for record, setting in zip(finished, settings):
     key = SETTINGS.get(varying[0], varying[0])
     grouped.setdefault(f"{key} = {setting.get(varying[0])}", []).append(record)
+  if min(len(members) for members in grouped.values()) < 2:
+    return {"": finished}
   return grouped
 
 

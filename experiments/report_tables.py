@@ -27,7 +27,7 @@ READABLE = {"eval_accuracy": "Test accuracy", "eval_nmse": "Test NMSE (MSE / tar
             "eval_loss": "Test loss", "loss": "Training loss",
             "eval": "test (training lengths)", MAX_LOGIT: "Largest attention logit",
             "learning_rate": "lr", "validation": "validation stream",
-            verdicts.STEPS_TO: "steps to the threshold"}
+            verdicts.STEPS_TO: "steps to the threshold", "solved": "share of seeds solved"}
 INTERVAL_NOTE = "95% bootstrap interval over seeds"
 
 
@@ -169,10 +169,10 @@ def design_lines(design: verdicts.Design, chosen, seeds: int) -> list[str]:
 
 
 def comparison_lines(comparisons, design) -> list[str]:
-  lines = ["| arm | reference | seeds | difference [95% interval] | p | p (Holm) | verdict |",
-           "|---|---|---|---|---|---|---|"]
+  lines = ["| arm | reference | measure | seeds | difference [95% interval] | p | p (Holm) | "
+           "verdict |", "|---|---|---|---|---|---|---|---|"]
   for c in comparisons:
-    lines.append(f"| {c.arm} | {c.baseline} | {c.n} | "
+    lines.append(f"| {c.arm} | {c.baseline} | {readable(c.metric)} | {c.n} | "
                  f"{interval_cell(c.estimate, c.low, c.high)} | {p_cell(c.p)} | "
                  f"{p_cell(c.p_adjusted)} | {verdicts.verdict(c, design)} |")
   return lines

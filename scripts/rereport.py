@@ -7,13 +7,15 @@ the figures, with the statistics engine of experiments/statistics.py. Takes a mi
 A results.csv written before sweeps recorded their design and provenance gets them first, once:
 the design from the study's config (where the comparisons are declared; for these studies that
 declaration came after their run, which their pages say), the provenance from its results page
-(PAGES), "not recorded" where the page has none.
+(PAGES), "not recorded" where the page has none. Where the config declares a time-to-solve
+test and the CSV holds no steps per seed (its workdir is gone), the solve rate is tested.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import importlib
 import os
 import sys
@@ -75,6 +77,9 @@ def add_design(path: str, relative: str) -> bool:
   swept = config.get_config(mode) if mode else config.get_config()
   records, _ = sweep_report.read_csv(path)
   design = verdicts.Design.of_sweep(swept, sweep_report.measure_of(records))
+  if design.test == "time_to_solve" and verdicts.STEPS_TO not in columns:
+    # The run logged no steps-to-threshold per seed, and its workdir is gone: the solve rate.
+    design = dataclasses.replace(design, test="solve_rate")
   known = {field: PAGES.get(relative, {}).get(field, "not recorded")
            for field in provenance.FIELDS}
   for row in table:

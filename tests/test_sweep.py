@@ -143,7 +143,7 @@ def test_sweep_writes_tables_and_plots_then_skips_finished_variants(data_dir, tm
   accuracies = [float(row["eval_accuracy"]) for row in table[:2]]
   markdown = open(paths["markdown"]).read()
   assert f"| sinusoidal | {report_tables.mean_cell(accuracies, 'eval_accuracy')} |" in markdown
-  assert "| none | sinusoidal | 2 |" in markdown  # the declared comparison, paired by seed
+  assert "| none | sinusoidal | Test accuracy | 2 |" in markdown  # the declared comparison, paired by seed
   for kind in ("final", "curves", "probes"):
     assert os.path.getsize(paths[kind]) > 5000
 
