@@ -54,6 +54,11 @@ def yerr(values_per_point, name):
   return means, np.nan_to_num(np.stack([means - lows, highs - means]))
 
 
+def _legend(axis):
+  """The legend under the panel, where it hides no line."""
+  axis.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+
+
 def _save(figure, path):
   figure.tight_layout()
   figure.savefig(path, dpi=110)
@@ -141,7 +146,7 @@ def panels(records) -> dict[str, list[dict]]:
   return grouped
 
 
-def _figure(count, width=4.6, height=3.8):
+def _figure(count, width=4.6, height=4.6):
   figure, axes = plt.subplots(1, count, figsize=(width * count + 0.8, height), squeeze=False,
                               sharey=True)
   return figure, axes[0]
@@ -176,7 +181,7 @@ def plot_learning_rates(records, path):
       axis.set_xscale("log")
       axis.set_xlabel("peak learning rate")
       axis.grid(alpha=0.3)
-      axis.legend(fontsize=7)
+      _legend(axis)
     axes[0].set_ylabel(f"{readable(metric)}\n(mean, {INTERVAL_NOTE})", fontsize=8)
     paths.append(path if part == 0 else path.replace(".png", f"_{part + 1}.png"))
     _save(figure, paths[-1])
@@ -202,7 +207,7 @@ def plot_lengths(records, evaluations, path):
     if measure == "accuracy":
       axis.set_ylim(0, 1.02)
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=6)
+    _legend(axis)
   axes[0].set_ylabel(f"{readable('eval_' + measure)}\n(mean, {INTERVAL_NOTE})", fontsize=8)
   _save(figure, path)
 
@@ -246,7 +251,7 @@ def plot_curves(workdir, records, path):
     axis.set_title(title, fontsize=9)
     axis.set_xlabel("step")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=6)
+    _legend(axis)
   axes[0].set_ylabel(f"{readable(column)}\n(mean; band: lowest to highest seed)", fontsize=8)
   _save(figure, path)
 
@@ -268,6 +273,6 @@ def plot_max_logits(workdir, records, path):
     axis.set_title(title, fontsize=9)
     axis.set_xlabel("step")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=6)
+    _legend(axis)
   axes[0].set_ylabel(readable(MAX_LOGIT) + "\n(mean over seeds)", fontsize=8)
   _save(figure, path)

@@ -141,6 +141,7 @@ def report(records, design, directory, title, evaluations=(), workdir=None) -> d
   sweep's, holding the replicas' metrics.jsonl) also learning curves and logit maxima. Returns
   the paths by kind."""
   finished = [r for r in records if r["status"] == "ok"]
+  evaluations = tuple(e for e in evaluations if e != verdicts.VALIDATION)
   measure = measure_of(records)
   chosen = verdicts.choose(records, measure)
   comparisons = verdicts.compare(chosen, design) if finished else []
