@@ -17,11 +17,13 @@ from experiments.steps import HYPERPARAMETERS, MEASURES
 
 LEADING = ("eval_accuracy", "eval_nmse", "eval_loss")
 MAX_LOGIT = "max_attention_logit"
+# per replica, from the training logs: the largest attention logit at the end and at its peak
+FINAL_LOGIT, PEAK_LOGIT = f"final_{MAX_LOGIT}", f"peak_{MAX_LOGIT}"
 PROBES = ("logit_variance", "entropy", "max_weight", "negative_weight", "first_token_weight",
           "max_activation", "query_grad_norm", "key_grad_norm")
 # per-replica columns that are not measurements
-IDENTITY = ("name", "seed", "num_classes", "diverged_at", "parameters", verdicts.STEPS_TO) + (
-    HYPERPARAMETERS)
+IDENTITY = ("name", "seed", "num_classes", "diverged_at", "parameters", verdicts.STEPS_TO,
+            FINAL_LOGIT, PEAK_LOGIT) + HYPERPARAMETERS
 # Names of measures as a reader knows them; any other name is spelled out from its key.
 READABLE = {"eval_accuracy": "Test accuracy", "eval_nmse": "Test NMSE (MSE / target variance)",
             "eval_loss": "Test loss", "loss": "Training loss",
@@ -237,7 +239,8 @@ def markdown(title, records, design: verdicts.Design, comparisons, chosen,
               "included):", "", "| arm | final | peak |", "|---|---|---|"]
     lines += [f"| {readable_arm(label)} | {final:.3g} | {peak:.3g} |"
               for label, (final, peak) in logits.items()]
-  probes = [p for p in PROBES if armed and f"init_{p}" in armed[0][1]]
+  probes = [p for p in PROBES if armed and f"init_{p}" in armed[0][1]
+            and f"final_{p}" in armed[0][1]]
   if probes:
     lines += ["", "Attention at initialisation → after training (one test batch; means over "
               "layers, heads and seeds; gradient norms of the loss w.r.t. W_Q and W_K):", "",

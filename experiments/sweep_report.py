@@ -21,7 +21,7 @@ import numpy as np
 
 from experiments import logbook, provenance, report_plots, report_tables, statistics, verdicts
 from experiments import workdir as workdir_lib
-from experiments.report_tables import LEADING, MAX_LOGIT, measure_of
+from experiments.report_tables import FINAL_LOGIT, LEADING, MAX_LOGIT, PEAK_LOGIT, measure_of
 from experiments.steps import HYPERPARAMETERS
 
 
@@ -48,8 +48,8 @@ def write_csv(records, path, design: verdicts.Design | None = None):
   settings = sorted({k for record in records for k in workdir_lib.flatten(record["overrides"])})
   columns = (["variant", "seed", *HYPERPARAMETERS, "status", "diverged_at"] + settings
              + report_tables.metric_names(records) + ["num_classes", "parameters", "error"]
-             + [verdicts.STEPS_TO] * any(verdicts.STEPS_TO in r.get("metrics", {})
-                                         for r in records)
+             + [c for c in (verdicts.STEPS_TO, FINAL_LOGIT, PEAK_LOGIT)
+                if any(c in r.get("metrics", {}) for r in records)]
              + list(verdicts.COLUMNS) * (design is not None) + list(provenance.FIELDS))
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, columns, restval="")
@@ -112,28 +112,31 @@ def records_from_csv(path) -> list[dict]:
   return read_csv(path)[0]
 
 
-def with_steps_to(records, workdir, design) -> list[dict]:
-  """The records (copies) with each replica's first evaluation at the design's threshold, from
-  its metrics.jsonl (NaN where it never got there)."""
+def from_logs(records, workdir, design) -> list[dict]:
+  """The records (copies) with what their replicas' metrics.jsonl adds per replica: the first
+  evaluation at the design's threshold (NaN where never) and, where logged, the largest
+  attention logit at the end and at its peak."""
   sign = 1.0 if design.higher_is_better else -1.0
   added = []
   for record in records:
     if record["status"] == "ok" and verdicts.STEPS_TO not in record["metrics"]:
-      steps, values = logbook.curves(workdir, record, record["metrics"]["name"], design.primary)
-      record = {**record, "metrics": {**record["metrics"], verdicts.STEPS_TO: [
+      names, extra = record["metrics"]["name"], {}
+      steps, values = logbook.curves(workdir, record, names, design.primary)
+      extra[verdicts.STEPS_TO] = [
           statistics.first_step_reaching(steps, sign * row, sign * design.solved_at)
-          for row in values]}}
+          for row in values]
+      if _has(workdir, record, MAX_LOGIT):
+        _, logits = logbook.curves(workdir, record, names, MAX_LOGIT)
+        extra[FINAL_LOGIT], extra[PEAK_LOGIT] = list(logits[:, -1]), list(logits.max(axis=1))
+      record = {**record, "metrics": {**record["metrics"], **extra}}
     added.append(record)
   return added
 
 
-def _logit_maxima(workdir, records) -> dict:
-  maxima = {}
-  for label, metrics, record in report_tables.arm_values(records):
-    steps, values = logbook.curves(workdir, record, metrics["name"], MAX_LOGIT)
-    if len(steps):
-      maxima[label] = (float(np.mean(values[:, -1])), float(np.mean(np.max(values, axis=1))))
-  return maxima
+def _logit_maxima(records) -> dict:
+  """{arm label: (final, peak)} of the largest attention logit, means over seeds."""
+  return {label: (float(np.mean(metrics[FINAL_LOGIT])), float(np.mean(metrics[PEAK_LOGIT])))
+          for label, metrics, _ in report_tables.arm_values(records) if PEAK_LOGIT in metrics}
 
 
 def report(records, design, directory, title, evaluations=(), workdir=None) -> dict:
@@ -151,7 +154,7 @@ def report(records, design, directory, title, evaluations=(), workdir=None) -> d
   logged = workdir is not None and finished and _has(workdir, finished[0], MAX_LOGIT)
   with open(paths["markdown"], "w") as f:
     f.write(report_tables.markdown(title, records, design, comparisons, chosen,
-                                   _logit_maxima(workdir, records) if logged else None))
+                                   _logit_maxima(records)))
   if not finished:
     return paths
   paths["final"] = os.path.join(directory, "final_metrics.png")
@@ -189,7 +192,7 @@ def _has(workdir, record, metric) -> bool:
 def write(records, workdir, design: verdicts.Design, evaluations=()) -> dict:
   """results.csv and the report of a sweep that trained in ``workdir``; ``evaluations``: the
   names of its extra test sets, in order. Returns the paths by kind."""
-  records = with_steps_to(records, workdir, design)
+  records = from_logs(records, workdir, design)
   title = os.path.basename(os.path.normpath(workdir))
   csv_path = os.path.join(workdir, "results.csv")
   write_csv(records, csv_path, design)

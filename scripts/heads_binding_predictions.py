@@ -10,14 +10,14 @@ checks on the two sweeps' results, every variant at the learning rate its report
       --out=docs/results/heads_binding/predictions_accelerator.md
 
 Comparisons are paired by seed (seed s of every variant saw the same batches in the same order):
-the mean difference of test NMSE with its 95% Student-t interval and the paired t-test's p. A
-prediction holds when all its checks do. The checks, fixed before the sweeps ran (the first three
-from scripts/predictions.py):
-- "a > b": a's NMSE is above b's, p < 0.05;
+the mean difference of test NMSE with its 95% bootstrap interval and the exact sign-flip test's
+p, corrected by Holm over every tested check of the table. A prediction holds when all its checks
+do. The checks, fixed before the sweeps ran (the first three from scripts/predictions.py):
+- "a > b": a's NMSE is above b's, Holm-adjusted p < 0.05;
 - "a not above b": not "a > b";
-- "a ~ b": a is at most MARGIN (NMSE) above b, the interval's upper end below MARGIN;
+- "a ~ b": a within MARGIN (NMSE) of b, by two one-sided tests (Holm-adjusted p < 0.05);
 - "a recovers half": a's mean NMSE is at most halfway from the worse arm's to the better's
-  (untestable, so not holding, unless the worse arm is significantly above the better);
+  (untestable, so not holding, unless the worse arm is above the better at raw p < 0.05);
 - "largest drop": the largest fall of mean NMSE along the head counts is at the given step.
 """
 

@@ -2,7 +2,7 @@
 the figures, with the statistics engine of experiments/statistics.py. Takes a minute or two.
 
   python -m scripts.rereport            # every study in STUDIES
-  python -m scripts.rereport heads      # the studies whose path contains "heads"
+  python -m scripts.rereport heads_binding scaling/accelerator  # these studies (folders)
 
 A results.csv written before sweeps recorded their design and provenance gets them first, once:
 the design from the study's config (where the comparisons are declared; for these studies that
@@ -93,10 +93,13 @@ def add_design(path: str, relative: str) -> bool:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("only", nargs="*", help="redo only the studies whose path contains these")
+  parser.add_argument("only", nargs="*", help="redo only these studies: folders under "
+                      "docs/results/, e.g. heads_binding or scaling/accelerator")
   args = parser.parse_args()
   for relative in STUDIES:
-    if args.only and not any(part in relative for part in args.only):
+    folder = os.path.dirname(relative)
+    if args.only and not any(folder == part.strip("/") or folder.startswith(part.strip("/") + "/")
+                             for part in args.only):
       continue
     path = os.path.join(RESULTS, relative)
     if add_design(path, relative):

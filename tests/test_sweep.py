@@ -163,6 +163,32 @@ def test_sweep_writes_tables_and_plots_then_skips_finished_variants(data_dir, tm
     sweep.run_sweep(more_seeds, str(tmp_path))
 
 
+def test_an_optimum_at_the_edge_of_the_grid_is_bracketed_within_the_budget(data_dir, tmp_path,
+                                                                           capsys):
+  """With two rates the chosen one is always an edge: bracket=1 trains the seeds at the next
+  rate past it (the grid's own ratio) once, adds them to the record and result.json, and a
+  second run trains nothing; with no budget left it says so and trains nothing."""
+  config = tiny_sweep(data_dir, (("base", {}),))
+  config.extra_evals = ml_collections.ConfigDict({"validation": {"seed": 1, "num_train": 1}})
+  config.grid = ml_collections.ConfigDict(GRID)
+  config.bracket, config.budget_minutes = 1, 30
+  (record,) = sweep.run_sweep(config, str(tmp_path / "bracketed"))
+  rates = sorted(set(record["metrics"]["learning_rate"]))
+  assert len(rates) == 3 and (rates[1:] == [1e-3, 3e-3] or rates[:2] == [1e-3, 3e-3])
+  added = (set(rates) - {1e-3, 3e-3}).pop()
+  assert added == pytest.approx(1e-3 / 3, rel=1e-2) or added == pytest.approx(9e-3, rel=1e-2)
+  assert len(record["metrics"]["seed"]) == 6 and record["metrics"]["seed"][4:] == [0, 1]
+  assert workdir_lib.read_result(str(tmp_path / "bracketed" / "variants" / "base")) == record
+  assert "to bracket it" in capsys.readouterr().out
+  assert sweep.run_sweep(config, str(tmp_path / "bracketed")) == [record]
+  assert "to bracket it" not in capsys.readouterr().out
+
+  config.budget_minutes = 0
+  (alone,) = sweep.run_sweep(config, str(tmp_path / "no_budget"))
+  assert sorted(set(alone["metrics"]["learning_rate"])) == [1e-3, 3e-3]
+  assert "no time left" in capsys.readouterr().out
+
+
 def test_a_failing_variant_is_recorded_and_the_others_still_run(data_dir, tmp_path):
   broken = ("tiny_data", {"task_options": {"num_train": 8}})  # fewer examples than one batch
   config = tiny_sweep(data_dir, (broken, TWO_VARIANTS[1]), num_seeds=1)
