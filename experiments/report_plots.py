@@ -33,16 +33,19 @@ PROBES_SHOWN = ("entropy", "max_weight", "logit_variance")
 
 def label(name: str, panel: str = "") -> str:
   """A variant's name in words, without what its panel already says (``dk16_`` in the d_k = 16
-  panel).
+  panel, ``order-`` in the ``order`` panel); the scaling arms' abbreviations spelled out.
 
   >>> label("dk16_inv_sqrt", "dₖ = 16"), label("heads_4 learning_rate=0.01")
   ('1/√dₖ', 'heads 4 lr=0.01')
+  >>> label("order-none", "order")
+  'none'
   """
+  scale = re.match(r"dk\d+_", name)
   name = readable_arm(name)
   value = panel.rpartition("= ")[2]
   if value:
-    name = re.sub(rf"^[a-z]+{re.escape(value)}_", "", name)
-  for short, words in NAMES:  # whole parts only: between underscores, spaces and the ends
+    name = re.sub(rf"^[a-z]+{re.escape(value)}_", "", name).removeprefix(f"{value}-")
+  for short, words in NAMES if scale else ():  # whole parts: between underscores, spaces, ends
     name = re.sub(rf"(?<![^_ ]){short}(?![^_ ])", words, name)
   return name.replace("_", " ")
 
@@ -199,8 +202,8 @@ def plot_lengths(records, evaluations, path):
   for axis, (group, armed) in zip(axes, itertools.islice(groups.items(), MAX_PANELS)):
     for index, (name, metrics, _) in enumerate(armed):
       _errorbars(axis, np.arange(len(evaluations)),
-                 [metrics[f"{e}_{measure}"] for e in evaluations], label(name), measure, index,
-                 len(armed))
+                 [metrics[f"{e}_{measure}"] for e in evaluations], label(name, group), measure,
+                 index, len(armed))
     axis.set_xticks(np.arange(len(evaluations)), [readable(e) for e in evaluations],
                     fontsize=7, rotation=20)
     axis.set_title(group or readable(f"eval_{measure}") + " by test set", fontsize=9)

@@ -147,7 +147,7 @@ def provenance_lines(records) -> list[str]:
           f"{summary['optax']}; {summary['machine']}; {summary['date']}.", ""]
 
 
-def design_lines(design: verdicts.Design, chosen, seeds: int) -> list[str]:
+def design_lines(design: verdicts.Design, chosen, seeds: int, one_rate: bool) -> list[str]:
   every = all(reference == design.baseline for _, reference in design.comparisons)
   which = (f"every arm against the baseline `{design.baseline}`" if every else
            f"the declared contrasts (baseline `{design.baseline}`)")
@@ -162,10 +162,14 @@ def design_lines(design: verdicts.Design, chosen, seeds: int) -> list[str]:
                            f"{design.censored_at:g}), paired by seed, exact sign-flip test "
                            "(log-rank where seeds differ)"}[design.test]
   on = chosen[0].chosen_on if chosen else verdicts.VALIDATION
-  rates = ("each variant's learning rate chosen on the validation stream (a test split of "
-           "another data seed), reported on the test set" if on == verdicts.VALIDATION else
-           "each variant's learning rate chosen **on the test set** (these records have no "
-           "validation stream), which flatters the chosen arms")
+  if one_rate:
+    rates = "one learning rate for every variant, so none was chosen"
+  elif on == verdicts.VALIDATION:
+    rates = ("each variant's learning rate chosen on the validation stream (a test split of "
+             "another data seed), reported on the test set")
+  else:
+    rates = ("each variant's learning rate chosen **on the test set** (these records have no "
+             "validation stream), which flatters the chosen arms")
   return [f"**Design** (declared in the sweep config): {which}; {test}; {rates}; Holm's "
           f"correction over the family. {verdicts.power_note(design, seeds)}", ""]
 
@@ -197,10 +201,12 @@ def chosen_lines(chosen, design, records) -> list[str]:
     lost = "eval_loss" if higher else f"eval_{measure}"
     losses = [np.nanmean(m[lost]) for _, m, _ in arm_values([c.record])]
     initial = math.log(c.record["metrics"].get("num_classes", [2])[0]) if higher else 1.0
+    sensitivity = (f"{statistics.lr_sensitivity(losses, initial):.3f}" if len(losses) > 1
+                   else "—")
     lines.append(f"| {c.variant} | {c.learning_rate:g}{flag} | "
                  f"{mean_cell(c.metrics[design.primary], design.primary)} | "
                  f"{int(solved.sum())}/{len(solved)} [{number(low)}, {number(high)}] | {steps} | "
-                 f"{statistics.lr_sensitivity(losses, initial):.3f} | "
+                 f"{sensitivity} | "
                  f"{c.record['metrics'].get('parameters', ['—'])[0]} |")
   return lines
 
@@ -211,7 +217,8 @@ def markdown(title, records, design: verdicts.Design, comparisons, chosen,
   run's logs (absent in a report made from results.csv alone)."""
   armed = arm_values(records)
   seeds = max((len(metrics["seed"]) for _, metrics, _ in armed), default=0)
-  lines = [f"## {title}", "", *provenance_lines(records), *design_lines(design, chosen, seeds)]
+  lines = [f"## {title}", "", *provenance_lines(records),
+           *design_lines(design, chosen, seeds, not varies_learning_rate(records))]
   lines += ["### Comparisons", "", "Arm minus reference at their chosen learning rates "
             f"({INTERVAL_NOTE}; for a share of seeds, Newcombe's interval).", "",
             *comparison_lines(comparisons, design)]

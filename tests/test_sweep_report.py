@@ -43,6 +43,7 @@ def test_keys_read_as_names():
   assert report_tables.readable_arm("mha_4 learning_rate=0.01") == "mha_4 lr=0.01"
   assert report_plots.label("dk64_qk_norm", "dₖ = 64") == "QK-norm"
   assert report_plots.label("even_pairs-none") == "even pairs-none"  # not a scale
+  assert report_plots.label("even_pairs-none", "even_pairs") == "none"
 
 
 @pytest.mark.parametrize("name, values", [
