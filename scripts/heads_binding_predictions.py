@@ -110,32 +110,45 @@ def accelerator_predictions(mr) -> list[tuple[str, str, list]]:
 HEADS = (1, 2, 4, 8, 16)
 
 
+# Words for the extra arms' names in the figure's legend.
+ARM_WORDS = {"layers2": "2 layers", "talking_heads": "talking heads", "dcmha": "DCMHA"}
+
+
 def plot(by_task: dict, path: str, heads=HEADS) -> None:
   """Test NMSE against the head count, a panel per task ({task: {variant: {seed: NMSE}}}): the
   standard split and the fixed head size (h = 1 is split_1 in both; the head counts the sweep
-  ran), means with 95% bootstrap intervals, and each extra arm as a marker at its head
-  count."""
-  figure, axes = plt.subplots(1, len(by_task), figsize=(5 * len(by_task), 3.6), squeeze=False)
+  ran), means with 95% bootstrap intervals, and each extra arm as a marker at its head count.
+  Every series is nudged sideways and has its own marker, so that coinciding ones stay
+  visible."""
+  figure, axes = plt.subplots(1, len(by_task), figsize=(5.2 * len(by_task), 4.2), squeeze=False)
   for axis, (task, nmse) in zip(axes[0], by_task.items()):
-    for arm, style in (("split", "-o"), ("fixed", "--s")):
+    extra = sorted(set(nmse) - {f"{a}_{h}" for a in ("split", "fixed") for h in heads})
+    series = [(arm, "-o" if arm == "split" else "--s") for arm in ("split", "fixed")]
+    count_series = len(series) + len(extra)
+    for index, (arm, style) in enumerate(series):
       counts = [1] + [h for h in heads[1:] if f"{arm}_{h}" in nmse]
       names = ["split_1"] + [f"{arm}_{h}" for h in counts[1:]]
       cells = [statistics.mean_interval(list(nmse[n].values()), 0.0) for n in names]
       means = np.array([c[0] for c in cells])
       errors = np.array([[c[0] - c[1] for c in cells], [c[2] - c[0] for c in cells]])
-      label = "d_k = d_model / h" if arm == "split" else "d_k = d_model"
-      axis.errorbar(counts, means, yerr=errors, fmt=style, capsize=3, label=label)
-    for name in sorted(set(nmse) - {f"{a}_{h}" for a in ("split", "fixed") for h in heads}):
-      count = int(name.rsplit("_", 1)[1])
+      label = "dₖ = d_model / h" if arm == "split" else "dₖ = d_model"
+      nudge = 1.05 ** (index - (count_series - 1) / 2)
+      axis.errorbar(np.array(counts) * nudge, means, yerr=errors, fmt=style, capsize=3,
+                    label=label, markersize=5, alpha=0.9)
+    for index, name in enumerate(extra, start=len(series)):
+      arm, count = name.rsplit("_", 1)
       mean, low, high = statistics.mean_interval(list(nmse[name].values()), 0.0)
-      axis.errorbar([count], [mean], yerr=[[mean - low], [high - mean]], fmt="x", capsize=3,
-                    label=name)
+      nudge = 1.05 ** (index - (count_series - 1) / 2)
+      axis.errorbar([int(count) * nudge], [mean], yerr=[[mean - low], [high - mean]],
+                    fmt="^v<>DP"[(index - len(series)) % 6], capsize=3, markersize=6,
+                    label=f"{ARM_WORDS.get(arm, arm)}, h = {count}")
     axis.set_xscale("log", base=2)
     axis.set_xticks(heads, [str(h) for h in heads])
-    axis.set_xlabel("heads h (width fixed)")
-    axis.set_ylabel("test NMSE")
-    axis.set_title(task)
-    axis.legend(fontsize=7)
+    axis.set_xlabel("heads h (model width fixed)")
+    axis.set_ylabel("test NMSE (mean, 95% bootstrap interval)")
+    axis.set_title(task.replace("_", " "))
+    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2,
+                frameon=False)
   figure.tight_layout()
   figure.savefig(path, dpi=110)
   plt.close(figure)

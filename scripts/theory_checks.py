@@ -8,7 +8,8 @@
 4. Self-attention without positional encoding is permutation equivariant; each encoding breaks it.
 5. The "diagonal fallacy": how often a trained head's query t gives its own key t the largest
    logit (only with --trained, the workdirs of trained runs or sweep variants).
-With --out, the tables go to DIR/theory_checks.md and the figure to DIR/theory_checks.png.
+With --out, the tables go to DIR/theory_checks.md and the figures to DIR/theory_checks.png (the
+scaling checks) and DIR/theory_checks_equivariance.png.
 """
 
 from __future__ import annotations
@@ -125,30 +126,36 @@ def report(samples, trained_dirs) -> tuple[str, dict]:
 
 
 def figure(data, path):
+  """Two figures: the scaling checks (three panels) at ``path``, the permutation-equivariance
+  error beside it (``path`` with ``_equivariance``)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   dims = list(data["logits"])
-  fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
+  fig, axes = plt.subplots(1, 3, figsize=(12, 3.9))
   for name, style in (("unscaled", "o-"), ("scaled", "s--")):
-    label = "q.k" if name == "unscaled" else "q.k / sqrt(d_k)"
-    axes[0].plot(dims, [data["logits"][d][f"var_{name}"] for d in dims], style, label=label)
-    axes[1].plot(dims, [data["logits"][d][f"max_weight_{name}"] for d in dims], style, label=label)
-    axes[2].plot(dims, [data["logits"][d][f"entropy_{name}"] for d in dims], style, label=label)
-  axes[0].plot(dims, dims, ":", color="gray", label="d_k")
+    label = "q·k" if name == "unscaled" else "q·k / √dₖ"
+    for axis, measure in zip(axes, ("var", "max_weight", "entropy")):
+      axis.plot(dims, [data["logits"][d][f"{measure}_{name}"] for d in dims], style, label=label)
+  axes[0].plot(dims, dims, ":", color="gray", label="dₖ")
   axes[0].set_yscale("log")
-  for axis, title in zip(axes[:3], ("Var of the logits", "mean max weight",
-                                    "entropy / ln 32")):
+  for axis, title in zip(axes, ("variance of the logits", "mean largest weight",
+                                "entropy / ln 32 (32 keys)")):
     axis.set_xscale("log", base=2)
-    axis.set_xlabel("d_k")
-    axis.set_title(title)
+    axis.set_xlabel("dₖ (head size)")
+    axis.set_title(title, fontsize=10)
     axis.legend(fontsize=8)
-  names = list(data["equivariance"])
-  axes[3].bar(names, [max(data["equivariance"][n], 1e-9) for n in names])
-  axes[3].set_yscale("log")
-  axes[3].set_title("permutation-equivariance error")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
+  plt.close(fig)
+  names = list(data["equivariance"])
+  fig, axis = plt.subplots(figsize=(5.5, 3.6))
+  axis.bar(names, [max(data["equivariance"][n], 1e-9) for n in names])
+  axis.set_yscale("log")
+  axis.set_ylabel("largest |f(Px) - P f(x)|")
+  axis.set_title("Permutation equivariance of the encoder, by positional encoding", fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path.replace(".png", "_equivariance.png"), dpi=110)
   plt.close(fig)
 
 
