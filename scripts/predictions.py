@@ -71,11 +71,11 @@ def not_above(values, a, b) -> Tested:
                 lambda q: not (c.estimate > 0 and q < statistics.SIGNIFICANT))
 
 
-def close(values, a, b) -> Tested:
-  """a within MARGIN of b, by TOST."""
+def close(values, a, b, margin: float = MARGIN) -> Tested:
+  """a within ``margin`` of b, by TOST."""
   c = difference(values, a, b)
-  p = statistics.equivalence(*_pair(values, a, b), MARGIN)
-  return Tested(f"{a} ~ {b} (within {MARGIN:g})", _text(c) + f"; TOST p {p:.2g}", p,
+  p = statistics.equivalence(*_pair(values, a, b), margin)
+  return Tested(f"{a} ~ {b} (within {margin:g})", _text(c) + f"; TOST p {p:.2g}", p,
                 lambda q: q < statistics.SIGNIFICANT)
 
 

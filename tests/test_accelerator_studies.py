@@ -169,3 +169,41 @@ def test_variant_predictions_hold_where_the_papers_say_and_fail_where_no_variant
   rows = script.predictions(results("same.csv", lambda variant, lr: 0.99 - 0.1 * (lr > 3e-3),
                                     lambda variant: 0.11))
   assert _held(rows) == {"V1": False, "V2": False, "V3": True, "V4": False}
+
+
+def test_the_controls_of_the_variants_compare_maps_and_gate_starts_with_enough_seeds():
+  config = attention_variants.get_config("controls")
+  sweep.check(config)
+  assert config.num_seeds == 10 and config.test == "time_to_solve"
+  models = {name: sweep.variant_config(config, overrides).model for name, overrides in
+            config.variants}
+  maps = {name: m.num_heads * (2 if m.head_variant == "differential" else 1)
+          for name, m in models.items()}
+  assert maps == {"mha": 4, "mha_8": 8, "differential": 8, "differential_2": 4, "gated": 4,
+                  "gated_open": 4}
+
+
+def test_control_predictions_hold_where_the_confound_explains_all_and_fail_where_it_does_not(
+    tmp_path):
+  script = load_script("attention_variants_controls_predictions")
+  noise = lambda seed: 10 * np.sin(3 * seed)
+
+  def results(name, steps):  # steps(variant) to accuracy 0.9
+    rows = [(variant, seed, lr, variant, {**_accuracy(eval=1.0, validation=1.0 - lr),
+                                          "steps_to_threshold": steps(variant) + noise(seed)})
+            for variant in attention_variants.CONTROLS for lr in attention_variants.CONTROL_RATES
+            for seed in range(SEEDS)]
+    return _results(tmp_path / name, rows)
+
+  def confound(variant):  # maps decide; the closed gate is slow, the open one is plain attention
+    return {"mha_8": 400, "differential": 400, "gated": 800}.get(variant, 600)
+
+  assert _held(script.predictions(results("confound.csv", confound))) == {
+      "C1": True, "C2": True, "C3": True, "C4": True}
+
+  def paper(variant):  # the subtraction itself helps; the gate's start does not matter
+    return {"differential": 200, "differential_2": 300, "gated": 700,
+            "gated_open": 700}.get(variant, 600)
+
+  assert _held(script.predictions(results("paper.csv", paper))) == {
+      "C1": False, "C2": False, "C3": False, "C4": False}

@@ -9,6 +9,7 @@ registered by name (``REGISTRY``), whose hooks ``multihead.multi_head_attention_
   overlap         heads widened into their neighbours (Zhang 2024)         overlap
   gated           heads gated by sigmoid(X W) per feature (Qiu 2025)       gated
   gated_headwise  the same, one gate per head                              gated
+  gated_open      the per-feature gate as 2 sigmoid(X W), open (1) at start  gated
   differential    the difference of two softmax maps (Ye 2025)             differential
   sinks           a learned sink logit per head in the softmax (GPT-OSS)   sinks
   sigmoid         sigmoid(logit - log S) weights, no row normalisation     sigmoid

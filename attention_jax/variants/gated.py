@@ -54,3 +54,25 @@ class GatedHeadwise(Gated):
 
   def gate_shape(self, num_heads, head_dim):
     return (num_heads,)
+
+
+@base.register
+@dataclasses.dataclass(frozen=True)
+class GatedOpen(Gated):
+  """The elementwise gate started open: 2 sigmoid(X W_g), which is 1 at W_g = 0 (plain
+  attention) and about 1 at initialisation, where the paper's gate, sigmoid(X W_g), halves each
+  head's output. A control of the gate's effect apart from its starting value; its range is
+  (0, 2) instead of (0, 1).
+
+  >>> variant = GatedOpen()
+  >>> state = variant.prepare({"gate": jnp.zeros((8, 4, 2))}, jnp.ones((3, 8)), None, num_heads=4)
+  >>> float(state.min()), float(state.max())  # open: every gate exactly 1 at W_g = 0
+  (1.0, 1.0)
+  """
+  name = "gated_open"
+
+  def prepare(self, params, inputs_q, inputs_kv, *, num_heads):
+    return 2.0 * super().prepare(params, inputs_q, inputs_kv, num_heads=num_heads)
+
+  def identity(self, params):
+    return self, {**params, self.name: {"gate": jnp.zeros_like(params[self.name]["gate"])}}
