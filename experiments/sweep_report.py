@@ -85,7 +85,10 @@ def read_csv(path) -> tuple[list[dict], verdicts.Design | None]:
     reader = csv.DictReader(f)
     columns = reader.fieldnames
     table = list(reader)
-  first_measure = next(i for i, c in enumerate(columns) if c in LEADING)
+  first_measure = next((i for i, c in enumerate(columns) if c in LEADING), None)
+  if first_measure is None or "diverged_at" not in columns:
+    raise ValueError(f"not a sweep's results.csv (no diverged_at or {' / '.join(LEADING)} "
+                     "column).")
   settings = columns[columns.index("diverged_at") + 1:first_measure]
   records = {}
   for row in table:
@@ -212,9 +215,12 @@ def extra_evaluations(records) -> tuple[str, ...]:
 def write_from_csv(csv_path) -> dict:
   """The report of a committed results.csv, beside it. Returns the paths by kind."""
   records, design = read_csv(csv_path)
+  if not records:
+    raise ValueError("no finished run in it.")
   if design is None:
-    raise ValueError(f"{csv_path} does not say what its study compares (no baseline column); "
-                     "redo its report from the sweep's workdir with this version.")
+    raise ValueError("it does not say what its study compares (no baseline column): run the "
+                     "sweep's command again on its workdir (finished variants are not retrained), "
+                     "or, for a committed study, python -m scripts.rereport.")
   directory = os.path.dirname(os.path.abspath(csv_path))
   return report(records, design, directory, os.path.basename(directory),
                 extra_evaluations(records))
@@ -224,5 +230,9 @@ if __name__ == "__main__":
   parser = argparse.ArgumentParser(description=write_from_csv.__doc__)
   parser.add_argument("--from_csv", required=True, nargs="+", help="results.csv files")
   for csv_path in parser.parse_args().from_csv:
-    for kind, path in write_from_csv(csv_path).items():
+    try:
+      paths = write_from_csv(csv_path)
+    except (OSError, ValueError, KeyError, StopIteration) as error:
+      raise SystemExit(f"error: {csv_path}: {error}") from None
+    for kind, path in paths.items():
       print(f"{kind}: {path}")

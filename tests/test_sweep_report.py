@@ -85,3 +85,19 @@ def test_table_intervals_stay_inside_the_measures_range_in_one_style():
   assert report_tables.mean_cell([float("nan")], "eval_nmse") == "diverged"
   # a small nonzero difference shows as nonzero
   assert report_tables.interval_cell(-0.00043, -0.0005, -0.0003) == "-0.00043 [-0.0005, -0.0003]"
+
+
+def test_a_csv_the_report_cannot_use_is_refused_in_one_line(tmp_path):
+  import subprocess
+  import sys
+  (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+  records = _records()
+  sweep_report.write_csv(records, tmp_path / "old.csv")  # no design: from before designs
+  for name, message in (("bad.csv", "not a sweep's results.csv"),
+                        ("old.csv", "does not say what its study compares"),
+                        ("missing.csv", "No such file")):
+    result = subprocess.run([sys.executable, "-m", "experiments.sweep_report", "--from_csv",
+                             str(tmp_path / name)], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert message in result.stderr
