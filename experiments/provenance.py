@@ -66,6 +66,7 @@ def summary(rows) -> dict[str, str]:
   """
   merged = {}
   for field in FIELDS:
-    values = list(dict.fromkeys(str(row[field]) for row in rows if row.get(field)))
+    values = list(dict.fromkeys(part for row in rows if row.get(field)
+                                for part in str(row[field]).split(" / ")))
     merged[field] = " / ".join(values) if values else "not recorded"
   return merged

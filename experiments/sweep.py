@@ -199,8 +199,12 @@ def bracket(sweep, config, directory, record, spent) -> dict:
     metrics = hosts.agree(train_variant, sweep, config, extension,
                           {"learning_rate": (float(f"{new:.3g}"),)})
     spent[0] += metrics["seconds"][0]
+    now = provenance.collect()
     record = {**record, "metrics": {name: list(values) + list(metrics.get(name, []))
-                                    for name, values in record["metrics"].items()}}
+                                    for name, values in record["metrics"].items()},
+              "provenance": {field: " / ".join(dict.fromkeys(
+                  str(p[field]) for p in (record.get("provenance", now), now)))
+                  for field in provenance.FIELDS}}
     if hosts.writer():
       workdir_lib.write_result(directory, record)
 
