@@ -40,6 +40,7 @@ LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2)
 ORDER = {"max_length": 16, "num_fillers": 16}  # trained at lengths 2..16
 TEST_LENGTHS = (17, 32)
 STEPS = {"mqar": 800, "order": 600}
+LONGER = f"length_{TEST_LENGTHS[0]}_{TEST_LENGTHS[1]}"  # the extra test set of `order`
 
 # Seeds per arm: enough for the exact tests of the report to reach p < 0.05 after Holm over
 # the study's comparisons (experiments/statistics.py, smallest_p).
@@ -80,11 +81,15 @@ def get_config(mode=None):
     raise ValueError(f"mode must be one of {list(STEPS)}, 'quick' or '<task>_quick', got {mode!r}.")
   quick = quick or None
   base = mqar.get_config()
-  extra_evals = {f"length_{TEST_LENGTHS[0]}_{TEST_LENGTHS[1]}": {
+  extra_evals = {LONGER: {
       "min_length": TEST_LENGTHS[0], "max_length": TEST_LENGTHS[1], "num_train": 1}}
   sweep = sweep_config(quick, steps=STEPS[task], eval_every=100, warmup=100, base=mqar,
                        variants=_variants(base.model), baseline=f"mha_{HEADS[0]}",
-                       contrasts=_contrasts(), test="time_to_solve",
+                       contrasts=_contrasts(),
+                       # order: every variant solves the training lengths; what tells them
+                       # apart is the accuracy on the longer sequences
+                       test="paired_permutation" if task == "order" else "time_to_solve",
+                       primary=f"{LONGER}_accuracy" if task == "order" else "",
                        extra_evals=extra_evals if task == "order" else None)
   if task == "order":
     options = sweep.train.task_options
