@@ -253,9 +253,7 @@ def main():
     train_lib.run_command(lambda: (hosts.initialize_from(flags.FLAGS), records.extend(
         run_sweep(flags.FLAGS.config, workdir, flags.FLAGS.variants))))
     if hosts.writer():
-      measure = sweep_report.measure_of(records)
-      design = verdicts.Design.of_sweep(flags.FLAGS.config, measure)
-      paths = sweep_report.write(records, workdir, design, tuple(flags.FLAGS.config.extra_evals))
+      paths = sweep_report.write_sweep(flags.FLAGS.config, records, workdir)
       with open(paths["markdown"]) as f:
         print(f.read())
       print("[sweep] wrote " + ", ".join(sorted(paths.values())))

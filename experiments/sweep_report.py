@@ -202,6 +202,12 @@ def write(records, workdir, design: verdicts.Design, evaluations=()) -> dict:
   return {"csv": csv_path, **report(records, design, workdir, title, evaluations, workdir)}
 
 
+def write_sweep(sweep, records, workdir) -> dict:
+  """``write`` for the records of the sweep config ``sweep`` (its design and extra test sets)."""
+  design = verdicts.Design.of_sweep(sweep, measure_of(records))
+  return write(records, workdir, design, tuple(sweep.extra_evals))
+
+
 def extra_evaluations(records) -> tuple[str, ...]:
   """The extra test sets of records read from a CSV, in order: longer lengths, then the
   validation stream."""

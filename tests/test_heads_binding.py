@@ -27,7 +27,7 @@ def test_configs_are_valid_with_both_arms_at_one_width(mode):
   config = heads_binding.get_config(mode)
   sweep.check(config)
   quick = mode.endswith("_quick")
-  assert config.num_seeds == (2 if quick else 5)
+  assert config.num_seeds == (2 if quick else heads_binding.NUM_SEEDS)
   assert len(config.grid.learning_rate) == (2 if quick else 3)
   assert set(config.extra_evals) == {"validation"}
   widths, arms = set(), {}
@@ -125,7 +125,8 @@ def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
   with open(paths["markdown"]) as f:
     report = f.read()
   assert "Validation nmse" in report and "solved (<= 0.1)" in report
-  assert {"curves", "learning_rates", "lengths", "final"} <= set(paths)
+  assert {"curves", "learning_rates", "chosen", "final", "comparisons"} <= set(paths)
+  assert "lengths" not in paths  # its only extra test set is the validation stream
   # Head importance of every seed at the learning rate the report chose: one value per head.
   script = load_script("head_importance")
   rates = script.chosen_rates(records)
