@@ -39,9 +39,12 @@ exclude_patterns = [
     # The sweeps' and scripts' own outputs: the results pages include them.
     "results/*/results.md",
     "results/*/*/results.md",
+    "results/*/logit_maxima.md",
+    "results/*/*/logit_maxima.md",
     "results/theory_checks.md",
     "results/diagnostics/*/head_diagnostics.md",
     "results/heads_binding/predictions.md",
+    "results/*/predictions_accelerator.md",
     "results/heads_binding/importance/importance.md",
 ]
 templates_path = []
