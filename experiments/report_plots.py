@@ -57,11 +57,6 @@ def yerr(values_per_point, name):
   return means, np.nan_to_num(np.stack([means - lows, highs - means]))
 
 
-def _legend(axis):
-  """The legend under the panel, where it hides no line."""
-  axis.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
-
-
 def _save(figure, path):
   figure.tight_layout()
   figure.savefig(path, dpi=110)
@@ -149,10 +144,33 @@ def panels(records) -> dict[str, list[dict]]:
   return grouped
 
 
-def _figure(count, width=4.6, height=4.6):
-  figure, axes = plt.subplots(1, count, figsize=(width * count + 0.8, height), squeeze=False,
-                              sharey=True)
-  return figure, axes[0]
+def _figure(count):
+  """Panels two to a row (three as two rows, the fourth cell left for the legend), sharing the
+  y axis, wide enough to read at page width."""
+  rows = -(-count // 2)
+  figure, axes = plt.subplots(rows, min(count, 2), figsize=(4.8 * min(count, 2) + 0.6,
+                                                              3.5 * rows + 0.9),
+                              squeeze=False, sharey=True)
+  return figure, list(axes.flat)
+
+
+def _ylabels(axes, count, text):
+  """The y label on the first panel of each row."""
+  for axis in axes[:count:2]:
+    axis.set_ylabel(text, fontsize=8)
+
+
+def _finish(figure, axes, count):
+  """One legend for the figure's panels (the lines are the same in each): in the spare cell
+  where there is one, else under the panels; the unused cells switched off."""
+  handles, labels = axes[0].get_legend_handles_labels()
+  for axis in axes[count:]:
+    axis.axis("off")
+  if len(axes) > count:
+    axes[count].legend(handles, labels, loc="center", fontsize=8, frameon=False)
+  else:
+    axes[0].legend(handles, labels, fontsize=7, loc="upper center", ncol=3, frameon=False,
+                   bbox_to_anchor=(0.5 * len(axes) if len(axes) > 1 else 0.5, -0.2))
 
 
 def _errorbars(axis, x, per_point, name, metric, index, count, log_x=False):
@@ -184,8 +202,8 @@ def plot_learning_rates(records, path):
       axis.set_xscale("log")
       axis.set_xlabel("peak learning rate")
       axis.grid(alpha=0.3)
-      _legend(axis)
-    axes[0].set_ylabel(f"{readable(metric)}\n(mean, {INTERVAL_NOTE})", fontsize=8)
+    _ylabels(axes, len(chunk), f"{readable(metric)}\n(mean, {INTERVAL_NOTE})")
+    _finish(figure, axes, len(chunk))
     paths.append(path if part == 0 else path.replace(".png", f"_{part + 1}.png"))
     _save(figure, paths[-1])
   return paths
@@ -198,7 +216,8 @@ def plot_lengths(records, evaluations, path):
   groups = {}
   for arm in arm_values(records):
     groups.setdefault(str(arm[2]["overrides"].get("task", "")), []).append(arm)
-  figure, axes = _figure(min(len(groups), MAX_PANELS), width=5.2)
+  count = min(len(groups), MAX_PANELS)
+  figure, axes = _figure(count)
   for axis, (group, armed) in zip(axes, itertools.islice(groups.items(), MAX_PANELS)):
     for index, (name, metrics, _) in enumerate(armed):
       _errorbars(axis, np.arange(len(evaluations)),
@@ -210,8 +229,8 @@ def plot_lengths(records, evaluations, path):
     if measure == "accuracy":
       axis.set_ylim(0, 1.02)
     axis.grid(alpha=0.3)
-    _legend(axis)
-  axes[0].set_ylabel(f"{readable('eval_' + measure)}\n(mean, {INTERVAL_NOTE})", fontsize=8)
+  _ylabels(axes, count, f"{readable('eval_' + measure)}\n(mean, {INTERVAL_NOTE})")
+  _finish(figure, axes, count)
   _save(figure, path)
 
 
@@ -254,8 +273,10 @@ def plot_curves(workdir, records, path):
     axis.set_title(title, fontsize=9)
     axis.set_xlabel("step")
     axis.grid(alpha=0.3)
-    _legend(axis)
-  axes[0].set_ylabel(f"{readable(column)}\n(mean; band: lowest to highest seed)", fontsize=8)
+    axis.legend(fontsize=6, loc="lower right")  # each panel's chosen rates are its own
+  _ylabels(axes, len(groups), f"{readable(column)}\n(mean; band: lowest to highest seed)")
+  for axis in axes[len(groups):]:
+    axis.axis("off")
   _save(figure, path)
 
 
@@ -276,6 +297,6 @@ def plot_max_logits(workdir, records, path):
     axis.set_title(title, fontsize=9)
     axis.set_xlabel("step")
     axis.grid(alpha=0.3)
-    _legend(axis)
-  axes[0].set_ylabel(readable(MAX_LOGIT) + "\n(mean over seeds)", fontsize=8)
+  _ylabels(axes, len(groups), readable(MAX_LOGIT) + "\n(mean over seeds)")
+  _finish(figure, axes, len(groups))
   _save(figure, path)

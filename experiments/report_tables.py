@@ -119,15 +119,16 @@ def accuracy_columns(records) -> list[str]:
 
 
 def arms(record) -> list[tuple[str, list[int]]]:
-  """(label, replica indices) for each hyperparameter setting of a finished variant, in order:
-  the label is the variant's name, followed by the hyperparameters its grid varies."""
+  """(label, replica indices) for each hyperparameter setting of a finished variant, in the
+  order of their values (a rate added by bracketing among the others): the label is the
+  variant's name, followed by the hyperparameters its grid varies."""
   metrics = record["metrics"]
   varied = [name for name in HYPERPARAMETERS if len(set(metrics[name])) > 1]
   groups = {}
   for index in range(len(metrics["name"])):
     groups.setdefault(tuple(metrics[name][index] for name in varied), []).append(index)
   return [(" ".join([record["variant"]] + [f"{n}={v:g}" for n, v in zip(varied, key)]), indices)
-          for key, indices in groups.items()]
+          for key, indices in sorted(groups.items())]
 
 
 def arm_values(records):
