@@ -143,7 +143,7 @@ def varies_learning_rate(records) -> bool:
 
 def provenance_lines(records) -> list[str]:
   summary = provenance.summary([r.get("provenance", {}) for r in records])
-  return [f"Provenance (recorded by the run): commit {summary['commit']}; Python "
+  return [f"Provenance (in results.csv): commit {summary['commit']}; Python "
           f"{summary['python']}, jax {summary['jax']}, flax {summary['flax']}, optax "
           f"{summary['optax']}; {summary['machine']}; {summary['date']}.", ""]
 

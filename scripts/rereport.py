@@ -52,7 +52,7 @@ PAGES = {
         "commit": "381534f", **_OLD, "python": "3.11.7", "machine": _CPU_EPYC,
         "date": "2026-11-25"},
     "heads_binding/farthest_point/results.csv": {
-        "commit": "fbbc40f", **_OLD, "python": "3.11.7", "machine": _CPU_EPYC,
+        "commit": "310dd5a", **_OLD, "python": "3.11.7", "machine": _CPU_EPYC,
         "date": "2026-11-25"},
     "heads_binding/multi_retrieval_accelerator/results.csv": {
         "commit": "f111ad4", "python": "3.12.3", "jax": "0.11.2", "flax": "0.12.10",
