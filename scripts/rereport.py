@@ -37,6 +37,7 @@ STUDIES = {
     "heads_binding/multi_retrieval_accelerator/results.csv": (
         "heads_binding", "multi_retrieval_accelerator"),
     "attention_variants/results.csv": ("attention_variants", None),
+    "attention_variants/controls/results.csv": ("attention_variants", "controls"),
     "positional/results.csv": ("positional", None),
 }
 _CPU_EPYC, _CPU_XEON = "AMD EPYC, 2 cores", "Intel Xeon, 2 cores"
