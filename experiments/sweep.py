@@ -8,8 +8,11 @@ A sweep config (see configs/ablations/) holds ``train`` (a training config), ``v
 of (name, overrides of ``train`` as a nested dict) pairs, run in that order), ``num_seeds``,
 ``grid`` (hyperparameter -> values, e.g. {"learning_rate": (1e-3, 3e-3)}; may be empty),
 ``vmap_replicas`` and ``extra_evals`` (name -> task-option overrides of an additional test set,
-e.g. longer sequences). A variant's replicas are its seeds times the grid; with vmap_replicas they
-train as one compiled, vmapped program (experiments/train.py), else one after the other.
+e.g. longer sequences), and the study's design: ``baseline``, ``contrasts``, ``test``,
+``primary`` (experiments/verdicts.py), ``bracket`` and ``budget_minutes`` (``bracket`` below). A
+variant's replicas are its seeds times the grid; with vmap_replicas they train as one compiled,
+vmapped program (experiments/train.py), else one after the other. Before training, the sweep
+prints whether its seeds can reach p < 0.05 after Holm with its test.
 
 Each variant trains in <workdir>/variants/<name>/ and leaves result.json there; a second run of
 the same command skips the variants that finished and resumes the one that was interrupted from
