@@ -75,40 +75,15 @@ def _shown_columns(records, design) -> list[str]:
                              if c in columns]))[:2]
 
 
-def plot_final(records, path, design=None):
-  """Every arm's final measure: mean (bar), seeds (dots), interval."""
-  armed = arm_values(records)
-  columns = _shown_columns(records, design)
-  figure, axes = plt.subplots(len(columns), 1, figsize=(min(12, max(5, 0.35 * len(armed) + 2)),
-                                                        3.2 * len(columns) + 1), squeeze=False,
-                              sharex=True)
-  for axis, column in zip(axes[:, 0], columns):
-    values = [np.asarray(metrics[column], np.float64) for _, metrics, _ in armed]
-    x = np.arange(len(armed))
-    means, errors = yerr(values, column)
-    axis.bar(x, means, yerr=errors, capsize=2, color="#8fb0d8", label="mean, " + INTERVAL_NOTE)
-    for position, value in zip(x, values):
-      axis.scatter(np.full(len(value), position), value, s=6, color="k", zorder=3,
-                   label="one seed" if position == 0 else None)
-    axis.set_ylabel(readable(column), fontsize=8)
-    if column.endswith("_accuracy"):
-      axis.set_ylim(0, 1.02)
-    axis.grid(axis="y", alpha=0.3)
-  axes[0, 0].legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1), ncol=2, frameon=False)
-  _bars(axes[-1, 0], [label(name) for name, _, _ in armed])
-  _save(figure, path)
-
-
-def plot_chosen(records, path, design=None):
-  """Each variant at its chosen learning rate: mean (bar), seeds (dots), interval."""
-  chosen = verdicts.choose(records, measure_of(records))
-  columns = _shown_columns(records, design)
+def _seed_bars(bars, columns, labels, path, title="") -> None:
+  """A panel per measure in ``columns``: a bar per entry of ``bars`` (metrics dicts) at its mean
+  with its interval, every seed a dot; ``labels`` under the bars."""
   figure, axes = plt.subplots(len(columns), 1, squeeze=False, sharex=True,
-                              figsize=(min(12, max(5, 0.4 * len(chosen) + 2)),
-                                       3.0 * len(columns) + 1))
-  x = np.arange(len(chosen))
+                              figsize=(min(12, max(5, 0.38 * len(bars) + 2)),
+                                       3.1 * len(columns) + 1))
+  x = np.arange(len(bars))
   for axis, column in zip(axes[:, 0], columns):
-    values = [np.asarray(c.metrics[column], np.float64) for c in chosen]
+    values = [np.asarray(metrics[column], np.float64) for metrics in bars]
     means, errors = yerr(values, column)
     axis.bar(x, means, yerr=errors, capsize=2, color="#8fb0d8")
     for position, value in zip(x, values):
@@ -117,12 +92,26 @@ def plot_chosen(records, path, design=None):
     if column.endswith("_accuracy"):
       axis.set_ylim(0, 1.02)
     axis.grid(axis="y", alpha=0.3)
-  _bars(axes[-1, 0], [f"{label(c.variant)} (lr {c.learning_rate:g}{', edge' if c.edge else ''})"
-                      for c in chosen])
-  axes[0, 0].set_title(f"At the learning rate chosen on the {readable(chosen[0].chosen_on)}: "
-                       f"mean (bar), seeds (dots),\n{INTERVAL_NOTE}; edge: the grid's lowest "
-                       "or highest rate", fontsize=8)
+  axes[0, 0].set_title(title or f"Mean (bar), seeds (dots), {INTERVAL_NOTE}", fontsize=8)
+  _bars(axes[-1, 0], labels)
   _save(figure, path)
+
+
+def plot_final(records, path, design=None):
+  """Every arm's final measure: mean (bar), seeds (dots), interval."""
+  armed = arm_values(records)
+  _seed_bars([metrics for _, metrics, _ in armed], _shown_columns(records, design),
+             [label(name) for name, _, _ in armed], path)
+
+
+def plot_chosen(records, path, design=None):
+  """Each variant at its chosen learning rate: mean (bar), seeds (dots), interval."""
+  chosen = verdicts.choose(records, measure_of(records))
+  _seed_bars([c.metrics for c in chosen], _shown_columns(records, design),
+             [f"{label(c.variant)} (lr {c.learning_rate:g}{', edge' if c.edge else ''})"
+              for c in chosen], path,
+             f"At the learning rate chosen on the {readable(chosen[0].chosen_on)}: mean (bar), "
+             f"seeds (dots),\n{INTERVAL_NOTE}; edge: the grid's lowest or highest rate")
 
 
 def panels(records) -> dict[str, list[dict]]:

@@ -99,14 +99,16 @@ def rate_interval(successes: int, n: int) -> tuple[float, float, float]:
   return successes / n, float(interval.low), float(interval.high)
 
 
-def _sign_flip_p(differences) -> float:
-  """Two-sided p of the exact (n <= EXACT_UP_TO) sign-flip test that the differences' mean is 0."""
+def _sign_flip_p(differences, alternative: str = "two-sided") -> float:
+  """p of the sign-flip test that the differences' mean is 0, exact (every flip) for n <=
+  EXACT_UP_TO; 1 when every difference is 0."""
   if np.all(differences == 0):
     return 1.0
   result = stats.permutation_test(
       (differences,), np.mean, permutation_type="samples", vectorized=True,
+      alternative=alternative, rng=_rng(),
       n_resamples=max(2 ** EXACT_UP_TO, _RESAMPLES) if len(differences) <= EXACT_UP_TO
-      else _RESAMPLES, rng=_rng())
+      else _RESAMPLES)
   return float(min(result.pvalue, 1.0))
 
 
@@ -216,21 +218,13 @@ def time_to_solve_difference(metric, arm, baseline, a_steps, b_steps, horizon,
 def equivalence(a, b, margin: float) -> float:
   """p of two one-sided paired sign-flip tests (TOST) that the mean of a - b lies within
   (-margin, margin): below SIGNIFICANT, the arms are equivalent at that margin. With n seeds it
-  can be no smaller than 2^-n (:func:`smallest_p`)."""
+  can be no smaller than 2^-n (one-sided: one flip of the 2^n as extreme)."""
   a, b = _pairs(a, b)
   differences = a - b
   if len(differences) == 0:
     return math.nan
-  ps = []
-  for shifted, alternative in ((differences + margin, "greater"), (differences - margin, "less")):
-    if np.all(shifted == 0):
-      ps.append(1.0)
-      continue
-    ps.append(stats.permutation_test(
-        (shifted,), np.mean, permutation_type="samples", vectorized=True,
-        alternative=alternative, n_resamples=max(2 ** EXACT_UP_TO, _RESAMPLES), rng=_rng()
-    ).pvalue)
-  return float(max(ps))
+  return max(_sign_flip_p(differences + margin, "greater"),
+             _sign_flip_p(differences - margin, "less"))
 
 
 def adjust(comparisons) -> list[Comparison]:

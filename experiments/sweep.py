@@ -39,10 +39,17 @@ import traceback
 from experiments import config_check
 from experiments import hosts
 from experiments import provenance
+from experiments import report_tables
 from experiments import steps as steps_lib
 from experiments import train as train_lib
 from experiments import verdicts
 from experiments import workdir as workdir_lib
+
+
+def say(*args) -> None:
+  """Prints on the process that writes (all of them agree on what happens)."""
+  if hosts.writer():
+    print(*args)
 
 
 def variant_config(sweep, overrides):
@@ -143,9 +150,8 @@ def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
   hosts.agree(lambda: [_check_existing(sweep, name, variant_config(sweep, overrides),
                                        os.path.join(workdir, "variants", name))
                         for name, overrides in selected])
-  say = print if hosts.writer() else lambda *args, **kwargs: None
   design = verdicts.Design.of_sweep(sweep, "accuracy")
-  say(f"[sweep] {verdicts.power_note(design, sweep.num_seeds)}", flush=True)
+  say(f"[sweep] {verdicts.power_note(design, sweep.num_seeds)}")
   spent = [0.0]  # seconds of training so far, against sweep.budget_minutes
   with workdir_lib.owned(workdir):
     return [_run_variant(sweep, name, overrides, os.path.join(workdir, "variants", name), spent)
@@ -155,11 +161,10 @@ def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
 def _run_variant(sweep, name, overrides, directory, spent) -> dict:
   """The record of one variant: trained now, or as it finished earlier; its learning-rate grid
   extended where sweep.bracket asks (bracket)."""
-  say = print if hosts.writer() else lambda *args, **kwargs: None
   config = variant_config(sweep, overrides)
   record = hosts.agree(workdir_lib.read_result, directory)
   if record is not None and record["status"] == "ok":
-    say(f"[sweep] {name}: finished earlier, skipped", flush=True)
+    say(f"[sweep] {name}: finished earlier, skipped")
   else:
     record = _train_record(sweep, name, overrides, config, directory)
   if record["status"] == "ok":
@@ -170,16 +175,15 @@ def _run_variant(sweep, name, overrides, directory, spent) -> dict:
 
 def bracket(sweep, config, directory, record, spent) -> dict:
   """With ``sweep.bracket`` = k > 0, while the learning rate the validation stream chooses sits
-  at an edge of the grid, trains the seeds at the next rate past that edge (the grid's own ratio
-  between its two outermost rates) in <directory>/bracket/<rate>/, up to k rates per edge and
+  at an edge of the grid, trains the seeds at the next rate past that edge (the ratio between the
+  edge and its neighbour) in <directory>/bracket/<rate>/, up to k rates per edge and
   within ``sweep.budget_minutes`` of training for the whole sweep. Returns the record with those
   replicas added (and rewritten to result.json); unchanged when bracketed already."""
   rates = sorted(set(record["metrics"]["learning_rate"]))
   if not sweep.get("bracket") or len(rates) < 2:
     return record
-  say = print if hosts.writer() else lambda *args, **kwargs: None
   declared = grid(sweep)["learning_rate"]
-  measure = next((m for m in steps_lib.MEASURES if f"eval_{m}" in record["metrics"]), "accuracy")
+  measure = report_tables.measure_of([record])
   while True:
     (chosen,) = verdicts.choose([record], measure)
     rates = sorted(set(record["metrics"]["learning_rate"]))
@@ -193,36 +197,33 @@ def bracket(sweep, config, directory, record, spent) -> dict:
     if spent[0] + per_rate > budget:
       say(f"[sweep] {record['variant']}: learning rate {chosen.learning_rate:g} is the "
           f"{chosen.edge} of the grid; no time left to try {new:.3g} (budget "
-          f"{budget / 60:g} minutes)", flush=True)
+          f"{budget / 60:g} minutes)")
       return record
     say(f"[sweep] {record['variant']}: learning rate {chosen.learning_rate:g} is the "
-        f"{chosen.edge} of the grid; training {new:.3g} to bracket it", flush=True)
+        f"{chosen.edge} of the grid; training {new:.3g} to bracket it")
     extension = os.path.join(directory, "bracket", f"{new:.3g}")
     hosts.agree(lambda: workdir_lib.claim(config, extension) if hosts.writer() else None)
     metrics = hosts.agree(train_variant, sweep, config, extension,
                           {"learning_rate": (float(f"{new:.3g}"),)})
     spent[0] += metrics["seconds"][0]
-    now = provenance.collect()
     record = {**record, "metrics": {name: list(values) + list(metrics.get(name, []))
                                     for name, values in record["metrics"].items()},
-              "provenance": {field: " / ".join(dict.fromkeys(
-                  str(p[field]) for p in (record.get("provenance", now), now)))
-                  for field in provenance.FIELDS}}
+              "provenance": provenance.summary([record.get("provenance", {}),
+                                                provenance.collect()])}
     if hosts.writer():
       workdir_lib.write_result(directory, record)
 
 
 def _train_record(sweep, name, overrides, config, directory) -> dict:
-  say = print if hosts.writer() else lambda *args, **kwargs: None
   hosts.agree(lambda: workdir_lib.claim(config, directory) if hosts.writer() else None)
   count = len(train_lib.replicas_of(config, sweep.num_seeds, grid(sweep)))
-  say(f"[sweep] {name}: training {count} replicas (seeds x grid)", flush=True)
+  say(f"[sweep] {name}: training {count} replicas (seeds x grid)")
   record = {"variant": name, "overrides": overrides, "provenance": provenance.collect()}
   try:
     record.update(status="ok", metrics=hosts.agree(train_variant, sweep, config, directory))
     say(f"[sweep] {name}: " + ", ".join(f"eval_{m} {record['metrics'][f'eval_{m}']}"
                                         for m in steps_lib.MEASURES
-                                        if f"eval_{m}" in record["metrics"]), flush=True)
+                                        if f"eval_{m}" in record["metrics"]))
   except (workdir_lib.WorkdirError, train_lib.Interrupted):
     raise  # the sweep cannot go on either; the same command resumes it
   except Exception as error:  # noqa: BLE001 -- recorded; the other variants still run
@@ -231,7 +232,7 @@ def _train_record(sweep, name, overrides, config, directory) -> dict:
       with workdir_lib.writing(directory):
         workdir_lib.write_atomically(os.path.join(directory, "error.txt"),
                                      traceback.format_exc())
-    say(f"[sweep] {name}: FAILED, {record['error']}", flush=True)
+    say(f"[sweep] {name}: FAILED, {record['error']}")
   if hosts.writer():
     workdir_lib.write_result(directory, record)
   return record

@@ -154,7 +154,7 @@ def report(records, design, directory, title, evaluations=(), workdir=None) -> d
   paths = {"comparisons": os.path.join(directory, "comparisons.csv"),
            "markdown": os.path.join(directory, "results.md")}
   write_comparisons(comparisons, paths["comparisons"])
-  logged = workdir is not None and finished and _has(workdir, finished[0], MAX_LOGIT)
+  logged = workdir is not None and finished and PEAK_LOGIT in finished[0]["metrics"]
   with open(paths["markdown"], "w") as f:
     f.write(report_tables.markdown(title, records, design, comparisons, chosen,
                                    _logit_maxima(records)))
@@ -209,8 +209,8 @@ def write_sweep(sweep, records, workdir) -> dict:
 
 
 def extra_evaluations(records) -> tuple[str, ...]:
-  """The extra test sets of records read from a CSV, in order: longer lengths, then the
-  validation stream."""
+  """The longer test sets of records read from a CSV, shortest first (the validation stream is
+  not one of them: it chooses rates, the report does not plot it)."""
   names = report_tables.metric_names(records)
   lengths = sorted({m.removesuffix("_accuracy") for m in names
                     if re.fullmatch(r"length_\d+_\d+_accuracy", m)},

@@ -1,5 +1,5 @@
 """Redoes every committed study's report from its results.csv: comparisons.csv, results.md and
-the figures, with the statistics engine of experiments/statistics.py. Takes a minute or two.
+the figures, with the statistics engine of experiments/statistics.py, in under a minute.
 
   python -m scripts.rereport            # every study in STUDIES
   python -m scripts.rereport heads_binding scaling/accelerator  # these studies (folders)
