@@ -153,7 +153,8 @@ def design_lines(design: verdicts.Design, chosen, seeds: int, one_rate: bool) ->
   which = (f"every arm against the baseline `{design.baseline}`" if every else
            f"the declared contrasts (baseline `{design.baseline}`)")
   test = {"paired_permutation": f"{design.primary}, mean difference paired by seed, exact "
-                                "sign-flip test",
+                                "sign-flip test (between arms that see different data, the "
+                                "permutation test of the difference of means)",
           "solve_rate": f"the share of seeds that solve the task ({design.primary} "
                         f"{'>=' if design.higher_is_better else '<='} {design.solved_at:g}), "
                         "Fisher's exact test",
@@ -161,7 +162,7 @@ def design_lines(design: verdicts.Design, chosen, seeds: int, one_rate: bool) ->
                            f"{'reaches' if design.higher_is_better else 'falls to'} "
                            f"{design.solved_at:g} (a seed that never does counted at step "
                            f"{design.censored_at:g}), paired by seed, exact sign-flip test "
-                           "(log-rank where seeds differ)"}[design.test]
+                           "(log-rank where seeds or data differ)"}[design.test]
   on = chosen[0].chosen_on if chosen else verdicts.VALIDATION
   if one_rate:
     rates = "one learning rate for every variant, so none was chosen"

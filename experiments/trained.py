@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import jax
@@ -47,3 +48,18 @@ def load(workdir: str, replica: int = 0) -> Trained:
     raise FileNotFoundError(f"no checkpoint under {workdir}/checkpoints; train it first.")
   params = jax.tree.map(lambda leaf: leaf[replica], state.params)
   return Trained(config, task, model, params, int(state.step[replica]), replicas[replica])
+
+
+def at_rate(variant_dir: str, learning_rate: float) -> list[Trained]:
+  """Every replica of a sweep variant trained at ``learning_rate``: in the variant's workdir, or
+  in the one experiments.sweep added to bracket its grid (<variant_dir>/bracket/<rate>/)."""
+  extensions = os.path.join(variant_dir, "bracket")
+  workdirs = [variant_dir] + ([os.path.join(extensions, name)
+                               for name in sorted(os.listdir(extensions))]
+                              if os.path.isdir(extensions) else [])
+  runs = [load(workdir, index) for workdir in workdirs
+          for index, replica in enumerate(workdir_lib.read_replicas(workdir))
+          if math.isclose(replica["learning_rate"], learning_rate, rel_tol=1e-6)]
+  if not runs:
+    raise ValueError(f"{variant_dir} trained no replica at learning_rate={learning_rate}.")
+  return runs

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from experiments import statistics
+from experiments import workdir as workdir_lib
 from experiments.steps import MEASURES
 
 VALIDATION = "validation"  # the extra test set that chooses learning rates
@@ -150,13 +151,27 @@ def solved(values, design: Design) -> np.ndarray:
       np.isfinite(values) & (values <= design.solved_at))
 
 
+# The settings that change what seed s of an arm trains and is tested on: arms that differ in one
+# of them (a task length, say) do not share their batches, so their seeds are not pairs.
+DATA_SETTINGS = ("task", "task_options", "batch_size")
+
+
+def same_data(a: Chosen, b: Chosen) -> bool:
+  """Whether seed s of ``a`` and of ``b`` saw the same batches: no override of a DATA_SETTINGS
+  entry differs between their records (a nested dict from a run, a flat one from results.csv)."""
+  def data(chosen):
+    flat = workdir_lib.flatten(chosen.record.get("overrides", {}))
+    return {k: v for k, v in flat.items() if k.split(".")[0] in DATA_SETTINGS}
+  return data(a) == data(b)
+
+
 def _by_seed(metrics, name) -> dict[int, float]:
   return {int(seed): float(value) for seed, value in zip(metrics["seed"], metrics[name])}
 
 
 def compare(chosen: list[Chosen], design: Design) -> list[statistics.Comparison]:
-  """The design's comparisons between chosen arms, paired by seed where they share all seeds,
-  with Holm's adjusted p over the family."""
+  """The design's comparisons between chosen arms, paired by seed where they share all seeds and
+  their data (same_data), with Holm's adjusted p over the family."""
   by_name = {c.variant: c for c in chosen}
   results = []
   for arm, reference in design.comparisons:
@@ -168,7 +183,7 @@ def compare(chosen: list[Chosen], design: Design) -> list[statistics.Comparison]
       raise ValueError(f"the test {design.test!r} needs the per-seed column {metric!r}, which "
                        "these records lack; redo the report from the sweep's workdir.")
     a_values, b_values = _by_seed(a, metric), _by_seed(b, metric)
-    paired = a_values.keys() == b_values.keys()
+    paired = a_values.keys() == b_values.keys() and same_data(by_name[arm], by_name[reference])
     seeds = sorted(a_values)
     x = np.array([a_values[s] for s in seeds])
     y = np.array([b_values[s] for s in (seeds if paired else sorted(b_values))])

@@ -27,7 +27,6 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import probes, statistics, sweep_report, trained, verdicts  # noqa: E402
-from experiments import workdir as workdir_lib  # noqa: E402
 
 
 def essential_heads(importance, threshold: float) -> int:
@@ -50,16 +49,9 @@ def chosen_rates(records) -> dict[str, float]:
 
 def variant_importances(variant_dir: str, learning_rate: float) -> list[np.ndarray]:
   """[L, N] importance of every seed trained at ``learning_rate`` in one variant's workdir."""
-  replicas = workdir_lib.read_replicas(variant_dir)
-  chosen = [i for i, r in enumerate(replicas) if np.isclose(r["learning_rate"], learning_rate)]
-  if not chosen:
-    raise ValueError(f"{variant_dir} trained no replica at learning_rate={learning_rate}.")
-  importances = []
-  for index in chosen:
-    run = trained.load(variant_dir, index)
-    importances.append(probes.head_importance(run.model, run.params, run.task.test, run.config,
-                                              run.task.num_classes))
-  return importances
+  return [probes.head_importance(run.model, run.params, run.task.test, run.config,
+                                 run.task.num_classes)
+          for run in trained.at_rate(variant_dir, learning_rate)]
 
 
 def _cell(values, lower=-np.inf, upper=np.inf) -> str:

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs.ablations import heads_binding  # noqa: E402
 from experiments import statistics, sweep_report  # noqa: E402
 from scripts.predictions import (  # noqa: E402
-    above, chosen, close, difference, mean_of, not_above, table)
+    above, chosen, close, difference, largest_drop, mean_of, not_above, table)
 
 def recovers_half(nmse, a, worse, better):
   """Whether ``a`` sits at most halfway from ``worse`` to ``better``; untestable (False) unless
@@ -59,14 +59,6 @@ def short_of_half(nmse, a, worse, better):
   _, held, text = recovers_half(nmse, a, worse, better)
   return (f"{a} recovers less than half of {worse} -> {better}",
           None if held is None else not held, text)
-
-
-def largest_drop(nmse, chain, at: int):
-  means = [mean_of(nmse, v) for v in chain]
-  drops = [means[i] - means[i + 1] for i in range(len(chain) - 1)]
-  step = int(np.argmax(drops))
-  return (f"largest drop {chain[at]} -> {chain[at + 1]}", step == at,
-          "means " + ", ".join(f"{v} {m:.3f}" for v, m in zip(chain, means)))
 
 
 def predictions(mr, fp) -> list[tuple[int, str, list]]:

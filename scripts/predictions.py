@@ -1,13 +1,17 @@
 """The checks that the studies' predictions are written in, on {variant: {seed: value}} (a
 measure where lower is better: NMSE, or the error 1 - accuracy), paired by seed (seed s of every
-variant saw the same batches in the same order). A check is (name, held, measured): held is True,
-False, or None where it cannot be tested. The tested checks of one table are one family: their p
-values are corrected together (Holm) before any is called held.
+variant saw the same batches in the same order) unless a check says ``paired=False`` (arms that
+see different data, such as different task lengths). A check is (name, held, measured): held is
+True, False, or None where it cannot be tested. The tested checks of one table are one family:
+their p values are corrected together (Holm) before any is called held.
 
-- "a > b": a's value is above b's, the exact sign-flip test's Holm-adjusted p < 0.05;
+- "a > b": a's value is above b's, the exact sign-flip test's (unpaired: the permutation test's)
+  Holm-adjusted p < 0.05;
 - "a not above b": not "a > b";
 - "a ~ b": a within MARGIN of b, shown by two one-sided tests (TOST) at Holm-adjusted p < 0.05;
-  with few seeds it cannot be shown, and the table says so.
+  with few seeds it cannot be shown, and the table says so;
+- "a below level": a's median under ``level``, the exact sign test at Holm-adjusted p < 0.05;
+- "largest drop": the largest fall of the mean along a chain of arms is at the given step.
 """
 
 from __future__ import annotations
@@ -48,9 +52,13 @@ def _pair(values, a, b):
   return [values[a][s] for s in seeds], [values[b][s] for s in seeds]
 
 
-def difference(values, a, b) -> statistics.Comparison:
-  """a - b paired by seed: mean, bootstrap interval, exact sign-flip p."""
-  return statistics.paired_difference("", a, b, *_pair(values, a, b))
+def difference(values, a, b, paired: bool = True) -> statistics.Comparison:
+  """a - b paired by seed (mean, bootstrap interval, exact sign-flip p) or, with ``paired``
+  False, between independent seeds (difference of means, permutation p)."""
+  if paired:
+    return statistics.paired_difference("", a, b, *_pair(values, a, b))
+  return statistics.independent_difference("", a, b, list(values[a].values()),
+                                           list(values[b].values()))
 
 
 def _text(c: statistics.Comparison) -> str:
@@ -58,9 +66,9 @@ def _text(c: statistics.Comparison) -> str:
           f"p {c.p:.2g}, {c.n} seeds")
 
 
-def above(values, a, b) -> Tested:
+def above(values, a, b, paired: bool = True) -> Tested:
   """a above b, significantly after Holm."""
-  c = difference(values, a, b)
+  c = difference(values, a, b, paired)
   return Tested(f"{a} > {b}", _text(c), c.p,
                 lambda q: c.estimate > 0 and q < statistics.SIGNIFICANT)
 
@@ -79,9 +87,27 @@ def close(values, a, b, margin: float = MARGIN) -> Tested:
                 lambda q: q < statistics.SIGNIFICANT)
 
 
+def below(values, a, level: float) -> Tested:
+  """a's median below ``level`` (a seed's value under it counts, the exact sign test)."""
+  seeds = np.asarray(list(values[a].values()), np.float64)
+  under = int(np.sum(seeds < level))
+  return Tested(f"{a} below {level:g}",
+                f"{under} of {len(seeds)} seeds below, largest {np.nanmax(seeds):.3g}",
+                statistics.below(seeds, level), lambda q: q < statistics.SIGNIFICANT)
+
+
 def mean_of(values, a) -> float:
   """a's mean over its seeds."""
   return float(np.nanmean(list(values[a].values())))
+
+
+def largest_drop(values, chain, at: int):
+  """Whether the largest fall of the mean along ``chain`` (arms in order) is from chain[at] to
+  chain[at + 1]: an untested check (name, held, measured)."""
+  means = [mean_of(values, v) for v in chain]
+  drops = [means[i] - means[i + 1] for i in range(len(chain) - 1)]
+  return (f"largest drop {chain[at]} -> {chain[at + 1]}", int(np.argmax(drops)) == at,
+          "means " + ", ".join(f"{v} {m:.3g}" for v, m in zip(chain, means)))
 
 
 def decide(rows) -> list[tuple[str, str, list[tuple[str, bool | None, str]]]]:

@@ -63,6 +63,24 @@ def test_only_the_declared_comparisons_are_made_against_the_declared_reference()
   assert [verdicts.verdict(c, design) for c in comparisons] == ["better", "better"]
 
 
+def test_arms_that_see_different_data_are_compared_unpaired():
+  # Seed s of two arms at different task lengths saw different batches: no pairs, the
+  # permutation test; arms that differ only in the model stay paired, from a run's nested
+  # overrides or a CSV's flat ones alike.
+  def arm(name, overrides, shift):
+    record = _record(name, lambda rate, seed: (0.6 + shift + 0.01 * seed, 0.6 + shift))
+    return {**record, "overrides": overrides}
+  records = [arm("short", {"task_options": {"length": 8}, "model": {"num_heads": 1}}, 0.0),
+             arm("long", {"task_options": {"length": 64}, "model": {"num_heads": 1}}, 0.2),
+             arm("wide", {"task_options.length": 8, "model.num_heads": 4}, 0.2)]
+  design = verdicts.Design(baseline="short", comparisons=(("long", "short"), ("wide", "short")),
+                           test="paired_permutation", primary="eval_accuracy", solved_at=0.9,
+                           censored_at=1100.0)
+  long, wide = verdicts.compare(verdicts.choose(records, "accuracy"), design)
+  assert (long.test, wide.test) == ("permutation", "paired_permutation")
+  assert long.p < 0.01 and wide.p == pytest.approx(2 / 2 ** 8)
+
+
 def test_a_planted_effect_in_an_8_seed_study_is_detected_and_no_other_arm():
   rng = np.random.default_rng(1)
   noise = rng.normal(0, 0.05, (4, 2, 8))
