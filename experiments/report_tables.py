@@ -155,6 +155,8 @@ def design_lines(design: verdicts.Design, chosen, seeds: int, one_rate: bool) ->
   test = {"paired_permutation": f"{design.primary}, mean difference paired by seed, exact "
                                 "sign-flip test (between arms that see different data, the "
                                 "permutation test of the difference of means)",
+          "permutation": f"{design.primary}, difference of means between seeds (unpaired), "
+                         "permutation test",
           "solve_rate": f"the share of seeds that solve the task ({design.primary} "
                         f"{'>=' if design.higher_is_better else '<='} {design.solved_at:g}), "
                         "Fisher's exact test",

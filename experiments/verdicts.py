@@ -183,7 +183,8 @@ def compare(chosen: list[Chosen], design: Design) -> list[statistics.Comparison]
       raise ValueError(f"the test {design.test!r} needs the per-seed column {metric!r}, which "
                        "these records lack; redo the report from the sweep's workdir.")
     a_values, b_values = _by_seed(a, metric), _by_seed(b, metric)
-    paired = a_values.keys() == b_values.keys() and same_data(by_name[arm], by_name[reference])
+    paired = (design.test != "permutation" and a_values.keys() == b_values.keys()
+              and same_data(by_name[arm], by_name[reference]))
     seeds = sorted(a_values)
     x = np.array([a_values[s] for s in seeds])
     y = np.array([b_values[s] for s in (seeds if paired else sorted(b_values))])

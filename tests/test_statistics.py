@@ -94,14 +94,17 @@ def test_mean_intervals_stay_inside_the_range_and_hold_the_mean(values, lower, u
   assert mean == pytest.approx(np.mean(values))
 
 
-@pytest.mark.parametrize("test", ["paired_permutation", "solve_rate", "time_to_solve"])
-@pytest.mark.parametrize("n", [3, 5, 10])
+@pytest.mark.parametrize("test", ["paired_permutation", "permutation", "solve_rate",
+                                  "time_to_solve"])
+@pytest.mark.parametrize("n", [3, 5, 6])
 def test_smallest_p_is_what_the_most_extreme_outcome_gives(test, n):
   if test == "solve_rate":
     p = statistics.solve_rate_difference("s", "a", "b", [True] * n, [False] * n).p
   elif test == "time_to_solve":
     p = statistics.time_to_solve_difference("t", "a", "b", [100.0] * n, [math.nan] * n,
                                             horizon=1000, paired=True).p
+  elif test == "permutation":  # exact while 9999 resamples cover every split (n <= 6)
+    p = statistics.independent_difference("m", "a", "b", np.arange(n) + 10.0, np.arange(n)).p
   else:
     p = statistics.paired_difference("m", "a", "b", np.arange(n) + 1.0, np.zeros(n)).p
   assert statistics.smallest_p(test, n) == pytest.approx(p)

@@ -2,6 +2,7 @@
 design carried by results.csv, and the whole pipeline calibrated: arms whose labels are
 exchangeable give a false positive in about 5% of studies or fewer, a planted effect is found."""
 
+import dataclasses
 import math
 import os
 
@@ -79,6 +80,10 @@ def test_arms_that_see_different_data_are_compared_unpaired():
   long, wide = verdicts.compare(verdicts.choose(records, "accuracy"), design)
   assert (long.test, wide.test) == ("permutation", "paired_permutation")
   assert long.p < 0.01 and wide.p == pytest.approx(2 / 2 ** 8)
+  # A study that declares the unpaired test gets it for every comparison.
+  unpaired = verdicts.compare(verdicts.choose(records, "accuracy"),
+                              dataclasses.replace(design, test="permutation"))
+  assert [c.test for c in unpaired] == ["permutation", "permutation"]
 
 
 def test_a_planted_effect_in_an_8_seed_study_is_detected_and_no_other_arm():

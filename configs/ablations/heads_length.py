@@ -1,0 +1,78 @@
+"""Heads and sequence length: h heads of a fixed size on multi_retrieval (D = 4 maxima) at
+sequence lengths T = 8, 32 and 64, one attention layer.
+
+  python -m experiments.sweep --config=configs/ablations/heads_length.py \
+      --workdir=workdir/ablations/heads_length
+  python -m experiments.sweep --config=configs/ablations/heads_length.py:quick --workdir=/tmp/hl
+  python scripts/heads_length_probe.py --workdir=workdir/ablations/heads_length  # which head
+                                                                                 # finds which max
+
+Question: Yu et al. (2025, arXiv 2510.06662) prove that a one-layer transformer retrieving D
+maxima max_s <w_i, x_s> needs h >= D heads, and that below D the parameters it needs grow with
+the sequence length (their Fig. 1 sweeps T = 8-128). configs/ablations/heads_binding.py found the
+step at h = D at one length (T = 16); this sweep varies T. Predicted (scripts/
+heads_length_predictions.py, committed before the run): below D the test NMSE rises with T;
+from h = D it stays near zero at every T; h = 3 tells a step at D (three heads as far from
+solving as fewer) from a decline in proportion to the heads missing.
+
+Every arm has heads of d_k = d_model = 32 (the fixed head size of heads_binding, so that h = 3
+needs no width divisible by 3), h in 1, 2, 3, 4 at every T: 12 arms, 6 seeds x 3 learning
+rates each, 500 steps at batch 32, which fits the half hour a sweep may take on 2 CPU cores
+(an arm at T = 64 takes about 3 minutes there; h = 8 at T = 64, twice that, does not fit).
+Arms at different T see different data, so every comparison is unpaired (the permutation test
+of the difference of means: with 6 seeds a clean separation gives p = 2 / C(12, 6) = 0.002,
+which survives Holm over the 6 comparisons). The learning rate of each arm is chosen on a
+validation stream over a grid of three, extended by one rate past an edge where the choice sits
+on one. Results, runtime and provenance: docs/results/heads_length.md.
+"""
+
+import ml_collections
+
+from configs import multi_retrieval
+from configs.ablations import sweep_config
+
+HEADS = (1, 2, 3, 4)
+LENGTHS = (8, 32, 64)
+D = 4  # maxima retrieved (configs/multi_retrieval.py)
+LEARNING_RATES = (1e-3, 3e-3, 1e-2)
+STEPS, BATCH_SIZE = 500, 32
+NUM_SEEDS = 6
+NUM_TEST = 500  # examples in the test set and in the validation stream, per length
+
+
+def name(heads: int, length: int) -> str:
+  return f"h{heads}_T{length}"
+
+
+def _variants(d_model: int):
+  for heads, length in [(h, t) for t in LENGTHS for h in HEADS]:
+    yield name(heads, length), {"task_options": {"length": length},
+                                "model": {"num_heads": heads, "head_dim": d_model}}
+
+
+def _contrasts():
+  """Below D, the longest length against the shortest (the error rises with T); at each length,
+  D - 1 heads against D (the step sits at D, not below it)."""
+  for heads in HEADS[:-1]:
+    yield name(heads, LENGTHS[-1]), name(heads, LENGTHS[0])
+  for length in LENGTHS:
+    yield name(D - 1, length), name(D, length)
+
+
+def get_config(mode=None):
+  quick = "quick" if mode == "quick" else None
+  if mode not in (None, "quick"):
+    raise ValueError(f"mode must be 'quick' (or none), got {mode!r}.")
+  d_model = multi_retrieval.get_config().model.d_model
+  sweep = sweep_config(quick, steps=STEPS, eval_every=STEPS // 5, warmup=100,
+                       base=multi_retrieval, variants=_variants(d_model),
+                       baseline=name(1, LENGTHS[0]), contrasts=_contrasts(),
+                       test="permutation", bracket=1)
+  sweep.train.model.num_layers = 1
+  sweep.train.batch_size = BATCH_SIZE
+  if not quick:
+    sweep.num_seeds = NUM_SEEDS
+    sweep.train.task_options.num_test = NUM_TEST
+  sweep.grid = ml_collections.ConfigDict(
+      {"learning_rate": LEARNING_RATES[1:] if quick else LEARNING_RATES})
+  return sweep

@@ -1,0 +1,86 @@
+"""The heads-and-length sweep: valid arms at every length, predictions that hold on what the
+theory predicts and fail on its alternatives, and a probe that finds Yu et al.'s construction
+(head i retrieves maximum i) in the hand-set oracle."""
+
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from configs.ablations import heads_length
+from conftest import load_script
+from experiments import oracles, sweep, train
+from scripts import predictions as predictions_lib
+
+pytestmark = pytest.mark.quick
+
+
+@pytest.mark.parametrize("mode", [None, "quick"])
+def test_every_arm_is_valid_and_the_contrasts_name_arms(mode):
+  config = heads_length.get_config(mode)
+  sweep.check(config)
+  names = [name for name, _ in config.variants]
+  assert len(names) == len(heads_length.HEADS) * len(heads_length.LENGTHS)
+  assert all(arm in names and reference in names for arm, reference in config.contrasts)
+  for name, overrides in config.variants:
+    heads, length = name[1:].split("_T")
+    assert overrides == {"task_options": {"length": int(length)},
+                         "model": {"num_heads": int(heads), "head_dim": 32}}
+  assert config.train.model.num_layers == 1
+
+
+def test_an_unknown_mode_is_refused():
+  with pytest.raises(ValueError, match="mode must be 'quick'"):
+    heads_length.get_config("fast")
+
+
+def _nmse(means: dict, seeds: int = heads_length.NUM_SEEDS) -> dict:
+  """{arm: {seed: NMSE}} around each mean, spread differently per arm."""
+  offsets = np.linspace(-0.01, 0.01, seeds)
+  return {arm: {seed: max(0.0, mean + offsets[(seed * 3 + len(arm)) % seeds])
+                for seed in range(seeds)} for arm, mean in means.items()}
+
+
+def _study(nmse_of) -> dict:
+  arms = [(h, t) for t in heads_length.LENGTHS for h in heads_length.HEADS]
+  return _nmse({heads_length.name(h, t): nmse_of(h, t) for h, t in arms})
+
+
+def test_the_predictions_hold_for_a_step_at_d_growing_with_length_and_fail_otherwise():
+  script = load_script("heads_length_predictions")
+  # Yu et al.: below D the error grows with T; from D it is near zero.
+  theory = _study(lambda h, t: 0.002 if h >= 4 else (0.6 - 0.1 * h) * (1 + t / 64))
+  rows = script.predictions_of(theory)
+  assert all(predictions_lib.held(rows).values()), predictions_lib.table(rows)
+  # A decline in proportion to the heads missing, independent of T: L1 and L3 fail.
+  proportional = _study(lambda h, t: 0.002 if h >= 4 else 0.6 * (4 - h) / 3)
+  assert predictions_lib.held(script.predictions_of(proportional)) == {
+      "L1": False, "L2": True, "L3": False}
+  # Four heads that do not suffice at the longest length: L2 fails.
+  short = _study(lambda h, t: (0.3 if t == 64 else 0.002) if h >= 4 else 0.6 * (1 + t / 64))
+  assert not predictions_lib.held(script.predictions_of(short))["L2"]
+
+
+def test_the_probe_finds_a_head_per_maximum_in_the_oracle(data_dir):
+  script = load_script("heads_length_probe")
+  config = sweep.variant_config(heads_length.get_config("quick"),
+                                dict(heads_length.get_config().variants)["h4_T8"])
+  config.data_dir = data_dir
+  config.task_options.update(num_train=1, num_test=256)
+  task, model, _, _ = train.setup(config, train.replicas_of(config))
+  params = model.init(jax.random.key(0), task.test.tokens[:1])["params"]
+  params = oracles.multi_retrieval(model, params, config.task_options.to_dict())
+  share = script.shares(types.SimpleNamespace(config=config, task=task, model=model,
+                                              params=params))
+  assert share.shape == (4, 4)
+  np.testing.assert_allclose(np.diag(share), 1.0)  # head i attends to the argmax of maximum i
+  np.testing.assert_allclose(script.matched(share[[2, 0, 3, 1]]), 1.0)  # any order of heads
+  np.testing.assert_allclose(script.matched(share[:3]).sum(), 3.0)  # 3 heads: one max left out
+  # L4 holds where every maximum has its head at every length, not where one is shared.
+  lengths = [heads_length.name(4, t) for t in heads_length.LENGTHS]
+  assert script.l4({arm: [share] * 6 for arm in lengths})[0]
+  shared = share[[0, 0, 2, 3]]  # heads 1 and 2 both on maximum 1: maximum 2 has none
+  held, measured = script.l4({**{arm: [share] * 6 for arm in lengths}, lengths[-1]: [shared] * 6})
+  assert not held and "maximum 2 of h4_T64" in measured
+  assert "| h4_T8 | 1.00 [1.00, 1.00] |" in script.table({lengths[0]: [share] * 6})
