@@ -386,16 +386,21 @@ def test_the_module_docstring_examples_run(module):
   assert tried >= 1 and failures == 0
 
 
-@pytest.mark.parametrize("mode", [None, "quick", "order", "order_quick"])
+@pytest.mark.parametrize("mode", [None, "quick", "order_4", "order_16", "order_16_quick"])
 def test_the_ablation_configs_are_valid_and_a_bad_mode_is_refused(mode):
   from configs.ablations import head_variants as ablation
   from experiments import sweep
   config = ablation.get_config(mode)
   sweep.check(config)
   assert config.num_seeds == (2 if mode and mode.endswith("quick") else ablation.NUM_SEEDS)
-  assert len(config.grid.learning_rate) == (2 if mode and mode.endswith("quick") else 4)
-  assert ("length_17_32" in config.extra_evals) == (mode or "").startswith("order")
+  order = (mode or "").startswith("order")
+  assert len(config.grid.learning_rate) == (2 if mode and mode.endswith("quick") else
+                                            3 if order else 4)
+  assert ("length_17_32" in config.extra_evals) == order
   assert "validation" in config.extra_evals
+  # order: one sweep per head count, every comparison within it
+  heads = {overrides["model"]["num_heads"] for _, overrides in config.variants}
+  assert heads == ({16} if "16" in (mode or "") else {4} if order else {4, 16})
   with pytest.raises(ValueError, match="mode must be one of"):
     ablation.get_config("listops")
 
