@@ -43,7 +43,9 @@ exclude_patterns = [
     "results/*/*/logit_maxima.md",
     "results/theory_checks.md",
     "results/diagnostics/*/head_diagnostics.md",
-    "results/heads_binding/predictions.md",
+    "results/*/predictions.md",
+    "results/*/*/predictions.md",
+    "results/*/probe.md",
     "results/*/predictions_accelerator.md",
     "results/heads_binding/importance/importance.md",
 ]

@@ -8,8 +8,8 @@
 # training step at accelerator sizes, attention in float16 (where JAX's Mosaic GPU kernel runs)
 # and in float32, and the library's test files with whatever time remains. PART names choose
 # some, in the order given: tests, attention_bf16, train_bf16, attention_f16, attention_f32,
-# library_tests, and (not in the default list) study_heads, study_scaling, study_positional,
-# study_variants, attention_tokamax, profile_bf16, flag_cost, flex, flex_mod, flex_fused, mfu. Logs and
+# library_tests, and (not in the default list) study_heads, study_heads_length, study_scaling,
+# study_positional, study_variants, attention_tokamax, profile_bf16, flag_cost, flex, flex_mod, flex_fused, mfu. Logs and
 # JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so that a run cut short
 # keeps what it finished. Python packages missing on the machine go in
 # .whl/ as wheels (scripts/gpu_wheels.sh puts them there; modules they import but never use here
@@ -117,6 +117,11 @@ study() {
 study_heads() {
   study multi_retrieval_accelerator \
     configs/ablations/heads_binding.py:multi_retrieval_accelerator 420
+}
+
+# Heads and sequence length (D = 4 maxima, h 1-4 and 8, T 8-128; 10 seeds x 3 rates).
+study_heads_length() {
+  study heads_length_accelerator configs/ablations/heads_length.py:accelerator 420
 }
 
 # The scaling study (d_k 64, 256, 1024; 1/sqrt(d_k), none, QK-norm; 6 seeds x 5 rates).

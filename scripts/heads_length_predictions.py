@@ -5,6 +5,9 @@ configs/ablations/heads_length.py, its predictions fixed before it ran, as check
       --results=docs/results/heads_length/results.csv \
       --out=docs/results/heads_length/predictions.md
 
+With --out, also nmse_by_heads.png beside it: test NMSE against h, a line per length, and the
+proportional decline NMSE(1) (D - h) / (D - 1) of each length dotted.
+
 The measure is the test NMSE of each arm h<heads>_T<length> at its learning rate chosen on the
 validation stream; every comparison unpaired (the permutation test of the difference of means,
 as the sweep's own report), Holm over the table's tested checks (scripts/predictions.py). From Yu et al. (2025, arXiv 2510.06662): one
@@ -28,16 +31,27 @@ Written after two timing trials of the arm h4_T64 (100 steps at 10 seeds, then 5
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configs.ablations.heads_length import D, HEADS, LENGTHS, name  # noqa: E402
+from configs.ablations.heads_length import D, name  # noqa: E402
 from scripts import predictions as predictions_lib  # noqa: E402
-from experiments import statistics  # noqa: E402
+from experiments import statistics, sweep_report  # noqa: E402
 from scripts.predictions import MARGIN, above, chosen, largest_drop  # noqa: E402
 
-LONGEST, SHORTEST = LENGTHS[-1], LENGTHS[0]
+
+
+def grid(nmse) -> tuple[list[int], list[int]]:
+  """The head counts and the lengths the sweep ran, from its arms' names h<heads>_T<length>."""
+  arms = [tuple(map(int, arm[1:].split("_T"))) for arm in nmse]
+  return sorted({h for h, _ in arms}), sorted({t for _, t in arms})
 
 
 def near_zero(nmse, arm):
@@ -54,16 +68,56 @@ def predictions(records) -> list[tuple[str, str, list]]:
 
 def predictions_of(nmse) -> list[tuple[str, str, list]]:
   """The checks on {arm: {seed: test NMSE}}."""
-  below_d = [h for h in HEADS if h < D]
+  heads, lengths = grid(nmse)
+  shortest, longest = lengths[0], lengths[-1]
+  below_d = [h for h in heads if h < D]
   return [
-      ("L1", f"h < {D}, T {SHORTEST} against {LONGEST}",
-       [above(nmse, name(h, LONGEST), name(h, SHORTEST), paired=False) for h in below_d]),
-      ("L2", f"h = {D}", [near_zero(nmse, name(D, t)) for t in LENGTHS]),
+      ("L1", f"h < {D}, T {shortest} against {longest}",
+       [above(nmse, name(h, longest), name(h, shortest), paired=False) for h in below_d]),
+      ("L2", f"h = {D}", [near_zero(nmse, name(D, t)) for t in lengths]),
       ("L3", f"h = {D - 1} against {D}",
-       [above(nmse, name(D - 1, t), name(D, t), paired=False) for t in LENGTHS]
-       + [largest_drop(nmse, [name(h, LONGEST) for h in HEADS], len(HEADS) - 2)]),
+       [above(nmse, name(D - 1, t), name(D, t), paired=False) for t in lengths]
+       + [largest_drop(nmse, [name(h, longest) for h in range(1, D + 1)], D - 2)]),
   ]
 
 
+def plot(nmse, path: str) -> None:
+  """Test NMSE against the head count, a line per length (means, 95% bootstrap intervals)."""
+  heads, lengths = grid(nmse)
+  figure, axis = plt.subplots(figsize=(6.0, 3.6), layout="constrained")
+  for k, length in enumerate(lengths):
+    cells = [statistics.mean_interval(list(nmse[name(h, length)].values()), 0.0)
+             for h in heads]
+    means = [c[0] for c in cells]
+    errors = [[c[0] - c[1] for c in cells], [c[2] - c[0] for c in cells]]
+    color = f"C{k}"
+    axis.errorbar([h + 0.05 * (k - 1) for h in heads], means, yerr=errors, color=color,
+                  marker="o", capsize=3, label=f"T = {length}")
+    below = [h for h in heads if h <= D]
+    axis.plot(below, [means[0] * (D - h) / (D - 1) for h in below], color=color,
+              linestyle=":", linewidth=1)
+  axis.set_xticks(heads)
+  axis.set_xlabel(f"heads h (each of d_k 32); D = {D} maxima")
+  axis.set_ylabel("test NMSE")
+  axis.plot([], [], color="gray", linestyle=":", label="NMSE(1) (D - h) / (D - 1)")
+  axis.legend(fontsize=8)
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--results", required=True, help="the sweep's results.csv")
+  parser.add_argument("--out", default=None, help="write the table here (markdown)")
+  args = parser.parse_args()
+  records = sweep_report.records_from_csv(args.results)
+  text = predictions_lib.table(predictions(records), setting="arms")
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(text)
+    plot(chosen(records), os.path.join(os.path.dirname(args.out), "nmse_by_heads.png"))
+  print(text)
+
+
 if __name__ == "__main__":
-  predictions_lib.main(__doc__, predictions, "arms")
+  main()

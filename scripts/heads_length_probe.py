@@ -36,6 +36,7 @@ from scipy import optimize  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs.ablations.heads_length import D, LENGTHS, name  # noqa: E402
 from experiments import probes, statistics, sweep_report, trained, verdicts  # noqa: E402
+from experiments import workdir as workdir_lib  # noqa: E402
 from experiments.tasks import multi_retrieval  # noqa: E402
 
 NUM_EXAMPLES = 500
@@ -71,7 +72,7 @@ def probe(sweep: str) -> dict[str, list[np.ndarray]]:
   return {c.variant: [shares(run) for run in trained.at_rate(
               os.path.join(sweep, "variants", c.variant), c.learning_rate)]
           for c in chosen
-          if c.record["overrides"]["model"]["num_heads"] >= D - 1}
+          if workdir_lib.flatten(c.record["overrides"])["model.num_heads"] >= D - 1}
 
 
 def _cell(values) -> str:
@@ -104,16 +105,18 @@ def l4(results: dict[str, list[np.ndarray]]) -> tuple[bool, str]:
 
 def plot(results: dict[str, list[np.ndarray]], path: str) -> None:
   arms = [name(D, t) for t in LENGTHS if name(D, t) in results]
-  figure, axes = plt.subplots(1, len(arms), figsize=(3.2 * len(arms), 3.0), squeeze=False)
-  for axis, arm in zip(axes[0], arms):
+  figure, axes = plt.subplots(1, len(arms), figsize=(3.0 * len(arms) + 1.0, 3.0),
+                              squeeze=False, sharey=True, layout="constrained")
+  for k, (axis, arm) in enumerate(zip(axes[0], arms)):
     image = axis.imshow(results[arm][0], vmin=0, vmax=1, cmap="viridis")
-    axis.set_title(f"{D} heads, T = {arm.split('_T')[1]}", fontsize=9)
+    axis.set_title(f"{D} heads, T = {arm.split('_T')[1]} (seed 0)", fontsize=9)
     axis.set_xlabel("maximum i")
-    axis.set_ylabel("head j")
     axis.set_xticks(range(D), [str(i + 1) for i in range(D)])
     axis.set_yticks(range(D), [str(j + 1) for j in range(D)])
-  figure.colorbar(image, ax=axes[0].tolist(), shrink=0.8,
-                  label="share of examples: head's top token = argmax of maximum")
+    if k == 0:
+      axis.set_ylabel("head j")
+  figure.colorbar(image, ax=axes[0].tolist(), shrink=0.9,
+                  label="share: head j's top token\nis the argmax of maximum i")
   figure.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(figure)
 

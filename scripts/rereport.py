@@ -31,7 +31,9 @@ STUDIES = {
     "scaling/results.csv": ("scaling", None),
     "scaling/accelerator/results.csv": ("scaling", "accelerator"),
     "head_variants/mqar/results.csv": ("head_variants", "mqar"),
-    "head_variants/order/results.csv": ("head_variants", "order"),
+    "head_variants/order_4/results.csv": ("head_variants", "order_4"),
+    "head_variants/order_16/results.csv": ("head_variants", "order_16"),
+    "heads_length/results.csv": ("heads_length", None),
     "heads_binding/multi_retrieval/results.csv": ("heads_binding", "multi_retrieval"),
     "heads_binding/farthest_point/results.csv": ("heads_binding", "farthest_point"),
     "heads_binding/multi_retrieval_accelerator/results.csv": (

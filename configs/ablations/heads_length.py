@@ -4,6 +4,8 @@ sequence lengths T = 8, 32 and 64, one attention layer.
   python -m experiments.sweep --config=configs/ablations/heads_length.py \
       --workdir=workdir/ablations/heads_length
   python -m experiments.sweep --config=configs/ablations/heads_length.py:quick --workdir=/tmp/hl
+  python -m experiments.sweep --config=configs/ablations/heads_length.py:accelerator \
+      --workdir=workdir/ablations/heads_length_accelerator
   python scripts/heads_length_probe.py --workdir=workdir/ablations/heads_length  # which head
                                                                                  # finds which max
 
@@ -24,12 +26,16 @@ of the difference of means: with 6 seeds a clean separation gives p = 2 / C(12, 
 which survives Holm over the 6 comparisons). The learning rate of each arm is chosen on a
 validation stream over a grid of three, extended by one rate past an edge where the choice sits
 on one. Results, runtime and provenance: docs/results/heads_length.md.
+
+`:accelerator` is the study sized for one GPU or TPU: T up to 128 (Yu et al.'s widest), h = 8
+beside 1-4, 10 seeds, 2000 steps at batch 64 on 2000 test examples per length; the same
+predictions apply (scripts/heads_length_predictions.py reads the lengths and heads it ran).
 """
 
 import ml_collections
 
 from configs import multi_retrieval
-from configs.ablations import sweep_config
+from configs.ablations import check_mode, sweep_config
 
 HEADS = (1, 2, 3, 4)
 LENGTHS = (8, 32, 64)
@@ -38,41 +44,45 @@ LEARNING_RATES = (1e-3, 3e-3, 1e-2)
 STEPS, BATCH_SIZE = 500, 32
 NUM_SEEDS = 6
 NUM_TEST = 500  # examples in the test set and in the validation stream, per length
+# The accelerator preset: (head counts, lengths, steps, batch size, seeds, test examples).
+ACCELERATOR = ((1, 2, 3, 4, 8), (8, 32, 64, 128), 2000, 64, 10, 2000)
 
 
 def name(heads: int, length: int) -> str:
   return f"h{heads}_T{length}"
 
 
-def _variants(d_model: int):
-  for heads, length in [(h, t) for t in LENGTHS for h in HEADS]:
+def _variants(d_model: int, heads_counts=HEADS, lengths=LENGTHS):
+  for heads, length in [(h, t) for t in lengths for h in heads_counts]:
     yield name(heads, length), {"task_options": {"length": length},
                                 "model": {"num_heads": heads, "head_dim": d_model}}
 
 
-def _contrasts():
+def _contrasts(lengths=LENGTHS):
   """Below D, the longest length against the shortest (the error rises with T); at each length,
   D - 1 heads against D (the step sits at D, not below it)."""
-  for heads in HEADS[:-1]:
-    yield name(heads, LENGTHS[-1]), name(heads, LENGTHS[0])
-  for length in LENGTHS:
+  for heads in range(1, D):
+    yield name(heads, lengths[-1]), name(heads, lengths[0])
+  for length in lengths:
     yield name(D - 1, length), name(D, length)
 
 
 def get_config(mode=None):
+  check_mode(mode)
   quick = "quick" if mode == "quick" else None
-  if mode not in (None, "quick"):
-    raise ValueError(f"mode must be 'quick' (or none), got {mode!r}.")
+  heads_counts, lengths, steps, batch_size, seeds, num_test = (
+      ACCELERATOR if mode == "accelerator" else
+      (HEADS, LENGTHS, STEPS, BATCH_SIZE, NUM_SEEDS, NUM_TEST))
   d_model = multi_retrieval.get_config().model.d_model
-  sweep = sweep_config(quick, steps=STEPS, eval_every=STEPS // 5, warmup=100,
-                       base=multi_retrieval, variants=_variants(d_model),
-                       baseline=name(1, LENGTHS[0]), contrasts=_contrasts(),
+  sweep = sweep_config(quick, steps=steps, eval_every=steps // 5, warmup=100,
+                       base=multi_retrieval, variants=_variants(d_model, heads_counts, lengths),
+                       baseline=name(1, lengths[0]), contrasts=_contrasts(lengths),
                        test="permutation", bracket=1)
   sweep.train.model.num_layers = 1
-  sweep.train.batch_size = BATCH_SIZE
+  sweep.train.batch_size = batch_size
   if not quick:
-    sweep.num_seeds = NUM_SEEDS
-    sweep.train.task_options.num_test = NUM_TEST
+    sweep.num_seeds = seeds
+    sweep.train.task_options.num_test = num_test
   sweep.grid = ml_collections.ConfigDict(
       {"learning_rate": LEARNING_RATES[1:] if quick else LEARNING_RATES})
   return sweep
