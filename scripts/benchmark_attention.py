@@ -128,7 +128,7 @@ def block_math_floor(query, key, value, block_q=1024):
   """
   batch, length, heads, dim = query.shape
   block_q = min(length, block_q)
-  pairs = aj.chunked._Blocks(length, key.shape[1], block_q, key.shape[1]).pairs_per_step
+  pairs = aj.blocks.Geometry(length, key.shape[1], block_q, key.shape[1]).pairs_per_step
   heads_first = lambda x: x.transpose(0, 2, 1, 3).reshape(batch * heads, -1, dim)  # [B * N, L, H]
   blocks = lambda x: x.reshape((-1, block_q) + x.shape[1:])  # [T, ...] -> [T / bq, bq, ...]
 
