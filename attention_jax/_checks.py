@@ -31,6 +31,7 @@ class Request:
   mask_mod: bool = False
   sinks: bool = False
   normalizer: str = "softmax"
+  hooks: bool = False  # a head variant's hooks on the maps
   arrays: tuple[str, ...] = ()  # the structure given as arrays: mask, bias, lengths, segment ids
 
   def custom(self, served: tuple[str, ...] = ()) -> str | None:
@@ -38,7 +39,8 @@ class Request:
     ``served``, named as the argument that asks for it, or None."""
     for name, asked in (("score_mod", self.score_mod), ("mask_mod", self.mask_mod),
                         ("sinks", self.sinks),
-                        ('normalizer="sigmoid"', self.normalizer == "sigmoid")):
+                        ('normalizer="sigmoid"', self.normalizer == "sigmoid"),
+                        ("hooks", self.hooks)):
       if asked and name not in served:
         return name
     return None
@@ -57,8 +59,9 @@ class Request:
     return None
 
 
-def check_qkv(query, key, value) -> None:
-  """Validates query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v]."""
+def check_qkv(query, key, value, *, folded: bool = False) -> None:
+  """Validates query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] (``folded``:
+  value [..., S, K_v, H_v], the heads a variant's weights hook folds the maps into)."""
   for name, array in (("query", query), ("key", key), ("value", value)):
     if array.ndim < 3:
       raise ValueError(
@@ -82,7 +85,7 @@ def check_qkv(query, key, value) -> None:
     raise ValueError(
         f"query and key must have the same head_dim (last axis), got query "
         f"{query.shape} and key {key.shape}.")
-  if key.shape[-3:-1] != value.shape[-3:-1]:
+  if key.shape[-3:-1 - folded] != value.shape[-3:-1 - folded]:
     raise ValueError(
         "key and value must have the same length and number of heads "
         f"[..., S, K, :], got key {key.shape} and value {value.shape}.")
@@ -206,8 +209,9 @@ def soft_cap(cap) -> float | None:
 NORMALIZERS = ("softmax", "sigmoid")
 
 
-def check_custom(num_heads: int, *, sinks, normalizer, return_residual) -> None:
-  """Validates sinks [N] (floating), the normalizer, and what sigmoid attention cannot do."""
+def check_custom(num_heads: int, *, sinks, normalizer, return_residual, hooks=None) -> None:
+  """Validates sinks [N] (floating), the normalizer, and what sigmoid attention and a head
+  variant's hooks cannot do."""
   if normalizer not in NORMALIZERS:
     raise ValueError(f"normalizer must be one of {NORMALIZERS}, got {normalizer!r}.")
   if sinks is not None:
@@ -220,3 +224,6 @@ def check_custom(num_heads: int, *, sinks, normalizer, return_residual) -> None:
   if normalizer == "sigmoid" and return_residual:
     raise ValueError("sigmoid attention has no log-sum-exp to return; pass "
                      "return_residual=False or normalizer=\"softmax\".")
+  if hooks is not None and return_residual:
+    raise ValueError("return_residual: a head variant's hooks (hooks=) change the weights after "
+                     "the softmax, so there is no log-sum-exp to return; call without it.")

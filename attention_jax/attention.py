@@ -46,6 +46,8 @@ def _chunked_unsupported_reason(query, key, value, request: _checks.Request) -> 
     return "chunked attention has no attention dropout"
   if request.return_weights:
     return "chunked attention never forms the weights, so it cannot return them"
+  if request.hooks:
+    return "chunked attention cannot serve hooks (a head variant's maps)"
   return None
 
 
@@ -172,7 +174,8 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
     raise TypeError(f"select_implementation() got arguments that dot_product_attention does not "
                     f"take: {unknown}.")
   dropout_rate = 0.0 if call.get("deterministic") else dropout_rate
-  return_weights = return_weights or call.get("module") is not None
+  return_weights = return_weights or call.get("module") is not None or bool(
+      call.get("return_logits"))  # the maps: only the formula forms them
   backend = jax.default_backend() if backend is None else backend
   device = _device(backend)
   if device is not None and device_kind is None and compute_capability is None:
@@ -185,6 +188,7 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
       score_mod=call.get("score_mod") is not None,
       mask_mod=call.get("mask_mod") is not None or call.get("block_mask") is not None,
       sinks=call.get("sinks") is not None, normalizer=call.get("normalizer", "softmax"),
+      hooks=call.get("hooks") is not None,
       arrays=tuple(name for name, given in [("mask", mask), ("bias", bias)] + [
           (name, call.get(name)) for name in _checks.STRUCTURE_ARRAYS] if given is not None))
   if implementation is None:
@@ -287,7 +291,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
                           return_weights: bool = False, return_residual: bool = False,
                           implementation: str | None = None, empty_rows: str = "mean",
                           score_mod=None, mask_mod=None, block_mask=None, sinks=None,
-                          normalizer: str = "softmax", sigmoid_bias: float | None = None):
+                          normalizer: str = "softmax", sigmoid_bias: float | None = None,
+                          return_logits: bool = False, hooks: reference.Hooks | None = None):
   r"""Scaled dot-product attention, softmax(Q K^T * scale + bias) V, per head.
 
   A superset of ``jax.nn.dot_product_attention`` and of flax's ``dot_product_attention`` (Linen
@@ -335,6 +340,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       included in the log-sum-exp, with gradients.
     normalizer: "softmax" or "sigmoid": weights sigmoid(logit + sigmoid_bias) (None: -log(S)),
       unnormalised (:ref:`Ramapuram et al. 2024 <ref-ramapuram2024>`).
+    return_logits: also return the logits [..., N, T, S] (float32, after the soft cap, bias and
+      score_mod, before the mask), after the weights; only "reference" forms them.
+    hooks: a head variant's hooks on the maps (``reference.Hooks``, ``Variant.hooks``): only
+      "reference" serves them; a row with no key then gives zeros.
 
   Returns:
     [..., T, N, H_v] in the dtype of ``query``, followed by the weights and the residual when
@@ -358,7 +367,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     query, key, value = promote_dtype((query, key, value), dtype=dtype)
   elif dtype is not None:
     query, key, value = (x.astype(dtype) for x in (query, key, value))
-  _checks.check_qkv(query, key, value)
+  _checks.check_qkv(query, key, value, folded=hooks is not None)
   q_len, num_heads, head_dim = query.shape[-3:]
   kv_len = key.shape[-3]
   mask, bias, structure = _checks.attention_inputs(query, key, mask, bias, num_heads, dict(
@@ -368,28 +377,29 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   logits_soft_cap = _checks.soft_cap(logits_soft_cap)
   sinks = None if sinks is None else jnp.asarray(sinks)
   _checks.check_custom(num_heads, sinks=sinks, normalizer=normalizer,
-                       return_residual=return_residual)
+                       return_residual=return_residual, hooks=hooks)
   mask_mod = mods_lib.check_block_mask(block_mask, mask_mod, math.prod(query.shape[:-3]),
                                        num_heads, q_len, kv_len)
   dropout_rate = _checks.dropout(dropout_rate, dropout_rng, deterministic)
   want_weights = return_weights or module is not None
   if not _can_empty_rows(mask, structure, window, mask_mod) or (
-      sinks is not None or normalizer == "sigmoid"):
-    empty_rows = "zero"  # no row can be empty, or an empty row is zeros (sink, sigmoid)
+      sinks is not None or normalizer == "sigmoid" or hooks is not None):
+    empty_rows = "zero"  # no row can be empty, or an empty row is zeros (sink, sigmoid, hooks)
   custom = dict(score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, sinks=sinks,
                 normalizer=normalizer)
   name = select_implementation(query, key, value, bias, mask, dropout_rate=dropout_rate,
                                return_weights=want_weights, return_residual=return_residual,
                                logits_soft_cap=logits_soft_cap, implementation=implementation,
-                               **structure, **custom)
+                               return_logits=return_logits, hooks=hooks, **structure, **custom)
   scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-  custom["sigmoid_bias"] = sigmoid_bias
+  custom.update(sigmoid_bias=sigmoid_bias, hooks=hooks)
   with default_precision(precision):
     result = _run(name, query, key, value, bias, mask, scale=scale, is_causal=is_causal,
                   window=window, logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate,
                   dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout,
-                  return_weights=want_weights, return_residual=return_residual,
-                  empty_rows=empty_rows, structure=structure, custom=custom)
+                  return_weights=want_weights, return_logits=return_logits,
+                  return_residual=return_residual, empty_rows=empty_rows, structure=structure,
+                  custom=custom)
   output, *extras = result if isinstance(result, tuple) else (result,)
   if module is not None:
     _sow(module, extras[0].astype(query.dtype))
@@ -399,8 +409,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
 
 
 def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logits_soft_cap,
-         dropout_rate, dropout_rng, broadcast_dropout, return_weights, return_residual,
-         empty_rows, structure, custom):
+         dropout_rate, dropout_rng, broadcast_dropout, return_weights, return_logits,
+         return_residual, empty_rows, structure, custom):
   """The named implementation on validated arguments: (output, weights?, residual?) or output.
   ``custom``: score_mod, mask_mod, block_mask, sinks, normalizer and sigmoid_bias."""
   if name == "pallas_gpu":  # the structure as mods, in the kernel
@@ -413,7 +423,8 @@ def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logit
     return chunked.chunked_attention(
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         local_window_size=window, logits_soft_cap=logits_soft_cap,
-        return_residual=return_residual, empty_rows=empty_rows, **structure, **custom)
+        return_residual=return_residual, empty_rows=empty_rows, **structure,
+        **{name: value for name, value in custom.items() if name != "hooks"})
   q_len, kv_len = query.shape[-3], key.shape[-3]
   mask = structure_mask(mask, q_len, kv_len, local_window_size=window, **structure)
   score_mod, allowed = mods_lib.dense(custom["score_mod"], custom["mask_mod"], query.dtype,
@@ -428,8 +439,8 @@ def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logit
         query, key, value, bias, mask, scale=scale, is_causal=is_causal,
         logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
         broadcast_dropout=broadcast_dropout, return_weights=return_weights,
-        return_residual=return_residual, score_mod=score_mod, sinks=custom["sinks"],
-        normalizer=custom["normalizer"],
+        return_logits=return_logits, return_residual=return_residual, score_mod=score_mod,
+        sinks=custom["sinks"], normalizer=custom["normalizer"], hooks=custom["hooks"],
         sigmoid_bias=mods_lib.sigmoid_bias(custom["sigmoid_bias"], kv_len))
   if empty_rows == "zero":
     return result

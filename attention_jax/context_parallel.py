@@ -436,14 +436,15 @@ class ContextParallel:
                        f"empty_rows={empty_rows!r} is not served, use empty_rows='zero'.")
     if dtype is not None:
       query, key, value = (x.astype(dtype) for x in (query, key, value))
-    custom = [name for name in ("block_mask", "sinks") if options.pop(name, None) is not None]
+    custom = [name for name in ("block_mask", "sinks", "hooks")
+              if options.pop(name, None) is not None]
     custom += ["normalizer"] * (options.pop("normalizer", "softmax") != "softmax")
     options.pop("sigmoid_bias", None)
     if custom:
       raise ValueError(f"context-parallel attention does not serve {', '.join(custom)}; pass "
                        "the mask as a mask_mod (the ring evaluates it on every block), or call "
                        "dot_product_attention on one device.")
-    if dropout_rate or return_weights or return_residual:
+    if dropout_rate or return_weights or return_residual or options.pop("return_logits", False):
       raise ValueError("context-parallel attention has no attention dropout and returns neither "
                        "weights nor the log-sum-exp; set the attention dropout rate to 0 and take "
                        "the maps (attention_maps) or the residual from dot_product_attention on "

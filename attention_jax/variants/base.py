@@ -21,14 +21,16 @@ key/value heads, H head dim, D input width)::
                                              "losses" (the trainer adds the losses' mean)
   identity(params)                           (variant, params) at which it is plain MHA (tests)
 
-A variant whose logits, normalize or weights hook is not the identity sets ``forms_maps``: the
-step then forms every head's [T, S] map itself (as the "reference" implementation does) instead
-of calling a fused kernel. Plain multi-head attention is ``Variant()``.
+A variant that overrides the logits, normalize or weights hook forms its own maps
+(``forms_maps``, set from the overrides): the step hands those hooks (``hooks(state)``) to
+``dot_product_attention``, which runs them on the "reference" implementation, the one that forms
+every head's [T, S] map. Plain multi-head attention is ``Variant()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, ClassVar
 
 import jax
@@ -36,6 +38,8 @@ import jax.numpy as jnp
 
 from attention_jax import reference
 
+#: The hooks on the maps [..., N, T, S]; a variant that overrides one forms its own maps.
+MAP_HOOKS = ("logits", "normalize", "weights")
 LOSSES = "losses"  # the collection (Linen) or variable type (NNX) of auxiliary losses
 #: name -> Variant subclass; ``register`` adds one.
 REGISTRY: dict[str, type[Variant]] = {}
@@ -58,7 +62,7 @@ class Variant:
   (3, 4, 8)
   """
   name: ClassVar[str] = "mha"
-  #: the step forms the maps [..., N, T, S] itself and calls logits, normalize and weights
+  #: whether the class overrides one of MAP_HOOKS (set for each subclass, never by hand)
   forms_maps: ClassVar[bool] = False
   #: None when decoding with a key/value cache works; else why not, completing
   #: "head variant '<name>' ..." in one line
@@ -66,6 +70,10 @@ class Variant:
   #: attention dropout draws one mask [..., N, 1, S] shared by the queries, whatever
   #: broadcast_dropout says (mesh-tensorflow's talking heads)
   dropout_shares_queries: ClassVar[bool] = False
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    cls.forms_maps = any(getattr(cls, hook) is not getattr(Variant, hook) for hook in MAP_HOOKS)
 
   @classmethod
   def for_layer(cls, *, layer: int, num_layers: int, **settings) -> Variant:
@@ -125,6 +133,15 @@ class Variant:
   def weights(self, state, weights):
     del state
     return weights
+
+  def hooks(self, state) -> reference.Hooks | None:
+    """The hooks on the maps bound to one call's ``state``, for ``dot_product_attention(hooks=)``;
+    None when the variant forms no maps."""
+    if not self.forms_maps:
+      return None
+    logits, normalize, weights = (functools.partial(getattr(self, hook), state)
+                                  for hook in MAP_HOOKS)
+    return reference.Hooks(logits, normalize, weights, self.dropout_shares_queries)
 
   def heads(self, state, heads):
     del state
