@@ -425,6 +425,59 @@ def projection_specs(kernel_shape, input_dims: int, *, use_bias: bool, kernel_in
   return specs
 
 
+def parameter_specs(d_in: int, d_k: int, d_v: int, d_out: int, *, num_heads: int,
+                    num_kv_heads: int, head_dim: int, fused_qkv: bool, normalize_qk: bool,
+                    use_bias: bool, kernel_init, bias_init, out_kernel_init=None,
+                    out_bias_init=None, head_variant=None) -> dict[str, dict[str, tuple]]:
+  """{group: {name: (shape, initializer)}}: a layer's parameters as the module docstring lays
+  them out, in flax's order (the order NNX draws them in); both shells declare these ("temperature",
+  with scale="learned", is one array that each declares itself)."""
+  variant = variant_of(head_variant)
+  variant.check(num_heads=num_heads, head_dim=head_dim)
+  projection = lambda shape, input_dims=1, out=False: projection_specs(
+      shape, input_dims, use_bias=use_bias, kernel_init=(out and out_kernel_init) or kernel_init,
+      bias_init=(out and out_bias_init) or bias_init)
+  heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
+  if fused_qkv:
+    specs = {"qkv": projection((d_in, 3) + heads)}  # [D_in, 3, N, H]
+  else:
+    specs = {"query": projection((d_in,) + heads), "key": projection((d_k,) + kv_heads),
+             "value": projection((d_v,) + kv_heads)}  # [D, N or K, H]
+  if normalize_qk:
+    specs["query_ln"] = specs["key_ln"] = {
+        "scale": ((variant.key_width(head_dim),), jax.nn.initializers.ones)}
+  specs["out"] = projection((num_heads, variant.head_width(head_dim), d_out), 2, out=True)
+  own = variant.params(in_features=d_in, num_heads=num_heads, head_dim=head_dim)
+  return {**specs, variant.name: own} if own else specs
+
+
+def empty_cache(params, inputs, *, dtype=None, head_variant=None) -> kv_cache.KVCache:
+  """An empty key/value cache for key inputs like ``inputs`` [..., L, D] (an array or its
+  shape; L the longest sequence): zeros shaped as the keys and values [..., L, K, H] the layer
+  projects, in ``dtype`` (None: theirs)."""
+  width = lambda name: params["qkv" if "qkv" in params else name]["kernel"].shape[0]
+  like = lambda name: jax.ShapeDtypeStruct(tuple(inputs.shape[:-1]) + (width(name),),
+                                           inputs.dtype)
+  _, key, value, _ = jax.eval_shape(
+      lambda p, xq, xk: attention_inputs(p, xq, xq if "qkv" in p else xk, dtype=dtype,
+                                         head_variant=head_variant),
+      params, like("query"), like("key"))
+  zeros = lambda x: jnp.zeros(x.shape, dtype or x.dtype)
+  return kv_cache.KVCache(zeros(key), zeros(value), jnp.array(0, jnp.int32))
+
+
+def shell_step(layer, params, inputs_q, inputs_k, inputs_v, **call) -> Step:
+  """The step that a Linen or NNX shell runs: its settings (its attributes scale, qk_transform,
+  broadcast_dropout, implementation, attention_fn, dtype, precision, head_variant, empty_rows)
+  and the call's arguments."""
+  settings = {name: getattr(layer, name) for name in (
+      "scale", "qk_transform", "broadcast_dropout", "implementation", "attention_fn", "dtype",
+      "precision", "head_variant")}
+  if layer.empty_rows != "mean":
+    settings["empty_rows"] = layer.empty_rows
+  return multi_head_attention_step(params, inputs_q, inputs_k, inputs_v, **settings, **call)
+
+
 class _Params(nn.Module):
   """Holds parameters declared by specs ((name, shape, initializer), ...) and hands them back
   as {name: array}: a projection's kernel and bias, a QK-norm's scale, a head variant's own."""
@@ -518,37 +571,16 @@ class MultiHeadDotProductAttention(nn.Module):
   head_variant: Any = None
   empty_rows: str = "mean"
 
-  def _weights(self, name, kernel_shape, input_dims=1, out=False):
-    kernel_init = (out and self.out_kernel_init) or self.kernel_init
-    bias_init = (out and self.out_bias_init) or self.bias_init
-    return self._group(name, projection_specs(kernel_shape, input_dims, use_bias=self.use_bias,
-                                              kernel_init=kernel_init, bias_init=bias_init))
-
-  def _group(self, name, specs):
-    return _Params(tuple((key, shape, init) for key, (shape, init) in specs.items()),
-                   self.param_dtype, name=name)()
-
   def _parameters(self, d_in: int, d_k: int, d_v: int, head_dim: int):
-    heads = (self.num_heads, head_dim)
-    kv_heads = (check_heads(self.num_heads, self.num_kv_heads, self.fused_qkv), head_dim)
-    d_out = self.out_features or d_in
-    if self.fused_qkv:
-      params = {"qkv": self._weights("qkv", (d_in, 3) + heads)}
-    else:
-      params = {"query": self._weights("query", (d_in,) + heads),
-                "key": self._weights("key", (d_k,) + kv_heads),
-                "value": self._weights("value", (d_v,) + kv_heads)}
-    variant = variant_of(self.head_variant)
-    variant.check(num_heads=self.num_heads, head_dim=head_dim)
-    if self.normalize_qk:
-      for name in ("query_ln", "key_ln"):
-        params[name] = self._group(name, {"scale": ((variant.key_width(head_dim),),
-                                                    nn.initializers.ones_init())})
-    params["out"] = self._weights("out", (self.num_heads, variant.head_width(head_dim), d_out),
-                                  input_dims=2, out=True)
-    specs = variant.params(in_features=d_in, num_heads=self.num_heads, head_dim=head_dim)
-    if specs:
-      params[variant.name] = self._group(variant.name, specs)
+    specs = parameter_specs(
+        d_in, d_k, d_v, self.out_features or d_in, num_heads=self.num_heads,
+        num_kv_heads=check_heads(self.num_heads, self.num_kv_heads, self.fused_qkv),
+        head_dim=head_dim, fused_qkv=self.fused_qkv, normalize_qk=self.normalize_qk,
+        use_bias=self.use_bias, kernel_init=self.kernel_init, bias_init=self.bias_init,
+        out_kernel_init=self.out_kernel_init, out_bias_init=self.out_bias_init,
+        head_variant=self.head_variant)
+    params = {name: _Params(tuple((key, shape, init) for key, (shape, init) in group.items()),
+                            self.param_dtype, name=name)() for name, group in specs.items()}
     if self.scale == "learned":
       params["temperature"] = self.param(
           "temperature", nn.initializers.constant(resolve_scale("learned", head_dim)),
@@ -560,13 +592,9 @@ class MultiHeadDotProductAttention(nn.Module):
     if not self.decode:
       return None, None
     initialized = self.has_variable("cache", "cached_key")
-    _, key, value, _ = jax.eval_shape(
-        lambda p, xq, xk, xv: attention_inputs(p, xq, xk, xv, dtype=self.dtype,
-                                               head_variant=self.head_variant),
-        params, inputs_q, inputs_k, inputs_v)  # [..., L, K, H] at init: the longest sequence
-    variables = [self.variable("cache", name, jnp.zeros, shape.shape, shape.dtype)
-                 for name, shape in (("cached_key", key), ("cached_value", value))]
-    variables.append(self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32)))
+    empty = empty_cache(params, inputs_k, dtype=self.dtype, head_variant=self.head_variant)
+    variables = [self.variable("cache", name, lambda array=array: array)  # at init: inputs_k's L
+                 for name, array in zip(("cached_key", "cached_value", "cache_index"), empty)]
 
     def store(cache):
       for variable, array in zip(variables, cache):
@@ -603,15 +631,10 @@ class MultiHeadDotProductAttention(nn.Module):
         dropout_rng = self.make_rng("dropout") if dropout_rng is None else dropout_rng
     cache, store = self._cache(params, inputs_q, inputs_k, inputs_v)
     sow = self.is_mutable_collection("intermediates") if sow_weights is None else sow_weights
-    step = multi_head_attention_step(
-        params, inputs_q, inputs_k, inputs_v, mask=mask, bias=bias, scale=self.scale,
-        is_causal=is_causal, qk_transform=self.qk_transform, dropout_rate=dropout_rate,
-        dropout_rng=dropout_rng if dropout_rate > 0.0 else None,
-        broadcast_dropout=self.broadcast_dropout, implementation=self.implementation,
-        attention_fn=self.attention_fn, dtype=self.dtype, precision=self.precision, cache=cache,
-        return_maps=sow, head_variant=self.head_variant,
-        **({"empty_rows": self.empty_rows} if self.empty_rows != "mean" else {}),
-        **attention_args)
+    step = shell_step(self, params, inputs_q, inputs_k, inputs_v, mask=mask, bias=bias,
+                      is_causal=is_causal, dropout_rate=dropout_rate,
+                      dropout_rng=dropout_rng if dropout_rate > 0.0 else None, cache=cache,
+                      return_maps=sow, **attention_args)
     if step.cache is not None:
       store(step.cache)
     for collection, records in step.records.items():  # sown where the collection is mutable
