@@ -5,58 +5,10 @@ Every check raises ``ValueError`` naming the argument, what was expected and wha
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 from typing import Sequence
 
 import jax.numpy as jnp
-
-
-#: The structure arguments of dot_product_attention that are arrays.
-STRUCTURE_ARRAYS = ("query_seq_lengths", "key_value_seq_lengths", "query_segment_ids",
-                    "key_segment_ids")
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-  """What a call asks of an implementation beyond its query, key and value, and where it runs
-  (``backend`` and ``device_kind`` as jax names them, None when unknown)."""
-  dropout_rate: float = 0.0
-  return_weights: bool = False
-  return_residual: bool = False
-  logits_soft_cap: float | None = None
-  device_kind: str | None = None
-  backend: str | None = None
-  score_mod: bool = False
-  mask_mod: bool = False
-  sinks: bool = False
-  normalizer: str = "softmax"
-  hooks: bool = False  # a head variant's hooks on the maps
-  arrays: tuple[str, ...] = ()  # the structure given as arrays: mask, bias, lengths, segment ids
-
-  def custom(self, served: tuple[str, ...] = ()) -> str | None:
-    """The first custom part of the request (score_mod, mask_mod, sinks, sigmoid) that is not
-    ``served``, named as the argument that asks for it, or None."""
-    for name, asked in (("score_mod", self.score_mod), ("mask_mod", self.mask_mod),
-                        ("sinks", self.sinks),
-                        ('normalizer="sigmoid"', self.normalizer == "sigmoid"),
-                        ("hooks", self.hooks)):
-      if asked and name not in served:
-        return name
-    return None
-
-  def flash_refusal(self, kernel: str) -> str | None:
-    """Why ``kernel``, a fused flash kernel (causal, windows, lengths and segment ids native, a
-    mask_mod as a dense mask), cannot serve this request's dropout, soft cap or custom parts, or
-    None."""
-    if self.dropout_rate > 0.0:
-      return f"{kernel} has no attention dropout"
-    if self.logits_soft_cap is not None:
-      return f"{kernel} has no logits soft cap"
-    if unserved := self.custom(served=("mask_mod",)):
-      return (f"{kernel} cannot serve {unserved} (it serves causal, windows, lengths and "
-              "segment ids natively, and a mask_mod as a dense mask)")
-    return None
 
 
 def check_qkv(query, key, value, *, folded: bool = False) -> None:

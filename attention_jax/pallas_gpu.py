@@ -33,7 +33,6 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.experimental import pallas as pl
 
-from attention_jax import _checks
 from attention_jax import blocks as blocks_lib
 from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
@@ -425,22 +424,6 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   return out, lse
 
 
-def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
-  """Why the fused kernel cannot serve this request, or None if it can."""
-  del query, key, value
-  kernel = "the fused Pallas GPU kernel"
-  if request.dropout_rate > 0.0:
-    return f"{kernel} has no attention dropout"
-  if request.return_weights:
-    return f"{kernel} never forms the weights, so it cannot return them"
-  if "bias" in request.arrays:
-    return (f"{kernel} takes a bias only written as a score_mod (it would give an array bias "
-            "no gradient)")
-  if unserved := request.custom(served=("score_mod", "mask_mod")):
-    return f"{kernel} cannot serve {unserved}"
-  return None
-
-
 def _band(is_causal: bool, window):
   """is_causal and the window (left, right) as the band of offsets ``kv_idx - q_idx`` they allow:
   (lowest, highest), None where unbounded; or None if neither is given."""
@@ -554,7 +537,7 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
                          empty_rows: str = "mean", interpret: bool = False):
   """``dot_product_attention`` through the fused kernel: query [..., T, N, H], key/value
   [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``).
-  Inputs are assumed validated and servable (see ``unsupported_reason``); ``local_window_size``
+  Inputs are assumed validated and servable (attention.KERNELS); ``local_window_size``
   as (left, right) or None."""
   q_len, kv_len = query.shape[-3], key.shape[-3]
   blocks, kinds = _kernel_blocks(block_mask, BLOCK)

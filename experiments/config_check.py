@@ -114,7 +114,7 @@ def validate(config) -> None:
     if value not in valid:
       raise ConfigError(f"{field} must be one of {list(valid)}, got {value!r}.")
   _check_head_variant(config, key_dim)
-  required = aj.attention.REQUIRED_BACKEND.get(model.attention_impl)
+  required = aj.attention.KERNELS[model.attention_impl].backend if model.attention_impl else None
   if required is not None and required != jax.default_backend():
     raise ConfigError(f"model.attention_impl={model.attention_impl!r} runs only on {required}, "
                       f"and this machine's backend is {jax.default_backend()}; use '' "

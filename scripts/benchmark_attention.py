@@ -52,7 +52,7 @@ def jax_methods(is_causal=False):
   ours = {name: (lambda q, k, v, name=name: aj.dot_product_attention(
               q, k, v, implementation=name, is_causal=is_causal))
           for name in aj.IMPLEMENTATIONS
-          if aj.attention.REQUIRED_BACKEND.get(name, backend) == backend}
+          if aj.attention.KERNELS[name].backend in (None, backend)}
   ours["default"] = lambda q, k, v: aj.dot_product_attention(q, k, v, is_causal=is_causal)
 
   def flax_attention(q, k, v):
