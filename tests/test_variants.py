@@ -140,6 +140,32 @@ def test_a_variant_is_usable_by_name_from_a_run_config(name):
   config_check.validate(config)
 
 
+def test_a_variant_in_the_user_s_own_package_works_as_the_guide_says(tmp_path, monkeypatch):
+  """docs/guides/custom_variant.md, "Your own": its file written into a package of the user's,
+  its usage block run as it stands, and the run config naming it by import path; nothing in
+  attention_jax registers it."""
+  import pathlib
+  import re
+  from configs import default
+  from experiments import config_check
+  guide = (pathlib.Path(__file__).parent.parent / "docs/guides/custom_variant.md").read_text()
+  blocks = dict(re.findall(r"```\{code-block\} python\n:caption: (.*?)\n\n(.*?)```", guide, re.S))
+  (tmp_path / "my_variants").mkdir()
+  (tmp_path / "my_variants" / "head_scale.py").write_text(blocks["my_variants/head_scale.py"])
+  monkeypatch.syspath_prepend(str(tmp_path))
+  exec(compile(blocks["using it"], "custom_variant.md", "exec"), {})
+  assert "head_scale" not in variants.REGISTRY
+  config = default.get_config()
+  config.model.head_variant = "my_variants.head_scale:HeadScale"  # --config.model.head_variant=
+  config_check.validate(config)
+  for path, words in (("my_variants.nowhere:HeadScale", "cannot be imported"),
+                      ("my_variants.head_scale:jnp", "not a subclass")):
+    config.model.head_variant = path
+    with pytest.raises(config_check.ConfigError, match=words) as error:
+      config_check.validate(config)
+    assert "\n" not in str(error.value)
+
+
 def test_an_unknown_variant_or_setting_is_refused_in_one_line():
   for call, words in ((lambda: variants.get("talking"), "unknown head variant 'talking'"),
                       (lambda: variants.get("gated", overlap=1), "takes no settings"),

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from typing import Any, ClassVar
 
 import jax
@@ -167,13 +168,37 @@ def get(name: str, **settings) -> Variant:
   >>> get("moh", shared_heads=2, routed_heads=2).name
   'moh'
   """
-  if name not in REGISTRY:
-    raise ValueError(f"unknown head variant {name!r}; use one of {sorted(REGISTRY)}.")
-  fields = [field.name for field in dataclasses.fields(REGISTRY[name])]
+  cls = variant_class(name)
+  fields = [field.name for field in dataclasses.fields(cls)]
   if set(settings) - set(fields):
     raise ValueError(f"head variant {name!r} takes {fields or 'no settings'}, got "
                      f"{sorted(set(settings) - set(fields))}.")
-  return REGISTRY[name](**settings)
+  return cls(**settings)
+
+
+def variant_class(name: str) -> type[Variant]:
+  """The class ``name`` stands for: a registered name, or the import path
+  ``"package.module:Class"`` of a Variant subclass in your own code, imported here, so that a
+  config or the command line can use it without a registration inside attention_jax.
+
+  >>> variant_class("gated").__name__, variant_class("attention_jax.variants.gated:Gated").name
+  ('Gated', 'gated')
+  """
+  if name in REGISTRY:
+    return REGISTRY[name]
+  module, _, attribute = name.partition(":")
+  if not attribute:
+    raise ValueError(f"unknown head variant {name!r}; use one of {sorted(REGISTRY)}, or the "
+                     f"import path 'package.module:Class' of your own Variant subclass.")
+  try:
+    cls = getattr(importlib.import_module(module), attribute)
+  except (ImportError, AttributeError) as error:
+    raise ValueError(f"head variant {name!r} cannot be imported ({error}); make {module!r} "
+                     "importable (installed, or on PYTHONPATH) and name a class it defines.") from None
+  if not (isinstance(cls, type) and issubclass(cls, Variant)):
+    raise ValueError(f"head variant {name!r} is {cls!r}, not a subclass of "
+                     "attention_jax.variants.Variant; point the path at one.")
+  return cls
 
 
 def layer_variant(name: str, *, layer: int, num_layers: int, **settings) -> Variant:
@@ -182,8 +207,7 @@ def layer_variant(name: str, *, layer: int, num_layers: int, **settings) -> Vari
   >>> layer_variant("overlap", layer=1, num_layers=2).overlap  # MOHSA's schedule: o = index
   1
   """
-  get(name)  # an unknown name fails here, in one line
-  return REGISTRY[name].for_layer(layer=layer, num_layers=num_layers, **settings)
+  return variant_class(name).for_layer(layer=layer, num_layers=num_layers, **settings)
 
 
 def auxiliary_loss(collections) -> jax.Array:
