@@ -5,60 +5,15 @@ Every check raises ``ValueError`` naming the argument, what was expected and wha
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 from typing import Sequence
 
 import jax.numpy as jnp
 
 
-#: The structure arguments of dot_product_attention that are arrays.
-STRUCTURE_ARRAYS = ("query_seq_lengths", "key_value_seq_lengths", "query_segment_ids",
-                    "key_segment_ids")
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-  """What a call asks of an implementation beyond its query, key and value, and where it runs
-  (``backend`` and ``device_kind`` as jax names them, None when unknown)."""
-  dropout_rate: float = 0.0
-  return_weights: bool = False
-  return_residual: bool = False
-  logits_soft_cap: float | None = None
-  device_kind: str | None = None
-  backend: str | None = None
-  score_mod: bool = False
-  mask_mod: bool = False
-  sinks: bool = False
-  normalizer: str = "softmax"
-  arrays: tuple[str, ...] = ()  # the structure given as arrays: mask, bias, lengths, segment ids
-
-  def custom(self, served: tuple[str, ...] = ()) -> str | None:
-    """The first custom part of the request (score_mod, mask_mod, sinks, sigmoid) that is not
-    ``served``, named as the argument that asks for it, or None."""
-    for name, asked in (("score_mod", self.score_mod), ("mask_mod", self.mask_mod),
-                        ("sinks", self.sinks),
-                        ('normalizer="sigmoid"', self.normalizer == "sigmoid")):
-      if asked and name not in served:
-        return name
-    return None
-
-  def flash_refusal(self, kernel: str) -> str | None:
-    """Why ``kernel``, a fused flash kernel (causal, windows, lengths and segment ids native, a
-    mask_mod as a dense mask), cannot serve this request's dropout, soft cap or custom parts, or
-    None."""
-    if self.dropout_rate > 0.0:
-      return f"{kernel} has no attention dropout"
-    if self.logits_soft_cap is not None:
-      return f"{kernel} has no logits soft cap"
-    if unserved := self.custom(served=("mask_mod",)):
-      return (f"{kernel} cannot serve {unserved} (it serves causal, windows, lengths and "
-              "segment ids natively, and a mask_mod as a dense mask)")
-    return None
-
-
-def check_qkv(query, key, value) -> None:
-  """Validates query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v]."""
+def check_qkv(query, key, value, *, folded: bool = False) -> None:
+  """Validates query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] (``folded``:
+  value [..., S, K_v, H_v], the heads a variant's weights hook folds the maps into)."""
   for name, array in (("query", query), ("key", key), ("value", value)):
     if array.ndim < 3:
       raise ValueError(
@@ -82,7 +37,7 @@ def check_qkv(query, key, value) -> None:
     raise ValueError(
         f"query and key must have the same head_dim (last axis), got query "
         f"{query.shape} and key {key.shape}.")
-  if key.shape[-3:-1] != value.shape[-3:-1]:
+  if key.shape[-3:-1 - folded] != value.shape[-3:-1 - folded]:
     raise ValueError(
         "key and value must have the same length and number of heads "
         f"[..., S, K, :], got key {key.shape} and value {value.shape}.")
@@ -206,8 +161,9 @@ def soft_cap(cap) -> float | None:
 NORMALIZERS = ("softmax", "sigmoid")
 
 
-def check_custom(num_heads: int, *, sinks, normalizer, return_residual) -> None:
-  """Validates sinks [N] (floating), the normalizer, and what sigmoid attention cannot do."""
+def check_custom(num_heads: int, *, sinks, normalizer, return_residual, hooks=None) -> None:
+  """Validates sinks [N] (floating), the normalizer, and what sigmoid attention and a head
+  variant's hooks cannot do."""
   if normalizer not in NORMALIZERS:
     raise ValueError(f"normalizer must be one of {NORMALIZERS}, got {normalizer!r}.")
   if sinks is not None:
@@ -220,3 +176,6 @@ def check_custom(num_heads: int, *, sinks, normalizer, return_residual) -> None:
   if normalizer == "sigmoid" and return_residual:
     raise ValueError("sigmoid attention has no log-sum-exp to return; pass "
                      "return_residual=False or normalizer=\"softmax\".")
+  if hooks is not None and return_residual:
+    raise ValueError("return_residual: a head variant's hooks (hooks=) change the weights after "
+                     "the softmax, so there is no log-sum-exp to return; call without it.")

@@ -6,8 +6,10 @@ Shape letters: T query length, S key/value length, N query heads, K key/value he
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import math
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,62 +24,99 @@ from attention_jax import pallas_tpu
 from attention_jax import reference
 from attention_jax import xla
 
-#: The names ``implementation=`` takes.
-IMPLEMENTATIONS = ("reference", "xla", "chunked", "cudnn", "pallas_tpu", "pallas_gpu")
-
-#: Accelerator kernels run on one backend only; the other implementations run everywhere.
-REQUIRED_BACKEND = {"cudnn": "gpu", "pallas_tpu": "tpu", "pallas_gpu": "gpu"}
-
-#: What each implementation supports under JAX's transformations, beyond jit, vmap, grad, remat,
-#: scan, shard_map and sharded jit, which all of them do.
-TRANSFORMS = {
-    "reference": "forward and reverse mode (jvp, jacfwd, hessian)",
-    "xla": "forward and reverse mode (jvp, jacfwd, hessian)",
-    "chunked": "reverse mode and hessian (a custom VJP); jvp and jacfwd raise ValueError",
-    "cudnn": "reverse mode only (jax's cuDNN custom VJP)",
-    "pallas_tpu": "reverse mode only (the kernel's custom VJP)",
-    "pallas_gpu": "reverse mode only (its custom VJP); arrays a mod closes over get no gradient",
+#: The parts of a call that not every implementation serves (beyond attention with a mask and a
+#: bias), each with the arguments that ask for it and how an implementation that lacks it says so.
+PARTS = {
+    "dropout": ("dropout_rate", "has no attention dropout"),
+    "weights": ("return_weights, module, return_logits",
+                "never forms the weights, so it cannot return them"),
+    "residual": ("return_residual", "does not return the log-sum-exp"),
+    "soft_cap": ("logits_soft_cap", "has no logits soft cap"),
+    "score_mod": ("score_mod", "cannot serve score_mod"),
+    "mask_mod": ("mask_mod, block_mask", "cannot serve mask_mod"),
+    "sinks": ("sinks", "cannot serve sinks"),
+    "sigmoid": ('normalizer="sigmoid"', 'cannot serve normalizer="sigmoid"'),
+    "hooks": ("hooks", "cannot serve hooks (a head variant's maps)"),
+    "bias": ("an array bias", "takes a bias only written as a score_mod (it would give an array "
+             "bias no gradient)"),
 }
 
 
-def _chunked_unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
-  del query, key, value
-  if request.dropout_rate > 0.0:
-    return "chunked attention has no attention dropout"
-  if request.return_weights:
-    return "chunked attention never forms the weights, so it cannot return them"
-  return None
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """One call of ``dot_product_attention``, validated, as the dispatch and every implementation
+  receive it, and where it runs (``backend``, ``device_kind``, ``compute_capability`` as jax names
+  them, None when unknown). ``select_implementation`` makes one from shapes."""
+  bias: Any = None
+  mask: Any = None
+  structure: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(_checks.STRUCTURE))
+  window: tuple | None = None  # (left, right)
+  is_causal: bool = False
+  scale: float = 1.0
+  logits_soft_cap: float | None = None
+  dropout_rate: float = 0.0
+  dropout_rng: Any = None
+  broadcast_dropout: bool = True
+  return_weights: bool = False  # also to sow them into a module
+  return_logits: bool = False
+  return_residual: bool = False
+  empty_rows: str = "zero"
+  score_mod: Any = None
+  mask_mod: Any = None  # its own or the block mask's
+  block_mask: Any = None
+  sinks: Any = None
+  normalizer: str = "softmax"
+  sigmoid_bias: float | None = None
+  hooks: reference.Hooks | None = None
+  backend: str | None = None
+  device_kind: str | None = None
+  compute_capability: str | None = None
+
+  @property
+  def parts(self) -> tuple[str, ...]:
+    """The PARTS this call asks for, in PARTS' order."""
+    asked = dict(dropout=self.dropout_rate > 0.0, weights=self.return_weights or self.return_logits,
+                 residual=self.return_residual, soft_cap=self.logits_soft_cap is not None,
+                 score_mod=self.score_mod is not None,
+                 mask_mod=self.mask_mod is not None or self.block_mask is not None,
+                 sinks=self.sinks is not None, sigmoid=self.normalizer == "sigmoid",
+                 hooks=self.hooks is not None, bias=self.bias is not None)
+    return tuple(part for part in PARTS if asked[part])
 
 
-_UNSUPPORTED_REASON = {
-    "reference": lambda *args: None,  # the formula serves every request
-    "xla": xla.unsupported_reason,
-    "chunked": _chunked_unsupported_reason,
-    "cudnn": cudnn.unsupported_reason,
-    "pallas_tpu": pallas_tpu.unsupported_reason,
-    "pallas_gpu": pallas_gpu.unsupported_reason,
-}
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """One implementation, all that is known of it: the dispatch, the refusals and the support
+  table of docs/guides/implementations.md are made from these records."""
+  name: str
+  title: str  # how its refusals name it
+  about: str  # what it is (MyST, for the support table)
+  transforms: str  # autodiff beyond jit, vmap, grad, remat, scan, shard_map (all of them do those)
+  run: Callable  # (query, key, value, request) -> output, or a tuple with what the request asks
+  serves: tuple[str, ...] = tuple(PARTS)  # the PARTS it serves
+  named_only: tuple[str, ...] = ()  # PARTS it serves when named, never chosen for automatically
+  backend: str | None = None  # the one backend it runs on; None: all of them
+  #: the architectures (``architecture``'s, by prefix) where it has been run against the float64
+  #: reference and timed (docs/performance.md), so that it is chosen automatically there
+  measured_on: tuple[str, ...] = ()
+  check: Callable | None = None  # (query, key, value, request) -> why its shape, dtype or device
+  # rules it out, or None
 
 
-def unsupported_reason(name, query, key, value, request: _checks.Request) -> str | None:
-  """Why implementation ``name`` cannot serve this request (on ``request.backend``), or None if
-  it can."""
-  required = REQUIRED_BACKEND.get(name)
-  if required is not None and request.backend != required:
-    return f"{name!r} runs only on the {required} backend, and this one is {request.backend}"
-  return _UNSUPPORTED_REASON[name](query, key, value, request)
+def unsupported_reason(name, query, key, value, request: Request) -> str | None:
+  """Why implementation ``name`` cannot serve ``request`` (on ``request.backend``), or None if it
+  can: its backend, the first of the request's PARTS it does not serve, then its own check."""
+  kernel = KERNELS[name]
+  if kernel.backend is not None and request.backend != kernel.backend:
+    return f"{name!r} runs only on the {kernel.backend} backend, and this one is {request.backend}"
+  if unserved := [part for part in request.parts if part not in kernel.serves]:
+    return f"{kernel.title} {PARTS[unserved[0]][1]}"
+  return kernel.check(query, key, value, request) if kernel.check else None
 
 
 #: On CPU, blockwise attention from this length on, below it the reference formula
 #: (docs/performance.md, "Where the defaults come from").
 CHUNKED_MIN_LENGTH_CPU = 256
-
-#: The architectures where an accelerator kernel has been run against the float64 reference and
-#: timed, so that it is chosen automatically: CUDA compute capabilities for cuDNN (Hopper: an
-#: H100 and an H200, docs/performance.md), TPU device kinds by prefix for the Pallas kernel
-#: (none yet: it stays available by name, though not on TPU v2/v3, jax issue 18595), compute
-#: capabilities for the fused Pallas GPU kernel (none yet: by name only).
-MEASURED_ON = {"cudnn": ("9.0",), "pallas_tpu": (), "pallas_gpu": ()}
 
 #: The compute capability of NVIDIA GPUs by device kind (prefix), for when only the kind is known.
 COMPUTE_CAPABILITY = {
@@ -93,7 +132,7 @@ XLA_MAX_LOGITS_BYTES_GPU = 2 ** 31
 
 def architecture(backend: str, device_kind: str | None,
                  compute_capability: str | None = None) -> str | None:
-  """What MEASURED_ON is keyed by: on GPU the CUDA compute capability (given, else looked up from
+  """What Kernel.measured_on holds: on GPU the CUDA compute capability (given, else looked up from
   the device kind in COMPUTE_CAPABILITY), elsewhere the device kind; None when unknown.
 
   >>> architecture("gpu", "NVIDIA H200")
@@ -108,30 +147,53 @@ def architecture(backend: str, device_kind: str | None,
   return COMPUTE_CAPABILITY[max(kinds, key=len)] if kinds else None  # the longest prefix
 
 
-def _measured(name: str, arch: str | None) -> bool:
-  return arch is not None and any(arch.startswith(kind) for kind in MEASURED_ON[name])
-
-
 def _automatic_order(query, key, backend: str, arch: str | None) -> tuple[str, ...]:
-  """Implementations to try, fastest first, for this backend, architecture and shape."""
-  longest = max(query.shape[-3], key.shape[-3])
+  """Implementations to try, fastest first, for this backend, architecture and shape: the
+  accelerator kernels measured on ``arch``, then the portable ones."""
+  measured = tuple(name for name, kernel in KERNELS.items() if kernel.backend == backend and (
+      arch is not None and arch.startswith(kernel.measured_on)))
   if backend == "cpu":
+    longest = max(query.shape[-3], key.shape[-3])
     return ("chunked", "reference") if longest >= CHUNKED_MIN_LENGTH_CPU else ("reference",)
   # "chunked" wherever "xla" cannot serve (a score_mod, sinks, sigmoid): memory linear in T
-  if backend == "gpu":
-    logits_bytes = 4 * math.prod(query.shape[:-1]) * key.shape[-3]  # [..., T, N] x S float32
-    portable = ("chunked", "xla") if logits_bytes > XLA_MAX_LOGITS_BYTES_GPU else (
-        "xla", "chunked")
-    return ("cudnn",) * _measured("cudnn", arch) + ("pallas_gpu",) * _measured(
-        "pallas_gpu", arch) + portable + ("reference",)
-  if backend == "tpu":
-    return ("pallas_tpu",) * _measured("pallas_tpu", arch) + ("xla", "chunked", "reference")
-  return ("xla", "chunked", "reference")
+  logits_bytes = 4 * math.prod(query.shape[:-1]) * key.shape[-3]  # [..., T, N] x S float32
+  large = backend == "gpu" and logits_bytes > XLA_MAX_LOGITS_BYTES_GPU
+  return measured + (("chunked", "xla") if large else ("xla", "chunked")) + ("reference",)
 
 
 def _device(backend: str):
   """The first device of ``backend`` when it is the one JAX runs on, else None (unknown)."""
   return jax.devices()[0] if backend == jax.default_backend() else None
+
+
+def _where(backend: str | None, device_kind: str | None, compute_capability: str | None):
+  """backend (default: jax's), device_kind and compute_capability (default: those of its first
+  device when JAX runs on it; a kind or capability given asks about another device)."""
+  backend = jax.default_backend() if backend is None else backend
+  device = _device(backend)
+  if device is not None and device_kind is None and compute_capability is None:
+    device_kind = device.device_kind
+    compute_capability = getattr(device, "compute_capability", None)
+  return dict(backend=backend, device_kind=device_kind, compute_capability=compute_capability)
+
+
+def _choose(query, key, value, request: Request, implementation: str | None) -> Kernel:
+  """The kernel that serves ``request``: ``implementation``, or the first of the automatic order
+  that can; a named one that cannot raises ValueError with the reason."""
+  if implementation is None:
+    arch = architecture(request.backend, request.device_kind, request.compute_capability)
+    for name in _automatic_order(query, key, request.backend, arch):
+      if not set(KERNELS[name].named_only) & set(request.parts) and unsupported_reason(
+          name, query, key, value, request) is None:
+        return KERNELS[name]
+  if implementation not in KERNELS:
+    raise ValueError(
+        f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}.")
+  reason = unsupported_reason(implementation, query, key, value, request)
+  if reason is not None:
+    raise ValueError(f"implementation={implementation!r} cannot serve this call: {reason}; "
+                     "use implementation=None to pick one that can.")
+  return KERNELS[implementation]
 
 
 def select_implementation(query, key, value, bias=None, mask=None, *, dropout_rate: float = 0.0,
@@ -143,17 +205,19 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   """The name of the implementation ``dot_product_attention`` runs for these arguments.
 
   ``call``: the call's other arguments, as ``dot_product_attention`` takes them (``deterministic``,
-  ``module``, ``score_mod``, ``mask_mod``, ``block_mask``, ``sinks``, ``normalizer`` matter; an
-  unknown name raises TypeError). ``implementation=None`` picks the first that can serve the
-  request, for ``backend`` (default ``jax.default_backend()``), ``device_kind`` and, on GPU,
-  ``compute_capability`` (default: those of its first device, or COMPUTE_CAPABILITY's):
+  ``module``, ``score_mod``, ``mask_mod``, ``block_mask``, ``sinks``, ``normalizer``, ``hooks``,
+  ``return_logits`` matter; an unknown name raises TypeError). ``implementation=None`` picks the
+  first that can serve the request (KERNELS says what each serves), for ``backend`` (default
+  ``jax.default_backend()``), ``device_kind`` and, on GPU, ``compute_capability`` (default: those
+  of its first device, or COMPUTE_CAPABILITY's):
 
   - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference";
-  - gpu: "cudnn" on the architectures in MEASURED_ON, then "pallas_gpu" on those in MEASURED_ON,
-    else "xla" while the float32 logits take at most XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
-  - tpu: "pallas_tpu" on the TPUs in MEASURED_ON (none yet), else "xla";
+  - gpu: the kernels measured on this architecture ("cudnn" on Hopper, then "pallas_gpu",
+    ``Kernel.measured_on``), else "xla" while the float32 logits take at most
+    XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
+  - tpu: "pallas_tpu" on the TPUs it was measured on (none yet), else "xla";
   - "chunked" wherever "xla" cannot serve (a score_mod, sinks, the sigmoid); a mask_mod never
-    goes to "cudnn" or "pallas_tpu" unless named;
+    goes to "cudnn" or "pallas_tpu" unless named (``Kernel.named_only``);
   - "reference" when none of these can (dropout, returned weights).
 
   A named implementation that cannot serve raises ``ValueError`` with the reason; nothing falls
@@ -171,38 +235,14 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   if unknown:
     raise TypeError(f"select_implementation() got arguments that dot_product_attention does not "
                     f"take: {unknown}.")
-  dropout_rate = 0.0 if call.get("deterministic") else dropout_rate
-  return_weights = return_weights or call.get("module") is not None
-  backend = jax.default_backend() if backend is None else backend
-  device = _device(backend)
-  if device is not None and device_kind is None and compute_capability is None:
-    # the device this runs on; a kind or capability given asks about another device
-    device_kind = device.device_kind
-    compute_capability = getattr(device, "compute_capability", None)
-  request = _checks.Request(
-      dropout_rate=dropout_rate, return_weights=return_weights, return_residual=return_residual,
-      logits_soft_cap=logits_soft_cap, device_kind=device_kind, backend=backend,
-      score_mod=call.get("score_mod") is not None,
-      mask_mod=call.get("mask_mod") is not None or call.get("block_mask") is not None,
-      sinks=call.get("sinks") is not None, normalizer=call.get("normalizer", "softmax"),
-      arrays=tuple(name for name, given in [("mask", mask), ("bias", bias)] + [
-          (name, call.get(name)) for name in _checks.STRUCTURE_ARRAYS] if given is not None))
-  if implementation is None:
-    arch = architecture(backend, device_kind, compute_capability)
-    for name in _automatic_order(query, key, backend, arch):
-      if request.mask_mod and name in ("cudnn", "pallas_tpu"):
-        continue  # they take a mask_mod only as a dense mask: asked for by name, never chosen
-      if unsupported_reason(name, query, key, value, request) is None:
-        return name
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(
-        f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}.")
-  reason = unsupported_reason(implementation, query, key, value, request)
-  if reason is not None:
-    raise ValueError(
-        f"implementation={implementation!r} cannot serve this call: {reason}; "
-        "use implementation=None to pick one that can.")
-  return implementation
+  fields = {field.name for field in dataclasses.fields(Request)} - {"structure"}
+  request = Request(
+      bias=bias, mask=mask, dropout_rate=0.0 if call.get("deterministic") else dropout_rate,
+      return_weights=return_weights or call.get("module") is not None,
+      return_residual=return_residual, logits_soft_cap=logits_soft_cap,
+      **{name: value for name, value in call.items() if name in fields},
+      **_where(backend, device_kind, compute_capability))
+  return _choose(query, key, value, request, implementation).name
 
 
 def structure_mask(mask, q_len: int, kv_len: int, *, local_window_size=None,
@@ -220,14 +260,6 @@ def structure_mask(mask, q_len: int, kv_len: int, *, local_window_size=None,
       masks_lib.seq_lengths_mask(query_seq_lengths, key_value_seq_lengths, q_len, kv_len),
       None if query_segment_ids is None else masks_lib.segment_mask(query_segment_ids,
                                                                     key_segment_ids))
-
-
-# The kernels that take (query, key, value, bias, mask, *, scale, is_causal[, return_residual]).
-_KERNELS = {
-    "xla": xla.xla_attention,
-    "cudnn": cudnn.cudnn_attention,
-    "pallas_tpu": pallas_tpu.pallas_tpu_attention,
-}
 
 
 #: What a query row with no key to attend to returns (``empty_rows=``): "mean" (jax.nn's and
@@ -287,7 +319,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
                           return_weights: bool = False, return_residual: bool = False,
                           implementation: str | None = None, empty_rows: str = "mean",
                           score_mod=None, mask_mod=None, block_mask=None, sinks=None,
-                          normalizer: str = "softmax", sigmoid_bias: float | None = None):
+                          normalizer: str = "softmax", sigmoid_bias: float | None = None,
+                          return_logits: bool = False, hooks: reference.Hooks | None = None):
   r"""Scaled dot-product attention, softmax(Q K^T * scale + bias) V, per head.
 
   A superset of ``jax.nn.dot_product_attention`` and of flax's ``dot_product_attention`` (Linen
@@ -321,7 +354,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       with nothing to attend to, no gradient).
     implementation: "reference", "xla" (jax.nn's), "chunked" (blockwise, memory linear in T and
       S), "cudnn", "pallas_tpu", "pallas_gpu" (score and mask functions fused, on NVIDIA
-      GPUs) or None (``select_implementation``); TRANSFORMS says which
+      GPUs) or None (``select_implementation``); KERNELS says which
       autodiff modes each supports.
     empty_rows: what a row with no key returns: "mean" (as jax.nn and flax: uniform weights)
       or "zero". With ``sinks`` or the sigmoid such a row is zeros. Gradients stay finite.
@@ -335,6 +368,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       included in the log-sum-exp, with gradients.
     normalizer: "softmax" or "sigmoid": weights sigmoid(logit + sigmoid_bias) (None: -log(S)),
       unnormalised (:ref:`Ramapuram et al. 2024 <ref-ramapuram2024>`).
+    return_logits: also return the logits [..., N, T, S] (float32, after the soft cap, bias and
+      score_mod, before the mask), after the weights; only "reference" forms them.
+    hooks: a head variant's hooks on the maps (``reference.Hooks``, ``Variant.hooks``): only
+      "reference" serves them; a row with no key then gives zeros.
 
   Returns:
     [..., T, N, H_v] in the dtype of ``query``, followed by the weights and the residual when
@@ -358,38 +395,34 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     query, key, value = promote_dtype((query, key, value), dtype=dtype)
   elif dtype is not None:
     query, key, value = (x.astype(dtype) for x in (query, key, value))
-  _checks.check_qkv(query, key, value)
+  _checks.check_qkv(query, key, value, folded=hooks is not None)
   q_len, num_heads, head_dim = query.shape[-3:]
   kv_len = key.shape[-3]
   mask, bias, structure = _checks.attention_inputs(query, key, mask, bias, num_heads, dict(
       query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
       query_segment_ids=query_segment_ids, key_segment_ids=key_segment_ids))
   window = _checks.local_window(local_window_size)
-  logits_soft_cap = _checks.soft_cap(logits_soft_cap)
   sinks = None if sinks is None else jnp.asarray(sinks)
   _checks.check_custom(num_heads, sinks=sinks, normalizer=normalizer,
-                       return_residual=return_residual)
+                       return_residual=return_residual, hooks=hooks)
   mask_mod = mods_lib.check_block_mask(block_mask, mask_mod, math.prod(query.shape[:-3]),
                                        num_heads, q_len, kv_len)
-  dropout_rate = _checks.dropout(dropout_rate, dropout_rng, deterministic)
-  want_weights = return_weights or module is not None
   if not _can_empty_rows(mask, structure, window, mask_mod) or (
-      sinks is not None or normalizer == "sigmoid"):
-    empty_rows = "zero"  # no row can be empty, or an empty row is zeros (sink, sigmoid)
-  custom = dict(score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, sinks=sinks,
-                normalizer=normalizer)
-  name = select_implementation(query, key, value, bias, mask, dropout_rate=dropout_rate,
-                               return_weights=want_weights, return_residual=return_residual,
-                               logits_soft_cap=logits_soft_cap, implementation=implementation,
-                               **structure, **custom)
-  scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-  custom["sigmoid_bias"] = sigmoid_bias
+      sinks is not None or normalizer == "sigmoid" or hooks is not None):
+    empty_rows = "zero"  # no row can be empty, or an empty row is zeros (sink, sigmoid, hooks)
+  request = Request(
+      bias=bias, mask=mask, structure=structure, window=window, is_causal=is_causal,
+      scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
+      logits_soft_cap=_checks.soft_cap(logits_soft_cap),
+      dropout_rate=_checks.dropout(dropout_rate, dropout_rng, deterministic),
+      dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout,
+      return_weights=return_weights or module is not None, return_logits=return_logits,
+      return_residual=return_residual, empty_rows=empty_rows, score_mod=score_mod,
+      mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, normalizer=normalizer,
+      sigmoid_bias=sigmoid_bias, hooks=hooks, **_where(None, None, None))
+  kernel = _choose(query, key, value, request, implementation)
   with default_precision(precision):
-    result = _run(name, query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-                  window=window, logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate,
-                  dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout,
-                  return_weights=want_weights, return_residual=return_residual,
-                  empty_rows=empty_rows, structure=structure, custom=custom)
+    result = kernel.run(query, key, value, request)
   output, *extras = result if isinstance(result, tuple) else (result,)
   if module is not None:
     _sow(module, extras[0].astype(query.dtype))
@@ -398,46 +431,110 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   return (output, *extras) if extras else output
 
 
-def _run(name, query, key, value, bias, mask, *, scale, is_causal, window, logits_soft_cap,
-         dropout_rate, dropout_rng, broadcast_dropout, return_weights, return_residual,
-         empty_rows, structure, custom):
-  """The named implementation on validated arguments: (output, weights?, residual?) or output.
-  ``custom``: score_mod, mask_mod, block_mask, sinks, normalizer and sigmoid_bias."""
-  if name == "pallas_gpu":  # the structure as mods, in the kernel
-    return pallas_gpu.pallas_gpu_attention(
-        query, key, value, mask, scale=scale, is_causal=is_causal, local_window_size=window,
-        logits_soft_cap=logits_soft_cap, return_residual=return_residual, empty_rows=empty_rows,
-        score_mod=custom["score_mod"], mask_mod=custom["mask_mod"],
-        block_mask=custom["block_mask"], **structure)
-  if name == "chunked":  # the structure stays implicit, so that whole blocks can be skipped
-    return chunked.chunked_attention(
-        query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-        local_window_size=window, logits_soft_cap=logits_soft_cap,
-        return_residual=return_residual, empty_rows=empty_rows, **structure, **custom)
-  q_len, kv_len = query.shape[-3], key.shape[-3]
-  mask = structure_mask(mask, q_len, kv_len, local_window_size=window, **structure)
-  score_mod, allowed = mods_lib.dense(custom["score_mod"], custom["mask_mod"], query.dtype,
-                                      query.shape[:-3], query.shape[-2], q_len, kv_len)
-  mask = masks_lib.combine_masks(mask, allowed)  # allowed: [..., N, T, S] or None
-  if name in _KERNELS:
-    options = {"return_residual": True} if return_residual else {}
-    result = _KERNELS[name](query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-                            **options)
-  else:
-    result = reference.reference_attention(
-        query, key, value, bias, mask, scale=scale, is_causal=is_causal,
-        logits_soft_cap=logits_soft_cap, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-        broadcast_dropout=broadcast_dropout, return_weights=return_weights,
-        return_residual=return_residual, score_mod=score_mod, sinks=custom["sinks"],
-        normalizer=custom["normalizer"],
-        sigmoid_bias=mods_lib.sigmoid_bias(custom["sigmoid_bias"], kv_len))
-  if empty_rows == "zero":
-    return result
-  output, *extras = result if isinstance(result, tuple) else (result,)
-  has_key = masks_lib.rows_with_keys(mask, q_len, kv_len, is_causal=is_causal)  # [..., T, N]
-  lengths = structure["query_seq_lengths"]
-  query_valid = None if lengths is None else masks_lib.lengths_to_valid(lengths, q_len)
-  weights = extras[0] if return_weights else None
-  output, weights = masks_lib.uniform_empty_rows(output, has_key, value, weights, query_valid)
-  extras = [weights] + extras[1:] if return_weights else extras
-  return (output, *extras) if extras else output
+def _pallas_gpu(query, key, value, r: Request):  # the structure as mods, in the kernel
+  return pallas_gpu.pallas_gpu_attention(
+      query, key, value, r.mask, scale=r.scale, is_causal=r.is_causal,
+      local_window_size=r.window, logits_soft_cap=r.logits_soft_cap,
+      return_residual=r.return_residual, empty_rows=r.empty_rows, score_mod=r.score_mod,
+      mask_mod=r.mask_mod, block_mask=r.block_mask, **r.structure)
+
+
+def _chunked(query, key, value, r: Request):  # the structure implicit: whole blocks are skipped
+  return chunked.chunked_attention(
+      query, key, value, r.bias, r.mask, scale=r.scale, is_causal=r.is_causal,
+      local_window_size=r.window, logits_soft_cap=r.logits_soft_cap,
+      return_residual=r.return_residual, empty_rows=r.empty_rows, score_mod=r.score_mod,
+      mask_mod=r.mask_mod, block_mask=r.block_mask, sinks=r.sinks, normalizer=r.normalizer,
+      sigmoid_bias=r.sigmoid_bias, **r.structure)
+
+
+def _reference(query, key, value, bias, mask, score_mod, r: Request):
+  return reference.reference_attention(
+      query, key, value, bias, mask, scale=r.scale, is_causal=r.is_causal,
+      logits_soft_cap=r.logits_soft_cap, dropout_rate=r.dropout_rate, dropout_rng=r.dropout_rng,
+      broadcast_dropout=r.broadcast_dropout, return_weights=r.return_weights,
+      return_logits=r.return_logits, return_residual=r.return_residual, score_mod=score_mod,
+      sinks=r.sinks, normalizer=r.normalizer, hooks=r.hooks,
+      sigmoid_bias=mods_lib.sigmoid_bias(r.sigmoid_bias, key.shape[-3]))
+
+
+def _fused(kernel):
+  """A kernel that takes (query, key, value, bias, mask, *, scale, is_causal[, return_residual])
+  in the signature of ``_reference``."""
+  def run(query, key, value, bias, mask, score_mod, r: Request):
+    del score_mod  # never asked of these kernels
+    options = {"return_residual": True} if r.return_residual else {}
+    return kernel(query, key, value, bias, mask, scale=r.scale, is_causal=r.is_causal, **options)
+  return run
+
+
+def _dense(kernel):
+  """Runs ``kernel`` with the structure and the mods as one dense mask, then gives the empty rows
+  what ``empty_rows`` asks."""
+  def run(query, key, value, r: Request):
+    q_len, kv_len = query.shape[-3], key.shape[-3]
+    mask = structure_mask(r.mask, q_len, kv_len, local_window_size=r.window, **r.structure)
+    score_mod, allowed = mods_lib.dense(r.score_mod, r.mask_mod, query.dtype, query.shape[:-3],
+                                        query.shape[-2], q_len, kv_len)
+    mask = masks_lib.combine_masks(mask, allowed)  # allowed: [..., N, T, S] or None
+    result = kernel(query, key, value, r.bias, mask, score_mod, r)
+    if r.empty_rows == "zero":
+      return result
+    output, *extras = result if isinstance(result, tuple) else (result,)
+    has_key = masks_lib.rows_with_keys(mask, q_len, kv_len, is_causal=r.is_causal)  # [..., T, N]
+    lengths = r.structure["query_seq_lengths"]
+    query_valid = None if lengths is None else masks_lib.lengths_to_valid(lengths, q_len)
+    weights = extras[0] if r.return_weights else None
+    output, weights = masks_lib.uniform_empty_rows(output, has_key, value, weights, query_valid)
+    extras = [weights] + extras[1:] if r.return_weights else extras
+    return (output, *extras) if extras else output
+  return run
+
+
+_FLASH = ("residual", "mask_mod", "bias")  # causal, windows, lengths, segment ids are native too
+_FORWARD_MODE = "forward and reverse mode (jvp, jacfwd, hessian)"
+
+#: Every implementation, by the name ``implementation=`` takes.
+KERNELS = {kernel.name: kernel for kernel in (
+    Kernel("reference", "the reference formula",
+           "the formula, with head-major einsums; serves every request", _FORWARD_MODE,
+           _dense(_reference)),
+    Kernel("xla", "jax.nn.dot_product_attention",
+           "`jax.nn.dot_product_attention`'s XLA path, wrapped to keep the contract; a "
+           "`mask_mod` as a dense mask", _FORWARD_MODE, _dense(_fused(xla.xla_attention)),
+           serves=_FLASH, check=xla.check),
+    Kernel("chunked", "chunked attention",
+           "blockwise attention with an online softmax and a blockwise custom VJP "
+           "(FlashAttention-style): neither direction holds T x S, so memory is linear in the "
+           "sequence length; key blocks that the causal mask, the window, the lengths, the "
+           "segment ids or a block mask rule out are skipped "
+           "({func}`attention_jax.chunked.chunked_attention` sets the block sizes)",
+           "reverse mode and hessian (a custom VJP); jvp and jacfwd raise ValueError", _chunked,
+           serves=tuple(part for part in PARTS if part not in ("dropout", "weights", "hooks"))),
+    Kernel("cudnn", "cuDNN flash attention",
+           "cuDNN's fused flash attention through `jax.nn.dot_product_attention("
+           "implementation=\"cudnn\")`, float16 and bfloat16, head_dim a multiple of 8 up to "
+           f"{cudnn.MAX_HEAD_DIM}; odd lengths are padded by one (cuDNN's backward refuses "
+           "them); a `mask_mod` as a dense mask, when named",
+           "reverse mode only (jax's cuDNN custom VJP)", _dense(_fused(cudnn.cudnn_attention)),
+           serves=_FLASH, named_only=("mask_mod",), backend="gpu", measured_on=("9.0",),
+           check=cudnn.check),  # Hopper: an H100 and an H200
+    Kernel("pallas_tpu", "the Pallas TPU flash kernel",
+           "the Pallas flash-attention kernel (`jax.experimental.pallas.ops.tpu.flash_attention`)"
+           f"; lengths multiples of {pallas_tpu.LANES}; not on TPU v2/v3, where it fails (jax "
+           "issue 18595); a `mask_mod` as a dense mask, when named",
+           "reverse mode only (the kernel's custom VJP)",
+           _dense(_fused(pallas_tpu.pallas_tpu_attention)), serves=("mask_mod", "bias"),
+           named_only=("mask_mod",), backend="tpu", check=pallas_tpu.check),
+    Kernel("pallas_gpu", "the fused Pallas GPU kernel",
+           "a fused kernel for score and mask functions written in Pallas on Triton "
+           "({func}`attention_jax.pallas_gpu.flex_attention`): forward and backward skip the "
+           "blocks that a block mask, the causal mask, the window, a `mask`, sequence lengths "
+           "or segment ids leave empty (per example where they come as arrays), and evaluate no "
+           "`mask_mod` on full ones; a bias only written as a `score_mod`",
+           "reverse mode only (its custom VJP); arrays a mod closes over get no gradient",
+           _pallas_gpu, serves=("residual", "soft_cap", "score_mod", "mask_mod"), backend="gpu"),
+)}
+
+#: The names ``implementation=`` takes.
+IMPLEMENTATIONS = tuple(KERNELS)

@@ -14,7 +14,7 @@ recomputes each block's probabilities from it:
 Grouped-query attention runs the G query heads of a key/value head against its keys and values,
 never copied. Key blocks that the causal mask, the window, the lengths, the segment ids or a
 block mask rule out are skipped. Internally tensors are head-major, [B, N, L, H], one (example,
-head) pair at a time, or a few side by side where blocks are small (``_Blocks.pairs_per_step``).
+head) pair at a time, or a few side by side where blocks are small (``Blocks.pairs_per_step``).
 Memory is linear in T and S (plus the mask and bias as given). Autodiff is reverse mode (and
 hessian); forward mode on the kernel (jvp, jacfwd) raises FORWARD_MODE_ERROR.
 """
@@ -30,30 +30,10 @@ import jax.numpy as jnp
 from jax import lax
 
 from attention_jax import _checks
+from attention_jax import blocks
 from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
 from attention_jax import reference
-
-# The largest query and key blocks by default: causal or windowed attention wants short key
-# blocks, so that whole blocks are skipped (docs/performance.md, "Where the defaults come from").
-DEFAULT_BLOCK_Q = 1024
-DEFAULT_BLOCK_K = 4096
-DEFAULT_BLOCK_K_CAUSAL = 1024
-PAIR_BLOCK_BYTES = 8 << 20
-
-
-def _round_up(length: int, block: int) -> int:
-  return -(-length // block) * block
-
-
-def _block_size(length: int, requested: int | None, default: int) -> int:
-  """The requested block (at most the length), or else equal blocks of at most ``default``
-  (T = 1100 gets two blocks of 552, not two of 1024)."""
-  if requested:
-    return min(requested, _round_up(length, 8))
-  num_blocks = -(-length // default)
-  return _round_up(-(-length // num_blocks), 8)
-
 
 @dataclasses.dataclass(frozen=True)
 class Pattern:
@@ -79,7 +59,7 @@ class _Extras(NamedTuple):
   kv_positions: jax.Array | None = None
 
 
-class _Mods(NamedTuple):
+class Mods(NamedTuple):
   """The mods' constants (tuples), the sinks [N] and the block kinds [B or 1, N or 1, Q, K]."""
   score_consts: tuple = ()
   mask_consts: tuple = ()
@@ -110,13 +90,13 @@ class _Head(NamedTuple):
 
 def _occupied(kinds, lo, hi):
   """[lo, hi) narrowed to the first and last block that ``kinds`` does not call empty."""
-  occupied = kinds != mods_lib.EMPTY
+  occupied = kinds != blocks.EMPTY
   first = jnp.argmax(occupied)  # 0 when none is occupied
   last = occupied.shape[0] - jnp.argmax(occupied[::-1])  # one past the last occupied
   return jnp.maximum(lo, first), jnp.minimum(hi, jnp.where(jnp.any(occupied), last, 0))
 
 
-def _zeros(shape, dtype, *like):
+def varying_zeros(shape, dtype, *like):
   """Zeros that vary over the shard_map axes of the arrays ``like`` (check_vma's loop carries)."""
   zeros = jnp.zeros(shape, dtype)
   for array in jax.tree_util.tree_leaves(like):
@@ -124,45 +104,8 @@ def _zeros(shape, dtype, *like):
   return zeros
 
 
-@dataclasses.dataclass(frozen=True)
-class _Blocks:
-  """Static geometry: block sizes and counts, which blocks can attend, and block masks."""
-  q_len: int
-  kv_len: int
-  block_q: int
-  block_k: int
-  side_by_side: bool = True  # several (example, head) pairs per loop step (pairs_per_step)
-
-  @classmethod
-  def create(cls, q_len, kv_len, block_q=None, block_k=None, narrow_keys=False):
-    default_k = DEFAULT_BLOCK_K_CAUSAL if narrow_keys else DEFAULT_BLOCK_K
-    return cls(q_len, kv_len, _block_size(q_len, block_q, DEFAULT_BLOCK_Q),
-               _block_size(kv_len, block_k, default_k))
-
-  @property
-  def pairs_per_step(self):
-    """(example, head) pairs per loop step, as many as keep their logits within
-    PAIR_BLOCK_BYTES; None for one at a time (lax.map's batch_size)."""
-    pairs = PAIR_BLOCK_BYTES // (4 * self.block_q * self.block_k) if self.side_by_side else 1
-    return pairs if pairs > 1 else None
-
-  @property
-  def num_q(self):
-    return _round_up(self.q_len, self.block_q) // self.block_q
-
-  @property
-  def num_k(self):
-    return _round_up(self.kv_len, self.block_k) // self.block_k
-
-  def cut(self, array, i, j):
-    """Block (i, j) of a [T' or 1, S' or 1] mask or bias; None stays None."""
-    if array is None:
-      return None
-    if array.shape[-2] != 1:
-      array = lax.dynamic_slice_in_dim(array, i * self.block_q, self.block_q, axis=-2)
-    if array.shape[-1] != 1:
-      array = lax.dynamic_slice_in_dim(array, j * self.block_k, self.block_k, axis=-1)
-    return array
+class Blocks(blocks.Geometry):
+  """The block geometry with the kernel's rules: which blocks can attend, and their masks."""
 
   @staticmethod
   def _last(block, size, length, dynamic_length):
@@ -236,18 +179,13 @@ class _Blocks:
                                       *self.mod_indices(i, j, head), anchor=head.anchor))
     return masks_lib.combine_masks(*parts)
 
-  def block_ids(self, query_ids, key_ids, i, j):
-    """The [bq] and [bk] ids (segments, positions) of block (i, j)."""
-    return (lax.dynamic_slice_in_dim(query_ids, i * self.block_q, self.block_q),
-            lax.dynamic_slice_in_dim(key_ids, j * self.block_k, self.block_k))
-
   def unless_skipped(self, step, carry, i, j, pattern: Pattern, head: _Head):
     """step(carry, full), or carry when block (i, j) is ruled out whole: by its segment ids,
     positions (causal, window) or the block mask (``full``: the mask_mod allows every pair)."""
     could_attend = []
     kind = None if head.block_kinds is None else head.block_kinds[i, j]
     if kind is not None:
-      could_attend.append(kind != mods_lib.EMPTY)
+      could_attend.append(kind != blocks.EMPTY)
     if head.q_segments is not None:
       q_ids, kv_ids = self.block_ids(head.q_segments, head.kv_segments, i, j)
       could_attend.append((jnp.min(q_ids) <= jnp.max(kv_ids)) & (jnp.min(kv_ids) <= jnp.max(q_ids)))
@@ -263,7 +201,7 @@ class _Blocks:
     go = functools.reduce(jnp.logical_and, could_attend)
     if kind is None or pattern.mask_mod is None:
       return lax.cond(go, lambda c: step(c, False), lambda c: c, carry)
-    branch = jnp.where(go, jnp.where(kind == mods_lib.FULL, 2, 1), 0)
+    branch = jnp.where(go, jnp.where(kind == blocks.FULL, 2, 1), 0)
     return lax.switch(branch, [lambda c: c, lambda c: step(c, False), lambda c: step(c, True)],
                       carry)
 
@@ -282,16 +220,16 @@ class _Blocks:
           lambda c, full: step(c, other, full), c, *pair(other), pattern, head), carry)
     kinds = head.block_kinds[fixed] if row else head.block_kinds[:, fixed]  # [K] or [Q]
     index = jnp.arange(kinds.shape[0])
-    kinds = jnp.where((index >= lo) & (index < hi), kinds, mods_lib.EMPTY)
+    kinds = jnp.where((index >= lo) & (index < hi), kinds, blocks.EMPTY)
     order = jnp.argsort(-kinds.astype(jnp.int32), stable=True)  # full, partial, then empty
-    num_full = jnp.sum(kinds == mods_lib.FULL)
-    num_partial = jnp.sum(kinds == mods_lib.PARTIAL)
+    num_full = jnp.sum(kinds == blocks.FULL)
+    num_partial = jnp.sum(kinds == blocks.PARTIAL)
     carry = lax.fori_loop(0, num_full, lambda t, c: step(c, order[t], True), carry)
     return lax.fori_loop(num_full, num_full + num_partial,
                          lambda t, c: step(c, order[t], False), carry)
 
 
-def _score_mod(pattern: Pattern, head: _Head, geometry: _Blocks, i, j, transposed):
+def _score_mod(pattern: Pattern, head: _Head, geometry: Blocks, i, j, transposed):
   """(score, trainable constants) of the score_mod on block (i, j) (logits [bq, bk], or [bk, bq]
   ``transposed``), or None; ``score(logits, trainable)``."""
   if pattern.score_mod is None:
@@ -310,7 +248,7 @@ def _score_mod(pattern: Pattern, head: _Head, geometry: _Blocks, i, j, transpose
   return score, tuple(c for c, t in zip(consts, trainable) if t)
 
 
-def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Blocks, dtype,
+def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: Blocks, dtype,
             transposed=False, full=False, pullback=False):
   """(logits [bq, bk]: Z_ij + bias_ij through the score_mod, masked; tanh(Z / cap) or None; and
   with ``pullback`` the score_mod's VJP or None), [bk, bq] from K_j Q_i^T with ``transposed``."""
@@ -336,7 +274,7 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: _Bl
   return (logits, squashed, vjp) if pullback else (logits, squashed)
 
 
-def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
+def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
   """q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv] (compute dtype), lse [Tp]
   (``reference.least_row_max`` where a row has no key and no sink; zeros for the sigmoid, which
   has no normaliser and so no running max). A sink s adds exp(s) to each row's denominator: the
@@ -367,7 +305,7 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
       row_sum = row_sum * correction + jnp.sum(probs, axis=-1)
       return new_max, row_sum, acc * correction[:, None] + product(probs, v_block)
 
-    acc = _zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head)
+    acc = varying_zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head)
     if pattern.normalizer == "sigmoid":
       return g.along(i, attend, acc, pattern, head, row=True), jnp.zeros((g.block_q,), dtype)
     if g.num_k == 1:  # all keys in one block: a plain softmax, with nothing to rescale
@@ -377,7 +315,7 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
       row_sum = with_sink(row_max, jnp.sum(probs, axis=-1))
       acc = product(probs, v)
     else:
-      zeros = _zeros((g.block_q,), dtype, q, k, v, head)
+      zeros = varying_zeros((g.block_q,), dtype, q, k, v, head)
       init = (zeros + start_max, with_sink(zeros + start_max, zeros), acc)
       row_max, row_sum, acc = g.along(i, attend, init, pattern, head, row=True)
     has_key = row_sum > 0.0
@@ -389,7 +327,7 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: _Blocks):
   return out.reshape(-1, v.shape[-1]), lse.reshape(-1)
 
 
-def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _Blocks, d_bias,
+def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: Blocks, d_bias,
                    d_mod=()):
   """One query head against its key/value head: (dQ [Tp, H], dK [Sp, H], dV [Sp, Hv], dbias
   accumulated into ``d_bias`` [T' or 1, S' or 1] or None, and the gradients of the score_mod's
@@ -440,18 +378,18 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: _
 
     d_q_t, d_bias, d_mod = carry
     like = (q, k, v, d_out, head)
-    init = (_zeros((g.block_k, k.shape[-1]), dtype, *like),
-            _zeros((g.block_k, v.shape[-1]), dtype, *like), d_q_t, d_bias, d_mod)
+    init = (varying_zeros((g.block_k, k.shape[-1]), dtype, *like),
+            varying_zeros((g.block_k, v.shape[-1]), dtype, *like), d_q_t, d_bias, d_mod)
     d_k, d_v, d_q_t, d_bias, d_mod = g.along(j, attend, init, pattern, head, row=False)
     return (d_q_t, d_bias, d_mod), (d_k, d_v)
 
-  init = (_zeros(q.shape[::-1], dtype, q, k, v, d_out, head), d_bias, d_mod)  # dQ^T [H, Tp]
+  init = (varying_zeros(q.shape[::-1], dtype, q, k, v, d_out, head), d_bias, d_mod)  # dQ^T [H, Tp]
   (d_q_t, d_bias, d_mod), (d_k, d_v) = lax.scan(key_block, init, jnp.arange(g.num_k))
   # [K blocks, bk, .] -> [Sp, .]
   return d_q_t.T, d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias, d_mod
 
 
-def _accumulate_bias(d_bias, d_logits, i, j, g: _Blocks):
+def _accumulate_bias(d_bias, d_logits, i, j, g: Blocks):
   """Adds block (i, j) of dS into d_bias [T' or 1, S' or 1], summing where bias broadcasts."""
   summed = tuple(axis for axis in range(2) if d_bias.shape[axis] == 1)
   block = jnp.sum(d_logits, axis=summed, keepdims=True) if summed else d_logits
@@ -469,7 +407,7 @@ def _pick(array, index):
   return lax.dynamic_index_in_dim(array, index if array.shape[0] > 1 else 0, 0, keepdims=False)
 
 
-def _group_inputs(bias, mask, extras: _Extras, mods: _Mods, b, n):
+def _group_inputs(bias, mask, extras: _Extras, mods: Mods, b, n):
   """The _Head of example b and query head n."""
   return _Head(_pick(_pick(bias, b), n), _pick(_pick(mask, b), n),
                *(_pick(per_example, b) for per_example in extras),
@@ -498,7 +436,7 @@ def _map_heads(f, per_query_head, k, v, geometry):
   return lax.map(one_head, xs, batch_size=geometry.pairs_per_step)
 
 
-def _forward(q, k, v, bias, mask, extras, mods, pattern, geometry):
+def forward(q, k, v, bias, mask, extras, mods, pattern, geometry):
   """q [B, N, Tp, H], k [B, K, Sp, H], v [B, K, Sp, Hv] -> out [B, N, Tp, Hv] (compute dtype),
   lse [B, N, Tp]."""
   def one_head(b, n, q_n, k_n, v_n):
@@ -509,15 +447,15 @@ def _forward(q, k, v, bias, mask, extras, mods, pattern, geometry):
   return (out.reshape(q.shape[:3] + v.shape[-1:]), lse.reshape(q.shape[:3]))
 
 
-def _trainable(mods: _Mods):
+def _trainable(mods: Mods):
   """The score_mod's constants that get gradients (``mods.is_trainable``)."""
   return tuple(c for c in mods.score_consts if mods_lib.is_trainable(c))
 
 
-def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_out):
+def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_out):
   """Gradients for q, k, v, bias and the score_mod's trainable constants (compute dtype):
   several query heads side by side where ``geometry.pairs_per_step`` allows, there is no bias
-  and any trained constants' gradients of all pairs fit in PAIR_BLOCK_BYTES (outside
+  and any trained constants' gradients of all pairs fit in blocks.PAIR_BLOCK_BYTES (outside
   shard_map), else one key/value head at a time, its G query heads in turn."""
   batch, num_heads, num_kv = q.shape[0], q.shape[1], k.shape[1]
   group = num_heads // num_kv
@@ -546,14 +484,15 @@ def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_
         d_bias = _put_bias(d_bias, bias_slot, b, n)
       return (d_k + d_k_n, d_v + d_v_n, d_bias, d_mod), d_q
 
-    init = (_zeros(k.shape[2:], dtype, *like), _zeros(v.shape[2:], dtype, *like), d_bias, d_mod)
+    init = (varying_zeros(k.shape[2:], dtype, *like), varying_zeros(v.shape[2:], dtype, *like),
+            d_bias, d_mod)
     (d_k, d_v, d_bias, d_mod), d_q = lax.scan(one_query_head, init, jnp.arange(group))
     return (d_bias, d_mod), (d_q, d_k, d_v)  # d_q [G, Tp, H]
 
   stacked_bytes = 4 * batch * num_heads * sum(c.size for c in trained)  # d_mod of every pair
   # Under shard_map a trained constant's gradient passes a psum inside the heads' vmap, which
   # jax 0.8 cannot batch: one head at a time there.
-  small_constants = not trained or (stacked_bytes <= PAIR_BLOCK_BYTES and not _varying(q))
+  small_constants = not trained or (stacked_bytes <= blocks.PAIR_BLOCK_BYTES and not _varying(q))
   if bias is None and geometry.pairs_per_step and small_constants:
     # Nothing large carried from head to head: several query heads side by side; the gradients
     # of a key/value head (and the score_mod's constants) summed over its query heads after.
@@ -568,26 +507,27 @@ def _backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_
     per_kv_head = lambda x: jnp.sum(x.reshape((batch, num_kv, group) + x.shape[1:]), axis=2)
     return (d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None,
             tuple(jnp.sum(x, axis=0) for x in d_mod))
-  d_bias = None if bias is None else _zeros(bias.shape, dtype, *like)
+  d_bias = None if bias is None else varying_zeros(bias.shape, dtype, *like)
   d_mod = mod_gradient_zeros(mods, dtype, *like)
   (d_bias, d_mod), (d_q, d_k, d_v) = lax.scan(one_kv_head, (d_bias, d_mod),
                                               jnp.arange(batch * num_kv))
   return d_q.reshape(q.shape), d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias, d_mod
 
 
-def mod_gradient_zeros(mods: _Mods, dtype, *like):
+def mod_gradient_zeros(mods: Mods, dtype, *like):
   """Zeros for the gradients of the score_mod's trainable constants (a tuple), varying like
   the arrays ``like``."""
-  return tuple(_zeros(c.shape, jnp.promote_types(c.dtype, dtype), *like) for c in _trainable(mods))
+  return tuple(varying_zeros(c.shape, jnp.promote_types(c.dtype, dtype), *like)
+               for c in _trainable(mods))
 
 
-def mods_cotangent(mods: _Mods, d_mod, d_sinks=None) -> _Mods:
+def mods_cotangent(mods: Mods, d_mod, d_sinks=None) -> Mods:
   """The cotangent of ``mods`` from the trainable constants' gradients ``d_mod`` (a tuple, as
   ``_backward`` returns them) and the sinks' (or None)."""
   d_mod = iter(d_mod)
   d_score_consts = tuple(_cotangent_like(next(d_mod), c) if mods_lib.is_trainable(c) else None
                          for c in mods.score_consts)
-  return _Mods(d_score_consts, (None,) * len(mods.mask_consts),
+  return Mods(d_score_consts, (None,) * len(mods.mask_consts),
                None if d_sinks is None else _cotangent_like(d_sinks, mods.sinks), None, None)
 
 
@@ -625,21 +565,21 @@ def _cotangent_like(gradient, primal):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
-def _attention(q, k, v, bias, mask, extras, mods, pattern, geometry):
+def blockwise(q, k, v, bias, mask, extras, mods, pattern, geometry):
   return _attention_fwd(q, k, v, bias, mask, extras, mods, pattern, geometry)[0]
 
 
 def _attention_fwd(q, k, v, bias, mask, extras, mods, pattern, geometry):
   # q is in the compute dtype (prepare), so out is too: the backward's rowsum(dO * O) reads O
   # unrounded, and finish() casts it to the caller's dtype.
-  out, lse = _forward(q, k, v, bias, mask, extras, mods, pattern, geometry)
+  out, lse = forward(q, k, v, bias, mask, extras, mods, pattern, geometry)
   return (out, lse), (q, k, v, bias, mask, extras, mods, out, lse)
 
 
 def _attention_bwd(pattern, geometry, residuals, cotangents):
   q, k, v, bias, mask, extras, mods, out, lse = residuals
   d_out, _ = cotangents  # the log-sum-exp is returned under stop_gradient
-  d_q, d_k, d_v, d_bias, d_mod = _backward(q, k, v, bias, mask, extras, mods, pattern, geometry,
+  d_q, d_k, d_v, d_bias, d_mod = backward(q, k, v, bias, mask, extras, mods, pattern, geometry,
                                            out, lse, d_out)
   d_bias = None if d_bias is None else d_bias.astype(bias.dtype)
   d_sinks = None if mods.sinks is None else _sinks_gradient(mods.sinks, lse, out, d_out)
@@ -648,17 +588,7 @@ def _attention_bwd(pattern, geometry, residuals, cotangents):
           d_mods)
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def _pad_axis(array, axis, length, mode="constant", broadcasts=True):
-  """Pads ``axis`` to ``length``, unless it has size 1 and ``broadcasts`` (a mask's or bias's
-  axis that stands for every query or key)."""
-  if array is None or array.shape[axis] == length or (broadcasts and array.shape[axis] == 1):
-    return array
-  widths = [(0, 0)] * array.ndim
-  widths[axis] = (0, length - array.shape[axis])
-  return jnp.pad(array, widths, mode=mode)
+blockwise.defvjp(_attention_fwd, _attention_bwd)
 
 
 FORWARD_MODE_ERROR = (
@@ -678,7 +608,8 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   """Memory-efficient attention, blockwise in both directions; validated arguments as
   ``dot_product_attention``'s (``empty_rows`` defaults to "zero" here). Blocks of ``block_q``
   queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most
-  DEFAULT_BLOCK_Q and DEFAULT_BLOCK_K or DEFAULT_BLOCK_K_CAUSAL; a ``block_mask``'s own).
+  blocks.DEFAULT_BLOCK_Q and blocks.DEFAULT_BLOCK_K or DEFAULT_BLOCK_K_CAUSAL; a
+  ``block_mask``'s own).
 
   >>> q = k = v = jnp.ones((2, 512, 4, 64))  # [B, T, N, H]
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256).shape
@@ -703,7 +634,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                    segment_ids=(query_segment_ids, key_segment_ids),
                    seq_lengths=(query_seq_lengths, key_value_seq_lengths), mods=mods)
   try:
-    out, lse = _attention(*inputs, pattern, geometry)  # [B, N, Tp, H_v], [B, N, Tp]
+    out, lse = blockwise(*inputs, pattern, geometry)  # [B, N, Tp, H_v], [B, N, Tp]
   except TypeError as error:
     if "forward-mode" in str(error):
       raise ValueError(FORWARD_MODE_ERROR) from None
@@ -720,14 +651,14 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
 
 def trace_mods(score_mod, mask_mod, query, *inputs, sinks=None, block_kinds=None):
   """The score_mod and mask_mod traced (``mods.Mod`` or None), on scalars that vary like the
-  call's arrays (``query`` and ``inputs``, None skipped), and the _Mods that carry their
+  call's arrays (``query`` and ``inputs``, None skipped), and the Mods that carry their
   constants, the sinks and the block kinds into the kernel."""
   anchor = None
   if score_mod is not None or mask_mod is not None:
     anchor = mods_lib.anchor_of(query, *inputs, sinks)
   score = mods_lib.trace_score_mod(score_mod, reference.compute_dtype(query.dtype), anchor)
   allow = mods_lib.trace_mask_mod(mask_mod, anchor)
-  mods = _Mods(() if score is None else score.consts, () if allow is None else allow.consts,
+  mods = Mods(() if score is None else score.consts, () if allow is None else allow.consts,
                None if sinks is None else jnp.asarray(sinks), block_kinds, anchor)
   return score, allow, mods
 
@@ -742,7 +673,7 @@ def _has_key(lse, query):
 
 def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap=None,
          block_q=None, block_k=None, narrow_keys=False, score_mod=None, mask_mod=None,
-         normalizer="softmax", sigmoid_bias=0.0) -> tuple[Pattern, _Blocks]:
+         normalizer="softmax", sigmoid_bias=0.0) -> tuple[Pattern, Blocks]:
   """The static pattern and block geometry for query [..., T, N, H] and key [..., S, K, H]
   (``narrow_keys``: the default key blocks of causal attention, for a caller that masks by
   positions; ``score_mod`` and ``mask_mod``: traced ``mods.Mod`` or None)."""
@@ -751,24 +682,24 @@ def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap
                     None if score_mod is None else score_mod.fn,
                     None if mask_mod is None else mask_mod.fn, normalizer, sigmoid_bias)
   narrow_keys = narrow_keys or pattern.is_causal or pattern.window is not None
-  return pattern, _Blocks.create(query.shape[-3], key.shape[-3], block_q, block_k, narrow_keys)
+  return pattern, Blocks.create(query.shape[-3], key.shape[-3], block_q, block_k, narrow_keys)
 
 
 class Inputs(NamedTuple):
   """The kernel's inputs: q, k, v head-major and padded to whole blocks, [B, N or K, Lp, H];
-  bias and mask [B or 1, N or 1, Tp or 1, Sp or 1]; the per-example _Extras; the _Mods."""
+  bias and mask [B or 1, N or 1, Tp or 1, Sp or 1]; the per-example _Extras; the Mods."""
   q: jax.Array
   k: jax.Array
   v: jax.Array
   bias: jax.Array | None
   mask: jax.Array | None
   extras: _Extras
-  mods: _Mods = _Mods()
+  mods: Mods = Mods()
 
 
-def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks,
+def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: Blocks,
             segment_ids=(None, None), seq_lengths=(None, None), positions=(None, None),
-            mods: _Mods = _Mods()) -> Inputs:
+            mods: Mods = Mods()) -> Inputs:
   """Inputs in the layout of the contract ([..., L, N, H]) -> the kernel's Inputs; each pair is
   (for the queries, for the keys), per example [..., L] (segments, positions) or [...] (lengths)
   or shared by all; ``mods`` passes through."""
@@ -776,7 +707,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks
   padded_q, padded_k = geometry.num_q * geometry.block_q, geometry.num_k * geometry.block_k
 
   def head_major(x, length):  # [..., L, N, H] -> [B, N, L_padded, H]
-    return _pad_axis(reference.flat_heads_first(x), 2, length, broadcasts=False)
+    return blocks.pad_axis(reference.flat_heads_first(x), 2, length, broadcasts=False)
 
   # The scale is applied in the compute dtype (float32 for a 16-bit query), as the reference
   # applies it to the logits: a bfloat16 query times 1/sqrt(H) would be rounded again.
@@ -784,7 +715,8 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks
   k, v = head_major(key, padded_k), head_major(value, padded_k)
 
   def pad_logits(x):  # a mask or bias -> [B or 1, N or 1, T_padded or 1, S_padded or 1]
-    return _pad_axis(_pad_axis(masks_lib.flatten_batch(x, batch_shape), 2, padded_q), 3, padded_k)
+    x = masks_lib.flatten_batch(x, batch_shape)
+    return blocks.pad_axis(blocks.pad_axis(x, 2, padded_q), 3, padded_k)
 
   def per_example(x, length=None):  # [...] or [..., L] -> [B or 1] or [B or 1, L_padded]
     if x is None:
@@ -796,7 +728,7 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: _Blocks
       x = jnp.reshape(x, (1,) + tail)
     else:
       x = jnp.reshape(jnp.broadcast_to(x, batch_shape + tail), (-1,) + tail)
-    return x if length is None else _pad_axis(x, 1, length, mode="edge", broadcasts=False)
+    return x if length is None else blocks.pad_axis(x, 1, length, mode="edge", broadcasts=False)
 
   extras = _Extras(per_example(segment_ids[0], padded_q), per_example(segment_ids[1], padded_k),
                    per_example(seq_lengths[0]), per_example(seq_lengths[1]),

@@ -28,6 +28,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from attention_jax import _checks
+from attention_jax import blocks
 from attention_jax import chunked
 from attention_jax import reference
 
@@ -136,11 +137,11 @@ def _ring(q, k, v, extras, mods, pattern, geometry, axis_name):
 def _ring_fwd(q, k, v, extras, mods, pattern, geometry, axis_name):
   """q [B, N, Tp, H], k and v [B, K, Sp, H] (this device's shards) -> out [B, N, Tp, H_v],
   lse [B, N, Tp] (``reference.least_row_max`` on a row with no key, the kernel's convention).
-  ``mods``: the score_mod's and mask_mod's constants (chunked._Mods), the same on every step."""
+  ``mods``: the score_mod's and mask_mod's constants (chunked.Mods), the same on every step."""
 
   def attend(passing):  # -> out, lse (-inf on an empty row)
     k_step, v_step, extras_step = _arriving(extras, passing)
-    out, lse = chunked._forward(q, k_step, v_step, None, None, extras_step, mods, pattern,
+    out, lse = chunked.forward(q, k_step, v_step, None, None, extras_step, mods, pattern,
                                 geometry)
     return out, reference.residual_of(lse)
 
@@ -165,7 +166,7 @@ def _ring_bwd(pattern, geometry, axis_name, residuals, cotangents):
 
   def gradients(passing):  # of this step's key/value shard, with the global out and lse
     k_step, v_step, extras_step = _arriving(extras, passing)
-    d_q, d_k, d_v, _, d_mod = chunked._backward(q, k_step, v_step, None, None, extras_step, mods,
+    d_q, d_k, d_v, _, d_mod = chunked.backward(q, k_step, v_step, None, None, extras_step, mods,
                                                 pattern, geometry, out, lse, d_out)
     return d_q, d_k, d_v, d_mod
 
@@ -179,8 +180,9 @@ def _ring_bwd(pattern, geometry, axis_name, residuals, cotangents):
 
   dtype = reference.compute_dtype(out.dtype)
   like = (q, k, v, d_out, extras, mods)
-  init = (chunked._zeros(q.shape, dtype, *like), chunked._zeros(k.shape, dtype, *like),
-          chunked._zeros(v.shape, dtype, *like), chunked.mod_gradient_zeros(mods, dtype, *like),
+  zeros = lambda shape: chunked.varying_zeros(shape, dtype, *like)
+  init = (zeros(q.shape), zeros(k.shape), zeros(v.shape),
+          chunked.mod_gradient_zeros(mods, dtype, *like),
           _passing(k, v, extras))
   (d_q, d_k, d_v, d_mod, _), _ = lax.scan(step, init, None, length=lax.axis_size(axis_name))
   return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None,
@@ -279,7 +281,7 @@ def context_parallel_attention_shard(
   # vmapped over pairs the ring's backward fails shard_map's check_vma (jax 0.10.2).
   geometry = dataclasses.replace(geometry, side_by_side=False)
   if strategy == "all_gather":
-    out, lse = chunked._attention(*inputs, pattern, geometry)
+    out, lse = chunked.blockwise(*inputs, pattern, geometry)
   else:
     out, lse = _ring(inputs.q, inputs.k, inputs.v, inputs.extras, inputs.mods, pattern, geometry,
                      axis_name)
@@ -326,10 +328,10 @@ def context_parallel_attention(
     if key_value_seq_lengths is None:
       key_value_seq_lengths = jnp.full(query.shape[:-3], length, jnp.int32)
     padded = length + padding
-    query, key, value = (chunked._pad_axis(x, -3, padded) for x in (query, key, value))
-    query_segment_ids, key_segment_ids = (chunked._pad_axis(x, -1, padded)
+    query, key, value = (blocks.pad_axis(x, -3, padded) for x in (query, key, value))
+    query_segment_ids, key_segment_ids = (blocks.pad_axis(x, -1, padded)
                                           for x in (query_segment_ids, key_segment_ids))
-    bias, mask = (chunked._pad_axis(chunked._pad_axis(x, -2, padded), -1, padded)
+    bias, mask = (blocks.pad_axis(blocks.pad_axis(x, -2, padded), -1, padded)
                   for x in (bias, mask))
   if zigzag:  # tokens, segment ids, and the rows and columns of a bias or mask
     query, key, value = (to_zigzag(x, size) for x in (query, key, value))
@@ -434,14 +436,15 @@ class ContextParallel:
                        f"empty_rows={empty_rows!r} is not served, use empty_rows='zero'.")
     if dtype is not None:
       query, key, value = (x.astype(dtype) for x in (query, key, value))
-    custom = [name for name in ("block_mask", "sinks") if options.pop(name, None) is not None]
+    custom = [name for name in ("block_mask", "sinks", "hooks")
+              if options.pop(name, None) is not None]
     custom += ["normalizer"] * (options.pop("normalizer", "softmax") != "softmax")
     options.pop("sigmoid_bias", None)
     if custom:
       raise ValueError(f"context-parallel attention does not serve {', '.join(custom)}; pass "
                        "the mask as a mask_mod (the ring evaluates it on every block), or call "
                        "dot_product_attention on one device.")
-    if dropout_rate or return_weights or return_residual:
+    if dropout_rate or return_weights or return_residual or options.pop("return_logits", False):
       raise ValueError("context-parallel attention has no attention dropout and returns neither "
                        "weights nor the log-sum-exp; set the attention dropout rate to 0 and take "
                        "the maps (attention_maps) or the residual from dot_product_attention on "

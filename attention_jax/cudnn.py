@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from attention_jax import _checks
 from attention_jax import xla
 
 MAX_HEAD_DIM = 128  # 256 from Hopper on; 128 holds on every GPU cuDNN's flash kernel supports
@@ -27,13 +26,10 @@ MAX_HEAD_DIM = 128  # 256 from Hopper on; 128 holds on every GPU cuDNN's flash k
 KERNEL = "cudnn"
 
 
-def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
-  """Why cuDNN flash attention cannot serve this request, or None if it can (cudnn_attention
-  brings any mask, bias and length into the kernel's form)."""
-  if reason := request.flash_refusal("cuDNN attention through jax.nn"):
-    return reason
-  if request.return_weights:
-    return "cuDNN flash attention never forms the weights, so it cannot return them"
+def check(query, key, value, request) -> str | None:
+  """Why cuDNN flash attention cannot serve these shapes and dtypes, or None (what else it
+  serves: attention.KERNELS; cudnn_attention brings any mask, bias and length into its form)."""
+  del request
   if query.dtype not in (jnp.float16, jnp.bfloat16):
     return f"cuDNN flash attention needs float16 or bfloat16 inputs, got {query.dtype}"
   if value.shape != key.shape:
@@ -49,7 +45,7 @@ def cudnn_attention(query, key, value, bias=None, mask=None, *, scale: float,
   """cuDNN flash attention: query [..., T, N, H], key/value [..., S, K, H] -> [..., T, N, H]
   (and the log-sum-exp [..., T, N] with ``return_residual``).
 
-  Inputs are assumed validated and servable (see ``unsupported_reason``).
+  Inputs are assumed validated and servable (attention.KERNELS).
   """
   q_len, kv_len = query.shape[-3], key.shape[-3]
   pad_q, pad_k = q_len % 2, kv_len % 2  # to even lengths, for the kernel's backward pass

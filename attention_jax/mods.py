@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-#: The kinds of block a BlockMask records.
-EMPTY, PARTIAL, FULL = 0, 1, 2
+from attention_jax import blocks
+from attention_jax import reference
 
 #: The block size make_block_mask uses by default, torch's (create_block_mask's BLOCK_SIZE).
 DEFAULT_BLOCK_SIZE = 128
@@ -150,7 +150,6 @@ def dense(score_mod, mask_mod, dtype, batch_shape, num_heads: int, q_len: int, k
   ``dtype``: the query's (the score_mod is traced in its compute dtype)."""
   if score_mod is None and mask_mod is None:
     return None, None
-  from attention_jax import reference  # pylint: disable=g-import-not-at-top (no cycle at import)
   indices = dense_indices(batch_shape, num_heads, q_len, kv_len)
   score = trace_score_mod(score_mod, reference.compute_dtype(dtype))
   allow = trace_mask_mod(mask_mod)
@@ -158,26 +157,12 @@ def dense(score_mod, mask_mod, dtype, batch_shape, num_heads: int, q_len: int, k
           None if allow is None else allow(*indices))
 
 
-def _block_sizes(q_len, kv_len, block_size):
-  from attention_jax import chunked  # pylint: disable=g-import-not-at-top (no cycle at import)
-  block_q, block_k = (block_size, block_size) if isinstance(block_size, int) else block_size
-  if min(block_q, block_k) < 1:
-    raise ValueError(f"block_size must be a positive int or a pair of them, got {block_size!r}.")
-  size = chunked._block_size  # pylint: disable=protected-access (the kernel's own rounding)
-  return size(q_len, block_q, block_q), size(kv_len, block_k, block_k)
-
-
-def block_kind(every, some) -> jax.Array:
-  """int8 FULL where a block's mask allows ``every`` entry, else PARTIAL where it allows
-  ``some``, else EMPTY (broadcastable booleans)."""
-  return jnp.where(every, FULL, jnp.where(some, PARTIAL, EMPTY)).astype(jnp.int8)
-
-
 @dataclasses.dataclass(frozen=True)
 class BlockMask:
   """Which blocks of queries and keys a mask_mod leaves empty, partial or full: a pytree whose
-  one array is ``kinds``, int8 [B or 1, N or 1, T / block_q, S / block_k] of EMPTY, PARTIAL or
-  FULL; made by ``make_block_mask`` for T = q_len and S = kv_len, passed as ``block_mask=``.
+  one array is ``kinds``, int8 [B or 1, N or 1, T / block_q, S / block_k] of ``blocks.EMPTY``,
+  ``PARTIAL`` or ``FULL``; made by ``make_block_mask`` for T = q_len and S = kv_len, passed as
+  ``block_mask=``.
 
   Example:
     >>> causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx  # diagonal blocks partial
@@ -194,7 +179,7 @@ class BlockMask:
 
   def sparsity(self) -> jax.Array:
     """The fraction of blocks that are skipped (empty)."""
-    return jnp.mean(self.kinds == EMPTY)
+    return jnp.mean(self.kinds == blocks.EMPTY)
 
 
 jax.tree_util.register_dataclass(BlockMask, data_fields=["kinds"],
@@ -217,7 +202,7 @@ def make_block_mask(mask_mod, batch: int | None, heads: int | None, q_len: int, 
     0.75
   """
   mod = trace_mask_mod(mask_mod)
-  block_q, block_k = _block_sizes(q_len, kv_len, block_size)
+  block_q, block_k = blocks.block_sizes(q_len, kv_len, block_size)
   num_q, num_k = -(-q_len // block_q), -(-kv_len // block_k)
   batch_size, num_heads = batch or 1, heads or 1
   kv_idx = jnp.arange(num_k * block_k, dtype=jnp.int32)  # [Sp]
@@ -231,7 +216,7 @@ def make_block_mask(mask_mod, batch: int | None, heads: int | None, q_len: int, 
     per_block = lambda x: jnp.reshape(x, (block_q, num_k, block_k))  # [bq, K, bk]
     some = jnp.any(per_block(allowed), axis=(0, 2))
     every = jnp.all(per_block(allowed | ~real), axis=(0, 2))
-    return block_kind(every, some)
+    return blocks.block_kind(every, some)
 
   kinds = lax.map(block_row, jnp.arange(batch_size * num_heads * num_q, dtype=jnp.int32))
   kinds = jnp.reshape(kinds, (batch_size, num_heads, num_q, num_k))

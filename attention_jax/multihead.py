@@ -33,8 +33,6 @@ from attention_jax import _checks
 from attention_jax import attention as attention_lib
 from attention_jax import kv_cache
 from attention_jax import masks as masks_lib
-from attention_jax import mods as mods_lib
-from attention_jax import reference
 from attention_jax import variants
 from attention_jax.products import dense_product
 
@@ -220,8 +218,10 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
   """``multi_head_attention`` with a key/value cache and what it records: what the modules
   run. With ``cache`` (decoding), inputs_q [..., T, D_in] are the next T tokens, appended to the
   cache, attending to every cached position up to their own (causal by construction).
-  ``return_maps``: also record the logits and weights [..., N, T, S] (before dropout), computed
-  beside the output. A variant's hooks are called in the order ``variants.base`` lists.
+  ``return_maps``: also record the logits and weights [..., N, T, S] (before dropout): those the
+  call applies for a variant that forms its maps (``Variant.hooks``), else those the reference
+  path forms from the same arguments, beside the kernel. A variant's hooks are called in the
+  order ``variants.base`` lists.
 
   >>> x = jnp.ones((2, 5, 16))  # [B, T, D_in]
   >>> variables = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)
@@ -250,24 +250,26 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
   dropout = {"dropout_rate": dropout_rate, "dropout_rng": dropout_rng,
              "broadcast_dropout": broadcast_dropout, "deterministic": False} if (
                  dropout_rate > 0.0) else {}
-  maps = None
+  hooks = variant.hooks(state)  # None unless the variant forms its own maps
+  mask, bias = (_per_head(x, query.shape[-2], num_heads) for x in (mask, bias))
+  maps_too = return_maps and hooks is not None  # the maps from the call that applies them
   with jax.named_scope("dot_product_attention"), attention_lib.default_precision(precision):
-    if variant.forms_maps:
-      heads, extras, maps = variant_attention(
-          query, key, value, bias, mask, variant=variant, state=state, num_heads=num_heads,
-          scale=scale, is_causal=is_causal, return_weights=return_weights,
-          implementation=implementation, attention_fn=attention_fn, **dropout,
-          **attention_args)
-    else:
-      result = call_attention_fn(
-          attention_fn or attention_lib.dot_product_attention, query, key, value, bias=bias,
-          mask=mask, scale=scale, is_causal=is_causal, return_weights=return_weights,
-          implementation=implementation, dtype=dtype, precision=precision, **dropout,
-          **attention_args)
-      heads, *extras = result if isinstance(result, tuple) else (result,)  # [..., T, N, H]
-      if return_maps:
-        maps = head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal,
-                         **attention_args)
+    result = call_attention_fn(
+        attention_fn or attention_lib.dot_product_attention, query, key, value, bias=bias,
+        mask=mask, scale=scale, is_causal=is_causal, return_weights=return_weights or maps_too,
+        implementation=implementation, dtype=dtype, precision=precision,
+        **({"hooks": hooks, "return_logits": maps_too} if hooks is not None else {}), **dropout,
+        **attention_args)
+    heads, *extras = result if isinstance(result, tuple) else (result,)  # [..., T, N, H]
+    if maps_too:
+      weights, logits, *extras = extras
+      maps, extras = (logits, weights), [weights] * return_weights + extras
+    elif return_maps:  # the same dense path on the same arguments, beside a fused kernel
+      options = {k: v for k, v in attention_args.items() if k != "return_residual"}
+      _, weights, logits = attention_lib.dot_product_attention(
+          query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+          implementation="reference", return_weights=True, return_logits=True, **options)
+      maps = (logits, weights)
   heads = variant.heads(state, heads)
   with jax.named_scope("out_projection"):
     output = project_out(params, heads, dtype=dtype, precision=precision)  # [..., T, D_out]
@@ -276,45 +278,6 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
   records = {"intermediates": {**intermediates, **variant.records(state)},
              variants.LOSSES: variant.losses(state)}
   return Step((output, *extras) if extras else output, cache, records)
-
-
-def variant_attention(query, key, value, bias=None, mask=None, *, variant, state, num_heads: int,
-                      scale: float, is_causal: bool = False, dropout_rate: float = 0.0,
-                      dropout_rng=None, broadcast_dropout: bool = True,
-                      deterministic: bool = False, return_weights: bool = False,
-                      implementation: str | None = None, attention_fn=None,
-                      return_residual: bool = False, logits_soft_cap: float | None = None,
-                      empty_rows: str = "mean", **structure):
-  """Attention for a variant that forms its own maps (``forms_maps``): ``head_maps`` with its
-  hooks, dropout, then the weights applied to the values; an empty row gets zero weights.
-  Arguments as ``dot_product_attention``'s, validated against N = ``num_heads`` heads; query
-  [..., T, N', H] and key [..., S, K', H] after the variant's layout; ``state``: what its
-  prepare hook gave. -> (heads [..., T, N, H_v], (weights,) or (), (logits, weights)).
-  """
-  if implementation not in (None, "reference") or attention_fn is not None:
-    asked = (f"implementation={implementation!r}" if attention_fn is None
-             else f"attention_fn={attention_fn!r}")
-    raise ValueError(f"{asked} cannot serve head variant {variant.name!r}: it forms every "
-                     "head's logits at each (query, key) pair itself; leave implementation=None "
-                     "(or 'reference') and attention_fn=None.")
-  if return_residual:
-    raise ValueError(f"return_residual: head variant {variant.name!r} applies weights that are "
-                     "no softmax, so there is no log-sum-exp to return; call without it.")
-  del empty_rows  # see the docstring
-  mask, bias, arrays = _checks.attention_inputs(query, key, mask, bias, num_heads, structure)
-  structure.update(arrays)
-  _checks.local_window(structure.get("local_window_size"))
-  dropout_rate = _checks.dropout(dropout_rate, dropout_rng, deterministic)
-  maps = head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal,
-                   logits_soft_cap=_checks.soft_cap(logits_soft_cap), variant=variant,
-                   state=state, **structure)
-  attended = maps[1]
-  if dropout_rate > 0.0:
-    attended = reference.dropout_weights(attended, dropout_rate, dropout_rng,
-                                        broadcast=broadcast_dropout,
-                                        shares_queries=variant.dropout_shares_queries)
-  heads = reference.apply_weights(attended, value).astype(query.dtype)  # [..., T, N, H_v]
-  return heads, (maps[1],) if return_weights else (), maps
 
 
 def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask=None,
@@ -366,11 +329,12 @@ def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask
       head_variant=head_variant, **attention_args).output
 
 
-def _per_head(x, heads: int):
-  """A mask or bias [..., N, T, S] repeated for a variant's sub-heads (differential's 2N)."""
-  if x is None or x.ndim < 3 or x.shape[-3] in (1, heads):
+def _per_head(x, heads: int, num_heads: int):
+  """A mask or bias [..., N, T, S] repeated for a variant's N' = ``heads`` sub-heads
+  (differential's 2N); any other stays as it is."""
+  if x is None or heads == num_heads or jnp.ndim(x) < 3 or x.shape[-3] != num_heads:
     return x
-  return jnp.repeat(x, heads // x.shape[-3], axis=-3)
+  return jnp.repeat(jnp.asarray(x), heads // num_heads, axis=-3)
 
 
 def with_variant_arguments(attention_args: dict, variant, state) -> dict:
@@ -384,54 +348,11 @@ def with_variant_arguments(attention_args: dict, variant, state) -> dict:
   return {**attention_args, **added}
 
 
-def head_maps(query, key, *, scale: float, mask=None, bias=None, is_causal: bool = False,
-              logits_soft_cap: float | None = None, return_residual: bool = False,
-              empty_rows: str = "mean", variant=None, state=None, score_mod=None,
-              mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
-              sigmoid_bias: float | None = None, **structure):
-  """(logits, weights) [..., N, T, S] of projected query [..., T, N, H] and key [..., S, K, H]:
-  what ``dot_product_attention`` with the same arguments forms (weights before dropout). With a
-  ``variant`` (and its ``state``) that forms its own maps: its hooks, the weights masked again.
-
-  >>> q = k = jnp.ones((2, 6, 4, 8))  # [B, T, N, H]
-  >>> logits, weights = head_maps(q, k, scale=0.5, is_causal=True)
-  >>> weights.shape, float(weights[0, 0, 1, 0])
-  ((2, 4, 6, 6), 0.5)
-  """
-  del return_residual  # the maps are the same either way
-  variant = variant_of(variant)
-  logits = reference.attention_logits(query, key, scale=scale,
-                                      logits_soft_cap=logits_soft_cap)  # [..., N', T, S]
-  logits = variant.logits(state, logits)
-  heads, (q_len, kv_len) = logits.shape[-3], logits.shape[-2:]
-  logits = logits if bias is None else logits + _per_head(bias, heads)
-  score, allowed = mods_lib.dense(score_mod, mask_mod if block_mask is None else
-                                  block_mask.mask_mod, query.dtype, query.shape[:-3], heads,
-                                  q_len, kv_len)
-  logits = logits if score is None else score(logits)
-  mask = attention_lib.structure_mask(None if mask is None else jnp.asarray(mask) != 0,
-                                      q_len, kv_len, **structure)
-  mask = masks_lib.combine_masks(mask, allowed)
-  weights = variant.normalize(state, logits, _per_head(mask, heads), is_causal=is_causal,
-                              sinks=sinks, normalizer=normalizer,
-                              sigmoid_bias=mods_lib.sigmoid_bias(sigmoid_bias, kv_len))
-  if variant.forms_maps:  # DCFormer masks again after its weights composition
-    weights = variant.weights(state, weights)
-    allowed = reference.mask_logits(jnp.zeros(logits.shape[-2:]), mask, is_causal=is_causal) == 0
-    return logits, jnp.where(allowed, weights, 0.0)
-  if empty_rows == "mean":  # what dot_product_attention applies to a row with no key
-    empty = ~jnp.any(weights > 0.0, axis=-1, keepdims=True)  # [..., N, T, 1]
-    weights = jnp.where(empty, jnp.asarray(1.0 / weights.shape[-1], weights.dtype), weights)
-  return logits, weights
-
-
-def attention_maps(params, inputs_q, inputs_k=None, *, mask=None, bias=None,
-                   scale: float | str = "inv_sqrt", is_causal: bool = False,
-                   qk_transform: Callable | None = None, dtype=None, precision=None,
-                   head_variant=None, **options):
+def attention_maps(params, inputs_q, inputs_k=None, **options):
   """(logits, weights), each [..., N, T, S]: what ``multi_head_attention`` with the same
-  arguments forms inside (the weights before dropout; a variant's, possibly negative).
-  ``options``: those of ``head_maps``.
+  arguments forms and applies (the weights before dropout; a variant's after its hooks, possibly
+  negative; the logits after the bias and score_mod, before the mask). ``options``: those of
+  ``multi_head_attention_step``.
 
   >>> x = jnp.ones((2, 6, 32))  # [B, T, D_in]
   >>> params = MultiHeadAttention(num_heads=4).init(jax.random.key(0), x)["params"]
@@ -439,16 +360,10 @@ def attention_maps(params, inputs_q, inputs_k=None, *, mask=None, bias=None,
   >>> weights.shape
   (2, 4, 6, 6)
   """
-  variant = variant_of(head_variant)
-  inputs_k = inputs_q if inputs_k is None else inputs_k
-  state = variant.prepare(params.get(variant.name, {}), inputs_q, inputs_k,
-                          num_heads=params["out"]["kernel"].shape[0])
-  query, key, _, scale = attention_inputs(params, inputs_q, inputs_k, scale=scale,
-                                          qk_transform=qk_transform, dtype=dtype,
-                                          precision=precision, head_variant=variant)
-  return head_maps(query, key, scale=scale, mask=mask, bias=bias, is_causal=is_causal,
-                   variant=variant, state=state,
-                   **with_variant_arguments(options, variant, state))
+  options.pop("return_residual", None)  # the maps are the same either way
+  maps = multi_head_attention_step(params, inputs_q, inputs_k, return_maps=True,
+                                   **options).records["intermediates"]
+  return maps["attention_logits"], maps["attention_weights"]
 
 
 def multi_head_attention_logits(params, inputs_q, inputs_k=None, *, bias=None,
@@ -508,6 +423,59 @@ def projection_specs(kernel_shape, input_dims: int, *, use_bias: bool, kernel_in
     bias_shape = kernel_shape[input_dims:]
     specs["bias"] = (bias_shape, flat_init(bias_init, bias_shape, 0))
   return specs
+
+
+def parameter_specs(d_in: int, d_k: int, d_v: int, d_out: int, *, num_heads: int,
+                    num_kv_heads: int, head_dim: int, fused_qkv: bool, normalize_qk: bool,
+                    use_bias: bool, kernel_init, bias_init, out_kernel_init=None,
+                    out_bias_init=None, head_variant=None) -> dict[str, dict[str, tuple]]:
+  """{group: {name: (shape, initializer)}}: a layer's parameters as the module docstring lays
+  them out, in flax's order (the order NNX draws them in); both shells declare these ("temperature",
+  with scale="learned", is one array that each declares itself)."""
+  variant = variant_of(head_variant)
+  variant.check(num_heads=num_heads, head_dim=head_dim)
+  projection = lambda shape, input_dims=1, out=False: projection_specs(
+      shape, input_dims, use_bias=use_bias, kernel_init=(out and out_kernel_init) or kernel_init,
+      bias_init=(out and out_bias_init) or bias_init)
+  heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
+  if fused_qkv:
+    specs = {"qkv": projection((d_in, 3) + heads)}  # [D_in, 3, N, H]
+  else:
+    specs = {"query": projection((d_in,) + heads), "key": projection((d_k,) + kv_heads),
+             "value": projection((d_v,) + kv_heads)}  # [D, N or K, H]
+  if normalize_qk:
+    specs["query_ln"] = specs["key_ln"] = {
+        "scale": ((variant.key_width(head_dim),), jax.nn.initializers.ones)}
+  specs["out"] = projection((num_heads, variant.head_width(head_dim), d_out), 2, out=True)
+  own = variant.params(in_features=d_in, num_heads=num_heads, head_dim=head_dim)
+  return {**specs, variant.name: own} if own else specs
+
+
+def empty_cache(params, inputs, *, dtype=None, head_variant=None) -> kv_cache.KVCache:
+  """An empty key/value cache for key inputs like ``inputs`` [..., L, D] (an array or its
+  shape; L the longest sequence): zeros shaped as the keys and values [..., L, K, H] the layer
+  projects, in ``dtype`` (None: theirs)."""
+  width = lambda name: params["qkv" if "qkv" in params else name]["kernel"].shape[0]
+  like = lambda name: jax.ShapeDtypeStruct(tuple(inputs.shape[:-1]) + (width(name),),
+                                           inputs.dtype)
+  _, key, value, _ = jax.eval_shape(
+      lambda p, xq, xk: attention_inputs(p, xq, xq if "qkv" in p else xk, dtype=dtype,
+                                         head_variant=head_variant),
+      params, like("query"), like("key"))
+  zeros = lambda x: jnp.zeros(x.shape, dtype or x.dtype)
+  return kv_cache.KVCache(zeros(key), zeros(value), jnp.array(0, jnp.int32))
+
+
+def shell_step(layer, params, inputs_q, inputs_k, inputs_v, **call) -> Step:
+  """The step that a Linen or NNX shell runs: its settings (its attributes scale, qk_transform,
+  broadcast_dropout, implementation, attention_fn, dtype, precision, head_variant, empty_rows)
+  and the call's arguments."""
+  settings = {name: getattr(layer, name) for name in (
+      "scale", "qk_transform", "broadcast_dropout", "implementation", "attention_fn", "dtype",
+      "precision", "head_variant")}
+  if layer.empty_rows != "mean":
+    settings["empty_rows"] = layer.empty_rows
+  return multi_head_attention_step(params, inputs_q, inputs_k, inputs_v, **settings, **call)
 
 
 class _Params(nn.Module):
@@ -603,37 +571,16 @@ class MultiHeadDotProductAttention(nn.Module):
   head_variant: Any = None
   empty_rows: str = "mean"
 
-  def _weights(self, name, kernel_shape, input_dims=1, out=False):
-    kernel_init = (out and self.out_kernel_init) or self.kernel_init
-    bias_init = (out and self.out_bias_init) or self.bias_init
-    return self._group(name, projection_specs(kernel_shape, input_dims, use_bias=self.use_bias,
-                                              kernel_init=kernel_init, bias_init=bias_init))
-
-  def _group(self, name, specs):
-    return _Params(tuple((key, shape, init) for key, (shape, init) in specs.items()),
-                   self.param_dtype, name=name)()
-
   def _parameters(self, d_in: int, d_k: int, d_v: int, head_dim: int):
-    heads = (self.num_heads, head_dim)
-    kv_heads = (check_heads(self.num_heads, self.num_kv_heads, self.fused_qkv), head_dim)
-    d_out = self.out_features or d_in
-    if self.fused_qkv:
-      params = {"qkv": self._weights("qkv", (d_in, 3) + heads)}
-    else:
-      params = {"query": self._weights("query", (d_in,) + heads),
-                "key": self._weights("key", (d_k,) + kv_heads),
-                "value": self._weights("value", (d_v,) + kv_heads)}
-    variant = variant_of(self.head_variant)
-    variant.check(num_heads=self.num_heads, head_dim=head_dim)
-    if self.normalize_qk:
-      for name in ("query_ln", "key_ln"):
-        params[name] = self._group(name, {"scale": ((variant.key_width(head_dim),),
-                                                    nn.initializers.ones_init())})
-    params["out"] = self._weights("out", (self.num_heads, variant.head_width(head_dim), d_out),
-                                  input_dims=2, out=True)
-    specs = variant.params(in_features=d_in, num_heads=self.num_heads, head_dim=head_dim)
-    if specs:
-      params[variant.name] = self._group(variant.name, specs)
+    specs = parameter_specs(
+        d_in, d_k, d_v, self.out_features or d_in, num_heads=self.num_heads,
+        num_kv_heads=check_heads(self.num_heads, self.num_kv_heads, self.fused_qkv),
+        head_dim=head_dim, fused_qkv=self.fused_qkv, normalize_qk=self.normalize_qk,
+        use_bias=self.use_bias, kernel_init=self.kernel_init, bias_init=self.bias_init,
+        out_kernel_init=self.out_kernel_init, out_bias_init=self.out_bias_init,
+        head_variant=self.head_variant)
+    params = {name: _Params(tuple((key, shape, init) for key, (shape, init) in group.items()),
+                            self.param_dtype, name=name)() for name, group in specs.items()}
     if self.scale == "learned":
       params["temperature"] = self.param(
           "temperature", nn.initializers.constant(resolve_scale("learned", head_dim)),
@@ -645,13 +592,9 @@ class MultiHeadDotProductAttention(nn.Module):
     if not self.decode:
       return None, None
     initialized = self.has_variable("cache", "cached_key")
-    _, key, value, _ = jax.eval_shape(
-        lambda p, xq, xk, xv: attention_inputs(p, xq, xk, xv, dtype=self.dtype,
-                                               head_variant=self.head_variant),
-        params, inputs_q, inputs_k, inputs_v)  # [..., L, K, H] at init: the longest sequence
-    variables = [self.variable("cache", name, jnp.zeros, shape.shape, shape.dtype)
-                 for name, shape in (("cached_key", key), ("cached_value", value))]
-    variables.append(self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32)))
+    empty = empty_cache(params, inputs_k, dtype=self.dtype, head_variant=self.head_variant)
+    variables = [self.variable("cache", name, lambda array=array: array)  # at init: inputs_k's L
+                 for name, array in zip(("cached_key", "cached_value", "cache_index"), empty)]
 
     def store(cache):
       for variable, array in zip(variables, cache):
@@ -688,15 +631,10 @@ class MultiHeadDotProductAttention(nn.Module):
         dropout_rng = self.make_rng("dropout") if dropout_rng is None else dropout_rng
     cache, store = self._cache(params, inputs_q, inputs_k, inputs_v)
     sow = self.is_mutable_collection("intermediates") if sow_weights is None else sow_weights
-    step = multi_head_attention_step(
-        params, inputs_q, inputs_k, inputs_v, mask=mask, bias=bias, scale=self.scale,
-        is_causal=is_causal, qk_transform=self.qk_transform, dropout_rate=dropout_rate,
-        dropout_rng=dropout_rng if dropout_rate > 0.0 else None,
-        broadcast_dropout=self.broadcast_dropout, implementation=self.implementation,
-        attention_fn=self.attention_fn, dtype=self.dtype, precision=self.precision, cache=cache,
-        return_maps=sow, head_variant=self.head_variant,
-        **({"empty_rows": self.empty_rows} if self.empty_rows != "mean" else {}),
-        **attention_args)
+    step = shell_step(self, params, inputs_q, inputs_k, inputs_v, mask=mask, bias=bias,
+                      is_causal=is_causal, dropout_rate=dropout_rate,
+                      dropout_rng=dropout_rng if dropout_rate > 0.0 else None, cache=cache,
+                      return_maps=sow, **attention_args)
     if step.cache is not None:
       store(step.cache)
     for collection, records in step.records.items():  # sown where the collection is mutable

@@ -142,35 +142,23 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
     self.attention_fn, self.dtype, self.precision, self.decode = (attention_fn, dtype, precision,
                                                                   decode)
     self.num_kv_heads, self.head_variant = num_kv_heads, head_variant
-    variant = multihead.variant_of(head_variant)
-    variant.check(num_heads=num_heads, head_dim=head_dim)
-    self.head_dim = variant.head_width(head_dim)  # of the values and W_O (MOHSA: H + 2o)
-    heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
     d_out = in_features if out_features is None else out_features
-
-    def projection(shape, input_dims=1, out=False):  # flax's LinearGeneral: kernel, bias
-      specs = multihead.projection_specs(
-          shape, input_dims, use_bias=use_bias, bias_init=(out and out_bias_init) or bias_init,
-          kernel_init=(out and out_kernel_init) or kernel_init)
-      metadata = {"kernel": (out and out_kernel_metadata) or kernel_metadata,
-                  "bias": (out and out_bias_metadata) or bias_metadata}
-      return _Params(specs, param_dtype, rngs, metadata)
-    if fused_qkv:
-      self.qkv = projection((in_features, 3) + heads)  # [D_in, 3, N, H]
-    else:  # flax's order, so that the same rngs give flax's parameters
-      self.query = projection((in_features,) + heads)  # [D_in, N, H]
-      self.key = projection((in_kv_features,) + kv_heads)  # [D_kv, K, H]
-      self.value = projection((in_kv_features,) + kv_heads)
-    if normalize_qk:
-      scale_spec = {"scale": ((variant.key_width(head_dim),), nnx.initializers.ones_init())}
-      self.query_ln = _Params(scale_spec, param_dtype, rngs, {"scale": query_ln_scale_metadata})
-      self.key_ln = _Params(scale_spec, param_dtype, rngs, {"scale": key_ln_scale_metadata})
-    self.out = projection((num_heads, self.head_dim, d_out), 2, out=True)  # [N, H, D_out]
+    specs = multihead.parameter_specs(
+        in_features, in_kv_features, in_kv_features, d_out, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, fused_qkv=fused_qkv,
+        normalize_qk=normalize_qk, use_bias=use_bias, kernel_init=kernel_init,
+        bias_init=bias_init, out_kernel_init=out_kernel_init, out_bias_init=out_bias_init,
+        head_variant=head_variant)
+    projection = {"kernel": kernel_metadata, "bias": bias_metadata}
+    metadata = dict.fromkeys(("qkv", "query", "key", "value"), projection)
+    metadata.update(out={"kernel": out_kernel_metadata or kernel_metadata,
+                         "bias": out_bias_metadata or bias_metadata},
+                    query_ln={"scale": query_ln_scale_metadata},
+                    key_ln={"scale": key_ln_scale_metadata})
+    for name, group in specs.items():  # flax's order, so that the same rngs give its parameters
+      setattr(self, name, _Params(group, param_dtype, rngs, metadata.get(name, {})))
+    self.groups = tuple(specs)
     self.rngs = rngs["dropout"].fork() if keep_rngs and dropout_rate > 0.0 else None
-    specs = variant.params(in_features=in_features, num_heads=num_heads, head_dim=head_dim)
-    if specs:
-      setattr(self, variant.name, _Params(specs, param_dtype, rngs))
-    self.variant_groups = (variant.name,) if specs else ()
     if scale == "learned":
       self.temperature = nnx.Param(
           jnp.full((num_heads,), multihead.resolve_scale("learned", head_dim), param_dtype))
@@ -179,15 +167,13 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
   def init_cache(self, input_shape, dtype=jnp.float32):
     """An empty key/value cache for inputs of ``input_shape`` [..., L, D_in] (L: the longest
     sequence), as ``flax.nnx.MultiHeadAttention.init_cache``."""
-    cache = kv_cache.init_kv_cache(input_shape[:-2], input_shape[-2], self.num_kv_heads,
-                                   self.head_dim, dtype)
+    cache = multihead.empty_cache(self.params(), jax.ShapeDtypeStruct(input_shape, dtype),
+                                  dtype=dtype, head_variant=self.head_variant)
     self.cached_key, self.cached_value, self.cache_index = (nnx.Cache(array) for array in cache)
 
   def params(self) -> dict:
     """The parameters as the dict that ``multihead.multi_head_attention`` takes."""
-    names = ("qkv",) if self.fused_qkv else ("query", "key", "value")
-    names += ("out",) + (("query_ln", "key_ln") if self.normalize_qk else ()) + self.variant_groups
-    params = {name: getattr(self, name)() for name in names}
+    params = {name: getattr(self, name)() for name in self.groups}
     if self.scale == "learned":
       params["temperature"] = self.temperature[...]
     return params
@@ -233,16 +219,10 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
     _checks.refuse_unserved(out_sharding=out_sharding, qkv_sharding=qkv_sharding)
     dropout_rng = self._dropout_rng(deterministic, rngs, dropout_rng)
     sow = _capturing(self) if sow_weights is None else sow_weights
-    step = multihead.multi_head_attention_step(
-        self.params(), inputs_q, inputs_k, inputs_v, mask=mask, bias=bias, scale=self.scale,
-        is_causal=is_causal, qk_transform=self.qk_transform,
-        dropout_rate=self.dropout_rate if dropout_rng is not None else 0.0,
-        dropout_rng=dropout_rng, broadcast_dropout=self.broadcast_dropout,
-        implementation=self.implementation, attention_fn=self.attention_fn, dtype=self.dtype,
-        precision=self.precision, cache=self._cache(decode), return_maps=sow,
-        head_variant=self.head_variant,
-        **({"empty_rows": self.empty_rows} if self.empty_rows != "mean" else {}),
-        **attention_args)
+    step = multihead.shell_step(
+        self, self.params(), inputs_q, inputs_k, inputs_v, mask=mask, bias=bias,
+        is_causal=is_causal, dropout_rate=self.dropout_rate if dropout_rng is not None else 0.0,
+        dropout_rng=dropout_rng, cache=self._cache(decode), return_maps=sow, **attention_args)
     if step.cache is not None:
       self.cached_key[...], self.cached_value[...], self.cache_index[...] = step.cache
     for collection, records in step.records.items():  # as Linen sows into mutable collections

@@ -33,8 +33,7 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.experimental import pallas as pl
 
-from attention_jax import _checks
-from attention_jax import chunked
+from attention_jax import blocks as blocks_lib
 from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
 
@@ -130,12 +129,12 @@ def _block_order(kinds, num_q: int, num_k: int, transpose: bool):
   flattened. ``kinds``: a BlockMask's [B', N', nq, nk] or None (every block partial);
   ``transpose``: rows are key blocks (the dK/dV kernel)."""
   if kinds is None:
-    kinds = jnp.full((1, 1, num_q, num_k), mods_lib.PARTIAL, jnp.int8)
+    kinds = jnp.full((1, 1, num_q, num_k), blocks_lib.PARTIAL, jnp.int8)
   if transpose:
     kinds = jnp.swapaxes(kinds, -1, -2)
-  occupied = kinds != mods_lib.EMPTY
+  occupied = kinds != blocks_lib.EMPTY
   order = jnp.argsort(~occupied, axis=-1, stable=True).astype(jnp.int32)
-  full = jnp.take_along_axis(kinds == mods_lib.FULL, order, axis=-1).astype(jnp.int32)
+  full = jnp.take_along_axis(kinds == blocks_lib.FULL, order, axis=-1).astype(jnp.int32)
   count = jnp.sum(occupied, axis=-1, keepdims=True, dtype=jnp.int32)
   return jnp.reshape(jnp.concatenate([count, 2 * order + full], axis=-1), (-1,)), kinds.shape[:2]
 
@@ -357,9 +356,8 @@ def _is_block(size: int) -> bool:
 def block_kinds(mask_mod, batch: int, heads: int, q_len: int, kv_len: int, blocks):
   """``make_block_mask``'s kinds [batch, heads, T / bq, S / bk] at the kernel's ``blocks``
   (bq, bk)."""
-  round_up = chunked._round_up  # pylint: disable=protected-access
-  return mods_lib.make_block_mask(mask_mod, batch, heads, round_up(q_len, blocks[0]),
-                                  round_up(kv_len, blocks[1]), block_size=blocks).kinds
+  return mods_lib.make_block_mask(mask_mod, batch, heads, blocks_lib.round_up(q_len, blocks[0]),
+                                  blocks_lib.round_up(kv_len, blocks[1]), block_size=blocks).kinds
 
 
 def _kernel_blocks(block_mask: mods_lib.BlockMask | None, block_size: int):
@@ -414,7 +412,7 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   plan = _Plan(float(scale), block_q, block_k, num_q, num_k, kv_len, num_heads // num_kv_heads,
                tuple(mask_shape), score, allow, num_warps, num_stages, interpret)
   width = lambda dim: max(16, 1 << (dim - 1).bit_length())  # Triton's blocks: powers of two
-  pad, round_up = chunked._pad_axis, chunked._round_up  # pylint: disable=protected-access
+  pad, round_up = blocks_lib.pad_axis, blocks_lib.round_up
   prepare = lambda x, block, dim: pad(pad(flat(x), 1, round_up(x.shape[-3], block),
                                           broadcasts=False), 3, width(dim), broadcasts=False)
   tables = tuple(jnp.reshape(jnp.asarray(c), (-1,)) for mod in (score, allow) if mod is not None
@@ -424,22 +422,6 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   out = jnp.reshape(out[:, :q_len, :, :value_dim], batch_shape + (q_len, num_heads, value_dim))
   lse = jnp.reshape(jnp.swapaxes(lse[:, :, :q_len], 1, 2), batch_shape + (q_len, num_heads))
   return out, lse
-
-
-def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
-  """Why the fused kernel cannot serve this request, or None if it can."""
-  del query, key, value
-  kernel = "the fused Pallas GPU kernel"
-  if request.dropout_rate > 0.0:
-    return f"{kernel} has no attention dropout"
-  if request.return_weights:
-    return f"{kernel} never forms the weights, so it cannot return them"
-  if "bias" in request.arrays:
-    return (f"{kernel} takes a bias only written as a score_mod (it would give an array bias "
-            "no gradient)")
-  if unserved := request.custom(served=("score_mod", "mask_mod")):
-    return f"{kernel} cannot serve {unserved}"
-  return None
 
 
 def _band(is_causal: bool, window):
@@ -466,7 +448,7 @@ def _band_part(band, q_len: int, kv_len: int, blocks):
   (q_first, q_last), (kv_first, kv_last) = ranges(q_len, blocks[0]), ranges(kv_len, blocks[1])
   least, greatest = kv_first[None] - q_last[:, None], kv_last[None] - q_first[:, None]
   low, high = -np.inf if lowest is None else lowest, np.inf if highest is None else highest
-  kinds = mods_lib.block_kind((least >= low) & (greatest <= high),
+  kinds = blocks_lib.block_kind((least >= low) & (greatest <= high),
                               (greatest >= low) & (least <= high))
   return allowed, kinds[None, None]
 
@@ -476,14 +458,14 @@ def _prefix_kinds(lengths, size: int, block: int):
   [B] -> int8 [B, blocks]."""
   starts = jnp.arange(-(-size // block), dtype=jnp.int32) * block
   ends, lengths = jnp.minimum(starts + block, size), jnp.asarray(lengths)[:, None]
-  return mods_lib.block_kind(ends <= lengths, starts < lengths)
+  return blocks_lib.block_kind(ends <= lengths, starts < lengths)
 
 
 def _by_block(x, axis: int, block: int):
   """``x`` with ``axis`` (length L) padded by its last entry to whole blocks and split into
   [L / block, block] (a block's any, all, min and max are those of its real entries); an axis
   of size 1 (one that broadcasts) into [1, 1]."""
-  pad, round_up = chunked._pad_axis, chunked._round_up  # pylint: disable=protected-access
+  pad, round_up = blocks_lib.pad_axis, blocks_lib.round_up
   x = pad(x, axis, round_up(x.shape[axis], block), mode="edge")
   return jnp.reshape(x, x.shape[:axis] + (-1, min(block, x.shape[axis])) + x.shape[axis + 1:])
 
@@ -501,7 +483,7 @@ def _array_parts(batch_shape, q_len: int, kv_len: int, blocks, mask, query_seq_l
     flat_mask = masks_lib.flatten_batch(mask, batch_shape) != 0  # [B or 1, N', T', S']
     allowed = _by_block(_by_block(flat_mask, 3, block_k), 2, block_q)  # [B', N', nq, bq, nk, bk]
     # (a T' or S' of 1, which broadcasts, stays one block of one: the mask is never made T x S)
-    kinds = mods_lib.block_kind(jnp.all(allowed, axis=(3, 5)), jnp.any(allowed, axis=(3, 5)))
+    kinds = blocks_lib.block_kind(jnp.all(allowed, axis=(3, 5)), jnp.any(allowed, axis=(3, 5)))
     kinds = jnp.broadcast_to(kinds, kinds.shape[:2] + (-(-q_len // block_q), -(-kv_len // block_k)))
     flat_mask = flat_mask.astype(jnp.int8)
     parts.append((lambda b, h, q_idx, kv_idx: flat_mask[b, h, q_idx, kv_idx] != 0, kinds))
@@ -522,7 +504,7 @@ def _array_parts(batch_shape, q_len: int, kv_len: int, blocks, mask, query_seq_l
     same = (q_lo == q_hi) & (kv_lo == kv_hi) & (q_lo == kv_lo)  # [B, nq, nk]: one segment
     apart = (q_hi < kv_lo) | (kv_hi < q_lo)  # their ranges of ids do not meet
     parts.append((lambda b, h, q_idx, kv_idx: q_ids[b, q_idx] == kv_ids[b, kv_idx],
-                  mods_lib.block_kind(same, ~apart)[:, None]))
+                  blocks_lib.block_kind(same, ~apart)[:, None]))
   return parts
 
 
@@ -543,7 +525,7 @@ def _combined(parts, q_len: int, kv_len: int, blocks):
     return mask_mod, None
   kinds = functools.reduce(jnp.minimum, known)
   if len(known) < len(parts):  # a mask_mod without a block mask: no block is known full
-    kinds = jnp.minimum(kinds, mods_lib.PARTIAL)
+    kinds = jnp.minimum(kinds, blocks_lib.PARTIAL)
   return None, mods_lib.BlockMask(kinds, q_len, kv_len, *blocks, mask_mod)
 
 
@@ -555,7 +537,7 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
                          empty_rows: str = "mean", interpret: bool = False):
   """``dot_product_attention`` through the fused kernel: query [..., T, N, H], key/value
   [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``).
-  Inputs are assumed validated and servable (see ``unsupported_reason``); ``local_window_size``
+  Inputs are assumed validated and servable (attention.KERNELS); ``local_window_size``
   as (left, right) or None."""
   q_len, kv_len = query.shape[-3], key.shape[-3]
   blocks, kinds = _kernel_blocks(block_mask, BLOCK)

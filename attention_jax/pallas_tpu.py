@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from attention_jax import _checks
 from attention_jax import masks as masks_lib
 from attention_jax import reference
 
@@ -28,18 +27,12 @@ _MASKED = -1e30
 FAILING_GENERATIONS = ("TPU v2", "TPU v3")
 
 
-def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
-  """Why the Pallas TPU kernel cannot serve this request, or None if it can (any mask or bias,
-  through segment ids or the bias)."""
+def check(query, key, value, request) -> str | None:
+  """Why the Pallas TPU kernel cannot serve these shapes on ``request.device_kind``, or None
+  (what else it serves: attention.KERNELS; any mask or bias, as segment ids or the bias)."""
   kind = request.device_kind or ""
   if kind.startswith(FAILING_GENERATIONS):
     return f"the Pallas TPU flash kernel does not compile on {kind} (jax issue 18595)"
-  if reason := request.flash_refusal("the Pallas TPU flash kernel"):
-    return reason
-  if request.return_residual:
-    return "the Pallas TPU flash kernel does not return the log-sum-exp"
-  if request.return_weights:
-    return "the Pallas TPU flash kernel never forms the weights, so it cannot return them"
   if value.shape[-1] != key.shape[-1]:
     return "the Pallas TPU flash kernel needs the value head dim to equal the key head dim"
   q_len, kv_len, head_dim = query.shape[-3], key.shape[-3], query.shape[-1]
@@ -57,7 +50,7 @@ def pallas_tpu_attention(query, key, value, bias=None, mask=None, *, scale: floa
   """Flash attention on TPU: query [..., T, N, H], key/value [..., S, K, H] -> [..., T, N, H].
 
   ``block_sizes`` is a ``flash_attention.BlockSizes``; None takes the kernel's default (128
-  everywhere). Inputs are assumed validated and servable (see ``unsupported_reason``).
+  everywhere). Inputs are assumed validated and servable (attention.KERNELS).
 
   >>> from jax.experimental.pallas import tpu as pltpu
   >>> q = k = v = jnp.ones((1, 128, 2, 128))  # [B, T, N, H]

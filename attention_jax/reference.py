@@ -6,6 +6,8 @@ H head dim. Any number of leading batch dims ``...``.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -182,34 +184,71 @@ def normalize(logits, *, sinks=None, normalizer: str = "softmax", sigmoid_bias: 
   return _softmax(with_sinks(logits, sinks))[..., :-1]
 
 
+class Hooks(NamedTuple):
+  """A head variant's hooks on the maps, bound to one call (``Variant.hooks(state)``): ``logits``
+  [..., N', T, S] -> same, before the bias; ``normalize(logits, mask, *, is_causal, sinks,
+  normalizer, sigmoid_bias)`` -> weights; ``weights`` [..., N', T, S] -> [..., N, T, S] (masked
+  again after it; N' = N * r sub-heads, consecutive ones reading one head's mask, fold into N).
+  None is the identity (``normalize``: the masked softmax or sigmoid)."""
+  logits: Callable | None = None
+  normalize: Callable | None = None
+  weights: Callable | None = None
+  dropout_shares_queries: bool = False  # one dropout mask [..., N, 1, S] for every query
+
+  def __repr__(self):
+    return "Hooks(a head variant's logits, normalize and weights)"
+
+
+def allowed_entries(mask, shape, *, is_causal: bool = False):
+  """Where ``mask`` (broadcastable to [..., N', T, S]) and causality let a query attend, folded
+  to the N heads of ``shape`` [..., N, T, S] (a head's N' / N sub-heads attend where any does)."""
+  allowed = mask_logits(jnp.zeros(shape[-2:]), mask, is_causal=is_causal) == 0  # [..., N', T, S]
+  heads = shape[-3] if len(shape) >= 3 else 1
+  if allowed.ndim >= 3 and allowed.shape[-3] not in (1, heads):
+    allowed = jnp.any(jnp.reshape(allowed, allowed.shape[:-3] + (heads, -1) + allowed.shape[-2:]),
+                      axis=-3)
+  return allowed
+
+
 def reference_attention(query, key, value, bias=None, mask=None, *, scale: float,
                         is_causal: bool = False, logits_soft_cap: float | None = None,
                         dropout_rate: float = 0.0, dropout_rng=None,
                         broadcast_dropout: bool = False, return_weights: bool = False,
-                        return_residual: bool = False, score_mod=None, sinks=None,
-                        normalizer: str = "softmax", sigmoid_bias: float = 0.0):
-  """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V.
+                        return_logits: bool = False, return_residual: bool = False,
+                        score_mod=None, sinks=None, normalizer: str = "softmax",
+                        sigmoid_bias: float = 0.0, hooks: Hooks | None = None):
+  """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, the formula step by step, with a head
+  variant's ``hooks`` on the maps (``Hooks``; the identity by default).
 
-  query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> output [..., T, N, H_v],
-  followed by the weights [..., N, T, S] if ``return_weights`` and the log-sum-exp of each row's
-  logits [..., T, N] (float32, -inf on a row with nothing to attend to, no gradient; the sinks
-  included) if ``return_residual``. ``score_mod``: logits [..., N, T, S] -> logits, applied
-  after the bias and before the mask; ``sinks`` [N], ``normalizer`` and ``sigmoid_bias`` as
-  ``normalize`` takes them. Inputs are assumed validated.
+  query [..., T, N', H], key [..., S, K, H], value [..., S, K, H_v] -> output [..., T, N, H_v]
+  (N = N' unless the weights hook folds sub-heads), followed by the weights [..., N, T, S] if
+  ``return_weights`` (before dropout), the logits [..., N', T, S] if ``return_logits`` (after
+  the logits hook, the bias and the score_mod, before the mask) and the log-sum-exp of each
+  row's logits [..., T, N] (float32, -inf on a row with nothing to attend to, no gradient; the
+  sinks included) if ``return_residual``. ``score_mod``: logits [..., N', T, S] -> logits;
+  ``sinks`` [N'], ``normalizer`` and ``sigmoid_bias`` as ``normalize`` takes them. Inputs are
+  assumed validated.
   """
+  hooks = Hooks() if hooks is None else hooks
   logits = attention_logits(query, key, scale=scale, logits_soft_cap=logits_soft_cap)
+  logits = logits if hooks.logits is None else hooks.logits(logits)  # [..., N', T, S]
   logits = logits if bias is None else logits + bias
   logits = logits if score_mod is None else score_mod(logits)
-  logits = mask_logits(logits, mask, is_causal=is_causal)
-  weights = normalize(logits, sinks=sinks, normalizer=normalizer,
-                      sigmoid_bias=sigmoid_bias)  # [..., N, T, S]
+  masked = mask_logits(logits, mask, is_causal=is_causal)
+  custom = dict(sinks=sinks, normalizer=normalizer, sigmoid_bias=sigmoid_bias)
+  weights = (normalize(masked, **custom) if hooks.normalize is None else
+             hooks.normalize(logits, mask, is_causal=is_causal, **custom))  # [..., N', T, S]
+  if hooks.weights is not None:  # mixed or folded, then masked again
+    weights = hooks.weights(weights)  # [..., N, T, S]
+    weights = jnp.where(allowed_entries(mask, weights.shape, is_causal=is_causal), weights, 0.0)
   attended = weights
   if dropout_rate > 0.0:
-    attended = dropout_weights(weights, dropout_rate, dropout_rng, broadcast=broadcast_dropout)
+    attended = dropout_weights(weights, dropout_rate, dropout_rng, broadcast=broadcast_dropout,
+                               shares_queries=hooks.dropout_shares_queries)
   output = apply_weights(attended, value).astype(query.dtype)  # [..., T, N, H_v]
-  extras = (weights,) if return_weights else ()
+  extras = ((weights,) if return_weights else ()) + ((logits,) if return_logits else ())
   if return_residual:
-    residual = jax.nn.logsumexp(logits if sinks is None else with_sinks(logits, sinks),
+    residual = jax.nn.logsumexp(masked if sinks is None else with_sinks(masked, sinks),
                                 axis=-1)  # [..., N, T]
     residual = residual_of(residual)
     extras += (jax.lax.stop_gradient(jnp.swapaxes(residual, -1, -2)),)

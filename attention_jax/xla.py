@@ -10,21 +10,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention_jax import _checks
 from attention_jax import masks as masks_lib
 
 
-def unsupported_reason(query, key, value, request: _checks.Request) -> str | None:
-  """Why jax.nn cannot serve this request, or None if it can (any mask and bias; lengths, windows
-  and segment ids arrive as a mask)."""
-  if request.dropout_rate > 0.0:
-    return "jax.nn.dot_product_attention has no attention dropout"
-  if request.return_weights:
-    return "jax.nn.dot_product_attention does not return the attention weights"
-  if request.logits_soft_cap is not None:
-    return "jax.nn.dot_product_attention has no logits soft cap"
-  if unserved := request.custom(served=("mask_mod",)):  # a mask_mod arrives as a dense mask
-    return f"jax.nn.dot_product_attention cannot serve {unserved}"
+def check(query, key, value, request) -> str | None:
+  """Why jax.nn cannot serve these shapes on ``request.backend``, or None (what else it serves:
+  attention.KERNELS)."""
   if value.shape != key.shape:
     return "jax.nn.dot_product_attention needs value.shape == key.shape"
   if request.backend == "cpu" and query.dtype == jnp.float16:

@@ -36,6 +36,7 @@ extensions = [
 exclude_patterns = [
     "_build",
     "api/_public.rst",  # included by api/index.md
+    "guides/_kernels.md",  # the support table, written below, included by two guides
     # The sweeps' and scripts' own outputs: the results pages include them.
     "results/*/results.md",
     "results/*/*/results.md",
@@ -129,6 +130,32 @@ def _write_public_names():
 
 
 _write_public_names()
+
+
+def _write_support_table():
+  """docs/guides/_kernels.md: the support table, one row per record of attention.KERNELS (what
+  it is, where it runs and is chosen, its autodiff, what it does not serve), so that the guides
+  cannot drift from what the dispatch does."""
+  from attention_jax import attention  # pylint: disable=g-import-not-at-top
+  runs_on = {None: "everywhere", "gpu": "NVIDIA GPUs", "tpu": "TPUs"}
+  rows = ["| name | what it is | runs on | chosen automatically | autodiff | does not serve |",
+          "|---|---|---|---|---|---|"]
+  for kernel in attention.KERNELS.values():
+    chosen = ("by the rules below" if kernel.backend is None else
+              f"on {'compute capability ' * (kernel.backend == 'gpu')}{', '.join(kernel.measured_on)}" if kernel.measured_on else "no: by name only")
+    refused = [attention.PARTS[part][0] for part in attention.PARTS if part not in kernel.serves]
+    refused += [f"{attention.PARTS[part][0]} (served when named, never chosen for it)"
+                for part in kernel.named_only]
+    rows.append(f"| `\"{kernel.name}\"` | {kernel.about} | {runs_on[kernel.backend]} | {chosen} | "
+                f"{kernel.transforms} | {'; '.join(refused) or 'serves every request'} |")
+  text = "\n".join(rows) + "\n"
+  path = os.path.join(ROOT, "docs", "guides", "_kernels.md")
+  if not os.path.exists(path) or open(path).read() != text:
+    with open(path, "w") as file:
+      file.write(text)
+
+
+_write_support_table()
 
 
 def setup(app):

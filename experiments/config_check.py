@@ -105,7 +105,6 @@ def validate(config) -> None:
   attention_scale(model.attention_scale)
   choices = {"model.attention_impl": (model.attention_impl, IMPLEMENTATIONS),
              "model.pooling": (model.pooling, aj.encoder.POOLINGS),
-             "model.head_variant": (model.head_variant, tuple(aj.variants.REGISTRY)),
              "model.overlap_schedule": (model.overlap_schedule,
                                         tuple(aj.variants.overlap.SCHEDULES)),
              "schedule": (config.schedule, optim.SCHEDULES),
@@ -114,7 +113,7 @@ def validate(config) -> None:
     if value not in valid:
       raise ConfigError(f"{field} must be one of {list(valid)}, got {value!r}.")
   _check_head_variant(config, key_dim)
-  required = aj.attention.REQUIRED_BACKEND.get(model.attention_impl)
+  required = aj.attention.KERNELS[model.attention_impl].backend if model.attention_impl else None
   if required is not None and required != jax.default_backend():
     raise ConfigError(f"model.attention_impl={model.attention_impl!r} runs only on {required}, "
                       f"and this machine's backend is {jax.default_backend()}; use '' "
@@ -160,7 +159,10 @@ def _check_head_variant(config, key_dim: int) -> None:
   """The variant's own check (head counts and widths it can use), and what it asks of the
   experiment: a variant that forms every head's maps runs on the reference path only."""
   model = config.model
-  variant = aj.variants.REGISTRY[model.head_variant]
+  try:
+    variant = aj.variants.variant_class(model.head_variant)
+  except ValueError as error:
+    raise ConfigError(f"model.head_variant: {error}") from None
   if variant.forms_maps:
     if model.attention_impl not in ("", "reference"):
       raise ConfigError(f"model.head_variant={model.head_variant!r} forms every head's logits at "

@@ -264,12 +264,6 @@ def fetch(tree):
   return jax.tree.map(value, tree)
 
 
-def barrier(name: str) -> None:
-  """Waits until every process reaches the barrier of this ``name``."""
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices(name)
-
-
 def preempted(step: int) -> bool:
   """Whether every process stops after ``step``: JAX's preemption sync point, reached by all at
   the same step once any process received SIGTERM (call it at every step). Single process:

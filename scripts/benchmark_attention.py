@@ -52,7 +52,7 @@ def jax_methods(is_causal=False):
   ours = {name: (lambda q, k, v, name=name: aj.dot_product_attention(
               q, k, v, implementation=name, is_causal=is_causal))
           for name in aj.IMPLEMENTATIONS
-          if aj.attention.REQUIRED_BACKEND.get(name, backend) == backend}
+          if aj.attention.KERNELS[name].backend in (None, backend)}
   ours["default"] = lambda q, k, v: aj.dot_product_attention(q, k, v, is_causal=is_causal)
 
   def flax_attention(q, k, v):
@@ -128,7 +128,7 @@ def block_math_floor(query, key, value, block_q=1024):
   """
   batch, length, heads, dim = query.shape
   block_q = min(length, block_q)
-  pairs = aj.chunked._Blocks(length, key.shape[1], block_q, key.shape[1]).pairs_per_step
+  pairs = aj.blocks.Geometry(length, key.shape[1], block_q, key.shape[1]).pairs_per_step
   heads_first = lambda x: x.transpose(0, 2, 1, 3).reshape(batch * heads, -1, dim)  # [B * N, L, H]
   blocks = lambda x: x.reshape((-1, block_q) + x.shape[1:])  # [T, ...] -> [T / bq, bq, ...]
 

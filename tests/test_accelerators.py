@@ -6,6 +6,8 @@ cuDNN wrapper is checked twice, with the same prepared inputs going through jax.
 the kernel call (jax checks shapes, dtypes and layout there while tracing).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,7 +96,7 @@ def _shapes(q_len, head_dim=64, dtype=jnp.float32, kv_len=None):
   return query, key, key
 
 
-H100 = "NVIDIA H100 80GB HBM3"  # where cuDNN has been measured (attention.MEASURED_ON)
+H100 = "NVIDIA H100 80GB HBM3"  # where cuDNN has been measured (KERNELS["cudnn"].measured_on)
 
 
 @pytest.mark.parametrize("backend, device_kind, shapes, options, expected", [
@@ -176,8 +178,8 @@ def test_named_accelerator_kernel_that_cannot_serve_raises(implementation, backe
 
 def test_dot_product_attention_refuses_accelerator_kernel_of_another_backend():
   query = jnp.zeros((1, 128, 2, 16), jnp.bfloat16)
-  for implementation, backend in aj.attention.REQUIRED_BACKEND.items():
-    if backend == jax.default_backend():
+  for implementation, kernel in aj.attention.KERNELS.items():
+    if kernel.backend in (None, jax.default_backend()):
       continue
     with pytest.raises(ValueError, match="cannot serve this call"):
       aj.dot_product_attention(query, query, query, implementation=implementation)
@@ -190,7 +192,8 @@ def test_a_named_accelerator_kernel_serves_a_mask_mod_as_a_dense_mask(implementa
   mode), a document mask_mod equals the reference's, and the automatic choice does not pick them
   for it."""
   monkeypatch.setattr(cudnn, "KERNEL", "xla")
-  monkeypatch.setitem(aj.attention.REQUIRED_BACKEND, implementation, jax.default_backend())
+  monkeypatch.setitem(aj.attention.KERNELS, implementation, dataclasses.replace(
+      aj.attention.KERNELS[implementation], backend=jax.default_backend()))
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.standard_normal((2, 128, 2, 16)), jnp.bfloat16) for _ in range(3))
   docs = jnp.repeat(jnp.arange(4), 32)

@@ -255,8 +255,8 @@ def test_chunked_heads_side_by_side_equal_the_reference(case, block_k, monkeypat
   """Three (example, head) pairs per loop step: whole steps, and a remainder where B * N is not
   a multiple of three; grouped-query heads, masks, biases and causal skipping with them."""
   _, q_len, kv_len, *_ = CASES[case]
-  geometry = aj.chunked._Blocks.create(q_len, kv_len, 4, block_k)
-  monkeypatch.setattr(aj.chunked, "PAIR_BLOCK_BYTES", 3 * 4 * geometry.block_q * geometry.block_k)
+  geometry = aj.blocks.Geometry.create(q_len, kv_len, 4, block_k)
+  monkeypatch.setattr(aj.blocks, "PAIR_BLOCK_BYTES", 3 * 4 * geometry.block_q * geometry.block_k)
   assert geometry.pairs_per_step == 3
   assert (geometry.num_k == 1) == (block_k == 16)
   fn = functools.partial(attention, implementation="chunked_small_blocks", block_k=block_k)
@@ -265,7 +265,7 @@ def test_chunked_heads_side_by_side_equal_the_reference(case, block_k, monkeypat
 
 @pytest.mark.parametrize("length, pairs", [(33, 1310), (256, 32), (1024, 2), (2048, None)])
 def test_chunked_pairs_per_step_keep_the_logits_within_the_budget(length, pairs):
-  geometry = aj.chunked._Blocks.create(length, length)
+  geometry = aj.blocks.Geometry.create(length, length)
   assert geometry.pairs_per_step == pairs
   assert dataclasses.replace(geometry, side_by_side=False).pairs_per_step is None
 
@@ -279,7 +279,7 @@ def test_chunked_pairs_per_step_keep_the_logits_within_the_budget(length, pairs)
     (100, 256, 104, 1),     # but never beyond the padded length
 ])
 def test_chunked_block_sizes(length, requested, block, count):
-  geometry = aj.chunked._Blocks.create(length, length, requested, requested, narrow_keys=True)
+  geometry = aj.blocks.Geometry.create(length, length, requested, requested, narrow_keys=True)
   assert (geometry.block_q, geometry.num_q) == (block, count)
   assert (geometry.block_k, geometry.num_k) == (block, count)
 
@@ -287,9 +287,9 @@ def test_chunked_block_sizes(length, requested, block, count):
 @pytest.mark.parametrize("length, block, count", [(3000, 3000, 1), (4096, 4096, 1),
                                                   (5000, 2504, 2), (8200, 2736, 3)])
 def test_chunked_key_blocks_are_longer_without_a_causal_mask(length, block, count):
-  geometry = aj.chunked._Blocks.create(length, length)
+  geometry = aj.blocks.Geometry.create(length, length)
   assert (geometry.block_k, geometry.num_k) == (block, count)
-  assert geometry.block_q <= aj.chunked.DEFAULT_BLOCK_Q
+  assert geometry.block_q <= aj.blocks.DEFAULT_BLOCK_Q
 
 
 @pytest.mark.parametrize("is_causal", [True, False])

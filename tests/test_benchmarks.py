@@ -148,7 +148,7 @@ def test_profile_train_gives_products_and_the_chunked_loops_their_parts(monkeypa
   """A matrix product goes to the part whose parameter it reads, not to the LayerNorm or residual
   add that XLA fuses it with; the chunked kernel's loop bodies go to the attention core."""
   import attention_jax as aj
-  monkeypatch.setattr(aj.chunked, "PAIR_BLOCK_BYTES", 2 * 4 * 16 * 16)  # 2 of 8 heads per step
+  monkeypatch.setattr(aj.blocks, "PAIR_BLOCK_BYTES", 2 * 4 * 16 * 16)  # 2 of 8 heads per step
   profile = load_script("profile_train")
   benchmark = profile.benchmark_train
   size = (4, 9, 16, 2, 1, 32)

@@ -14,7 +14,6 @@ import pytest
 
 import attention_jax as aj
 from attention_jax import attention as attention_lib
-from attention_jax import _checks
 from conftest import assert_close
 
 B, T, N, K, H = 2, 24, 4, 2, 8  # [B, T, N, H] queries, K key/value heads (GQA)
@@ -388,14 +387,14 @@ def test_sigmoid_attention_against_its_formula_with_gradients(implementation):
 def test_accelerator_kernels_refuse_mods_and_the_automatic_choice_avoids_them(name, custom):
   q = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
   backend = {"cudnn": "gpu", "pallas_tpu": "tpu"}[name]
-  request = _checks.Request(backend=backend, **{custom: True})
-  reason = attention_lib.unsupported_reason(name, q, q, q, request)
-  if custom == "mask_mod":  # served as a dense mask when named, never chosen automatically
-    assert reason is None, reason
-  else:
-    assert custom in reason, reason
   value = {"score_mod": lambda s, b, h, q_idx, kv_idx: s,
            "mask_mod": lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, "sinks": jnp.zeros(8)}
+  request = attention_lib.Request(backend=backend, **{custom: value[custom]})
+  reason = attention_lib.unsupported_reason(name, q, q, q, request)
+  if custom == "mask_mod":  # served as a dense mask when named, never chosen automatically
+    assert reason is None and custom in attention_lib.KERNELS[name].named_only, reason
+  else:
+    assert custom in reason, reason
   for device in (dict(backend="gpu", device_kind="NVIDIA H100"),
                  dict(backend="tpu", device_kind="TPU v5 lite")):
     chosen = aj.select_implementation(q, q, q, **device, **{custom: value[custom]})

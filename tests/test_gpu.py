@@ -71,7 +71,7 @@ def test_automatic_choice_on_this_gpu_runs():
   device = jax.devices()[0]
   arch = aj.attention.architecture("gpu", device.device_kind,
                                    getattr(device, "compute_capability", None))
-  measured = arch in aj.attention.MEASURED_ON["cudnn"]
+  measured = arch in aj.attention.KERNELS["cudnn"].measured_on
   assert aj.select_implementation(query, query, query) == ("cudnn" if measured else "xla")
   query_32 = query.astype(jnp.float32)
   assert aj.select_implementation(query_32, query_32, query_32) == "xla"

@@ -279,7 +279,8 @@ def test_it_is_chosen_by_name_on_a_gpu_and_refuses_what_it_cannot_serve():
 
 
 def test_once_measured_it_serves_the_score_mods_on_that_architecture(monkeypatch):
-  monkeypatch.setitem(attention_lib.MEASURED_ON, "pallas_gpu", ("9.0",))
+  monkeypatch.setitem(attention_lib.KERNELS, "pallas_gpu", dataclasses.replace(
+      attention_lib.KERNELS["pallas_gpu"], measured_on=("9.0",)))
   q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
   select = lambda **kw: aj.select_implementation(q, k, v, backend="gpu", **kw)
   assert select(device_kind="NVIDIA H200", score_mod=alibi) == "pallas_gpu"

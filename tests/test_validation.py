@@ -42,7 +42,7 @@ MALFORMED = {
     "chunked_cannot_return_weights": (dict(implementation="chunked", return_weights=True),
                                       "cannot return them"),
     "xla_cannot_return_weights": (dict(implementation="xla", return_weights=True),
-                                  "does not return the attention weights"),
+                                  "never forms the weights, so it cannot return them"),
     "dropout_without_rng": (dict(dropout_rate=0.1), "needs a dropout_rng"),
     "dropout_rate_out_of_range": (dict(dropout_rate=1.0, dropout_rng=jax.random.key(0)),
                                   r"dropout_rate must be in \[0, 1\)"),

@@ -140,6 +140,32 @@ def test_a_variant_is_usable_by_name_from_a_run_config(name):
   config_check.validate(config)
 
 
+def test_a_variant_in_the_user_s_own_package_works_as_the_guide_says(tmp_path, monkeypatch):
+  """docs/guides/custom_variant.md, "Your own": its file written into a package of the user's,
+  its usage block run as it stands, and the run config naming it by import path; nothing in
+  attention_jax registers it."""
+  import pathlib
+  import re
+  from configs import default
+  from experiments import config_check
+  guide = (pathlib.Path(__file__).parent.parent / "docs/guides/custom_variant.md").read_text()
+  blocks = dict(re.findall(r"```\{code-block\} python\n:caption: (.*?)\n\n(.*?)```", guide, re.S))
+  (tmp_path / "my_variants").mkdir()
+  (tmp_path / "my_variants" / "head_scale.py").write_text(blocks["my_variants/head_scale.py"])
+  monkeypatch.syspath_prepend(str(tmp_path))
+  exec(compile(blocks["using it"], "custom_variant.md", "exec"), {})
+  assert "head_scale" not in variants.REGISTRY
+  config = default.get_config()
+  config.model.head_variant = "my_variants.head_scale:HeadScale"  # --config.model.head_variant=
+  config_check.validate(config)
+  for path, words in (("my_variants.nowhere:HeadScale", "cannot be imported"),
+                      ("my_variants.head_scale:jnp", "not a subclass")):
+    config.model.head_variant = path
+    with pytest.raises(config_check.ConfigError, match=words) as error:
+      config_check.validate(config)
+    assert "\n" not in str(error.value)
+
+
 def test_an_unknown_variant_or_setting_is_refused_in_one_line():
   for call, words in ((lambda: variants.get("talking"), "unknown head variant 'talking'"),
                       (lambda: variants.get("gated", overlap=1), "takes no settings"),
@@ -393,9 +419,9 @@ def test_talking_heads_dropout_shares_one_mask_over_the_queries():
   value = jnp.broadcast_to(jnp.eye(length)[None, :, None, :], (1, length, HEADS, length))
   eye = jnp.eye(HEADS)
   for broadcast in (False, True):  # mesh-tensorflow's mask [B, N, 1, S] either way
-    heads, _, _ = multihead.variant_attention(
-        query, key, value, variant=variant, state={"logits_mix": eye, "weights_mix": eye},
-        num_heads=HEADS, scale=1.0, dropout_rate=0.5, dropout_rng=jax.random.key(0),
+    heads = aj.dot_product_attention(
+        query, key, value, hooks=variant.hooks({"logits_mix": eye, "weights_mix": eye}),
+        scale=1.0, dropout_rate=0.5, dropout_rng=jax.random.key(0),
         broadcast_dropout=broadcast)
     kept = np.asarray(heads[0] != 0)  # [T, N, S]: the weight of key s at query t, head n
     assert np.all(kept == kept[:1]) and not np.all(kept == kept[:, :1])  # per head, not query
@@ -461,3 +487,36 @@ def test_sigmoid_attention_with_a_fixed_bias_decodes_as_it_attends():
   full = layer(x, is_causal=True)
   steps = [layer(x[:, t:t + 1], decode=True) for t in range(T)]
   assert_close(jnp.concatenate(steps, axis=1), full, rtol=1e-5)
+
+
+def test_forms_maps_follows_from_the_hooks_a_variant_overrides():
+  """No flag to forget: overriding logits, normalize or weights makes a variant form its maps."""
+
+  class Mixed(variants.Variant):
+    def weights(self, state, weights):
+      return weights * 2.0
+
+  class Gated(variants.Variant):
+    def heads(self, state, heads):
+      return heads
+
+  assert Mixed.forms_maps and not Gated.forms_maps and not variants.Variant.forms_maps
+  assert Mixed().hooks(None).weights(jnp.ones(2)).tolist() == [2.0, 2.0]
+  assert Gated().hooks(None) is None
+  assert {name for name in NAMES if variants.REGISTRY[name].forms_maps} == {
+      "talking_heads", "dcmha", "differential"}
+
+
+@pytest.mark.parametrize("name", ["talking_heads", "dcmha", "differential", "moh"])
+def test_attention_maps_are_the_maps_the_layer_applies(name):
+  """attention_maps runs the step: the weights hook is applied there as in the layer."""
+  layer, params = _layer_and_params(name)
+  x = _x()
+  mask = jnp.arange(T)[None, None, None, :] < jnp.array([T, T - 2])[:, None, None, None]
+  _, state = layer.apply({"params": params}, x, mask=mask, sow_weights=True,
+                         mutable="intermediates")
+  logits, weights = multihead.attention_maps(params, x, mask=mask, head_variant=_variant(name))
+  sown = state["intermediates"]
+  assert_close(weights, sown["attention_weights"][0], rtol=1e-6)
+  assert_close(logits, sown["attention_logits"][0], rtol=1e-6)
+  assert float(jnp.max(jnp.abs(weights[1, ..., T - 2:]))) == 0.0  # masked again after the hook

@@ -16,7 +16,8 @@ registered by name (``REGISTRY``), whose hooks ``multihead.multi_head_attention_
                   (Ramapuram 2024)
 
 A new variant is one file here (a registered subclass of ``base.Variant``) and its import below;
-the modules, the encoder, the configs and the generic tests then know it by name.
+the modules, the encoder, the configs and the generic tests then know it by name. One in your own
+package needs neither: name it by import path, ``head_variant="my_package.my_module:MyVariant"``.
 """
 
 from attention_jax.variants.base import LOSSES
@@ -26,6 +27,7 @@ from attention_jax.variants.base import auxiliary_loss
 from attention_jax.variants.base import get
 from attention_jax.variants.base import layer_variant
 from attention_jax.variants.base import register
+from attention_jax.variants.base import variant_class
 from attention_jax.variants import talking_heads  # noqa: F401  (each import registers its variant)
 from attention_jax.variants import dcmha  # noqa: F401
 from attention_jax.variants import moh  # noqa: F401

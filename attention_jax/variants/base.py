@@ -21,14 +21,17 @@ key/value heads, H head dim, D input width)::
                                              "losses" (the trainer adds the losses' mean)
   identity(params)                           (variant, params) at which it is plain MHA (tests)
 
-A variant whose logits, normalize or weights hook is not the identity sets ``forms_maps``: the
-step then forms every head's [T, S] map itself (as the "reference" implementation does) instead
-of calling a fused kernel. Plain multi-head attention is ``Variant()``.
+A variant that overrides the logits, normalize or weights hook forms its own maps
+(``forms_maps``, set from the overrides): the step hands those hooks (``hooks(state)``) to
+``dot_product_attention``, which runs them on the "reference" implementation, the one that forms
+every head's [T, S] map. Plain multi-head attention is ``Variant()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 from typing import Any, ClassVar
 
 import jax
@@ -36,6 +39,8 @@ import jax.numpy as jnp
 
 from attention_jax import reference
 
+#: The hooks on the maps [..., N, T, S]; a variant that overrides one forms its own maps.
+MAP_HOOKS = ("logits", "normalize", "weights")
 LOSSES = "losses"  # the collection (Linen) or variable type (NNX) of auxiliary losses
 #: name -> Variant subclass; ``register`` adds one.
 REGISTRY: dict[str, type[Variant]] = {}
@@ -58,7 +63,7 @@ class Variant:
   (3, 4, 8)
   """
   name: ClassVar[str] = "mha"
-  #: the step forms the maps [..., N, T, S] itself and calls logits, normalize and weights
+  #: whether the class overrides one of MAP_HOOKS (set for each subclass, never by hand)
   forms_maps: ClassVar[bool] = False
   #: None when decoding with a key/value cache works; else why not, completing
   #: "head variant '<name>' ..." in one line
@@ -66,6 +71,10 @@ class Variant:
   #: attention dropout draws one mask [..., N, 1, S] shared by the queries, whatever
   #: broadcast_dropout says (mesh-tensorflow's talking heads)
   dropout_shares_queries: ClassVar[bool] = False
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    cls.forms_maps = any(getattr(cls, hook) is not getattr(Variant, hook) for hook in MAP_HOOKS)
 
   @classmethod
   def for_layer(cls, *, layer: int, num_layers: int, **settings) -> Variant:
@@ -126,6 +135,15 @@ class Variant:
     del state
     return weights
 
+  def hooks(self, state) -> reference.Hooks | None:
+    """The hooks on the maps bound to one call's ``state``, for ``dot_product_attention(hooks=)``;
+    None when the variant forms no maps."""
+    if not self.forms_maps:
+      return None
+    logits, normalize, weights = (functools.partial(getattr(self, hook), state)
+                                  for hook in MAP_HOOKS)
+    return reference.Hooks(logits, normalize, weights, self.dropout_shares_queries)
+
   def heads(self, state, heads):
     del state
     return heads
@@ -150,13 +168,37 @@ def get(name: str, **settings) -> Variant:
   >>> get("moh", shared_heads=2, routed_heads=2).name
   'moh'
   """
-  if name not in REGISTRY:
-    raise ValueError(f"unknown head variant {name!r}; use one of {sorted(REGISTRY)}.")
-  fields = [field.name for field in dataclasses.fields(REGISTRY[name])]
+  cls = variant_class(name)
+  fields = [field.name for field in dataclasses.fields(cls)]
   if set(settings) - set(fields):
     raise ValueError(f"head variant {name!r} takes {fields or 'no settings'}, got "
                      f"{sorted(set(settings) - set(fields))}.")
-  return REGISTRY[name](**settings)
+  return cls(**settings)
+
+
+def variant_class(name: str) -> type[Variant]:
+  """The class ``name`` stands for: a registered name, or the import path
+  ``"package.module:Class"`` of a Variant subclass in your own code, imported here, so that a
+  config or the command line can use it without a registration inside attention_jax.
+
+  >>> variant_class("gated").__name__, variant_class("attention_jax.variants.gated:Gated").name
+  ('Gated', 'gated')
+  """
+  if name in REGISTRY:
+    return REGISTRY[name]
+  module, _, attribute = name.partition(":")
+  if not attribute:
+    raise ValueError(f"unknown head variant {name!r}; use one of {sorted(REGISTRY)}, or the "
+                     f"import path 'package.module:Class' of your own Variant subclass.")
+  try:
+    cls = getattr(importlib.import_module(module), attribute)
+  except (ImportError, AttributeError) as error:
+    raise ValueError(f"head variant {name!r} cannot be imported ({error}); make {module!r} "
+                     "importable (installed, or on PYTHONPATH) and name a class it defines.") from None
+  if not (isinstance(cls, type) and issubclass(cls, Variant)):
+    raise ValueError(f"head variant {name!r} is {cls!r}, not a subclass of "
+                     "attention_jax.variants.Variant; point the path at one.")
+  return cls
 
 
 def layer_variant(name: str, *, layer: int, num_layers: int, **settings) -> Variant:
@@ -165,8 +207,7 @@ def layer_variant(name: str, *, layer: int, num_layers: int, **settings) -> Vari
   >>> layer_variant("overlap", layer=1, num_layers=2).overlap  # MOHSA's schedule: o = index
   1
   """
-  get(name)  # an unknown name fails here, in one line
-  return REGISTRY[name].for_layer(layer=layer, num_layers=num_layers, **settings)
+  return variant_class(name).for_layer(layer=layer, num_layers=num_layers, **settings)
 
 
 def auxiliary_loss(collections) -> jax.Array:

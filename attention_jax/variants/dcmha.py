@@ -96,7 +96,6 @@ class Dcmha(base.Variant):
   """DCMHA: dw1 [D, C, 4N], qkw [C, 4N, 2I, N], dd [D, C, N], pre_static and post_static
   [N, N] under params["dcmha"] (DCFormer's DynamicWeightProjection and CrossHeadProjection)."""
   name = "dcmha"
-  forms_maps = True
   decoding = ("mixes every head's weights at each (query, key) pair, which decoding with a "
               "key/value cache does not keep; decode with another variant.")
 

@@ -54,7 +54,6 @@ class Differential(base.Variant):
   0.556
   """
   name = "differential"
-  forms_maps = True
   decoding = ("keeps keys half as wide as its values, which the key/value cache does not "
               "hold; decode with another variant.")
   layer: int = 0

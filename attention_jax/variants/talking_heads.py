@@ -41,7 +41,6 @@ class TalkingHeads(base.Variant):
   ['logits_mix', 'weights_mix']
   """
   name = "talking_heads"
-  forms_maps = True
   decoding = ("mixes every head's weights at each (query, key) pair, which decoding with a "
               "key/value cache does not keep; decode with another variant.")
   dropout_shares_queries = True

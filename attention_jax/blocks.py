@@ -1,0 +1,126 @@
+"""Block geometry shared by the blockwise kernels and block masks: how lengths are cut into
+blocks (sizes, counts, padding) and what a block holds (EMPTY, PARTIAL, FULL). Imports nothing
+from attention_jax, so every kernel can build on it.
+
+Shape letters: T query length, S key length, bq and bk the block sizes, Tp and Sp the lengths
+padded to whole blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+#: The kinds of block a block mask records (no pair may attend, some may, all may).
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+# The largest query and key blocks by default: causal or windowed attention wants short key
+# blocks, so that whole blocks are skipped (docs/performance.md, "Where the defaults come from").
+DEFAULT_BLOCK_Q = 1024
+DEFAULT_BLOCK_K = 4096
+DEFAULT_BLOCK_K_CAUSAL = 1024
+#: The float32 logits of the (example, head) pairs that run side by side stay within this.
+PAIR_BLOCK_BYTES = 8 << 20
+
+
+def round_up(length: int, block: int) -> int:
+  """``length`` rounded up to whole blocks.
+
+  >>> round_up(100, 16)
+  112
+  """
+  return -(-length // block) * block
+
+
+def block_size(length: int, requested: int | None, default: int) -> int:
+  """The requested block (at most the length, rounded to 8), or else equal blocks of at most
+  ``default`` (T = 1100 gets two blocks of 552, not two of 1024).
+
+  >>> block_size(1100, None, 1024), block_size(100, 256, 1024)
+  (552, 104)
+  """
+  if requested:
+    return min(requested, round_up(length, 8))
+  num_blocks = -(-length // default)
+  return round_up(-(-length // num_blocks), 8)
+
+
+def block_sizes(q_len: int, kv_len: int, size: int | tuple[int, int]) -> tuple[int, int]:
+  """(bq, bk) from an int or a pair, checked and rounded as ``block_size`` rounds them."""
+  block_q, block_k = (size, size) if isinstance(size, int) else size
+  if min(block_q, block_k) < 1:
+    raise ValueError(f"block_size must be a positive int or a pair of them, got {size!r}.")
+  return block_size(q_len, block_q, block_q), block_size(kv_len, block_k, block_k)
+
+
+def pad_axis(array, axis: int, length: int, mode: str = "constant", broadcasts: bool = True):
+  """Pads ``axis`` to ``length``, unless it has size 1 and ``broadcasts`` (a mask's or bias's
+  axis that stands for every query or key); None stays None."""
+  if array is None or array.shape[axis] == length or (broadcasts and array.shape[axis] == 1):
+    return array
+  widths = [(0, 0)] * array.ndim
+  widths[axis] = (0, length - array.shape[axis])
+  return jnp.pad(array, widths, mode=mode)
+
+
+def block_kind(every, some) -> jax.Array:
+  """int8 FULL where a block's mask allows ``every`` entry, else PARTIAL where it allows
+  ``some``, else EMPTY (broadcastable booleans)."""
+  return jnp.where(every, FULL, jnp.where(some, PARTIAL, EMPTY)).astype(jnp.int8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+  """Static block geometry of T queries and S keys: block sizes, counts and the cutting of
+  [Tp or 1, Sp or 1] masks, biases and [Lp] ids into blocks.
+
+  >>> geometry = Geometry.create(1100, 1100)
+  >>> geometry.block_q, geometry.num_q
+  (552, 2)
+  """
+  q_len: int
+  kv_len: int
+  block_q: int
+  block_k: int
+  side_by_side: bool = True  # several (example, head) pairs per loop step (pairs_per_step)
+
+  @classmethod
+  def create(cls, q_len, kv_len, block_q=None, block_k=None, narrow_keys=False):
+    """Blocks of ``block_q`` and ``block_k`` (``block_size``), else the defaults; ``narrow_keys``:
+    the shorter key blocks of causal or windowed attention."""
+    default_k = DEFAULT_BLOCK_K_CAUSAL if narrow_keys else DEFAULT_BLOCK_K
+    return cls(q_len, kv_len, block_size(q_len, block_q, DEFAULT_BLOCK_Q),
+               block_size(kv_len, block_k, default_k))
+
+  @property
+  def pairs_per_step(self):
+    """(example, head) pairs per loop step, as many as keep their logits within
+    PAIR_BLOCK_BYTES; None for one at a time (lax.map's batch_size)."""
+    pairs = PAIR_BLOCK_BYTES // (4 * self.block_q * self.block_k) if self.side_by_side else 1
+    return pairs if pairs > 1 else None
+
+  @property
+  def num_q(self):
+    return round_up(self.q_len, self.block_q) // self.block_q
+
+  @property
+  def num_k(self):
+    return round_up(self.kv_len, self.block_k) // self.block_k
+
+  def cut(self, array, i, j):
+    """Block (i, j) of a [T' or 1, S' or 1] mask or bias; None stays None."""
+    if array is None:
+      return None
+    if array.shape[-2] != 1:
+      array = lax.dynamic_slice_in_dim(array, i * self.block_q, self.block_q, axis=-2)
+    if array.shape[-1] != 1:
+      array = lax.dynamic_slice_in_dim(array, j * self.block_k, self.block_k, axis=-1)
+    return array
+
+  def block_ids(self, query_ids, key_ids, i, j):
+    """The [bq] and [bk] ids (segments, positions) of block (i, j)."""
+    return (lax.dynamic_slice_in_dim(query_ids, i * self.block_q, self.block_q),
+            lax.dynamic_slice_in_dim(key_ids, j * self.block_k, self.block_k))
