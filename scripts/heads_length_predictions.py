@@ -31,7 +31,6 @@ Written after two timing trials of the arm h4_T64 (100 steps at 10 seeds, then 5
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -43,7 +42,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs.ablations.heads_length import D, name  # noqa: E402
 from scripts import predictions as predictions_lib  # noqa: E402
-from experiments import statistics, sweep_report  # noqa: E402
+from experiments import statistics  # noqa: E402
 from scripts.predictions import MARGIN, above, chosen, largest_drop  # noqa: E402
 
 
@@ -105,19 +104,9 @@ def plot(nmse, path: str) -> None:
   plt.close(figure)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--results", required=True, help="the sweep's results.csv")
-  parser.add_argument("--out", default=None, help="write the table here (markdown)")
-  args = parser.parse_args()
-  records = sweep_report.records_from_csv(args.results)
-  text = predictions_lib.table(predictions(records), setting="arms")
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(text)
-    plot(chosen(records), os.path.join(os.path.dirname(args.out), "nmse_by_heads.png"))
-  print(text)
+def figure(records, directory: str) -> None:
+  plot(chosen(records), os.path.join(directory, "nmse_by_heads.png"))
 
 
 if __name__ == "__main__":
-  main()
+  predictions_lib.main(__doc__, predictions, "arms", figure)

@@ -151,15 +151,19 @@ def table(rows, setting="task") -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(doc: str, predictions, setting: str) -> None:
+def main(doc: str, predictions, setting: str, figure=None) -> None:
   """The command line of a study's predictions script: ``--results`` (the sweep's results.csv)
-  -> ``predictions(records)`` as a table, printed and with ``--out`` written (markdown)."""
+  -> ``predictions(records)`` as a table, printed and with ``--out`` written (markdown), and
+  then ``figure(records, directory of --out)`` if given."""
   parser = argparse.ArgumentParser(description=doc.splitlines()[0])
   parser.add_argument("--results", required=True, help="results.csv of the accelerator sweep")
   parser.add_argument("--out", default=None, help="write the table here (markdown)")
   args = parser.parse_args()
-  text = table(predictions(sweep_report.records_from_csv(args.results)), setting=setting)
+  records = sweep_report.records_from_csv(args.results)
+  text = table(predictions(records), setting=setting)
   if args.out:
     with open(args.out, "w") as f:
       f.write(text)
+    if figure is not None:
+      figure(records, os.path.dirname(os.path.abspath(args.out)))
   print(text)
