@@ -52,6 +52,7 @@ class EncoderConfig:
   attention_scale: float | str = "inv_sqrt"  # a number or a name in multihead.SCALES
   head_dim: int = 0                     # d_k; 0 = d_model / num_heads (the paper)
   normalize_qk: bool = False            # LayerNorm on each head's queries and keys (QK-norm)
+  query_init_scale: float = 1.0         # W_Q's initial values x this (e.g. d_k^-1/2 unscaled)
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   pre_layer_norm: bool = False          # False: post-LN as in the paper
@@ -68,7 +69,8 @@ class EncoderConfig:
   # The self-attention module class; None = MultiHeadAttention. Another class must take the same
   # constructor fields (num_heads, scale, dropout_rate, implementation, qk_transform) and call
   # signature (x, mask=, bias=, deterministic=), e.g. a wrapper of flax's attention; it also gets
-  # qkv_features= (N * head_dim) when head_dim is set and normalize_qk=True when that is.
+  # qkv_features= (N * head_dim) when head_dim is set, normalize_qk=True when that is, and
+  # query_kernel_init when query_init_scale is not 1.
   attention_module: Any = None
   # Replaces dot_product_attention in every layer (same signature), e.g.
   # context_parallel.ContextParallel(mesh, "sequence") for a sequence sharded over devices.
@@ -79,6 +81,8 @@ class EncoderConfig:
       raise ValueError(f"head_dim must be positive (or 0 for d_model / num_heads), got "
                        f"{self.head_dim}.")
     multihead.resolve_scale(self.attention_scale, self.key_dim)
+    if not self.query_init_scale > 0:
+      raise ValueError(f"query_init_scale must be positive, got {self.query_init_scale}.")
     if self.positional_encoding == "rope" and self.key_dim % 2:
       raise ValueError(f"rope rotates pairs of dimensions, so d_k must be even, got "
                        f"d_k={self.key_dim}.")
@@ -192,6 +196,10 @@ class EncoderBlock(nn.Module):
     variant = cfg.head_variant_of(self.layer)
     options = {**({"qkv_features": cfg.num_heads * cfg.head_dim} if cfg.head_dim else {}),
                **({"normalize_qk": True} if cfg.normalize_qk else {}),
+               # lecun normal (the default kernel_init) with its standard deviation x the scale
+               **({"query_kernel_init": nn.initializers.variance_scaling(
+                   cfg.query_init_scale ** 2, "fan_in", "truncated_normal")}
+                  if cfg.query_init_scale != 1.0 else {}),
                **({"attention_fn": cfg.attention_fn} if cfg.attention_fn else {}),
                **({"head_variant": variant} if variant.name != "mha" else {})}
     attention = attention_module(

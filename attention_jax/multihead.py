@@ -428,20 +428,26 @@ def projection_specs(kernel_shape, input_dims: int, *, use_bias: bool, kernel_in
 def parameter_specs(d_in: int, d_k: int, d_v: int, d_out: int, *, num_heads: int,
                     num_kv_heads: int, head_dim: int, fused_qkv: bool, normalize_qk: bool,
                     use_bias: bool, kernel_init, bias_init, out_kernel_init=None,
-                    out_bias_init=None, head_variant=None) -> dict[str, dict[str, tuple]]:
+                    out_bias_init=None, query_kernel_init=None,
+                    head_variant=None) -> dict[str, dict[str, tuple]]:
   """{group: {name: (shape, initializer)}}: a layer's parameters as the module docstring lays
   them out, in flax's order (the order NNX draws them in); both shells declare these ("temperature",
   with scale="learned", is one array that each declares itself)."""
   variant = variant_of(head_variant)
   variant.check(num_heads=num_heads, head_dim=head_dim)
-  projection = lambda shape, input_dims=1, out=False: projection_specs(
-      shape, input_dims, use_bias=use_bias, kernel_init=(out and out_kernel_init) or kernel_init,
+  projection = lambda shape, input_dims=1, out=False, init=None: projection_specs(
+      shape, input_dims, use_bias=use_bias,
+      kernel_init=init or (out and out_kernel_init) or kernel_init,
       bias_init=(out and out_bias_init) or bias_init)
   heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
   if fused_qkv:
+    if query_kernel_init is not None:
+      raise ValueError("query_kernel_init needs separate projections: W_Q is one slice of the "
+                       "fused qkv kernel; use fused_qkv=False.")
     specs = {"qkv": projection((d_in, 3) + heads)}  # [D_in, 3, N, H]
   else:
-    specs = {"query": projection((d_in,) + heads), "key": projection((d_k,) + kv_heads),
+    specs = {"query": projection((d_in,) + heads, init=query_kernel_init),
+             "key": projection((d_k,) + kv_heads),
              "value": projection((d_v,) + kv_heads)}  # [D, N or K, H]
   if normalize_qk:
     specs["query_ln"] = specs["key_ln"] = {
@@ -570,6 +576,7 @@ class MultiHeadDotProductAttention(nn.Module):
   qk_transform: Callable | None = None
   head_variant: Any = None
   empty_rows: str = "mean"
+  query_kernel_init: Callable | None = None  # W_Q's own initializer (None: kernel_init)
 
   def _parameters(self, d_in: int, d_k: int, d_v: int, head_dim: int):
     specs = parameter_specs(
@@ -578,7 +585,7 @@ class MultiHeadDotProductAttention(nn.Module):
         head_dim=head_dim, fused_qkv=self.fused_qkv, normalize_qk=self.normalize_qk,
         use_bias=self.use_bias, kernel_init=self.kernel_init, bias_init=self.bias_init,
         out_kernel_init=self.out_kernel_init, out_bias_init=self.out_bias_init,
-        head_variant=self.head_variant)
+        query_kernel_init=self.query_kernel_init, head_variant=self.head_variant)
     params = {name: _Params(tuple((key, shape, init) for key, (shape, init) in group.items()),
                             self.param_dtype, name=name)() for name, group in specs.items()}
     if self.scale == "learned":

@@ -122,7 +122,8 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
                key_ln_scale_metadata: Mapping = MappingProxyType({}),
                scale: float | str = "inv_sqrt", implementation: str | None = None,
                fused_qkv: bool = False, qk_transform: Callable | None = None,
-               head_variant=None, empty_rows: str = "mean"):
+               head_variant=None, empty_rows: str = "mean",
+               query_kernel_init: Callable | None = None):
     _checks.refuse_unserved(qkv_dot_general=qkv_dot_general, out_dot_general=out_dot_general,
                             qkv_dot_general_cls=qkv_dot_general_cls,
                             out_dot_general_cls=out_dot_general_cls,
@@ -148,7 +149,7 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
         num_kv_heads=num_kv_heads, head_dim=head_dim, fused_qkv=fused_qkv,
         normalize_qk=normalize_qk, use_bias=use_bias, kernel_init=kernel_init,
         bias_init=bias_init, out_kernel_init=out_kernel_init, out_bias_init=out_bias_init,
-        head_variant=head_variant)
+        query_kernel_init=query_kernel_init, head_variant=head_variant)
     projection = {"kernel": kernel_metadata, "bias": bias_metadata}
     metadata = dict.fromkeys(("qkv", "query", "key", "value"), projection)
     metadata.update(out={"kernel": out_kernel_metadata or kernel_metadata,

@@ -26,6 +26,7 @@ def get_config():
   config.model.attention_scale = "inv_sqrt"  # inv_sqrt | none | inv | learned, or a number
   config.model.head_dim = 0                # d_k; 0 = d_model / num_heads (the paper)
   config.model.normalize_qk = False        # LayerNorm on each head's queries and keys (QK-norm)
+  config.model.query_init_scale = 1.0      # W_Q's initial values x this (1: lecun normal)
   # "" = automatic; or reference | xla | chunked | cudnn (GPU only) | pallas_tpu (TPU only)
   config.model.attention_impl = ""
   config.model.dropout_rate = 0.0          # residual and feed-forward dropout

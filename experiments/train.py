@@ -77,6 +77,7 @@ def encoder_config(config, task: tasks.Task, mesh: Mesh | None = None) -> aj.Enc
       positional_encoding=model.positional_encoding,
       attention_scale=config_check.attention_scale(model.attention_scale),
       head_dim=model.head_dim, normalize_qk=model.normalize_qk,
+      query_init_scale=model.query_init_scale,
       dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
       pre_layer_norm=model.pre_layer_norm, attention_impl=model.attention_impl or None,
       input_features=task.input_features, pad_id=task.pad_id, num_classes=task.num_classes,

@@ -178,3 +178,32 @@ def test_vector_inputs_are_embedded_by_one_linear_layer():
     aj.EncoderConfig(vocab_size=0, input_features=0)
   with pytest.raises(ValueError, match="vocab_size must be positive"):
     aj.EncoderConfig(vocab_size=0)
+
+
+@pytest.mark.parametrize("scale", [0.125, 2.0])
+def test_query_init_scale_multiplies_w_q_at_initialisation_and_nothing_else(scale):
+  """W_Q's draw is lecun normal's times the scale (the same key, the same standard draw); every
+  other parameter is unchanged, so an unscaled model started at W_Q x d_k^-1/2 has the logits of
+  the 1/sqrt(d_k) model at step 0."""
+  def params(s):
+    config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=2, num_layers=2, mlp_dim=32,
+                              head_dim=64, query_init_scale=s)
+    return aj.SequenceClassifier(config).init(jax.random.key(0),
+                                              jnp.ones((2, 8), jnp.int32))["params"]
+  plain, scaled = params(1.0), params(scale)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(plain):
+    other = scaled
+    for entry in path:
+      other = other[entry.key]
+    factor = scale if "query" in jax.tree_util.keystr(path) and "kernel" in jax.tree_util.keystr(
+        path) else 1.0
+    np.testing.assert_allclose(other, factor * leaf, rtol=1e-6, atol=0)
+
+
+def test_query_init_scale_is_refused_where_it_cannot_apply():
+  with pytest.raises(ValueError, match="query_init_scale must be positive"):
+    aj.EncoderConfig(vocab_size=16, query_init_scale=0.0)
+  layer = aj.MultiHeadAttention(num_heads=2, fused_qkv=True,
+                                query_kernel_init=jax.nn.initializers.zeros)
+  with pytest.raises(ValueError, match="query_kernel_init needs separate projections"):
+    layer.init(jax.random.key(0), jnp.ones((1, 4, 8)))
