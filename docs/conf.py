@@ -25,11 +25,12 @@ release = version = _PROJECT["version"]
 REPOSITORY = _PROJECT["urls"]["Repository"]
 
 extensions = [
-    "myst_nb",  # Markdown pages (MyST) and the notebook, rendered without executing it
+    "myst_nb",  # Markdown pages (MyST) and the notebook (executed: nb_execution_mode below)
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",  # MathJax served from _static/: formulas render with no network
     "sphinx_copybutton",
 ]
 
