@@ -69,3 +69,12 @@ def test_the_repository_url_is_pyproject_s_everywhere():
       assert url == documentation, f"{name}: {url} is not {documentation}"
   for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
     assert image.startswith("https://"), f"README image {image} is relative: it breaks off-site"
+
+
+def test_the_first_screen_commands_are_the_same_in_the_readme_and_the_docs_index():
+  """What a newcomer runs first (install, the main job, the quick tests) is said once, in both."""
+  first = lambda text: re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+  readme = first((ROOT / "README.md").read_text())
+  assert "pip install -r requirements.txt" in readme and "experiments.train" in readme
+  assert "pytest" in readme
+  assert first((ROOT / "docs" / "index.md").read_text()) == readme
