@@ -273,6 +273,9 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
   restored = checkpoints.restore(state)
   state = state if restored is None else restored
   start_step = int(state.step[0])
+  if start_step >= config.num_train_steps and hosts.writer():
+    print(f"{workdir} already finished its {config.num_train_steps} steps; evaluating its last "
+          "checkpoint (another --workdir, or a larger num_train_steps, trains again)")
 
   compute_dtype = jnp.dtype(config.compute_dtype)
   step_fn = train_step_fn(config, model, tx, task.num_classes, by_replica)
@@ -408,6 +411,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   final = {name: values[0] for name, values in result.items() if name.startswith("eval_")}
   if hosts.writer():
     print("final: " + json.dumps({"step": config.num_train_steps, **final}))
+    print(f"outputs in {workdir}: config.json, checkpoints/, and per replica in replicas/: "
+          f"metrics.jsonl, TensorBoard events"
+          + (", attention_maps/" if config.attention_maps else "")
+          + f". Look at them with: tensorboard --logdir={workdir}")
   return final
 
 

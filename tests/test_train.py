@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -208,3 +209,15 @@ def test_a_diverging_replica_is_frozen_and_the_others_train_on(data_dir, tmp_pat
   alone = train.train_and_evaluate(config, str(tmp_path / "alone"))
   np.testing.assert_allclose(result["eval_loss"][0], alone["eval_loss"], rtol=1e-5)
   assert result["eval_accuracy"][0] == alone["eval_accuracy"]
+
+
+def test_a_finished_run_says_where_its_outputs_are_and_a_rerun_says_it_is_finished(
+    reference_run, data_dir, tmp_path, capsys):
+  workdir = str(tmp_path / "copy")
+  shutil.copytree(reference_run[0], workdir)
+  final = train.train_and_evaluate(tiny_config(data_dir, attention_maps=1), workdir)
+  out = capsys.readouterr().out
+  assert f"{workdir} already finished its 8 steps" in out
+  assert f"outputs in {workdir}: config.json" in out
+  assert f"tensorboard --logdir={workdir}" in out.splitlines()[-1]
+  assert final == reference_run[1]
