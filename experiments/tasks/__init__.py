@@ -9,11 +9,16 @@ A regression task (experiments/tasks/vectors.py: ``multi_retrieval``, ``farthest
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
+import sys
+import time
 
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging as absl_logging
 
 from experiments.tasks import farthest_point, formal_languages, listops, mqar, multi_retrieval
 from experiments.tasks import order, sparse_average, synthetic, vectors
@@ -110,14 +115,27 @@ def _stacked(source, featurize, max_length: int) -> Split:
                np.stack([targets for _, targets in records]))
 
 
+@contextlib.contextmanager
+def _quietly():
+  """TFDS's own warnings and progress bars off while a built-in task is generated: they speak of
+  downloads and custom configurations where nothing is downloaded (its progress bars are on
+  again afterwards)."""
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.ERROR)
+  tfds.display_progress_bar(False)
+  try:
+    yield
+  finally:
+    tfds.display_progress_bar(True)
+    absl_logging.set_verbosity(verbosity)
+
+
 def load_task(name: str, options: dict | None = None, data_dir: str | None = None) -> Task:
   """Generates (once, cached under data_dir) and loads a task by name.
 
   >>> import tempfile
   >>> task = load_task("order", {"max_length": 32, "num_train": 100, "num_test": 20},
-  ...                  data_dir=tempfile.mkdtemp())
-  Downloading and preparing dataset ...
-  Dataset order downloaded and prepared to ...
+  ...                  data_dir=tempfile.mkdtemp())  # says on stderr that it generates it
   >>> task.train.tokens.shape, task.test.tokens.shape
   ((100, 32), (20, 32))
   """
@@ -132,9 +150,17 @@ def load_task(name: str, options: dict | None = None, data_dir: str | None = Non
     return Task(name, train, test, BYTE_VOCAB, 2, max_length, names)
 
   builder_class, config_class = BUILT_IN[name]
-  builder = builder_class(config=config_class(name=synthetic.config_name(options), **options),
-                          data_dir=data_dir, file_format="array_record")
-  builder.download_and_prepare()
+  with _quietly():
+    builder = builder_class(config=config_class(name=synthetic.config_name(options), **options),
+                            data_dir=data_dir, file_format="array_record")
+    if not builder.is_prepared():
+      print(f"generating the task {name!r} on this machine ({options['num_train']} training and "
+            f"{options['num_test']} test examples) under {builder.data_dir}", file=sys.stderr)
+      started = time.perf_counter()
+      with contextlib.redirect_stdout(io.StringIO()):  # TFDS's "Downloading and preparing"
+        builder.download_and_prepare()
+      print(f"generated in {time.perf_counter() - started:.0f} s; later runs reuse it",
+            file=sys.stderr)
   sources = builder.as_data_source()
   featurize = lambda r: (r["tokens"], r[builder.label_name()])
   max_length = builder.max_length()
