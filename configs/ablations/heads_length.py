@@ -19,8 +19,8 @@ solving as fewer) from a decline in proportion to the heads missing.
 
 Every arm has heads of d_k = d_model = 32 (the fixed head size of heads_binding, so that h = 3
 needs no width divisible by 3), h in 1, 2, 3, 4 at every T: 12 arms, 6 seeds x 3 learning
-rates each, 500 steps at batch 32, which fits the half hour a sweep may take on 2 CPU cores
-(an arm at T = 64 takes about 3 minutes there; h = 8 at T = 64, twice that, does not fit).
+rates each, 500 steps at batch 32: 9.7 minutes on 2 CPU cores (sized by a trial that ran beside
+another sweep and looked three times slower, which left h = 8 out; the accelerator preset has it).
 Arms at different T see different data, so every comparison is unpaired (the permutation test
 of the difference of means: with 6 seeds a clean separation gives p = 2 / C(12, 6) = 0.002,
 which survives Holm over the 6 comparisons). The learning rate of each arm is chosen on a
