@@ -231,25 +231,6 @@ def equivalence(a, b, margin: float) -> float:
              _sign_flip_p(differences - margin, "less"))
 
 
-def majority(successes: int, n: int) -> float:
-  """p of the exact sign test (binomial, one-sided) that more than half of the ``n`` seeds
-  succeed, from the ``successes`` seen: no smaller than 2^-n (every seed succeeds)."""
-  if n == 0:
-    return math.nan
-  return float(stats.binomtest(int(successes), int(n), 0.5, alternative="greater").pvalue)
-
-
-def below(values, level: float) -> float:
-  """p of the exact sign test that the median of ``values`` is below ``level`` (majority, a
-  seed under the level a success; a NaN, a diverged seed, is not under it).
-
-  >>> below([0.01] * 10, 0.05)
-  0.0009765625
-  """
-  values = np.asarray(values, np.float64)
-  return majority(int(np.sum(np.isfinite(values) & (values < level))), len(values))
-
-
 def adjust(comparisons) -> list[Comparison]:
   """The comparisons with ``p_adjusted``: Holm's step-down correction over the whole family
   (a NaN p stays NaN and does not count). Controls the chance of any false positive at 5%.

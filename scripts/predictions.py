@@ -10,7 +10,6 @@ their p values are corrected together (Holm) before any is called held.
 - "a not above b": not "a > b";
 - "a ~ b": a within MARGIN of b, shown by two one-sided tests (TOST) at Holm-adjusted p < 0.05;
   with few seeds it cannot be shown, and the table says so;
-- "a below level": a's median under ``level``, the exact sign test at Holm-adjusted p < 0.05;
 - "largest drop": the largest fall of the mean along a chain of arms is at the given step.
 """
 
@@ -85,15 +84,6 @@ def close(values, a, b, margin: float = MARGIN) -> Tested:
   p = statistics.equivalence(*_pair(values, a, b), margin)
   return Tested(f"{a} ~ {b} (within {margin:g})", _text(c) + f"; TOST p {p:.2g}", p,
                 lambda q: q < statistics.SIGNIFICANT)
-
-
-def below(values, a, level: float) -> Tested:
-  """a's median below ``level`` (a seed's value under it counts, the exact sign test)."""
-  seeds = np.asarray(list(values[a].values()), np.float64)
-  under = int(np.sum(seeds < level))
-  return Tested(f"{a} below {level:g}",
-                f"{under} of {len(seeds)} seeds below, largest {np.nanmax(seeds):.3g}",
-                statistics.below(seeds, level), lambda q: q < statistics.SIGNIFICANT)
 
 
 def mean_of(values, a) -> float:

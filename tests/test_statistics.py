@@ -141,12 +141,3 @@ def test_first_step_reaching_either_way():
 def test_lr_sensitivity_is_wortsman_eq_1():
   assert statistics.lr_sensitivity([0.5, 0.2, float("nan")], 1.0) == pytest.approx(1.1 / 3)
   assert statistics.lr_sensitivity([0.3, 0.3], 1.0) == 0.0
-
-
-@pytest.mark.parametrize("successes, n", [(8, 8), (7, 8), (5, 10), (0, 3)])
-def test_the_sign_test_by_the_binomial_tail(successes, n):
-  # P(at least `successes` of n fair coin flips), summed by hand
-  tail = sum(math.comb(n, k) for k in range(successes, n + 1)) / 2 ** n
-  assert statistics.majority(successes, n) == pytest.approx(tail)
-  values = [0.01] * successes + [0.5] * (n - successes - 1) + [math.nan] * min(1, n - successes)
-  assert statistics.below(values, 0.05) == pytest.approx(tail)  # NaN (diverged): not below
