@@ -10,6 +10,8 @@ from attention_jax.attention import IMPLEMENTATIONS
 from attention_jax.attention import dot_product_attention
 from attention_jax.attention import select_implementation
 from attention_jax.attention import structure_mask
+from attention_jax.block_masks import BlockMask
+from attention_jax.block_masks import make_block_mask
 from attention_jax.chunked import chunked_attention
 from attention_jax.context_parallel import ContextParallel
 from attention_jax.context_parallel import context_parallel_attention
@@ -31,8 +33,10 @@ from attention_jax.masks import padding_mask
 from attention_jax.masks import segment_mask
 from attention_jax.masks import seq_lengths_mask
 from attention_jax.masks import tokens_to_valid
-from attention_jax.mods import BlockMask
-from attention_jax.mods import make_block_mask
+from attention_jax.mods import and_masks
+from attention_jax.mods import create_mask
+from attention_jax.mods import noop_mask
+from attention_jax.mods import or_masks
 from attention_jax.multihead import SCALES
 from attention_jax.multihead import MultiHeadAttention
 from attention_jax.multihead import MultiHeadDotProductAttention

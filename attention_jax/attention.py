@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from attention_jax import _checks
+from attention_jax import block_masks
 from attention_jax import chunked
 from attention_jax import cudnn
 from attention_jax import masks as masks_lib
@@ -405,7 +406,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   sinks = None if sinks is None else jnp.asarray(sinks)
   _checks.check_custom(num_heads, sinks=sinks, normalizer=normalizer,
                        return_residual=return_residual, hooks=hooks)
-  mask_mod = mods_lib.check_block_mask(block_mask, mask_mod, math.prod(query.shape[:-3]),
+  mask_mod = block_masks.check_block_mask(block_mask, mask_mod, math.prod(query.shape[:-3]),
                                        num_heads, q_len, kv_len)
   if not _can_empty_rows(mask, structure, window, mask_mod) or (
       sinks is not None or normalizer == "sigmoid" or hooks is not None):

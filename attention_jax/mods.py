@@ -7,28 +7,24 @@ of a block at once (``jax.vmap``). Arrays a mod closes over are hoisted out of i
 constants), so that they can enter a custom VJP as inputs and receive gradients: a learnable bias
 table trains.
 
-A ``BlockMask`` (from ``make_block_mask``) records, per block of queries and keys, whether the
-mask_mod allows none of its pairs (empty: skipped), all of them (full: mask_mod not evaluated)
-or some (partial). It is computed once and reused by every layer of the same shape.
+Masks combine as torch's do (``and_masks``, ``or_masks``, ``noop_mask``) and become dense
+booleans with ``create_mask``; block masks (which blocks a kernel may skip) are in
+``block_masks``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from attention_jax import blocks
 from attention_jax import reference
-
-#: The block size make_block_mask uses by default, torch's (create_block_mask's BLOCK_SIZE).
-DEFAULT_BLOCK_SIZE = 128
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mod:
@@ -50,20 +46,24 @@ class Mod:
 
 def pointwise(fn, consts, *arrays, anchor=None):
   """``fn(consts, *scalars)`` on every entry of the broadcast ``arrays``: one output per entry, in
-  their broadcast shape (made to vary like ``anchor`` first, as ``fn`` was traced). A scalar
-  among them (a block's batch or head index) enters once, not once per entry, so that a
-  constant it indexes (``slopes[h]``) is read, and its gradient added, once per call: the
-  entry-wise gather's transpose is a scatter of every entry onto one address, which a GPU
-  serialises."""
+  their broadcast shape (made to vary like ``anchor`` first, as ``fn`` was traced). One
+  ``jax.vmap`` per axis of that shape, each mapping only the arrays that vary along it, so that
+  whatever ``fn`` computes from some of its inputs is computed once per distinct value of
+  those: a query index [T, 1] against key indices [S] reads ``documents[q_idx]`` T times, not
+  T x S times, and a constant a block's head index selects (``slopes[h]``) is read, and its
+  gradient added, once per call (an entry-wise gather's transpose is a scatter of every entry
+  onto one address, which a GPU serialises)."""
   arrays = [vary_like(jnp.asarray(array), anchor) for array in arrays]
-  if not any(array.ndim for array in arrays):
-    return fn(tuple(consts), *arrays)
   shape = jnp.broadcast_shapes(*(array.shape for array in arrays))
-  flat = [jnp.reshape(jnp.broadcast_to(array, shape), (-1,)) if array.ndim else array
-          for array in arrays]
-  axes = tuple(0 if array.ndim else None for array in arrays)
-  out = jax.vmap(fn, in_axes=(None,) + axes)(tuple(consts), *flat)
-  return jnp.reshape(out, shape)
+  varies = [[len(shape) - array.ndim + axis for axis, size in enumerate(array.shape) if size > 1]
+            for array in arrays]  # the axes of the broadcast shape along which each one varies
+  arrays = [jnp.reshape(array, [shape[axis] for axis in axes])
+            for array, axes in zip(arrays, varies)]
+  mapped = fn
+  for axis in reversed(range(len(shape))):
+    in_axes = (None,) + tuple(0 if axis in axes else None for axes in varies)
+    mapped = jax.vmap(mapped, in_axes=in_axes, axis_size=shape[axis])
+  return mapped(tuple(consts), *arrays)
 
 
 def vary_like(array, anchor):
@@ -93,6 +93,11 @@ def _trace(mod, name, examples, want, anchor):
     raise ValueError(f"{name} must be a function, got {mod!r}.")
   try:
     closed = jax.make_jaxpr(mod)(*examples)
+  except jax.errors.JAXTypeError as error:  # a Python if, int() or numpy call on an index
+    raise ValueError(f"{name} uses a traced index as a Python value "
+                     f"({type(error).__name__}): a mod is traced once, on abstract indices; "
+                     "write conditions with jnp.where(condition, a, b) or lax.cond, and index "
+                     "arrays with jnp (not Python lists or numpy).") from None
   except TypeError as error:
     raise ValueError(f"{name} must take {len(examples)} arguments ({_SIGNATURES[name]}): "
                      f"{error}") from None
@@ -157,94 +162,82 @@ def dense(score_mod, mask_mod, dtype, batch_shape, num_heads: int, q_len: int, k
           None if allow is None else allow(*indices))
 
 
-@dataclasses.dataclass(frozen=True)
-class BlockMask:
-  """Which blocks of queries and keys a mask_mod leaves empty, partial or full: a pytree whose
-  one array is ``kinds``, int8 [B or 1, N or 1, T / block_q, S / block_k] of ``blocks.EMPTY``,
-  ``PARTIAL`` or ``FULL``; made by ``make_block_mask`` for T = q_len and S = kv_len, passed as
-  ``block_mask=``.
+def noop_mask(batch, head, q_idx, kv_idx):
+  """The mask_mod that allows every pair (torch's noop_mask).
 
-  Example:
-    >>> causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx  # diagonal blocks partial
-    >>> make_block_mask(causal, None, None, 256, 256, block_size=128).kinds[0, 0]
-    Array([[1, 0],
-           [2, 1]], dtype=int8)
+  >>> bool(noop_mask(0, 0, 3, 7))
+  True
   """
-  kinds: jax.Array
-  q_len: int = dataclasses.field(metadata=dict(static=True))
-  kv_len: int = dataclasses.field(metadata=dict(static=True))
-  block_q: int = dataclasses.field(metadata=dict(static=True))
-  block_k: int = dataclasses.field(metadata=dict(static=True))
-  mask_mod: Callable = dataclasses.field(metadata=dict(static=True))
-
-  def sparsity(self) -> jax.Array:
-    """The fraction of blocks that are skipped (empty)."""
-    return jnp.mean(self.kinds == blocks.EMPTY)
+  del batch, head, q_idx, kv_idx
+  return jnp.ones((), jnp.bool_)
 
 
-jax.tree_util.register_dataclass(BlockMask, data_fields=["kinds"],
-                                 meta_fields=["q_len", "kv_len", "block_q", "block_k",
-                                              "mask_mod"])
+def _combine(name: str, combine, mask_mods):
+  if not all(callable(mod) for mod in mask_mods):
+    raise ValueError(f"{name} takes mask_mods (functions of batch, head, q_idx, kv_idx), got "
+                     f"{[type(mod).__name__ for mod in mask_mods if not callable(mod)]}.")
+
+  def mask_mod(batch, head, q_idx, kv_idx):
+    return functools.reduce(combine, (mod(batch, head, q_idx, kv_idx) for mod in mask_mods),
+                            noop_mask(batch, head, q_idx, kv_idx) if combine is jnp.logical_and
+                            else ~noop_mask(batch, head, q_idx, kv_idx))
+  return mask_mod
 
 
-def make_block_mask(mask_mod, batch: int | None, heads: int | None, q_len: int, kv_len: int,
-                    *, block_size: int | tuple[int, int] = DEFAULT_BLOCK_SIZE) -> BlockMask:
-  """The BlockMask of ``mask_mod`` over T x S (torch's create_block_mask), evaluated one block
-  row at a time (memory linear in the lengths). ``batch`` (B) and ``heads`` (N): None where the
-  mask is the same for all; ``block_size``: an int or (block_q, block_k), rounded as the
-  blockwise kernel rounds its blocks.
+def and_masks(*mask_mods):
+  """The mask_mod that allows a pair where every one of ``mask_mods`` does (torch's and_masks;
+  with none, every pair).
 
-  Example:
-    >>> docs = jnp.repeat(jnp.arange(4), 64)  # 4 documents of 64 tokens
-    >>> same_doc = lambda b, h, q_idx, kv_idx: docs[q_idx] == docs[kv_idx]
-    >>> mask = make_block_mask(same_doc, None, None, 256, 256, block_size=64)
-    >>> float(mask.sparsity())
-    0.75
+  >>> causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx
+  >>> window = lambda b, h, q_idx, kv_idx: q_idx - kv_idx < 4
+  >>> bool(and_masks(causal, window)(0, 0, 9, 2)), bool(and_masks(causal, window)(0, 0, 9, 7))
+  (False, True)
   """
-  mod = trace_mask_mod(mask_mod)
-  block_q, block_k = blocks.block_sizes(q_len, kv_len, block_size)
-  num_q, num_k = -(-q_len // block_q), -(-kv_len // block_k)
-  batch_size, num_heads = batch or 1, heads or 1
-  kv_idx = jnp.arange(num_k * block_k, dtype=jnp.int32)  # [Sp]
-
-  def block_row(index):  # one (example, head, query block) -> kinds [num_k]
-    b, h, i = index // (num_heads * num_q), index // num_q % num_heads, index % num_q
-    q_idx = i * block_q + jnp.arange(block_q, dtype=jnp.int32)  # [bq]
-    real = (q_idx[:, None] < q_len) & (kv_idx[None, :] < kv_len)  # [bq, Sp]
-    allowed = mod(b, h, jnp.minimum(q_idx, q_len - 1)[:, None],
-                  jnp.minimum(kv_idx, kv_len - 1)[None, :]) & real
-    per_block = lambda x: jnp.reshape(x, (block_q, num_k, block_k))  # [bq, K, bk]
-    some = jnp.any(per_block(allowed), axis=(0, 2))
-    every = jnp.all(per_block(allowed | ~real), axis=(0, 2))
-    return blocks.block_kind(every, some)
-
-  kinds = lax.map(block_row, jnp.arange(batch_size * num_heads * num_q, dtype=jnp.int32))
-  kinds = jnp.reshape(kinds, (batch_size, num_heads, num_q, num_k))
-  return BlockMask(kinds, q_len, kv_len, block_q, block_k, mask_mod)
+  return _combine("and_masks", jnp.logical_and, mask_mods)
 
 
-def check_block_mask(block_mask, mask_mod, batch_size: int, num_heads: int, q_len: int,
-                     kv_len: int):
-  """The mask_mod a call runs (its own, or the block mask's), after checking that the block mask
-  was made for this call."""
-  if block_mask is None:
-    return mask_mod
-  if not isinstance(block_mask, BlockMask):
-    raise ValueError(f"block_mask must be a BlockMask from make_block_mask, got "
-                     f"{type(block_mask).__name__}.")
-  if (block_mask.q_len, block_mask.kv_len) != (q_len, kv_len):
-    raise ValueError(f"block_mask was made for q_len={block_mask.q_len}, kv_len="
-                     f"{block_mask.kv_len}, but this call has T={q_len}, S={kv_len}; make it "
-                     f"with make_block_mask(mask_mod, B, N, {q_len}, {kv_len}).")
-  b, n = block_mask.kinds.shape[:2]
-  if b not in (1, batch_size) or n not in (1, num_heads):
-    raise ValueError(f"block_mask was made for batch={b}, heads={n}, but this call has "
-                     f"batch={batch_size} (flattened), heads={num_heads}; make it with those "
-                     "or None.")
-  if mask_mod is not None and mask_mod is not block_mask.mask_mod:
-    raise ValueError("mask_mod differs from the one block_mask was made from; pass only "
-                     "block_mask= (it carries its mask_mod), or make it from this mask_mod.")
-  return block_mask.mask_mod
+def or_masks(*mask_mods):
+  """The mask_mod that allows a pair where any of ``mask_mods`` does (torch's or_masks; with
+  none, no pair).
+
+  >>> prefix = lambda b, h, q_idx, kv_idx: kv_idx < 4  # a bidirectional prefix
+  >>> causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx
+  >>> bool(or_masks(prefix, causal)(0, 0, 1, 3)), bool(or_masks(prefix, causal)(0, 0, 5, 6))
+  (True, False)
+  """
+  return _combine("or_masks", jnp.logical_or, mask_mods)
+
+
+def create_mask(mod, batch: int | None, heads: int | None, q_len: int, kv_len: int) -> jax.Array:
+  """The dense boolean mask [B or 1, N or 1, T, S] of a mask_mod, or of a score_mod (True where
+  it leaves a score above -inf), as torch's create_mask: a function of 4 positional arguments
+  is a mask_mod, of 5 a score_mod. For inspection and tests: O(T S) memory.
+
+  >>> create_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, 3, 3)[0, 0]
+  Array([[ True, False, False],
+         [ True,  True, False],
+         [ True,  True,  True]], dtype=bool)
+  """
+  arity = _positional_arity(mod)
+  if arity not in (4, 5):
+    raise ValueError(f"create_mask takes a mask_mod ({_SIGNATURES['mask_mod']}) or a score_mod "
+                     f"({_SIGNATURES['score_mod']}), got a function of {arity} positional "
+                     "arguments.")
+  indices = dense_indices((batch or 1,), heads or 1, q_len, kv_len)
+  if arity == 4:
+    return trace_mask_mod(mod)(*indices)
+  scores = trace_score_mod(mod)(jnp.zeros((), jnp.float32), *indices)
+  return scores > -jnp.inf
+
+
+def _positional_arity(fn) -> int | None:
+  """How many positional arguments without a default ``fn`` takes (None: not inspectable)."""
+  try:
+    parameters = inspect.signature(fn).parameters.values()
+  except (TypeError, ValueError):
+    return None
+  positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  return sum(p.kind in positional and p.default is p.empty for p in parameters)
 
 
 def sigmoid_bias(sigmoid_bias_value, kv_len: int) -> float:

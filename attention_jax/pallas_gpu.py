@@ -33,6 +33,7 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.experimental import pallas as pl
 
+from attention_jax import block_masks
 from attention_jax import blocks as blocks_lib
 from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
@@ -57,17 +58,35 @@ _SHAPE_ONLY = ("squeeze", "reshape", "broadcast_in_dim", "reduce_sum", "reduce_m
                "reduce_prod", "transpose", "copy")
 
 
+#: The most iterations of a lax.scan or lax.fori_loop in a mod that the kernel unrolls.
+MAX_UNROLL = 32
+
+
 def evaluate(jaxpr, tables, *blocks):
   """``jaxpr`` (a mod's, on scalars) on broadcastable ``blocks`` (the score, batch, head, query
   and key indices), its constants read from ``tables`` (``_Table`` objects): one output block."""
-  env = dict(zip(jaxpr.constvars, tables))
-  env.update(zip(jaxpr.invars, blocks))
+  (out,) = _run(jaxpr, tables, blocks)
+  return out
+
+
+def _run(jaxpr, consts, inputs) -> list:
+  """Every output of ``jaxpr`` on blocks, one equation at a time."""
+  env = dict(zip(jaxpr.constvars, consts))
+  env.update(zip(jaxpr.invars, inputs))
   read = lambda v: np.asarray(v.val, v.aval.dtype) if isinstance(v, jex_core.Literal) else env[v]
   for eqn in jaxpr.eqns:
     outs = _apply(eqn, [read(v) for v in eqn.invars])
     env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
-  (out,) = [read(v) for v in jaxpr.outvars]
-  return out
+  return [read(v) for v in jaxpr.outvars]
+
+
+def _run_closed(closed, inputs) -> list:
+  """A sub-jaxpr (a ClosedJaxpr, or a Jaxpr without constants) on blocks; its constants must be
+  scalars (a mod's arrays are its own constants, passed in as ``_Table`` inputs)."""
+  jaxpr, consts = (closed.jaxpr, closed.consts) if hasattr(closed, "consts") else (closed, ())
+  if any(np.size(c) != 1 for c in consts):
+    raise Unservable("a jit, cond or loop inside the mod closes over an array of its own")
+  return _run(jaxpr, [jnp.reshape(jnp.asarray(c), ()) for c in consts], inputs)
 
 
 def _apply(eqn, inputs):
@@ -75,16 +94,16 @@ def _apply(eqn, inputs):
   name = eqn.params.get("name", primitive)  # for messages: a jit's is the jnp function's name
   if primitive == "dynamic_slice" and isinstance(inputs[0], _Table):
     return _gather(inputs[0], inputs[1:], eqn.params["slice_sizes"])
-  if any(isinstance(x, _Table) for x in inputs):
+  if primitive in _CONTROL_FLOW:
+    return _CONTROL_FLOW[primitive](eqn.params, inputs)
+  if any(isinstance(x, _Table) for x in inputs) and primitive not in _CALLS:
     raise Unservable(f"the fused kernel reads a closed-over array only by indexing it with "
                      f"scalars; this mod applies {name!r} to the whole array")
-  inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-  if inner is not None:  # jit, custom_jvp_call: evaluate the body
-    closed = inner if hasattr(inner, "consts") else jex_core.ClosedJaxpr(inner, ())
-    if closed.consts or len(closed.jaxpr.outvars) != 1:
-      raise Unservable(f"{name!r} inside the mod has constants or several outputs")
-    out = evaluate(closed.jaxpr, [], *inputs)
-    return [out] if eqn.primitive.multiple_results else out
+  if primitive in _CALLS:  # jit, custom_jvp_call, checkpoint: evaluate the body
+    outs = _run_closed(eqn.params[_CALLS[primitive]], inputs)
+    return outs if eqn.primitive.multiple_results else _single(outs, name)
+  if any(isinstance(p, (jex_core.Jaxpr, jex_core.ClosedJaxpr)) for p in eqn.params.values()):
+    raise Unservable(f"the fused kernel cannot evaluate {name!r} inside a mod")
   if any(math.prod(v.aval.shape) != 1 for v in list(eqn.invars) + list(eqn.outvars)):
     raise Unservable(f"the mod forms an array ({name!r}); a mod must work on scalars")
   if primitive in _SHAPE_ONLY:
@@ -92,6 +111,55 @@ def _apply(eqn, inputs):
   shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in inputs))
   inputs = [jnp.broadcast_to(x, shape) for x in inputs]
   return eqn.primitive.bind(*inputs, **eqn.params)
+
+
+def _single(outs, name):
+  if len(outs) != 1:
+    raise Unservable(f"{name!r} inside the mod has several outputs")
+  return outs[0]
+
+
+def _cond(params, inputs):
+  """lax.cond and lax.switch on blocks: every branch, then each entry's own (a select)."""
+  index, *operands = inputs
+  branches = [_run_closed(branch, operands) for branch in params["branches"]]
+  chosen = []
+  for outs in zip(*branches):
+    out = outs[-1]
+    for i in range(len(outs) - 2, -1, -1):
+      out = jnp.where(jnp.asarray(index, jnp.int32) == i, outs[i], out)
+    chosen.append(out)
+  return chosen
+
+
+def _scan(params, inputs):
+  """lax.scan without inputs to scan over (lax.fori_loop with static bounds is one), unrolled."""
+  consts, carry = (inputs[:params["num_consts"]],
+                   inputs[params["num_consts"]:params["num_consts"] + params["num_carry"]])
+  if len(inputs) > params["num_consts"] + params["num_carry"] or len(
+      params["jaxpr"].jaxpr.outvars) > params["num_carry"]:
+    raise Unservable("the fused kernel unrolls a lax.scan in a mod only without xs and ys (a "
+                     "lax.fori_loop with static bounds); this one scans over arrays")
+  if params["length"] > MAX_UNROLL:
+    raise Unservable(f"the fused kernel unrolls a loop in a mod up to {MAX_UNROLL} iterations; "
+                     f"this one has {params['length']}")
+  for _ in range(params["length"]):
+    carry = _run_closed(params["jaxpr"], list(consts) + list(carry))
+  return carry
+
+
+def _while(params, inputs):
+  del params, inputs
+  raise Unservable("the fused kernel cannot evaluate a lax.while_loop in a mod (a trip count "
+                   "that may differ from entry to entry; a lax.fori_loop with dynamic bounds is "
+                   "one)")
+
+
+_CONTROL_FLOW = {"cond": _cond, "scan": _scan, "while": _while}
+# Calls whose body is evaluated in place: the parameter that holds it.
+_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
+          "core_call": "call_jaxpr", "custom_jvp_call": "call_jaxpr",
+          "custom_vjp_call": "call_jaxpr", "checkpoint": "jaxpr", "remat": "jaxpr"}
 
 
 def _gather(table: _Table, indices, slice_sizes):
@@ -356,11 +424,13 @@ def _is_block(size: int) -> bool:
 def block_kinds(mask_mod, batch: int, heads: int, q_len: int, kv_len: int, blocks):
   """``make_block_mask``'s kinds [batch, heads, T / bq, S / bk] at the kernel's ``blocks``
   (bq, bk)."""
-  return mods_lib.make_block_mask(mask_mod, batch, heads, blocks_lib.round_up(q_len, blocks[0]),
-                                  blocks_lib.round_up(kv_len, blocks[1]), block_size=blocks).kinds
+  return block_masks.make_block_mask(mask_mod, batch, heads,
+                                     blocks_lib.round_up(q_len, blocks[0]),
+                                     blocks_lib.round_up(kv_len, blocks[1]),
+                                     block_size=blocks).kinds
 
 
-def _kernel_blocks(block_mask: mods_lib.BlockMask | None, block_size: int):
+def _kernel_blocks(block_mask: block_masks.BlockMask | None, block_size: int):
   """The kernel's blocks (bq, bk) and the block mask's kinds at them (None without one): its own
   blocks where they suit Triton, else ``block_size``'s, its kinds made again there."""
   if block_mask is None:
@@ -374,7 +444,7 @@ def _kernel_blocks(block_mask: mods_lib.BlockMask | None, block_size: int):
 
 
 def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=None,
-                   block_mask: mods_lib.BlockMask | None = None, block_size: int = BLOCK,
+                   block_mask: block_masks.BlockMask | None = None, block_size: int = BLOCK,
                    num_warps: int = 4, num_stages: int = 2, interpret: bool = False):
   """Attention with a score_mod and a mask_mod (or a block mask) in one fused kernel:
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> (output [..., T, N, H_v],
@@ -396,7 +466,7 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   kv_len, num_kv_heads, value_dim = key.shape[-3], key.shape[-2], value.shape[-1]
   flat = lambda x: jnp.reshape(x, (-1,) + x.shape[-3:])
   batch = math.prod(batch_shape)
-  mask_mod = mods_lib.check_block_mask(block_mask, mask_mod, batch, num_heads, q_len, kv_len)
+  mask_mod = block_masks.check_block_mask(block_mask, mask_mod, batch, num_heads, q_len, kv_len)
   if not _is_block(block_size):
     raise ValueError(f"the fused kernel's blocks must be powers of two from 16, got "
                      f"block_size={block_size}.")
@@ -526,7 +596,7 @@ def _combined(parts, q_len: int, kv_len: int, blocks):
   kinds = functools.reduce(jnp.minimum, known)
   if len(known) < len(parts):  # a mask_mod without a block mask: no block is known full
     kinds = jnp.minimum(kinds, blocks_lib.PARTIAL)
-  return None, mods_lib.BlockMask(kinds, q_len, kv_len, *blocks, mask_mod)
+  return None, block_masks.BlockMask(kinds, q_len, kv_len, *blocks, mask_mod)
 
 
 def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causal: bool = False,

@@ -409,6 +409,11 @@ def test_bad_mods_and_block_masks_raise_one_line_errors():
       (dict(score_mod=lambda s, b, h, q_idx, kv_idx: jnp.stack([s, s])), "score_mod must return"),
       (dict(score_mod=lambda s, b, h: s), "score_mod must take 5 arguments"),
       (dict(mask_mod=lambda b, h, q_idx, kv_idx: q_idx - kv_idx), "mask_mod must return"),
+      (dict(mask_mod=lambda b, h, q_idx, kv_idx: True if q_idx >= kv_idx else False),
+       "mask_mod uses a traced index as a Python value (TracerBoolConversionError): a mod is "
+       "traced once, on abstract indices; write conditions with jnp.where"),
+      (dict(score_mod=lambda s, b, h, q_idx, kv_idx: s + np.arange(T)[q_idx]),
+       "score_mod uses a traced index as a Python value"),
       (dict(block_mask=aj.make_block_mask(causal, None, None, T, 16, block_size=8)),
        "block_mask was made for q_len=24, kv_len=16"),
       (dict(block_mask=aj.make_block_mask(causal, 3, None, T, T, block_size=8)),

@@ -311,3 +311,87 @@ def test_on_a_gpu_the_compiled_kernels_equal_the_reference(dtype, rtol):
   assert_close(out, want, rtol=rtol, name="output")
   for name, got, expected in zip("qkv", grads, want_grads):
     assert_close(got, expected, rtol=rtol, name=f"d{name}")
+
+
+# Control flow in a mod: each primitive, its value written out with jnp.where (the reference).
+def _cond(s, b, h, q_idx, kv_idx):
+  return jax.lax.cond(q_idx >= kv_idx, lambda: s, lambda: s - 1.0)
+
+
+def _switch(s, b, h, q_idx, kv_idx):
+  return jax.lax.switch(h % 3, [lambda: s, lambda: 0.5 * s, lambda: s + SLOPES[h]])
+
+
+def _scan(s, b, h, q_idx, kv_idx):  # one carry, no xs: the case that once came out wrong
+  return jax.lax.scan(lambda c, _: (0.5 * c + s, None), 0.0, None, length=3)[0]
+
+
+def _fori(s, b, h, q_idx, kv_idx):
+  return jax.lax.fori_loop(0, 4, lambda i, c: c - 0.1 * jnp.abs(q_idx - kv_idx) / (i + 1), s)
+
+
+def _while(s, b, h, q_idx, kv_idx):
+  return jax.lax.while_loop(lambda c: c[0] < kv_idx % 3, lambda c: (c[0] + 1, c[1] - 0.2),
+                            (0, s))[1]
+
+
+def _mask_cond(b, h, q_idx, kv_idx):
+  return jax.lax.cond(h == 0, lambda: q_idx >= kv_idx, lambda: jnp.abs(q_idx - kv_idx) < 8)
+
+
+CONTROL_FLOW = {  # name: (score_mod, mask_mod, the same without control flow)
+    "cond": (_cond, None, lambda s, b, h, q, kv: jnp.where(q >= kv, s, s - 1.0)),
+    "switch": (_switch, None, lambda s, b, h, q, kv: jnp.where(
+        h % 3 == 0, s, jnp.where(h % 3 == 1, 0.5 * s, s + SLOPES[h]))),
+    "scan": (_scan, None, lambda s, b, h, q, kv: 1.75 * s),
+    "fori_loop": (_fori, None, lambda s, b, h, q, kv: s - 0.1 * jnp.abs(q - kv) * 25 / 12),
+    "while_loop": (_while, None, lambda s, b, h, q, kv: s - 0.2 * (kv % 3)),
+    "mask cond": (None, _mask_cond, None),
+}
+
+
+@pytest.mark.parametrize("path", ["reference", "xla", "chunked", "chunked_blocks", "pallas_gpu"])
+@pytest.mark.parametrize("construct", list(CONTROL_FLOW))
+def test_control_flow_in_a_mod_is_served_right_or_refused_in_one_line(construct, path):
+  q, k, v, _ = _inputs(value_dim=H)  # xla wants value's shape to be key's
+  score_mod, mask_mod, plain = CONTROL_FLOW[construct]
+  mask = aj.create_mask(mask_mod, None, N, T, S) if mask_mod else None
+  expected = aj.dot_product_attention(q, k, v, score_mod=plain, mask=mask, scale=0.3,
+                                      implementation="reference")
+  kwargs = dict(scale=0.3, score_mod=score_mod, mask_mod=mask_mod)
+  if path == "pallas_gpu":
+    run = lambda q: pallas_gpu.flex_attention(q, k, v, block_size=16, interpret=True,
+                                              **kwargs)[0]
+  elif path == "chunked_blocks":
+    run = lambda q: aj.chunked_attention(q, k, v, block_q=8, block_k=8, **kwargs)
+  else:
+    run = lambda q: aj.dot_product_attention(q, k, v, implementation=path, **kwargs)
+  if path == "xla" and score_mod is not None:  # xla serves masks only: refused, as any score_mod
+    with pytest.raises(ValueError, match="cannot serve score_mod"):
+      run(q)
+    return
+  if path == "pallas_gpu" and construct == "while_loop":
+    with pytest.raises(ValueError, match=r"^[^\n]*cannot evaluate a lax.while_loop in a mod"
+                                         r"[^\n]*use implementation='chunked'\.$"):
+      run(q)
+    return
+  assert_close(run(q), expected, rtol=2e-5, name=f"{construct} on {path}")
+  if construct == "while_loop":
+    return  # JAX differentiates no while_loop in reverse mode, on any path
+  reference_grad = jax.grad(lambda q: jnp.sum(jnp.sin(aj.dot_product_attention(
+      q, k, v, score_mod=plain, mask=mask, scale=0.3, implementation="reference"))))(q)
+  assert_close(jax.grad(lambda q: jnp.sum(jnp.sin(run(q))))(q), reference_grad, rtol=5e-5,
+               name=f"dq, {construct} on {path}")
+
+
+def test_a_long_loop_or_a_scan_over_arrays_is_refused_by_the_fused_kernel_in_one_line():
+  q, k, v, _ = _inputs()
+  long_loop = lambda s, b, h, q_idx, kv_idx: jax.lax.fori_loop(0, 100, lambda i, c: c * 0.99, s)
+  over_array = lambda s, b, h, q_idx, kv_idx: jax.lax.scan(
+      lambda c, x: (c + x, None), s, SLOPES)[0]
+  for mod, message in [(long_loop, "up to 32 iterations; this one has 100"),
+                       (over_array, "scans over arrays")]:
+    with pytest.raises(ValueError, match=r"^[^\n]*" + message + r"[^\n]*chunked'\.$"):
+      pallas_gpu.flex_attention(q, k, v, scale=1.0, score_mod=mod, interpret=True)
+    # the blockwise kernel serves them
+    assert np.all(np.isfinite(aj.chunked_attention(q, k, v, scale=1.0, score_mod=mod)))
