@@ -534,7 +534,8 @@ KERNELS = {kernel.name: kernel for kernel in (
            "or segment ids leave empty (per example where they come as arrays), and evaluate no "
            "`mask_mod` on full ones; a bias only written as a `score_mod`",
            "reverse mode only (its custom VJP); arrays a mod closes over get no gradient",
-           _pallas_gpu, serves=("residual", "soft_cap", "score_mod", "mask_mod"), backend="gpu"),
+           _pallas_gpu, serves=("residual", "soft_cap", "score_mod", "mask_mod"), backend="gpu",
+           check=pallas_gpu.missing_backend),
 )}
 
 #: The names ``implementation=`` takes.

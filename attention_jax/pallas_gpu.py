@@ -342,13 +342,33 @@ def _call(kernel, plan, grid, inputs, in_specs, out_shape, out_specs):
   tables (flattened) besides its blocks."""
   whole = lambda x: pl.BlockSpec(x.shape, lambda *_: (0,) * x.ndim)
   order, *arrays, tables = inputs
-  from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
+  params = {} if plan.interpret else dict(compiler_params=_triton().CompilerParams(
+      num_warps=plan.num_warps, num_stages=plan.num_stages))
   return pl.pallas_call(
       functools.partial(kernel, plan=plan), grid=grid, out_shape=out_shape,
       in_specs=[whole(order)] + in_specs + [whole(t) for t in tables], out_specs=out_specs,
-      compiler_params=pltriton.CompilerParams(num_warps=plan.num_warps,
-                                              num_stages=plan.num_stages),
-      interpret=plan.interpret)(order, *arrays, *tables)
+      interpret=plan.interpret, **params)(order, *arrays, *tables)
+
+
+def _triton():
+  """Pallas' Triton backend (deprecated from jax 0.11 on, in favour of Mosaic GPU); imported
+  only when a kernel is compiled for a GPU, so that its deprecation warning reaches only those
+  who run this kernel."""
+  from jax.experimental.pallas import triton  # pylint: disable=g-import-not-at-top
+  return triton
+
+
+def missing_backend(query=None, key=None, value=None, request=None) -> str | None:
+  """Why the kernel cannot be compiled in this jax (its Pallas Triton backend is gone), or
+  None; an attention.Kernel check (the arguments are unused)."""
+  del query, key, value, request
+  try:
+    _triton()
+  except ImportError as error:
+    return (f"the fused Pallas GPU kernel needs Pallas' Triton backend, which jax "
+            f"{jax.__version__} does not have ({error}); implementation='chunked' runs the same "
+            "mods blockwise")
+  return None
 
 
 def _specs(plan, head_dim, value_dim):
@@ -467,6 +487,8 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   flat = lambda x: jnp.reshape(x, (-1,) + x.shape[-3:])
   batch = math.prod(batch_shape)
   mask_mod = block_masks.check_block_mask(block_mask, mask_mod, batch, num_heads, q_len, kv_len)
+  if not interpret and (reason := missing_backend()):
+    raise ValueError(reason + ".")
   if not _is_block(block_size):
     raise ValueError(f"the fused kernel's blocks must be powers of two from 16, got "
                      f"block_size={block_size}.")

@@ -395,3 +395,23 @@ def test_a_long_loop_or_a_scan_over_arrays_is_refused_by_the_fused_kernel_in_one
       pallas_gpu.flex_attention(q, k, v, scale=1.0, score_mod=mod, interpret=True)
     # the blockwise kernel serves them
     assert np.all(np.isfinite(aj.chunked_attention(q, k, v, scale=1.0, score_mod=mod)))
+
+
+def test_without_pallas_triton_the_kernel_is_refused_in_one_line_naming_chunked(monkeypatch):
+  """jax deprecated Pallas' Triton backend (0.11) and will remove it: simulated by an import
+  that fails."""
+  import sys
+  from jax.experimental import pallas
+  monkeypatch.setitem(sys.modules, "jax.experimental.pallas.triton", None)  # import fails
+  monkeypatch.delattr(pallas, "triton", raising=False)  # as if never imported
+  q, k, v, _ = _inputs(value_dim=H)
+  reason = pallas_gpu.missing_backend()
+  assert "needs Pallas' Triton backend" in reason and "implementation='chunked'" in reason
+  on_gpu = attention_lib.Request(backend="gpu", device_kind="NVIDIA H100 80GB HBM3")
+  assert attention_lib.unsupported_reason("pallas_gpu", q, k, v, on_gpu) == reason
+  assert attention_lib._choose(q, k, v, on_gpu, None).name != "pallas_gpu"  # automatic choice
+  with pytest.raises(ValueError, match=r"^[^\n]*Triton backend[^\n]*'chunked'[^\n]*$"):
+    pallas_gpu.flex_attention(q, k, v, scale=1.0, mask_mod=causal)
+  # the interpreter (how this machine runs it) needs no backend
+  out, _ = pallas_gpu.flex_attention(q, k, v, scale=1.0, mask_mod=causal, interpret=True)
+  assert_close(out, aj.dot_product_attention(q, k, v, scale=1.0, mask_mod=causal), rtol=2e-5)
