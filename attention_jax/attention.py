@@ -148,9 +148,11 @@ def architecture(backend: str, device_kind: str | None,
   return COMPUTE_CAPABILITY[max(kinds, key=len)] if kinds else None  # the longest prefix
 
 
-def _automatic_order(query, key, backend: str, arch: str | None) -> tuple[str, ...]:
+def _automatic_order(query, key, backend: str, arch: str | None,
+                     dropout: bool = False) -> tuple[str, ...]:
   """Implementations to try, fastest first, for this backend, architecture and shape: the
-  accelerator kernels measured on ``arch``, then the portable ones."""
+  accelerator kernels measured on ``arch``, then the portable ones (with ``dropout``, the
+  reference, whose masks are flax's, before the blockwise kernel while the logits are small)."""
   measured = tuple(name for name, kernel in KERNELS.items() if kernel.backend == backend and (
       arch is not None and arch.startswith(kernel.measured_on)))
   if backend == "cpu":
@@ -158,7 +160,10 @@ def _automatic_order(query, key, backend: str, arch: str | None) -> tuple[str, .
     return ("chunked", "reference") if longest >= CHUNKED_MIN_LENGTH_CPU else ("reference",)
   # "chunked" wherever "xla" cannot serve (a score_mod, sinks, sigmoid): memory linear in T
   logits_bytes = 4 * math.prod(query.shape[:-1]) * key.shape[-3]  # [..., T, N] x S float32
-  large = backend == "gpu" and logits_bytes > XLA_MAX_LOGITS_BYTES_GPU
+  large = logits_bytes > XLA_MAX_LOGITS_BYTES_GPU
+  if dropout and not large:
+    return measured + ("xla", "reference", "chunked")
+  large = large and backend == "gpu"
   return measured + (("chunked", "xla") if large else ("xla", "chunked")) + ("reference",)
 
 
@@ -183,7 +188,7 @@ def _choose(query, key, value, request: Request, implementation: str | None) -> 
   that can; a named one that cannot raises ValueError with the reason."""
   if implementation is None:
     arch = architecture(request.backend, request.device_kind, request.compute_capability)
-    for name in _automatic_order(query, key, request.backend, arch):
+    for name in _automatic_order(query, key, request.backend, arch, request.dropout_rate > 0.0):
       if not set(KERNELS[name].named_only) & set(request.parts) and unsupported_reason(
           name, query, key, value, request) is None:
         return KERNELS[name]
@@ -219,7 +224,12 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   - tpu: "pallas_tpu" on the TPUs it was measured on (none yet), else "xla";
   - "chunked" wherever "xla" cannot serve (a score_mod, sinks, the sigmoid); a mask_mod never
     goes to "cudnn" or "pallas_tpu" unless named (``Kernel.named_only``);
-  - "reference" when none of these can (dropout, returned weights).
+  - dropout: "reference" where its dense weights are small (below CHUNKED_MIN_LENGTH_CPU on
+    CPU, within XLA_MAX_LOGITS_BYTES_GPU elsewhere), so the masks are flax's
+    (``bernoulli(dropout_rng, 1 - rate, shape)``) and a drop-in reproduces flax's numbers; above
+    that "chunked", whose counter-based masks keep memory linear in T (the same keep rate, other
+    entries);
+  - "reference" when none of these can (returned weights, a head variant's hooks).
 
   A named implementation that cannot serve raises ``ValueError`` with the reason; nothing falls
   back silently. Shapes are enough (``jax.ShapeDtypeStruct``).
@@ -231,6 +241,8 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   'cudnn'
   >>> select_implementation(q, k, v, backend="gpu", compute_capability="8.0")  # not measured
   'xla'
+  >>> select_implementation(q, k, v, dropout_rate=0.1, backend="cpu")  # T = 512: linear memory
+  'chunked'
   """
   unknown = sorted(set(call) - set(inspect.signature(dot_product_attention).parameters))
   if unknown:
@@ -446,7 +458,8 @@ def _chunked(query, key, value, r: Request):  # the structure implicit: whole bl
       local_window_size=r.window, logits_soft_cap=r.logits_soft_cap,
       return_residual=r.return_residual, empty_rows=r.empty_rows, score_mod=r.score_mod,
       mask_mod=r.mask_mod, block_mask=r.block_mask, sinks=r.sinks, normalizer=r.normalizer,
-      sigmoid_bias=r.sigmoid_bias, **r.structure)
+      sigmoid_bias=r.sigmoid_bias, dropout_rate=r.dropout_rate, dropout_rng=r.dropout_rng,
+      broadcast_dropout=r.broadcast_dropout, **r.structure)
 
 
 def _reference(query, key, value, bias, mask, score_mod, r: Request):
@@ -511,7 +524,7 @@ KERNELS = {kernel.name: kernel for kernel in (
            "segment ids or a block mask rule out are skipped "
            "({func}`attention_jax.chunked.chunked_attention` sets the block sizes)",
            "reverse mode and hessian (a custom VJP); jvp and jacfwd raise ValueError", _chunked,
-           serves=tuple(part for part in PARTS if part not in ("dropout", "weights", "hooks"))),
+           serves=tuple(part for part in PARTS if part not in ("weights", "hooks"))),
     Kernel("cudnn", "cuDNN flash attention",
            "cuDNN's fused flash attention through `jax.nn.dot_product_attention("
            "implementation=\"cudnn\")`, float16 and bfloat16, head_dim a multiple of 8 up to "

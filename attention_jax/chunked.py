@@ -28,6 +28,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend import random as jex_random
 
 from attention_jax import _checks
 from attention_jax import blocks
@@ -46,6 +47,8 @@ class Pattern:
   mask_mod: Callable | None = None
   normalizer: str = "softmax"
   sigmoid_bias: float = 0.0
+  dropout_rate: float = 0.0
+  dropout_broadcast: bool = True  # one mask for every example and head, as flax's broadcast
 
 
 class _Extras(NamedTuple):
@@ -66,6 +69,7 @@ class Mods(NamedTuple):
   sinks: jax.Array | None = None
   block_kinds: jax.Array | None = None
   anchor: jax.Array | None = None  # what the mods' inputs vary like (mods.anchor_of)
+  dropout_key: jax.Array | None = None  # uint32 [2], the key data of dropout_rng
 
 
 class _Head(NamedTuple):
@@ -86,6 +90,7 @@ class _Head(NamedTuple):
   score_consts: tuple = ()
   mask_consts: tuple = ()
   anchor: jax.Array | None = None
+  dropout_key: jax.Array | None = None
 
 
 def _occupied(kinds, lo, hi):
@@ -274,6 +279,28 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: Blo
   return (logits, squashed, vjp) if pullback else (logits, squashed)
 
 
+def _kept(pattern: Pattern, head: _Head, g: Blocks, i, j, transposed=False):
+  """Inverted dropout's factor on block (i, j), keep / (1 - rate), [bq, bk] ([bk, bq]
+  ``transposed``), or None without dropout. Counter-based: entry (t, s) is kept where
+  threefry(key of (example, head), (t, s)) >= rate * 2^32, so any block of any shape regenerates
+  the same entries, forward and backward, and no mask is stored."""
+  if not pattern.dropout_rate:
+    return None
+  key = jax.random.wrap_key_data(head.dropout_key)
+  if not pattern.dropout_broadcast:
+    key = jax.random.fold_in(jax.random.fold_in(key, head.batch), head.head)
+  k0, k1 = jax.random.key_data(key)
+  q_idx = (i * g.block_q + jnp.arange(g.block_q, dtype=jnp.uint32))[:, None]  # [bq, 1]
+  kv_idx = (j * g.block_k + jnp.arange(g.block_k, dtype=jnp.uint32))[None, :]  # [1, bk]
+  if transposed:
+    q_idx, kv_idx = q_idx.T, kv_idx.T
+  q_idx, kv_idx = jnp.broadcast_arrays(q_idx.astype(jnp.uint32), kv_idx.astype(jnp.uint32))
+  bits, _ = jex_random.threefry2x32_p.bind(k0, k1, q_idx, kv_idx)
+  threshold = jnp.uint32(min(round(pattern.dropout_rate * 2.0 ** 32), 2 ** 32 - 1))
+  keep_prob = 1.0 - pattern.dropout_rate
+  return jnp.where(bits >= threshold, 1.0 / keep_prob, 0.0)
+
+
 def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
   """q [Tp, H], k [Sp, H], v [Sp, Hv] -> out [Tp, Hv] (compute dtype), lse [Tp]
   (``reference.least_row_max`` where a row has no key and no sink; zeros for the sigmoid, which
@@ -296,14 +323,16 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
       k_block = lax.dynamic_slice_in_dim(k, j * g.block_k, g.block_k)
       v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
       logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype, full=full)
+      kept = _kept(pattern, head, g, i, j)
+      dropped = (lambda p: p) if kept is None else (lambda p: p * kept)
       if pattern.normalizer == "sigmoid":  # sum_j sigmoid(Z_ij + b) V_j, 0 where masked
-        return carry + product(jax.nn.sigmoid(logits + pattern.sigmoid_bias), v_block)
+        return carry + product(dropped(jax.nn.sigmoid(logits + pattern.sigmoid_bias)), v_block)
       row_max, row_sum, acc = carry
       new_max = jnp.maximum(row_max, jnp.max(logits, axis=-1))  # >= least_max: finite
       correction = jnp.exp(row_max - new_max)
       probs = jnp.exp(logits - new_max[:, None])  # 0 where masked
-      row_sum = row_sum * correction + jnp.sum(probs, axis=-1)
-      return new_max, row_sum, acc * correction[:, None] + product(probs, v_block)
+      row_sum = row_sum * correction + jnp.sum(probs, axis=-1)  # dropout keeps the normaliser
+      return new_max, row_sum, acc * correction[:, None] + product(dropped(probs), v_block)
 
     acc = varying_zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head)
     if pattern.normalizer == "sigmoid":
@@ -313,7 +342,8 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
       row_max = jnp.maximum(jnp.max(logits, axis=-1, initial=least_max), start_max)
       probs = jnp.exp(logits - row_max[:, None])  # 0 where masked
       row_sum = with_sink(row_max, jnp.sum(probs, axis=-1))
-      acc = product(probs, v)
+      kept = _kept(pattern, head, g, i, 0)
+      acc = product(probs if kept is None else probs * kept, v)
     else:
       zeros = varying_zeros((g.block_q,), dtype, q, k, v, head)
       init = (zeros + start_max, with_sink(zeros + start_max, zeros), acc)
@@ -353,6 +383,9 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: B
                                               transposed=True, full=full,
                                               pullback=True)  # [bk, bq]
       d_probs_t = jnp.einsum("kh,qh->kq", v_block, do_block, preferred_element_type=dtype)
+      kept_t = _kept(pattern, head, g, i, j, transposed=True)  # [bk, bq] or None
+      if kept_t is not None:  # out = (P * kept) V: dP = kept * dO V^T, dV = (P * kept)^T dO
+        d_probs_t = d_probs_t * kept_t
       if pattern.normalizer == "sigmoid":
         probs_t = jax.nn.sigmoid(logits_t + pattern.sigmoid_bias)  # 0 where masked
         d_logits_t = d_probs_t * probs_t * (1.0 - probs_t)
@@ -366,7 +399,8 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: B
         d_bias = _accumulate_bias(d_bias, d_logits_t.T, i, j, g)
       if squashed_t is not None:
         d_logits_t = d_logits_t * (1.0 - squashed_t * squashed_t)  # through cap * tanh(Z / cap)
-      d_v = d_v + jnp.einsum("kq,qh->kh", probs_t.astype(d_out.dtype), do_block,
+      dropped_t = probs_t if kept_t is None else probs_t * kept_t
+      d_v = d_v + jnp.einsum("kq,qh->kh", dropped_t.astype(d_out.dtype), do_block,
                              preferred_element_type=dtype)
       d_k = d_k + jnp.einsum("kq,qh->kh", d_logits_t.astype(q.dtype), q_block,
                              preferred_element_type=dtype)
@@ -414,7 +448,7 @@ def _group_inputs(bias, mask, extras: _Extras, mods: Mods, b, n):
                batch=jnp.asarray(b, jnp.int32), head=jnp.asarray(n, jnp.int32),
                sink=_pick(mods.sinks, n), block_kinds=_pick(_pick(mods.block_kinds, b), n),
                score_consts=mods.score_consts, mask_consts=mods.mask_consts,
-               anchor=mods.anchor)
+               anchor=mods.anchor, dropout_key=mods.dropout_key)
 
 
 def _map_heads(f, per_query_head, k, v, geometry):
@@ -528,7 +562,8 @@ def mods_cotangent(mods: Mods, d_mod, d_sinks=None) -> Mods:
   d_score_consts = tuple(_cotangent_like(next(d_mod), c) if mods_lib.is_trainable(c) else None
                          for c in mods.score_consts)
   return Mods(d_score_consts, (None,) * len(mods.mask_consts),
-               None if d_sinks is None else _cotangent_like(d_sinks, mods.sinks), None, None)
+              None if d_sinks is None else _cotangent_like(d_sinks, mods.sinks), None, None,
+              None)
 
 
 def _put_bias(d_bias, slot, b, n):
@@ -604,12 +639,17 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                       return_residual: bool = False, block_q: int | None = None,
                       block_k: int | None = None, empty_rows: str = "zero", score_mod=None,
                       mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
-                      sigmoid_bias: float | None = None):
+                      sigmoid_bias: float | None = None, dropout_rate: float = 0.0,
+                      dropout_rng=None, broadcast_dropout: bool = True):
   """Memory-efficient attention, blockwise in both directions; validated arguments as
   ``dot_product_attention``'s (``empty_rows`` defaults to "zero" here). Blocks of ``block_q``
   queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most
   blocks.DEFAULT_BLOCK_Q and blocks.DEFAULT_BLOCK_K or DEFAULT_BLOCK_K_CAUSAL; a
-  ``block_mask``'s own).
+  ``block_mask``'s own). Dropout on the weights, ``dropout_rate`` > 0 with ``dropout_rng``: each
+  weight kept with probability 1 - rate and divided by it, by a counter-based mask regenerated
+  from (key, example, head, query, key position) in each block, forward and backward (memory
+  stays linear in T); with ``broadcast_dropout`` one mask for every example and head. The masks
+  differ from flax's (``bernoulli(rng, 1 - rate, shape)``), which the reference path draws.
 
   >>> q = k = v = jnp.ones((2, 512, 4, 64))  # [B, T, N, H]
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256).shape
@@ -626,6 +666,10 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                            logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k,
                            score_mod=score, mask_mod=allow, normalizer=normalizer,
                            sigmoid_bias=mods_lib.sigmoid_bias(sigmoid_bias, key.shape[-3]))
+  if dropout_rate > 0.0:
+    pattern = dataclasses.replace(pattern, dropout_rate=float(dropout_rate),
+                                  dropout_broadcast=bool(broadcast_dropout))
+    mods = mods._replace(dropout_key=_key_data(dropout_rng))
   if block_mask is not None and block_mask.kinds.shape[:2] != (1, 1):
     # block kinds that differ by example or head would make the skip predicates batched (both
     # branches run) where several pairs run side by side
@@ -647,6 +691,13 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
       query_seq_lengths, query.shape[-3])
   output = masks_lib.uniform_empty_rows(output, _has_key(lse, query), value, None, query_valid)[0]
   return (output, *residual) if residual else output
+
+
+def _key_data(rng) -> jax.Array:
+  """uint32 [2] of a PRNG key, typed (jax.random.key) or raw (jax.random.PRNGKey)."""
+  if jnp.issubdtype(jnp.result_type(rng), jax.dtypes.prng_key):
+    rng = jax.random.key_data(rng)
+  return jnp.asarray(rng, jnp.uint32).reshape(-1)[-2:]
 
 
 def trace_mods(score_mod, mask_mod, query, *inputs, sinks=None, block_kinds=None):

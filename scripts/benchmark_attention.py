@@ -1,7 +1,7 @@
 """Attention speed and memory: this project's implementations against jax.nn, flax and torch.
 
   python scripts/benchmark_attention.py [--rounds 5] [--json FILE] [--long] [--shapes B,T,N,H ...]
-      [--methods NAME ...] [--causal] [--blocks BQxBK ...] [--floor]
+      [--methods NAME ...] [--causal] [--blocks BQxBK ...] [--floor] [--dropout RATE]
 
 Forward and forward+backward (gradients of sum(out * cotangent) w.r.t. q, k, v), float32 unless
 --dtype says otherwise; the accelerator kernels ("cudnn", "pallas_tpu") join on their backend. Each
@@ -14,7 +14,10 @@ torch is installed (it is not a dependency).
 
 --causal masks future keys in every method (GFLOP/s still counts all T x S logits). --blocks adds
 chunked attention with the given query x key block sizes (methods "chunked:1024x4096", ...), to
-compare block shapes side by side. --floor adds "floor": the block math alone, the least that a
+compare block shapes side by side. --dropout adds "chunked:dropout" and "reference:dropout", the
+blockwise kernel and the dense reference with attention dropout at that rate (the blockwise
+kernel regenerates its mask per block; the reference draws flax's masks), beside the same
+kernels without it. --floor adds "floor": the block math alone, the least that a
 blockwise kernel written in plain JAX ops does on this backend (see block_math_floor).
 """
 
@@ -246,6 +249,8 @@ def main():
   parser.add_argument("--blocks", nargs="*", default=[], help="BQxBK chunked block sizes to add")
   parser.add_argument("--min-sample-ms", type=float, default=20.0, help="on an accelerator, "
                       "repeat a call within one timed sample until it lasts this long")
+  parser.add_argument("--dropout", type=float, default=0.0, help="add the chunked kernel and the "
+                      "reference with attention dropout at this rate")
   parser.add_argument("--floor", action="store_true", help="add the block-math floor (not "
                       "causal; T up to 1024 or a multiple of 1024)")
   args = parser.parse_args()
@@ -270,6 +275,11 @@ def main():
                   for block in args.blocks})
   if args.floor:
     methods["floor"] = block_math_floor
+  if args.dropout:
+    methods.update({f"{name}:dropout": (
+        lambda q, k, v, name=name: aj.dot_product_attention(
+            q, k, v, implementation=name, is_causal=args.causal, dropout_rate=args.dropout,
+            dropout_rng=jax.random.key(0))) for name in ("chunked", "reference")})
 
   cases = [(shape, backward) for shape in shapes for backward in (False, True)]
   if args.long:
@@ -281,7 +291,7 @@ def main():
     for name, fn in methods.items():
       if long_row and name.split(":")[0] not in MEMORY_EFFICIENT:
         continue
-      if name == "reference" and shape[1] > 8192:
+      if name.split(":")[0] == "reference" and shape[1] > 8192:
         continue
       if name == "floor" and (args.causal or shape[1] % min(shape[1], 1024)):
         continue
