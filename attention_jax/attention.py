@@ -521,7 +521,8 @@ KERNELS = {kernel.name: kernel for kernel in (
            "blockwise attention with an online softmax and a blockwise custom VJP "
            "(FlashAttention-style): neither direction holds T x S, so memory is linear in the "
            "sequence length; key blocks that the causal mask, the window, the lengths, the "
-           "segment ids or a block mask rule out are skipped "
+           "segment ids or a block mask rule out are skipped; attention dropout with a "
+           "counter-based mask regenerated per block (not flax's masks) "
            "({func}`attention_jax.chunked.chunked_attention` sets the block sizes)",
            "reverse mode and hessian (a custom VJP); jvp and jacfwd raise ValueError", _chunked,
            serves=tuple(part for part in PARTS if part not in ("weights", "hooks"))),
