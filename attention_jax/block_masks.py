@@ -45,7 +45,7 @@ class BlockMask:
 
   @property
   def shape(self) -> tuple[int, int, int, int]:
-    """(B or 1, N or 1, T, S): the mask's shape, as torch's ``BlockMask.shape``."""
+    """The mask's shape, B or 1, N or 1, T and S, as torch's ``BlockMask.shape`` gives it."""
     return (*self.kinds.shape[:2], self.q_len, self.kv_len)
 
   def sparsity(self) -> jax.Array:

@@ -30,6 +30,7 @@ STUDIES = {
     "heads/results.csv": ("heads", None),
     "scaling/results.csv": ("scaling", None),
     "scaling/accelerator/results.csv": ("scaling", "accelerator"),
+    "scaling_init/results.csv": ("scaling_init", None),
     "head_variants/mqar/results.csv": ("head_variants", "mqar"),
     "head_variants/order_4/results.csv": ("head_variants", "order_4"),
     "head_variants/order_16/results.csv": ("head_variants", "order_16"),
