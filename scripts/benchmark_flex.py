@@ -3,6 +3,7 @@
   python scripts/benchmark_flex.py [--lengths 1024 2048 4096 8192] [--rounds 3]
       [--sparsity-length 4096] [--documents 1 2 4 8] [--block 512] [--torch-eager-max 4096]
       [--fused-configs 128:4:2 ...] [--dtype float32] [--skip-torch] [--json FILE] [--plot FILE]
+      [--mask-cost-length 32768] [--mask-cost-documents 8]
 
 1. Against torch: the same causal ALiBi attention written as a score_mod and a mask_mod (a block
    mask made once per length, outside the timing), B = 1, N = 8 heads of 64, in --dtype, at each
@@ -21,6 +22,10 @@
    forward and forward+backward; ideally 1/D when a document spans whole blocks. "full" runs the same
    blocks (what skipping saves); "full, default blocks" the kernel's default blocks (what a
    user of full attention would run). --plot writes the figure.
+3. What a block mask costs to build: make_block_mask of the --mask-cost-documents document mask
+   at --mask-cost-length (block 128, torch's default), the first call (tracing and compiling its
+   loop included) and a repeated one, each against one forward+backward of the blockwise call
+   that uses it (PyTorch users find create_block_mask costing more than the attention itself).
 
 Each round runs every method once, in an order shuffled per round, after a warm-up; medians
 over rounds. Ratios are ours / theirs (below 1: ours is faster).
@@ -36,6 +41,7 @@ import platform
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import jax
@@ -208,6 +214,33 @@ def sparsity_rows(args):
   return rows
 
 
+def mask_cost_rows(args):
+  length, documents = args.mask_cost_length, args.mask_cost_documents
+  mask_mod = documents_mask_mod(length, documents)
+
+  def build():
+    return aj.make_block_mask(mask_mod, None, None, length, length).kinds.block_until_ready()
+  first = time_call(build)
+  again = np.median([time_call(build) for _ in range(args.rounds)])
+  block_mask = aj.make_block_mask(mask_mod, None, None, length, length)
+  attend = jax_run(lambda q, k, v: aj.dot_product_attention(
+      q, k, v, block_mask=block_mask, implementation="chunked"), inputs(length, seed=2), True)
+  attend()  # warm-up
+  attention = np.median([time_call(attend) for _ in range(args.rounds)])
+  row = {"part": "mask cost", "T": length, "documents": documents, "block": 128,
+         "blocks skipped": float(block_mask.sparsity()), "first build ms": 1e3 * first,
+         "build ms": 1e3 * again, "fwd+bwd ms": 1e3 * attention,
+         "first build / fwd+bwd": first / attention, "build / fwd+bwd": again / attention}
+  print_row(row)
+  return [row]
+
+
+def time_call(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
 def print_row(row):
   cells = [f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
            for key, value in row.items() if value is not None]
@@ -268,6 +301,9 @@ def main():
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                       help="of q, k and v (the comparison with torch)")
   parser.add_argument("--skip-torch", action="store_true")
+  parser.add_argument("--mask-cost-length", type=int, default=32768,
+                      help="the length at which the block mask's cost is measured (0: skip it)")
+  parser.add_argument("--mask-cost-documents", type=int, default=8)
   parser.add_argument("--json", help="write the rows to this file")
   parser.add_argument("--plot", help="write the block-sparsity figure (PNG) here")
   args = parser.parse_args()
@@ -281,6 +317,7 @@ def main():
                    "pass --skip-torch")
   rows = torch_rows(args) if args.lengths else []
   rows += sparsity_rows(args) if args.documents else []
+  rows += mask_cost_rows(args) if args.mask_cost_length else []
   info = machine()
   print(json.dumps(info))
   if args.plot:

@@ -102,7 +102,8 @@ H100 = "NVIDIA H100 80GB HBM3"  # where cuDNN has been measured (KERNELS["cudnn"
 @pytest.mark.parametrize("backend, device_kind, shapes, options, expected", [
     ("cpu", "cpu", _shapes(64), {}, "reference"),
     ("cpu", "cpu", _shapes(64, kv_len=aj.attention.CHUNKED_MIN_LENGTH_CPU), {}, "chunked"),
-    ("cpu", "cpu", _shapes(1024), {"dropout_rate": 0.1}, "reference"),
+    ("cpu", "cpu", _shapes(1024), {"dropout_rate": 0.1}, "chunked"),  # counter-based masks
+    ("cpu", "cpu", _shapes(64), {"dropout_rate": 0.1}, "reference"),  # flax's masks
     ("gpu", H100, _shapes(100, dtype=jnp.bfloat16), {}, "cudnn"),
     ("gpu", H100, _shapes(64, dtype=jnp.float16), {"mask": np.ones((64, 64), bool)}, "cudnn"),
     ("gpu", H100, _shapes(64), {}, "xla"),  # float32: cuDNN's flash kernel takes 16-bit floats
