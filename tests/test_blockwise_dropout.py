@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.extend import random as jex_random
 from scipy import stats
 
 import attention_jax as aj
@@ -23,15 +22,25 @@ def _inputs(dtype=jnp.float32, seed=0):
   return tuple(jax.random.normal(key, (B, T, N, H), dtype) for key in keys)
 
 
+def _mix(x):
+  x = x ^ (x >> np.uint32(16))
+  x = x * np.uint32(0x85EBCA6B)
+  x = x ^ (x >> np.uint32(13))
+  x = x * np.uint32(0xC2B2AE35)
+  return x ^ (x >> np.uint32(16))
+
+
 def _keep(rng, b, h, q_len, kv_len, rate=RATE, broadcast=False):
-  """The kernel's keep mask [T, S] of example b and head h, written out: threefry of the
-  (query, key) indices under the key folded with (b, h)."""
+  """The kernel's keep mask [T, S] of example b and head h, written out in numpy's uint32
+  arithmetic: MurmurHash3's finaliser of the query index under the key folded with (b, h), mixed
+  with the key index."""
   key = rng if broadcast else jax.random.fold_in(jax.random.fold_in(rng, b), h)
-  k0, k1 = jax.random.key_data(key)
-  q_idx, kv_idx = jnp.meshgrid(jnp.arange(q_len, dtype=jnp.uint32),
-                               jnp.arange(kv_len, dtype=jnp.uint32), indexing="ij")
-  bits, _ = jex_random.threefry2x32_p.bind(k0, k1, q_idx, kv_idx)
-  return np.asarray(bits >= np.uint32(round(rate * 2 ** 32)))
+  k0, k1 = np.asarray(jax.random.key_data(key), np.uint32)
+  with np.errstate(over="ignore"):
+    row = _mix(np.arange(q_len, dtype=np.uint32)[:, None] * np.uint32(0x9E3779B1) + k0)
+    bits = _mix((row ^ (np.arange(kv_len, dtype=np.uint32)[None, :] * np.uint32(0x85EBCA77)))
+                + k1)
+  return bits >= np.uint32(round(rate * 2 ** 32))
 
 
 def _dense_with(keep, q, k, v, causal=False):
@@ -87,6 +96,18 @@ def test_the_keep_rate_and_the_scaling_hold_statistically():
   assert stats.ttest_1samp(np.asarray(out).ravel(), 1.0).pvalue > 0.01
   # rows and heads differ: the mask is not one row or one head repeated
   assert len(set(np.round(kept[:, 0]))) > 10 and not np.allclose(kept[:, 0], kept[:, 1])
+
+
+def test_neighbouring_entries_of_the_mask_are_independent():
+  """Kept or not at (t, s) against (t, s + 1), (t + 1, s) and the same entry of the next head:
+  2 x 2 contingency tables, chi-square tests at the 1% level (the mask is the kernel's: the
+  dense comparison above checks that)."""
+  rng = jax.random.key(5)
+  keep = _keep(rng, 0, 0, 512, 512)
+  other_head = _keep(rng, 0, 1, 512, 512)
+  for a, b in [(keep[:, :-1], keep[:, 1:]), (keep[:-1], keep[1:]), (keep, other_head)]:
+    table = [[np.sum(a & b), np.sum(a & ~b)], [np.sum(~a & b), np.sum(~a & ~b)]]
+    assert stats.chi2_contingency(table).pvalue > 0.01, table
 
 
 def test_dropout_through_dot_product_attention_and_the_automatic_choice():
