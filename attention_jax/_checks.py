@@ -174,8 +174,10 @@ def check_custom(num_heads: int, *, sinks, normalizer, return_residual, hooks=No
       raise ValueError("sinks add to the softmax's denominator, and sigmoid attention has none; "
                        "pass sinks=None or normalizer=\"softmax\".")
   if normalizer == "sigmoid" and return_residual:
-    raise ValueError("sigmoid attention has no log-sum-exp to return; pass "
-                     "return_residual=False or normalizer=\"softmax\".")
+    raise ValueError("sigmoid attention has no log-sum-exp (nor a softmax's row maximum) to "
+                     "return; pass return_residual=False (return_max_scores=False) or "
+                     "normalizer=\"softmax\".")
   if hooks is not None and return_residual:
-    raise ValueError("return_residual: a head variant's hooks (hooks=) change the weights after "
-                     "the softmax, so there is no log-sum-exp to return; call without it.")
+    raise ValueError("return_residual / return_max_scores: a head variant's hooks (hooks=) "
+                     "change the weights after the softmax, so there is no log-sum-exp to "
+                     "return; call without it.")

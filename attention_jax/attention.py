@@ -32,6 +32,7 @@ PARTS = {
     "weights": ("return_weights, module, return_logits",
                 "never forms the weights, so it cannot return them"),
     "residual": ("return_residual", "does not return the log-sum-exp"),
+    "max_scores": ("return_max_scores", "does not return the rows' largest scores"),
     "soft_cap": ("logits_soft_cap", "has no logits soft cap"),
     "score_mod": ("score_mod", "cannot serve score_mod"),
     "mask_mod": ("mask_mod, block_mask", "cannot serve mask_mod"),
@@ -61,6 +62,7 @@ class Request:
   return_weights: bool = False  # also to sow them into a module
   return_logits: bool = False
   return_residual: bool = False
+  return_max_scores: bool = False
   empty_rows: str = "zero"
   score_mod: Any = None
   mask_mod: Any = None  # its own or the block mask's
@@ -77,7 +79,8 @@ class Request:
   def parts(self) -> tuple[str, ...]:
     """The PARTS this call asks for, in PARTS' order."""
     asked = dict(dropout=self.dropout_rate > 0.0, weights=self.return_weights or self.return_logits,
-                 residual=self.return_residual, soft_cap=self.logits_soft_cap is not None,
+                 residual=self.return_residual, max_scores=self.return_max_scores,
+                 soft_cap=self.logits_soft_cap is not None,
                  score_mod=self.score_mod is not None,
                  mask_mod=self.mask_mod is not None or self.block_mask is not None,
                  sinks=self.sinks is not None, sigmoid=self.normalizer == "sigmoid",
@@ -333,7 +336,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
                           implementation: str | None = None, empty_rows: str = "mean",
                           score_mod=None, mask_mod=None, block_mask=None, sinks=None,
                           normalizer: str = "softmax", sigmoid_bias: float | None = None,
-                          return_logits: bool = False, hooks: reference.Hooks | None = None):
+                          return_logits: bool = False, hooks: reference.Hooks | None = None,
+                          return_max_scores: bool = False):
   r"""Scaled dot-product attention, softmax(Q K^T * scale + bias) V, per head.
 
   A superset of ``jax.nn.dot_product_attention`` and of flax's ``dot_product_attention`` (Linen
@@ -350,8 +354,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
     bias: optional additive logits broadcastable to [..., N, T, S].
     mask: optional, broadcastable to [..., N, T, S]: attend where True (or nonzero, flax's float
       masks). Boolean is the fast path.
-    dropout_rate: on the weights, with flax's masks for the same ``dropout_rng``, one [T, S] mask
-      for the batch and heads with ``broadcast_dropout``; off when ``deterministic``.
+    dropout_rate: on the weights, one [T, S] mask for the batch and heads with
+      ``broadcast_dropout``; off when ``deterministic``. The dense paths draw flax's masks for the
+      same ``dropout_rng``, "chunked" counter-based ones of its own (``select_implementation``
+      says which a call gets).
     dtype, precision, promote_dtype: as flax's (the cast of query, key and value; the
       precision of the products).
     scale: multiplies Q K^T; None means 1 / sqrt(H). Any float is allowed.
@@ -385,10 +391,13 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       score_mod, before the mask), after the weights; only "reference" forms them.
     hooks: a head variant's hooks on the maps (``reference.Hooks``, ``Variant.hooks``): only
       "reference" serves them; a row with no key then gives zeros.
+    return_max_scores: also return each row's largest score [..., T, N] (float32: the largest
+      logit after the soft cap, bias and score_mod among the keys it attends to, a sink
+      included; -inf on a row with nothing to attend to; no gradient), torch's ``max_scores``.
 
   Returns:
-    [..., T, N, H_v] in the dtype of ``query``, followed by the weights and the residual when
-    asked for (a tuple then). Malformed shapes or dtypes, or an implementation that cannot serve
+    [..., T, N, H_v] in the dtype of ``query``, followed by the weights, the logits, the residual
+    and the maximum scores, those asked for (a tuple then). Malformed shapes or dtypes, or an implementation that cannot serve
     the call, raise ValueError at trace time.
 
   Example:
@@ -417,7 +426,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   window = _checks.local_window(local_window_size)
   sinks = None if sinks is None else jnp.asarray(sinks)
   _checks.check_custom(num_heads, sinks=sinks, normalizer=normalizer,
-                       return_residual=return_residual, hooks=hooks)
+                       return_residual=return_residual or return_max_scores, hooks=hooks)
   mask_mod = block_masks.check_block_mask(block_mask, mask_mod, math.prod(query.shape[:-3]),
                                        num_heads, q_len, kv_len)
   if not _can_empty_rows(mask, structure, window, mask_mod) or (
@@ -430,9 +439,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       dropout_rate=_checks.dropout(dropout_rate, dropout_rng, deterministic),
       dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout,
       return_weights=return_weights or module is not None, return_logits=return_logits,
-      return_residual=return_residual, empty_rows=empty_rows, score_mod=score_mod,
-      mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, normalizer=normalizer,
-      sigmoid_bias=sigmoid_bias, hooks=hooks, **_where(None, None, None))
+      return_residual=return_residual, return_max_scores=return_max_scores,
+      empty_rows=empty_rows, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
+      sinks=sinks, normalizer=normalizer, sigmoid_bias=sigmoid_bias, hooks=hooks,
+      **_where(None, None, None))
   kernel = _choose(query, key, value, request, implementation)
   with default_precision(precision):
     result = kernel.run(query, key, value, request)
@@ -459,7 +469,8 @@ def _chunked(query, key, value, r: Request):  # the structure implicit: whole bl
       return_residual=r.return_residual, empty_rows=r.empty_rows, score_mod=r.score_mod,
       mask_mod=r.mask_mod, block_mask=r.block_mask, sinks=r.sinks, normalizer=r.normalizer,
       sigmoid_bias=r.sigmoid_bias, dropout_rate=r.dropout_rate, dropout_rng=r.dropout_rng,
-      broadcast_dropout=r.broadcast_dropout, **r.structure)
+      broadcast_dropout=r.broadcast_dropout, return_max_scores=r.return_max_scores,
+      **r.structure)
 
 
 def _reference(query, key, value, bias, mask, score_mod, r: Request):
@@ -467,7 +478,8 @@ def _reference(query, key, value, bias, mask, score_mod, r: Request):
       query, key, value, bias, mask, scale=r.scale, is_causal=r.is_causal,
       logits_soft_cap=r.logits_soft_cap, dropout_rate=r.dropout_rate, dropout_rng=r.dropout_rng,
       broadcast_dropout=r.broadcast_dropout, return_weights=r.return_weights,
-      return_logits=r.return_logits, return_residual=r.return_residual, score_mod=score_mod,
+      return_logits=r.return_logits, return_residual=r.return_residual,
+      return_max_scores=r.return_max_scores, score_mod=score_mod,
       sinks=r.sinks, normalizer=r.normalizer, hooks=r.hooks,
       sigmoid_bias=mods_lib.sigmoid_bias(r.sigmoid_bias, key.shape[-3]))
 

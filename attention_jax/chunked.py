@@ -48,6 +48,7 @@ class Pattern:
   sigmoid_bias: float = 0.0
   dropout_rate: float = 0.0
   dropout_broadcast: bool = True  # one mask for every example and head, as flax's broadcast
+  max_scores: bool = False  # the forward also returns each row's largest logit
 
 
 class _Extras(NamedTuple):
@@ -351,7 +352,8 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
 
     acc = varying_zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head)
     if pattern.normalizer == "sigmoid":
-      return g.along(i, attend, acc, pattern, head, row=True), jnp.zeros((g.block_q,), dtype)
+      no_statistic = jnp.zeros((g.block_q,), dtype)
+      return g.along(i, attend, acc, pattern, head, row=True), no_statistic, no_statistic
     if g.num_k == 1:  # all keys in one block: a plain softmax, with nothing to rescale
       logits, _ = _logits(q_block, k, i, 0, pattern, head, g, dtype)
       row_max = jnp.maximum(jnp.max(logits, axis=-1, initial=least_max), start_max)
@@ -366,10 +368,11 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
     has_key = row_sum > 0.0
     out = acc / jnp.where(has_key, row_sum, 1.0)[:, None]
     lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, row_sum, 1.0)), least_max)
-    return out, lse  # an empty row: out 0, lse = least_max, so that exp(logit - lse) = 0 later
+    # an empty row: out 0, lse = least_max, so that exp(logit - lse) = 0 later
+    return out, lse, jnp.where(has_key, row_max, least_max)
 
-  out, lse = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq]
-  return out.reshape(-1, v.shape[-1]), lse.reshape(-1)
+  out, lse, row_max = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq] x 2
+  return out.reshape(-1, v.shape[-1]), lse.reshape(-1), row_max.reshape(-1)
 
 
 def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: Blocks, d_bias,
@@ -487,13 +490,14 @@ def _map_heads(f, per_query_head, k, v, geometry):
 
 def forward(q, k, v, bias, mask, extras, mods, pattern, geometry):
   """q [B, N, Tp, H], k [B, K, Sp, H], v [B, K, Sp, Hv] -> out [B, N, Tp, Hv] (compute dtype),
-  lse [B, N, Tp]."""
+  lse [B, N, Tp] (and each row's largest logit [B, N, Tp] with ``pattern.max_scores``)."""
   def one_head(b, n, q_n, k_n, v_n):
     return _forward_head(q_n, k_n, v_n, _group_inputs(bias, mask, extras, mods, b, n), pattern,
                          geometry)
 
-  out, lse = _map_heads(one_head, (q,), k, v, geometry)  # [B * N, Tp, Hv], [B * N, Tp]
-  return (out.reshape(q.shape[:3] + v.shape[-1:]), lse.reshape(q.shape[:3]))
+  out, lse, row_max = _map_heads(one_head, (q,), k, v, geometry)  # [B * N, Tp(, Hv)]
+  out, lse = out.reshape(q.shape[:3] + v.shape[-1:]), lse.reshape(q.shape[:3])
+  return (out, lse, row_max.reshape(q.shape[:3])) if pattern.max_scores else (out, lse)
 
 
 def _trainable(mods: Mods):
@@ -622,13 +626,14 @@ def blockwise(q, k, v, bias, mask, extras, mods, pattern, geometry):
 def _attention_fwd(q, k, v, bias, mask, extras, mods, pattern, geometry):
   # q is in the compute dtype (prepare), so out is too: the backward's rowsum(dO * O) reads O
   # unrounded, and finish() casts it to the caller's dtype.
-  out, lse = forward(q, k, v, bias, mask, extras, mods, pattern, geometry)
-  return (out, lse), (q, k, v, bias, mask, extras, mods, out, lse)
+  outputs = forward(q, k, v, bias, mask, extras, mods, pattern, geometry)
+  out, lse = outputs[:2]
+  return outputs, (q, k, v, bias, mask, extras, mods, out, lse)
 
 
 def _attention_bwd(pattern, geometry, residuals, cotangents):
   q, k, v, bias, mask, extras, mods, out, lse = residuals
-  d_out, _ = cotangents  # the log-sum-exp is returned under stop_gradient
+  d_out = cotangents[0]  # the log-sum-exp (and the row maxima) are returned under stop_gradient
   d_q, d_k, d_v, d_bias, d_mod = backward(q, k, v, bias, mask, extras, mods, pattern, geometry,
                                            out, lse, d_out)
   d_bias = None if d_bias is None else d_bias.astype(bias.dtype)
@@ -655,7 +660,8 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                       block_k: int | None = None, empty_rows: str = "zero", score_mod=None,
                       mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
                       sigmoid_bias: float | None = None, dropout_rate: float = 0.0,
-                      dropout_rng=None, broadcast_dropout: bool = True):
+                      dropout_rng=None, broadcast_dropout: bool = True,
+                      return_max_scores: bool = False):
   """Memory-efficient attention, blockwise in both directions; validated arguments as
   ``dot_product_attention``'s (``empty_rows`` defaults to "zero" here). Blocks of ``block_q``
   queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most
@@ -681,6 +687,8 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                            logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k,
                            score_mod=score, mask_mod=allow, normalizer=normalizer,
                            sigmoid_bias=mods_lib.sigmoid_bias(sigmoid_bias, key.shape[-3]))
+  if return_max_scores:
+    pattern = dataclasses.replace(pattern, max_scores=True)
   if dropout_rate > 0.0:
     pattern = dataclasses.replace(pattern, dropout_rate=float(dropout_rate),
                                   dropout_broadcast=bool(broadcast_dropout))
@@ -693,15 +701,15 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                    segment_ids=(query_segment_ids, key_segment_ids),
                    seq_lengths=(query_seq_lengths, key_value_seq_lengths), mods=mods)
   try:
-    out, lse = blockwise(*inputs, pattern, geometry)  # [B, N, Tp, H_v], [B, N, Tp]
+    out, lse, *row_max = blockwise(*inputs, pattern, geometry)  # [B, N, Tp(, H_v)]
   except TypeError as error:
     if "forward-mode" in str(error):
       raise ValueError(FORWARD_MODE_ERROR) from None
     raise
-  result = finish(out, lse, query, return_residual)
+  result = finish(out, lse, query, return_residual, *row_max)
   if empty_rows == "zero":
     return result
-  output, *residual = result if return_residual else (result,)
+  output, *residual = result if isinstance(result, tuple) else (result,)
   query_valid = None if query_seq_lengths is None else masks_lib.lengths_to_valid(
       query_seq_lengths, query.shape[-3])
   output = masks_lib.uniform_empty_rows(output, _has_key(lse, query), value, None, query_valid)[0]
@@ -802,14 +810,17 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: Blocks,
   return Inputs(q, k, v, pad_logits(bias), pad_logits(mask), extras, mods)
 
 
-def finish(out, lse, query, return_residual=False):
+def finish(out, lse, query, return_residual=False, row_max=None):
   """The kernel's out [B, N, Tp, H_v] and lse [B, N, Tp] (see ``reference.residual_of``) -> out
-  [..., T, N, H_v] (and lse [..., T, N], -inf on empty rows, without gradient) for a query of
-  ``query`` [..., T, N, H], in its dtype."""
+  [..., T, N, H_v] (and lse [..., T, N], -inf on empty rows, without gradient; then the row
+  maxima, the same way, where given) for a query of ``query`` [..., T, N, H], in its dtype."""
   batch_shape, q_len = query.shape[:-3], query.shape[-3]
   out = reference.heads_first(out[:, :, :q_len]).astype(query.dtype)  # [B, T, N, H_v]
   out = jnp.reshape(out, batch_shape + out.shape[1:])
-  if not return_residual:
-    return out
-  lse = jnp.swapaxes(reference.residual_of(lse)[:, :, :q_len], 1, 2)  # [B, T, N]
-  return out, lax.stop_gradient(jnp.reshape(lse, batch_shape + lse.shape[1:]))
+
+  def per_row(statistic):  # [B, N, Tp] -> [..., T, N]
+    statistic = jnp.swapaxes(reference.residual_of(statistic)[:, :, :q_len], 1, 2)
+    return lax.stop_gradient(jnp.reshape(statistic, batch_shape + statistic.shape[1:]))
+  extras = ((per_row(lse),) if return_residual else ()) + (
+      () if row_max is None else (per_row(row_max),))
+  return (out, *extras) if extras else out

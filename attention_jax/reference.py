@@ -216,7 +216,8 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale: float
                         broadcast_dropout: bool = False, return_weights: bool = False,
                         return_logits: bool = False, return_residual: bool = False,
                         score_mod=None, sinks=None, normalizer: str = "softmax",
-                        sigmoid_bias: float = 0.0, hooks: Hooks | None = None):
+                        sigmoid_bias: float = 0.0, hooks: Hooks | None = None,
+                        return_max_scores: bool = False):
   """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, the formula step by step, with a head
   variant's ``hooks`` on the maps (``Hooks``; the identity by default).
 
@@ -225,7 +226,8 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale: float
   ``return_weights`` (before dropout), the logits [..., N', T, S] if ``return_logits`` (after
   the logits hook, the bias and the score_mod, before the mask) and the log-sum-exp of each
   row's logits [..., T, N] (float32, -inf on a row with nothing to attend to, no gradient; the
-  sinks included) if ``return_residual``. ``score_mod``: logits [..., N', T, S] -> logits;
+  sinks included) if ``return_residual`` and each row's largest logit [..., T, N] (the same
+  way) if ``return_max_scores``. ``score_mod``: logits [..., N', T, S] -> logits;
   ``sinks`` [N'], ``normalizer`` and ``sigmoid_bias`` as ``normalize`` takes them. Inputs are
   assumed validated.
   """
@@ -247,9 +249,9 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale: float
                                shares_queries=hooks.dropout_shares_queries)
   output = apply_weights(attended, value).astype(query.dtype)  # [..., T, N, H_v]
   extras = ((weights,) if return_weights else ()) + ((logits,) if return_logits else ())
-  if return_residual:
-    residual = jax.nn.logsumexp(masked if sinks is None else with_sinks(masked, sinks),
-                                axis=-1)  # [..., N, T]
-    residual = residual_of(residual)
-    extras += (jax.lax.stop_gradient(jnp.swapaxes(residual, -1, -2)),)
+  rows = masked if sinks is None else with_sinks(masked, sinks)  # [..., N, T, S (+ 1)]
+  for asked, of_row in ((return_residual, jax.nn.logsumexp), (return_max_scores, jnp.max)):
+    if asked:  # [..., N, T] -> [..., T, N], -inf where the row has nothing to attend to
+      per_row = residual_of(of_row(rows, axis=-1))
+      extras += (jax.lax.stop_gradient(jnp.swapaxes(per_row, -1, -2)),)
   return (output, *extras) if extras else output

@@ -1,0 +1,79 @@
+"""return_max_scores: each row's largest score (torch's max_scores) from the reference and the
+blockwise kernel, against numpy in float64, with masks, mods, sinks and empty rows; refused in one
+line where a kernel does not give it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention_jax as aj
+
+pytestmark = pytest.mark.quick
+
+B, T, N, H = 2, 24, 3, 8
+
+
+def _inputs():
+  rng = np.random.default_rng(0)
+  return [jnp.asarray(rng.standard_normal((B, T, N, H)), jnp.float32) for _ in range(3)]
+
+
+def _expected(q, k, scale, allowed, bias=0.0, sinks=None):
+  """max over allowed keys of scale q.k + bias (and the sink), [B, T, N], -inf on empty rows."""
+  logits = np.einsum("btnh,bsnh->bnts", np.float64(q), np.float64(k)) * scale + bias
+  logits = np.where(allowed, logits, -np.inf)
+  best = logits.max(axis=-1)
+  if sinks is not None:
+    best = np.maximum(best, np.float64(sinks)[None, :, None])
+  return np.swapaxes(best, 1, 2)
+
+
+def _attend(implementation, q, k, v, **kwargs):
+  """dot_product_attention, or the blockwise kernel in blocks of 8 (several per row)."""
+  if implementation == "chunked_blocks":
+    return aj.chunked_attention(q, k, v, scale=H ** -0.5, block_q=8, block_k=8,
+                                return_max_scores=True, **kwargs)
+  return aj.dot_product_attention(q, k, v, implementation=implementation,
+                                  return_max_scores=True, **kwargs)
+
+
+@pytest.mark.parametrize("implementation", ["reference", "chunked", "chunked_blocks"])
+def test_the_largest_score_of_each_row_matches_numpy(implementation):
+  q, k, v = _inputs()
+  scale = H ** -0.5
+  slopes = jnp.asarray([0.5, 0.25, 0.125])
+  alibi = lambda s, b, h, q_idx, kv_idx: s - slopes[h] * jnp.abs(q_idx - kv_idx)
+  late = lambda b, h, q_idx, kv_idx: (kv_idx < q_idx - 3) | (h > 0)  # rows 0-3 of head 0 empty
+  t, s = np.arange(T)[:, None], np.arange(T)[None, :]
+  bias = -np.asarray(slopes)[:, None, None] * np.abs(t - s)  # [N, T, S]
+  allowed = (s < t - 3) | (np.arange(N)[:, None, None] > 0)
+  out, best = _attend(implementation, q, k, v, score_mod=alibi, mask_mod=late)
+  np.testing.assert_allclose(best, _expected(q, k, scale, allowed, bias), rtol=1e-5, atol=1e-5)
+  assert out.shape == q.shape
+  assert np.all(np.isneginf(np.asarray(best)[:, :4, 0]))  # the empty rows
+  # after the residual, with sinks (a sink is a logit of the row's softmax)
+  sinks = jnp.asarray([0.3, 5.0, -2.0])
+  _, lse, best = _attend(implementation, q, k, v, is_causal=True, sinks=sinks,
+                         return_residual=True)
+  causal = np.broadcast_to(s <= t, (N, T, T))
+  np.testing.assert_allclose(best, _expected(q, k, scale, causal, sinks=sinks), rtol=1e-5,
+                             atol=1e-5)
+  assert np.all(np.asarray(lse) >= np.asarray(best) - 1e-5)  # log-sum-exp >= max
+  # no gradient flows through it
+  grad = jax.grad(lambda q: jnp.sum(_attend(implementation, q, k, v)[1]))(q)
+  assert not np.any(np.asarray(grad))
+
+
+def test_kernels_that_do_not_give_it_refuse_in_one_line():
+  q, k, v = _inputs()
+  with pytest.raises(ValueError, match=r"^implementation='xla' cannot serve this call: "
+                                       r"jax.nn.dot_product_attention does not return the rows' "
+                                       r"largest scores"):
+    aj.dot_product_attention(q, k, v, implementation="xla", return_max_scores=True)
+  with pytest.raises(ValueError, match="sigmoid attention has no log-sum-exp"):
+    aj.dot_product_attention(q, k, v, normalizer="sigmoid", return_max_scores=True)
+  # the automatic choice picks one that gives it
+  x = jax.ShapeDtypeStruct((1, 4096, 4, 64), jnp.bfloat16)
+  assert aj.select_implementation(x, x, x, return_max_scores=True, backend="gpu",
+                                  device_kind="NVIDIA H200") == "chunked"
