@@ -459,7 +459,8 @@ def _pallas_gpu(query, key, value, r: Request):  # the structure as mods, in the
       query, key, value, r.mask, scale=r.scale, is_causal=r.is_causal,
       local_window_size=r.window, logits_soft_cap=r.logits_soft_cap,
       return_residual=r.return_residual, empty_rows=r.empty_rows, score_mod=r.score_mod,
-      mask_mod=r.mask_mod, block_mask=r.block_mask, **r.structure)
+      mask_mod=r.mask_mod, block_mask=r.block_mask, return_max_scores=r.return_max_scores,
+      **r.structure)
 
 
 def _chunked(query, key, value, r: Request):  # the structure implicit: whole blocks are skipped
@@ -560,7 +561,8 @@ KERNELS = {kernel.name: kernel for kernel in (
            "or segment ids leave empty (per example where they come as arrays), and evaluate no "
            "`mask_mod` on full ones; a bias only written as a `score_mod`",
            "reverse mode only (its custom VJP); arrays a mod closes over get no gradient",
-           _pallas_gpu, serves=("residual", "soft_cap", "score_mod", "mask_mod"), backend="gpu",
+           _pallas_gpu, serves=("residual", "max_scores", "soft_cap", "score_mod", "mask_mod"),
+           backend="gpu",
            check=pallas_gpu.missing_backend),
 )}
 

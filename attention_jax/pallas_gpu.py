@@ -257,7 +257,7 @@ class _Plan:
 
 
 def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
-  tables, (out_ref, lse_ref) = plan.tables(refs)
+  tables, (out_ref, lse_ref, max_ref) = plan.tables(refs)
   i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   q = q_ref[...]  # [bq, H]
   start = plan.row(b, h, i)
@@ -284,6 +284,7 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
   empty = l == 0.0
   out_ref[...] = (acc / jnp.where(empty, 1.0, l)[:, None]).astype(out_ref.dtype)
   lse_ref[...] = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
+  max_ref[...] = jnp.where(empty, -jnp.inf, m)  # each row's largest score
 
 
 def _weights_gradient(plan, q, k, v, do, lse, delta, tables, b, h, q_start, k_start, full):
@@ -393,18 +394,18 @@ def _attention_fwd(plan, q, k, v, orders, tables):
   batch, q_pad, num_heads, head_dim = q.shape
   value_dim = v.shape[-1]
   specs = _specs(plan, head_dim, value_dim)
-  out, lse = _call(
+  statistic = jax.ShapeDtypeStruct((batch, num_heads, q_pad), jnp.float32)
+  out, lse, row_max = _call(
       _forward_kernel, plan, (plan.num_q, batch, num_heads), (orders[0], q, k, v, tables),
       [specs["q"], specs["k_all"], specs["v_all"]],
-      (jax.ShapeDtypeStruct((batch, q_pad, num_heads, value_dim), q.dtype),
-       jax.ShapeDtypeStruct((batch, num_heads, q_pad), jnp.float32)),
-      (specs["o"], specs["stat"]))
-  return (out, lse), (q, k, v, out, lse, orders, tables)
+      (jax.ShapeDtypeStruct((batch, q_pad, num_heads, value_dim), q.dtype), statistic,
+       statistic), (specs["o"], specs["stat"], specs["stat"]))
+  return (out, lse, row_max), (q, k, v, out, lse, orders, tables)
 
 
 def _attention_bwd(plan, residuals, cotangents):
   q, k, v, out, lse, orders, tables = residuals
-  d_out, d_lse = cotangents
+  d_out, d_lse, _ = cotangents  # the row maxima are returned without gradient
   batch, q_pad, num_heads, head_dim = q.shape
   kv_pad, value_dim = k.shape[1], v.shape[-1]
   delta = jnp.einsum("bthd,bthd->bht", d_out.astype(jnp.float32), out.astype(jnp.float32))
@@ -465,10 +466,12 @@ def _kernel_blocks(block_mask: block_masks.BlockMask | None, block_size: int):
 
 def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=None,
                    block_mask: block_masks.BlockMask | None = None, block_size: int = BLOCK,
-                   num_warps: int = 4, num_stages: int = 2, interpret: bool = False):
+                   num_warps: int = 4, num_stages: int = 2, interpret: bool = False,
+                   return_max_scores: bool = False):
   """Attention with a score_mod and a mask_mod (or a block mask) in one fused kernel:
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> (output [..., T, N, H_v],
-  log-sum-exp [..., T, N]; -inf on a row that attends to nothing, whose output is 0).
+  log-sum-exp [..., T, N]; -inf on a row that attends to nothing, whose output is 0), and with
+  ``return_max_scores`` each row's largest score [..., T, N] (the same way, no gradient).
 
   ``block_size``: of queries and keys (a power of two, at least 16), unless ``block_mask``
   brings blocks of that kind. ``num_warps``, ``num_stages``: Triton's (untuned defaults).
@@ -509,11 +512,15 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
                                           broadcasts=False), 3, width(dim), broadcasts=False)
   tables = tuple(jnp.reshape(jnp.asarray(c), (-1,)) for mod in (score, allow) if mod is not None
                  for c in mod.consts)
-  out, lse = _attention(plan, prepare(query, block_q, head_dim), prepare(key, block_k, head_dim),
-                        prepare(value, block_k, value_dim), (forward, backward), tables)
+  out, lse, row_max = _attention(plan, prepare(query, block_q, head_dim),
+                                 prepare(key, block_k, head_dim),
+                                 prepare(value, block_k, value_dim), (forward, backward), tables)
   out = jnp.reshape(out[:, :q_len, :, :value_dim], batch_shape + (q_len, num_heads, value_dim))
-  lse = jnp.reshape(jnp.swapaxes(lse[:, :, :q_len], 1, 2), batch_shape + (q_len, num_heads))
-  return out, lse
+  per_row = lambda x: jnp.reshape(jnp.swapaxes(x[:, :, :q_len], 1, 2),
+                                  batch_shape + (q_len, num_heads))
+  if return_max_scores:
+    return out, per_row(lse), lax.stop_gradient(per_row(row_max))
+  return out, per_row(lse)
 
 
 def _band(is_causal: bool, window):
@@ -626,7 +633,8 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
                          query_seq_lengths=None, key_value_seq_lengths=None,
                          query_segment_ids=None, key_segment_ids=None, score_mod=None,
                          mask_mod=None, block_mask=None, return_residual: bool = False,
-                         empty_rows: str = "mean", interpret: bool = False):
+                         empty_rows: str = "mean", interpret: bool = False,
+                         return_max_scores: bool = False):
   """``dot_product_attention`` through the fused kernel: query [..., T, N, H], key/value
   [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``).
   Inputs are assumed validated and servable (attention.KERNELS); ``local_window_size``
@@ -647,13 +655,13 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
     inner = score_mod or (lambda score, *indices: score)
     score_mod = lambda score, *indices: inner(
         logits_soft_cap * jnp.tanh(score / logits_soft_cap), *indices)
-  output, lse = flex_attention(query, key, value, scale=scale, score_mod=score_mod,
-                               mask_mod=mask_mod, block_mask=block_mask, interpret=interpret)
+  output, lse, *row_max = flex_attention(
+      query, key, value, scale=scale, score_mod=score_mod, mask_mod=mask_mod,
+      block_mask=block_mask, interpret=interpret, return_max_scores=return_max_scores)
   if empty_rows == "mean":  # rows past a query length stay zeros
     query_valid = None if query_seq_lengths is None else masks_lib.lengths_to_valid(
         query_seq_lengths, q_len)
     output, _ = masks_lib.uniform_empty_rows(output, jnp.isfinite(lse), value,
                                              query_valid=query_valid)
-  if return_residual:
-    return output, lax.stop_gradient(lse)
-  return output
+  extras = ((lax.stop_gradient(lse),) if return_residual else ()) + tuple(row_max)
+  return (output, *extras) if extras else output

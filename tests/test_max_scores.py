@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import attention_jax as aj
+from attention_jax import pallas_gpu
 
 pytestmark = pytest.mark.quick
 
@@ -30,7 +31,11 @@ def _expected(q, k, scale, allowed, bias=0.0, sinks=None):
 
 
 def _attend(implementation, q, k, v, **kwargs):
-  """dot_product_attention, or the blockwise kernel in blocks of 8 (several per row)."""
+  """dot_product_attention, the blockwise kernel in blocks of 8 (several per row), or the fused
+  kernel in Pallas' interpreter (in blocks of 16, its smallest)."""
+  if implementation == "pallas_gpu":
+    return pallas_gpu.pallas_gpu_attention(q, k, v, scale=H ** -0.5, empty_rows="zero",
+                                           interpret=True, return_max_scores=True, **kwargs)
   if implementation == "chunked_blocks":
     return aj.chunked_attention(q, k, v, scale=H ** -0.5, block_q=8, block_k=8,
                                 return_max_scores=True, **kwargs)
@@ -38,7 +43,8 @@ def _attend(implementation, q, k, v, **kwargs):
                                   return_max_scores=True, **kwargs)
 
 
-@pytest.mark.parametrize("implementation", ["reference", "chunked", "chunked_blocks"])
+@pytest.mark.parametrize("implementation", ["reference", "chunked", "chunked_blocks",
+                                            "pallas_gpu"])
 def test_the_largest_score_of_each_row_matches_numpy(implementation):
   q, k, v = _inputs()
   scale = H ** -0.5
@@ -53,6 +59,11 @@ def test_the_largest_score_of_each_row_matches_numpy(implementation):
   assert out.shape == q.shape
   assert np.all(np.isneginf(np.asarray(best)[:, :4, 0]))  # the empty rows
   # after the residual, with sinks (a sink is a logit of the row's softmax)
+  if implementation == "pallas_gpu":  # sinks are not the fused kernel's: causal alone
+    _, lse, best = _attend(implementation, q, k, v, is_causal=True, return_residual=True)
+    causal = np.broadcast_to(s <= t, (N, T, T))
+    np.testing.assert_allclose(best, _expected(q, k, H ** -0.5, causal), rtol=1e-5, atol=1e-5)
+    return
   sinks = jnp.asarray([0.3, 5.0, -2.0])
   _, lse, best = _attend(implementation, q, k, v, is_causal=True, sinks=sinks,
                          return_residual=True)
