@@ -310,10 +310,14 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
                         extra)
 
   tokens_per_step = len(replicas) * config.batch_size * task.max_length
-  progress = tqdm.tqdm(total=config.num_train_steps, initial=start_step, mininterval=2.0,
-                       desc=os.path.basename(os.path.normpath(workdir)), file=sys.stdout,
-                       disable=not hosts.writer())
-  say = progress.write if hosts.writer() else lambda line: None
+  # The bar starts after the first step, which compiles the program, so that its rate and ETA
+  # count compiled steps only (a first ETA of an hour was the compilation).
+  progress = None
+  say = (lambda line: progress.write(line) if progress else print(line, flush=True)
+         ) if hosts.writer() else (lambda line: None)
+  if start_step < config.num_train_steps:
+    say(f"compiling the training step ({len(replicas)} replica(s)); the progress bar starts when "
+        "it runs")
   eval_metrics = {}
   reported = set(_diverged(state, replicas))  # diverged before a resume: already said
   clock = time.perf_counter()
@@ -324,7 +328,12 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
         # prepares the next batch while the step runs.
         batch = next_batch(step - 1)
         state, metrics = step_fn(state, batch)
-        progress.update(1)
+        if progress is None:
+          progress = tqdm.tqdm(total=config.num_train_steps, initial=step, mininterval=2.0,
+                               desc=os.path.basename(os.path.normpath(workdir)),
+                               file=sys.stdout, disable=not hosts.writer())
+        else:
+          progress.update(1)
         log_now, eval_now, save_now = steps_lib.due(step, config)
         stop = received[0] if received else signal.SIGTERM if hosts.preempted(step) else None
         if log_now or eval_now or save_now or stop:
@@ -348,7 +357,8 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
         if stop:
           raise Interrupted(stop, step)
   finally:
-    progress.close()
+    if progress is not None:
+      progress.close()
     checkpoints.close()
     for replica_log in logs:
       replica_log.close()
