@@ -460,7 +460,8 @@ def _pallas_gpu(query, key, value, r: Request):  # the structure as mods, in the
       local_window_size=r.window, logits_soft_cap=r.logits_soft_cap,
       return_residual=r.return_residual, empty_rows=r.empty_rows, score_mod=r.score_mod,
       mask_mod=r.mask_mod, block_mask=r.block_mask, return_max_scores=r.return_max_scores,
-      **r.structure)
+      dropout_rate=r.dropout_rate, dropout_rng=r.dropout_rng,
+      broadcast_dropout=r.broadcast_dropout, **r.structure)
 
 
 def _chunked(query, key, value, r: Request):  # the structure implicit: whole blocks are skipped
@@ -559,9 +560,11 @@ KERNELS = {kernel.name: kernel for kernel in (
            "({func}`attention_jax.pallas_gpu.flex_attention`): forward and backward skip the "
            "blocks that a block mask, the causal mask, the window, a `mask`, sequence lengths "
            "or segment ids leave empty (per example where they come as arrays), and evaluate no "
-           "`mask_mod` on full ones; a bias only written as a `score_mod`",
+           "`mask_mod` on full ones; attention dropout with the blockwise kernel's "
+           "counter-based masks; a bias only written as a `score_mod`",
            "reverse mode only (its custom VJP); arrays a mod closes over get no gradient",
-           _pallas_gpu, serves=("residual", "max_scores", "soft_cap", "score_mod", "mask_mod"),
+           _pallas_gpu, serves=("dropout", "residual", "max_scores", "soft_cap", "score_mod",
+                                "mask_mod"),
            backend="gpu",
            check=pallas_gpu.missing_backend),
 )}

@@ -1,5 +1,6 @@
 """Block geometry shared by the blockwise kernels and block masks: how lengths are cut into
-blocks (sizes, counts, padding) and what a block holds (EMPTY, PARTIAL, FULL). Imports nothing
+blocks (sizes, counts, padding), what a block holds (EMPTY, PARTIAL, FULL), and the dropout
+bits every blockwise kernel regenerates per entry. Imports nothing
 from attention_jax, so every kernel can build on it.
 
 Shape letters: T query length, S key length, bq and bk the block sizes, Tp and Sp the lengths
@@ -124,3 +125,46 @@ class Geometry:
     """The [bq] and [bk] ids (segments, positions) of block (i, j)."""
     return (lax.dynamic_slice_in_dim(query_ids, i * self.block_q, self.block_q),
             lax.dynamic_slice_in_dim(key_ids, j * self.block_k, self.block_k))
+
+
+def _mix(x):
+  """MurmurHash3's 32-bit finaliser: a bijection of uint32 in which every input bit changes
+  each output bit with probability about 1/2."""
+  x = x ^ (x >> 16)
+  x = x * jnp.uint32(0x85EBCA6B)
+  x = x ^ (x >> 13)
+  x = x * jnp.uint32(0xC2B2AE35)
+  return x ^ (x >> 16)
+
+
+def dropout_bits(key_data, q_idx, kv_idx):
+  """uint32 bits of entry (t, s) under key_data (uint32 [2]), for broadcastable uint32 index
+  arrays: the row's hash (once per query), mixed with the key index and the key's second word.
+  About ten integer operations per entry (threefry's twenty rounds cost attention 4 to 6 times
+  its time on a CPU)."""
+  row = _mix(q_idx * jnp.uint32(0x9E3779B1) + key_data[0])  # [bq, 1]
+  return _mix((row ^ (kv_idx * jnp.uint32(0x85EBCA77))) + key_data[1])
+
+
+def dropout_factor(key_data, q_idx, kv_idx, rate: float):
+  """Inverted dropout's factor per entry, 1 / (1 - rate) where kept and 0 where dropped: kept
+  where ``dropout_bits`` >= rate * 2^32, so with probability 1 - rate (to 2^-32)."""
+  threshold = jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
+  kept = dropout_bits(key_data, q_idx.astype(jnp.uint32), kv_idx.astype(jnp.uint32)) >= threshold
+  return jnp.where(kept, 1.0 / (1.0 - rate), 0.0)
+
+
+def key_data(rng) -> jax.Array:
+  """uint32 [2] of a PRNG key, typed (jax.random.key) or raw (jax.random.PRNGKey)."""
+  if jnp.issubdtype(jnp.result_type(rng), jax.dtypes.prng_key):
+    rng = jax.random.key_data(rng)
+  return jnp.asarray(rng, jnp.uint32).reshape(-1)[-2:]
+
+
+def head_key(call_key, batch, head, broadcast: bool):
+  """uint32 [2]: the dropout key of (example, head), folded from the call's (``key_data``), or
+  the call's own for every head with ``broadcast`` (flax's broadcast_dropout)."""
+  if broadcast:
+    return call_key
+  key = jax.random.wrap_key_data(call_key)
+  return jax.random.key_data(jax.random.fold_in(jax.random.fold_in(key, batch), head))

@@ -286,35 +286,11 @@ def _kept(pattern: Pattern, head: _Head, g: Blocks, i, j, transposed=False):
   of any shape regenerates the same entries, forward and backward, and no mask is stored."""
   if not pattern.dropout_rate:
     return None
-  key = jax.random.wrap_key_data(head.dropout_key)
-  if not pattern.dropout_broadcast:
-    key = jax.random.fold_in(jax.random.fold_in(key, head.batch), head.head)
-  q_idx = (i * g.block_q + jnp.arange(g.block_q, dtype=jnp.uint32))[:, None]  # [bq, 1]
-  kv_idx = (j * g.block_k + jnp.arange(g.block_k, dtype=jnp.uint32))[None, :]  # [1, bk]
-  bits = dropout_bits(jax.random.key_data(key), q_idx.astype(jnp.uint32),
-                      kv_idx.astype(jnp.uint32))  # [bq, bk]
-  threshold = jnp.uint32(min(round(pattern.dropout_rate * 2.0 ** 32), 2 ** 32 - 1))
-  kept = jnp.where(bits >= threshold, 1.0 / (1.0 - pattern.dropout_rate), 0.0)
+  key_data = blocks.head_key(head.dropout_key, head.batch, head.head, pattern.dropout_broadcast)
+  q_idx = (i * g.block_q + jnp.arange(g.block_q))[:, None]  # [bq, 1]
+  kv_idx = (j * g.block_k + jnp.arange(g.block_k))[None, :]  # [1, bk]
+  kept = blocks.dropout_factor(key_data, q_idx, kv_idx, pattern.dropout_rate)  # [bq, bk]
   return kept.T if transposed else kept
-
-
-def _mix(x):
-  """MurmurHash3's 32-bit finaliser: a bijection of uint32 in which every input bit changes
-  each output bit with probability about 1/2."""
-  x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x85EBCA6B)
-  x = x ^ (x >> 13)
-  x = x * jnp.uint32(0xC2B2AE35)
-  return x ^ (x >> 16)
-
-
-def dropout_bits(key_data, q_idx, kv_idx):
-  """uint32 bits of entry (t, s) under key_data (uint32 [2]), for broadcastable uint32 index
-  arrays: the row's hash (once per query), mixed with the key index and the key's second word.
-  About ten integer operations per entry (threefry's twenty rounds cost attention 4 to 6 times
-  its time on a CPU)."""
-  row = _mix(q_idx * jnp.uint32(0x9E3779B1) + key_data[0])  # [bq, 1]
-  return _mix((row ^ (kv_idx * jnp.uint32(0x85EBCA77))) + key_data[1])
 
 
 def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
@@ -692,7 +668,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   if dropout_rate > 0.0:
     pattern = dataclasses.replace(pattern, dropout_rate=float(dropout_rate),
                                   dropout_broadcast=bool(broadcast_dropout))
-    mods = mods._replace(dropout_key=_key_data(dropout_rng))
+    mods = mods._replace(dropout_key=blocks.key_data(dropout_rng))
   if block_mask is not None and block_mask.kinds.shape[:2] != (1, 1):
     # block kinds that differ by example or head would make the skip predicates batched (both
     # branches run) where several pairs run side by side
@@ -714,13 +690,6 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
       query_seq_lengths, query.shape[-3])
   output = masks_lib.uniform_empty_rows(output, _has_key(lse, query), value, None, query_valid)[0]
   return (output, *residual) if residual else output
-
-
-def _key_data(rng) -> jax.Array:
-  """uint32 [2] of a PRNG key, typed (jax.random.key) or raw (jax.random.PRNGKey)."""
-  if jnp.issubdtype(jnp.result_type(rng), jax.dtypes.prng_key):
-    rng = jax.random.key_data(rng)
-  return jnp.asarray(rng, jnp.uint32).reshape(-1)[-2:]
 
 
 def trace_mods(score_mod, mask_mod, query, *inputs, sinks=None, block_kinds=None):

@@ -223,6 +223,20 @@ class _Plan:
   num_warps: int  # Triton's, per program
   num_stages: int  # Triton's software pipelining of the loop over key blocks
   interpret: bool
+  dropout_rate: float = 0.0  # with it, the tables end with the heads' dropout keys
+  num_heads: int = 1  # N, to find a head's dropout key
+
+  def dropout(self, keys, b, h, q_start, k_start):
+    """Inverted dropout's factor on the block at (q_start, k_start) [bq, bk], or None: the
+    blockwise kernel's counter-based mask (``blocks.dropout_factor``), the same entries."""
+    if not self.dropout_rate:
+      return None
+    index = 2 * (b * self.num_heads + h) if keys.shape[0] > 2 else 0
+    key_data = (keys[index], keys[index + 1])
+    shape = (self.block_q, self.block_k)
+    q_idx = q_start + lax.broadcasted_iota(jnp.int32, shape, 0)
+    kv_idx = k_start + lax.broadcasted_iota(jnp.int32, shape, 1)
+    return blocks_lib.dropout_factor(key_data, q_idx, kv_idx, self.dropout_rate)
 
   def row(self, b, h, i, transpose: bool = False):
     """Where block row ``i`` of (example b, head h) starts in a ``_block_order`` list."""
@@ -231,12 +245,15 @@ class _Plan:
     return (((b % mb) * mn + h % mn) * rows + i) * (1 + cols)
 
   def tables(self, refs):
-    """The mods' tables (``_Table`` objects over the first refs), and the refs after them."""
+    """The mods' tables (``_Table`` objects over the first refs), the dropout keys' ref (or
+    None), and the refs after them."""
     consts = [(mod, c) for mod in (self.score, self.allow) if mod is not None
               for c in mod.consts]
     tables = [_Table(ref, np.shape(c)) for ref, (_, c) in zip(refs, consts)]
     n = len(self.score.consts) if self.score is not None else 0
-    return (tables[:n], tables[n:]), refs[len(consts):]
+    rest = refs[len(consts):]
+    keys, rest = (rest[0], rest[1:]) if self.dropout_rate else (None, rest)
+    return (tables[:n], tables[n:]), keys, rest
 
   def logits(self, q, k, tables, b, h, q_start, k_start, full):
     """Scaled, modded logits [bq, bk] (-inf where masked) and d(score_mod)/d(score) or None;
@@ -257,7 +274,7 @@ class _Plan:
 
 
 def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
-  tables, (out_ref, lse_ref, max_ref) = plan.tables(refs)
+  tables, keys, (out_ref, lse_ref, max_ref) = plan.tables(refs)
   i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   q = q_ref[...]  # [bq, H]
   start = plan.row(b, h, i)
@@ -273,7 +290,9 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp(s - m_safe[:, None])
     alpha = jnp.exp(m - m_safe)
-    acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v,
+    kept = plan.dropout(keys, b, h, i * plan.block_q, k_start)  # the normaliser keeps p
+    dropped = p if kept is None else p * kept
+    acc = acc * alpha[:, None] + jnp.dot(dropped.astype(v.dtype), v,
                                          preferred_element_type=jnp.float32)
     return acc, m_new, l * alpha + jnp.sum(p, axis=1)
 
@@ -287,17 +306,23 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
   max_ref[...] = jnp.where(empty, -jnp.inf, m)  # each row's largest score
 
 
-def _weights_gradient(plan, q, k, v, do, lse, delta, tables, b, h, q_start, k_start, full):
-  """The weights P [bq, bk] and dL/d(logits before the score_mod) [bq, bk] of one block pair."""
+def _weights_gradient(plan, q, k, v, do, lse, delta, tables, keys, b, h, q_start, k_start,
+                      full):
+  """The weights applied, P (times the dropout factor) [bq, bk], and dL/d(logits before the
+  score_mod) [bq, bk] of one block pair."""
   s, derivative = plan.logits(q, k, tables, b, h, q_start, k_start, full)
   p = jnp.exp(s - jnp.where(lse == -jnp.inf, 0.0, lse)[:, None])
   dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
+  kept = plan.dropout(keys, b, h, q_start, k_start)
+  if kept is not None:  # out = (P * kept) V: dP = kept * dO V^T
+    dp = dp * kept
   ds = p * (dp - delta[:, None])
-  return p, ds if derivative is None else jnp.where(p > 0.0, ds * derivative, 0.0)
+  applied = p if kept is None else p * kept
+  return applied, ds if derivative is None else jnp.where(p > 0.0, ds * derivative, 0.0)
 
 
 def _dq_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
-  tables, (dq_ref,) = plan.tables(refs)
+  tables, keys, (dq_ref,) = plan.tables(refs)
   i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
   start = plan.row(b, h, i)
@@ -307,7 +332,7 @@ def _dq_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs
     k_start = entry // 2 * plan.block_k
     k = k_ref[pl.ds(k_start, plan.block_k), :]
     v = v_ref[pl.ds(k_start, plan.block_k), :]
-    _, ds = _weights_gradient(plan, q, k, v, do, lse, delta, tables, b, h,
+    _, ds = _weights_gradient(plan, q, k, v, do, lse, delta, tables, keys, b, h,
                               i * plan.block_q, k_start, entry % 2 == 1)
     return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
 
@@ -316,7 +341,7 @@ def _dq_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs
 
 
 def _dkv_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
-  tables, (dk_ref, dv_ref) = plan.tables(refs)
+  tables, keys, (dk_ref, dv_ref) = plan.tables(refs)
   j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   k, v = k_ref[...], v_ref[...]  # [bk, H], [bk, H_v]
   start = plan.row(b, h, j, transpose=True)
@@ -327,8 +352,8 @@ def _dkv_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *ref
     q_start = entry // 2 * plan.block_q
     rows = pl.ds(q_start, plan.block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
-    p, ds = _weights_gradient(plan, q, k, v, do, lse_ref[rows], delta_ref[rows], tables, b, h,
-                              q_start, j * plan.block_k, entry % 2 == 1)
+    p, ds = _weights_gradient(plan, q, k, v, do, lse_ref[rows], delta_ref[rows], tables, keys,
+                              b, h, q_start, j * plan.block_k, entry % 2 == 1)
     dv = dv + jnp.dot(p.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
     return dk + jnp.dot(ds.T.astype(q.dtype), q, preferred_element_type=jnp.float32), dv
 
@@ -467,11 +492,15 @@ def _kernel_blocks(block_mask: block_masks.BlockMask | None, block_size: int):
 def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=None,
                    block_mask: block_masks.BlockMask | None = None, block_size: int = BLOCK,
                    num_warps: int = 4, num_stages: int = 2, interpret: bool = False,
-                   return_max_scores: bool = False):
+                   return_max_scores: bool = False, dropout_rate: float = 0.0,
+                   dropout_rng=None, broadcast_dropout: bool = True):
   """Attention with a score_mod and a mask_mod (or a block mask) in one fused kernel:
   query [..., T, N, H], key [..., S, K, H], value [..., S, K, H_v] -> (output [..., T, N, H_v],
   log-sum-exp [..., T, N]; -inf on a row that attends to nothing, whose output is 0), and with
   ``return_max_scores`` each row's largest score [..., T, N] (the same way, no gradient).
+  ``dropout_rate`` > 0 with ``dropout_rng``: dropout on the weights with the blockwise kernel's
+  counter-based masks (the same entries as ``chunked`` for the same key), regenerated in the
+  backward kernels; one mask for every example and head with ``broadcast_dropout``.
 
   ``block_size``: of queries and keys (a power of two, at least 16), unless ``block_mask``
   brings blocks of that kind. ``num_warps``, ``num_stages``: Triton's (untuned defaults).
@@ -505,13 +534,16 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   forward, mask_shape = _block_order(kinds, num_q, num_k, transpose=False)
   backward, _ = _block_order(kinds, num_q, num_k, transpose=True)
   plan = _Plan(float(scale), block_q, block_k, num_q, num_k, kv_len, num_heads // num_kv_heads,
-               tuple(mask_shape), score, allow, num_warps, num_stages, interpret)
+               tuple(mask_shape), score, allow, num_warps, num_stages, interpret,
+               float(dropout_rate), num_heads)
   width = lambda dim: max(16, 1 << (dim - 1).bit_length())  # Triton's blocks: powers of two
   pad, round_up = blocks_lib.pad_axis, blocks_lib.round_up
   prepare = lambda x, block, dim: pad(pad(flat(x), 1, round_up(x.shape[-3], block),
                                           broadcasts=False), 3, width(dim), broadcasts=False)
   tables = tuple(jnp.reshape(jnp.asarray(c), (-1,)) for mod in (score, allow) if mod is not None
                  for c in mod.consts)
+  if dropout_rate:  # the dropout key of every (example, head), flattened, or one for all
+    tables += (_dropout_keys(dropout_rng, batch, num_heads, broadcast_dropout),)
   out, lse, row_max = _attention(plan, prepare(query, block_q, head_dim),
                                  prepare(key, block_k, head_dim),
                                  prepare(value, block_k, value_dim), (forward, backward), tables)
@@ -521,6 +553,16 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   if return_max_scores:
     return out, per_row(lse), lax.stop_gradient(per_row(row_max))
   return out, per_row(lse)
+
+
+def _dropout_keys(rng, batch: int, num_heads: int, broadcast: bool):
+  """uint32 [2] (``broadcast``) or [B * N * 2]: ``blocks.head_key`` of every (example, head)."""
+  call_key = blocks_lib.key_data(rng)
+  if broadcast:
+    return call_key
+  b, h = jnp.divmod(jnp.arange(batch * num_heads), num_heads)
+  return jnp.reshape(jax.vmap(lambda b, h: blocks_lib.head_key(call_key, b, h, False))(b, h),
+                     (-1,))
 
 
 def _band(is_causal: bool, window):
@@ -634,7 +676,8 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
                          query_segment_ids=None, key_segment_ids=None, score_mod=None,
                          mask_mod=None, block_mask=None, return_residual: bool = False,
                          empty_rows: str = "mean", interpret: bool = False,
-                         return_max_scores: bool = False):
+                         return_max_scores: bool = False, dropout_rate: float = 0.0,
+                         dropout_rng=None, broadcast_dropout: bool = True):
   """``dot_product_attention`` through the fused kernel: query [..., T, N, H], key/value
   [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``).
   Inputs are assumed validated and servable (attention.KERNELS); ``local_window_size``
@@ -657,7 +700,8 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
         logits_soft_cap * jnp.tanh(score / logits_soft_cap), *indices)
   output, lse, *row_max = flex_attention(
       query, key, value, scale=scale, score_mod=score_mod, mask_mod=mask_mod,
-      block_mask=block_mask, interpret=interpret, return_max_scores=return_max_scores)
+      block_mask=block_mask, interpret=interpret, return_max_scores=return_max_scores,
+      dropout_rate=dropout_rate, dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout)
   if empty_rows == "mean":  # rows past a query length stay zeros
     query_valid = None if query_seq_lengths is None else masks_lib.lengths_to_valid(
         query_seq_lengths, q_len)

@@ -132,6 +132,25 @@ def test_dropout_through_dot_product_attention_and_the_automatic_choice():
                              atol=1e-6)
 
 
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_the_fused_kernel_drops_the_same_entries_as_the_blockwise_kernel(broadcast):
+  """The fused Pallas kernel (in Pallas' interpreter) regenerates the blockwise kernel's masks:
+  the same outputs and gradients, from blocks of another size."""
+  from attention_jax import pallas_gpu
+  q, k, v = _inputs()
+  rng = jax.random.key(9)
+  causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx  # noqa: E731
+  common = dict(scale=H ** -0.5, mask_mod=causal, dropout_rate=RATE, dropout_rng=rng,
+                broadcast_dropout=broadcast)
+  fused = lambda q, k, v: pallas_gpu.flex_attention(q, k, v, interpret=True, **common)[0]  # noqa: E731
+  blockwise = lambda q, k, v: aj.chunked_attention(q, k, v, block_q=8, block_k=8, **common)  # noqa: E731
+  np.testing.assert_allclose(fused(q, k, v), blockwise(q, k, v), rtol=1e-5, atol=1e-6)
+  loss = lambda f: lambda *x: jnp.sum(jnp.sin(f(*x)))  # noqa: E731
+  for name, a, b in zip("qkv", jax.grad(loss(fused), argnums=(0, 1, 2))(q, k, v),
+                        jax.grad(loss(blockwise), argnums=(0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6, err_msg=f"d{name}")
+
+
 def _temp_bytes(dropout_rate, length):
   q = jax.ShapeDtypeStruct((1, length, 4, 64), jnp.float32)
 

@@ -150,11 +150,14 @@ def test_what_the_kernel_cannot_run_is_refused_in_one_line():
     pallas_gpu.flex_attention(q, k, v, scale=1.0, block_size=24, interpret=True)
 
 
-def test_the_three_kernels_lower_to_triton_in_bfloat16():
+@pytest.mark.parametrize("dropout_rate", [0.0, 0.1])
+def test_the_three_kernels_lower_to_triton_in_bfloat16(dropout_rate):
   def loss(q, k, v, mask, lengths):  # with the structure arrays read as tables, traced
     out = pallas_gpu.pallas_gpu_attention(q, k, v, mask, scale=0.125, score_mod=alibi,
                                           mask_mod=same_document, key_value_seq_lengths=lengths,
-                                          is_causal=True)
+                                          is_causal=True, dropout_rate=dropout_rate,
+                                          dropout_rng=jax.random.key(0),
+                                          broadcast_dropout=False)
     return jnp.sum(out.astype(jnp.float32))
 
   shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in (
