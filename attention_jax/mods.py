@@ -26,6 +26,7 @@ import numpy as np
 
 from attention_jax import reference
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mod:
   """A score_mod or mask_mod (``user``), and the same traced once at scalars: ``fn(consts,
@@ -172,15 +173,15 @@ def noop_mask(batch, head, q_idx, kv_idx):
   return jnp.ones((), jnp.bool_)
 
 
-def _combine(name: str, combine, mask_mods):
+def _combine(name: str, combine, empty: bool, mask_mods):
+  """The mask_mod ``combine``-ing ``mask_mods``; with none, ``empty`` for every pair."""
   if not all(callable(mod) for mod in mask_mods):
     raise ValueError(f"{name} takes mask_mods (functions of batch, head, q_idx, kv_idx), got "
                      f"{[type(mod).__name__ for mod in mask_mods if not callable(mod)]}.")
 
   def mask_mod(batch, head, q_idx, kv_idx):
     return functools.reduce(combine, (mod(batch, head, q_idx, kv_idx) for mod in mask_mods),
-                            noop_mask(batch, head, q_idx, kv_idx) if combine is jnp.logical_and
-                            else ~noop_mask(batch, head, q_idx, kv_idx))
+                            jnp.full((), empty))
   return mask_mod
 
 
@@ -193,7 +194,7 @@ def and_masks(*mask_mods):
   >>> bool(and_masks(causal, window)(0, 0, 9, 2)), bool(and_masks(causal, window)(0, 0, 9, 7))
   (False, True)
   """
-  return _combine("and_masks", jnp.logical_and, mask_mods)
+  return _combine("and_masks", jnp.logical_and, True, mask_mods)
 
 
 def or_masks(*mask_mods):
@@ -205,7 +206,7 @@ def or_masks(*mask_mods):
   >>> bool(or_masks(prefix, causal)(0, 0, 1, 3)), bool(or_masks(prefix, causal)(0, 0, 5, 6))
   (True, False)
   """
-  return _combine("or_masks", jnp.logical_or, mask_mods)
+  return _combine("or_masks", jnp.logical_or, False, mask_mods)
 
 
 def create_mask(mod, batch: int | None, heads: int | None, q_len: int, kv_len: int) -> jax.Array:
