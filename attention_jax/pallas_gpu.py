@@ -134,18 +134,30 @@ def _cond(params, inputs):
 
 def _scan(params, inputs):
   """lax.scan without inputs to scan over (lax.fori_loop with static bounds is one), unrolled."""
-  consts, carry = (inputs[:params["num_consts"]],
-                   inputs[params["num_consts"]:params["num_consts"] + params["num_carry"]])
-  if len(inputs) > params["num_consts"] + params["num_carry"] or len(
-      params["jaxpr"].jaxpr.outvars) > params["num_carry"]:
+  num_consts, num_carry = _scan_layout(params)
+  body = params["jaxpr"]
+  consts, carry = inputs[:num_consts], inputs[num_consts:num_consts + num_carry]
+  if len(inputs) > num_consts + num_carry or len(
+      getattr(body, "jaxpr", body).outvars) > num_carry:
     raise Unservable("the fused kernel unrolls a lax.scan in a mod only without xs and ys (a "
                      "lax.fori_loop with static bounds); this one scans over arrays")
   if params["length"] > MAX_UNROLL:
     raise Unservable(f"the fused kernel unrolls a loop in a mod up to {MAX_UNROLL} iterations; "
                      f"this one has {params['length']}")
   for _ in range(params["length"]):
-    carry = _run_closed(params["jaxpr"], list(consts) + list(carry))
+    carry = _run_closed(body, list(consts) + list(carry))
   return carry
+
+
+def _scan_layout(params) -> tuple[int, int]:
+  """(constants, carries) among a scan's inputs: jax 0.10 names the counts, jax 0.12 gives the
+  groups (constants, carries, xs) as flat trees of leaves."""
+  if "num_consts" in params:
+    return params["num_consts"], params["num_carry"]
+  groups = params["ft_in"]
+  consts, carry, _ = groups.unflatten() if hasattr(groups, "unflatten") else groups
+  count = lambda group: len(jax.tree_util.tree_leaves(group, is_leaf=lambda x: x is None))
+  return count(consts), count(carry)
 
 
 def _while(params, inputs):
