@@ -33,6 +33,7 @@ from jax import lax
 from jax.extend import core as jex_core
 from jax.experimental import pallas as pl
 
+from attention_jax import _checks
 from attention_jax import block_masks
 from attention_jax import blocks as blocks_lib
 from attention_jax import masks as masks_lib
@@ -531,6 +532,7 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   flat = lambda x: jnp.reshape(x, (-1,) + x.shape[-3:])
   batch = math.prod(batch_shape)
   mask_mod = block_masks.check_block_mask(block_mask, mask_mod, batch, num_heads, q_len, kv_len)
+  dropout_rate = _checks.dropout(dropout_rate, dropout_rng, deterministic=False)
   if not interpret and (reason := missing_backend()):
     raise ValueError(reason + ".")
   if not _is_block(block_size):

@@ -145,6 +145,8 @@ def test_the_fused_kernel_drops_the_same_entries_as_the_blockwise_kernel(broadca
   fused = lambda q, k, v: pallas_gpu.flex_attention(q, k, v, interpret=True, **common)[0]  # noqa: E731
   blockwise = lambda q, k, v: aj.chunked_attention(q, k, v, block_q=8, block_k=8, **common)  # noqa: E731
   np.testing.assert_allclose(fused(q, k, v), blockwise(q, k, v), rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="needs a dropout_rng"):
+    pallas_gpu.flex_attention(q, k, v, scale=1.0, dropout_rate=0.1, interpret=True)
   loss = lambda f: lambda *x: jnp.sum(jnp.sin(f(*x)))  # noqa: E731
   for name, a, b in zip("qkv", jax.grad(loss(fused), argnums=(0, 1, 2))(q, k, v),
                         jax.grad(loss(blockwise), argnums=(0, 1, 2))(q, k, v)):
