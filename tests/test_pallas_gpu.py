@@ -272,9 +272,10 @@ def test_it_is_chosen_by_name_on_a_gpu_and_refuses_what_it_cannot_serve():
   assert select(score_mod=alibi) == "chunked"  # not timed on a GPU yet: by name only
   assert select(implementation="pallas_gpu", mask=jnp.ones((512, 512), bool),
                 key_value_seq_lengths=jnp.array([3, 4])) == "pallas_gpu"
+  assert select(implementation="pallas_gpu", dropout_rate=0.1) == "pallas_gpu"  # its own masks
   for arguments, named in [(dict(bias=jnp.ones((512, 512))), "bias only written as a score_mod"),
                            (dict(sinks=jnp.zeros(8)), "sinks"),
-                           (dict(dropout_rate=0.1), "dropout")]:
+                           (dict(return_weights=True), "cannot return them")]:
     with pytest.raises(ValueError, match=f"'pallas_gpu' cannot serve this call: .*{named}"):
       select(implementation="pallas_gpu", **arguments)
   with pytest.raises(ValueError, match="runs only on the gpu backend"):
