@@ -9,7 +9,8 @@
 # and in float32, and the library's test files with whatever time remains. PART names choose
 # some, in the order given: tests, attention_bf16, train_bf16, attention_f16, attention_f32,
 # library_tests, and (not in the default list) study_heads, study_heads_length, study_scaling,
-# study_positional, study_variants, attention_tokamax, profile_bf16, flag_cost, flex, flex_mod, flex_fused, mfu. Logs and
+# study_scaling_init, study_positional, study_variants, attention_tokamax, profile_bf16,
+# flag_cost, flex, flex_mod, flex_fused, mfu. Logs and
 # JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so that a run cut short
 # keeps what it finished. Python packages missing on the machine go in
 # .whl/ as wheels (scripts/gpu_wheels.sh puts them there; modules they import but never use here
@@ -127,6 +128,12 @@ study_heads_length() {
 # The scaling study (d_k 64, 256, 1024; 1/sqrt(d_k), none, QK-norm; 6 seeds x 5 rates).
 study_scaling() {
   study scaling_accelerator configs/ablations/scaling.py:accelerator 400
+}
+
+# Scaling, tuned (d_k 64, 256, 1024; 1/sqrt(d_k), none, none with W_Q x d_k^-1/2, QK-norm with
+# 1/d_k; 10 seeds x 3 rates, bracketed; 2000 steps).
+study_scaling_init() {
+  study scaling_init_accelerator configs/ablations/scaling_init.py:accelerator 500
 }
 
 # The positional study (even_pairs and order trained to length 64, tested at 2x, 4x and 8x;
