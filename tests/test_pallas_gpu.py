@@ -15,6 +15,7 @@ import attention_jax as aj
 from attention_jax import _checks
 from attention_jax import attention as attention_lib
 from attention_jax import pallas_gpu
+from attention_jax import reference as reference_lib
 from conftest import assert_close
 
 B, T, S, N, K, H = 2, 40, 36, 4, 2, 8  # T, S not multiples of the blocks; K < N (GQA)
@@ -343,49 +344,88 @@ def _mask_cond(b, h, q_idx, kv_idx):
   return jax.lax.cond(h == 0, lambda: q_idx >= kv_idx, lambda: jnp.abs(q_idx - kv_idx) < 8)
 
 
-CONTROL_FLOW = {  # name: (score_mod, mask_mod, the same without control flow)
-    "cond": (_cond, None, lambda s, b, h, q, kv: jnp.where(q >= kv, s, s - 1.0)),
+def _mask_switch(b, h, q_idx, kv_idx):
+  return jax.lax.switch(h % 2, [lambda: q_idx >= kv_idx, lambda: q_idx <= kv_idx + 6])
+
+
+def _mask_fori(b, h, q_idx, kv_idx):  # a boolean carry
+  return jax.lax.fori_loop(0, 3, lambda i, c: c | (q_idx - kv_idx == i), q_idx - kv_idx > 6)
+
+
+def _mask_while(b, h, q_idx, kv_idx):
+  return jax.lax.while_loop(lambda c: c[0] < kv_idx % 3, lambda c: (c[0] + 1, c[1]),
+                            (0, q_idx >= kv_idx))[1]
+
+
+CONTROL_FLOW = {  # name: (score_mod, mask_mod, the same two without control flow)
+    "cond": (_cond, None, lambda s, b, h, q, kv: jnp.where(q >= kv, s, s - 1.0), None),
     "switch": (_switch, None, lambda s, b, h, q, kv: jnp.where(
-        h % 3 == 0, s, jnp.where(h % 3 == 1, 0.5 * s, s + SLOPES[h]))),
-    "scan": (_scan, None, lambda s, b, h, q, kv: 1.75 * s),
-    "fori_loop": (_fori, None, lambda s, b, h, q, kv: s - 0.1 * jnp.abs(q - kv) * 25 / 12),
-    "while_loop": (_while, None, lambda s, b, h, q, kv: s - 0.2 * (kv % 3)),
-    "mask cond": (None, _mask_cond, None),
+        h % 3 == 0, s, jnp.where(h % 3 == 1, 0.5 * s, s + SLOPES[h])), None),
+    "scan": (_scan, None, lambda s, b, h, q, kv: 1.75 * s, None),
+    "fori_loop": (_fori, None, lambda s, b, h, q, kv: s - 0.1 * jnp.abs(q - kv) * 25 / 12,
+                  None),
+    "while_loop": (_while, None, lambda s, b, h, q, kv: s - 0.2 * (kv % 3), None),
+    "mask cond": (None, _mask_cond, None, lambda b, h, q, kv: jnp.where(
+        h == 0, q >= kv, jnp.abs(q - kv) < 8)),
+    "mask switch": (None, _mask_switch, None, lambda b, h, q, kv: jnp.where(
+        h % 2 == 0, q >= kv, q <= kv + 6)),  # no row empty
+    "mask fori_loop": (None, _mask_fori, None, lambda b, h, q, kv: (q - kv > 6) | (
+        (q - kv >= 0) & (q - kv < 3))),
+    "mask while_loop": (None, _mask_while, None, lambda b, h, q, kv: q >= kv),
 }
+PATHS = ["reference", "xla", "chunked", "chunked_blocks", "block_mask", "context_parallel",
+         "pallas_gpu"]
 
 
-@pytest.mark.parametrize("path", ["reference", "xla", "chunked", "chunked_blocks", "pallas_gpu"])
-@pytest.mark.parametrize("construct", list(CONTROL_FLOW))
-def test_control_flow_in_a_mod_is_served_right_or_refused_in_one_line(construct, path):
-  q, k, v, _ = _inputs(value_dim=H)  # xla wants value's shape to be key's
-  score_mod, mask_mod, plain = CONTROL_FLOW[construct]
-  mask = aj.create_mask(mask_mod, None, N, T, S) if mask_mod else None
-  expected = aj.dot_product_attention(q, k, v, score_mod=plain, mask=mask, scale=0.3,
-                                      implementation="reference")
+def _run(path, q, k, v, score_mod, mask_mod):
+  """Attention with the mods on ``path``: the implementations by name, the blockwise kernel in
+  blocks of 8 (with a block mask of the mask_mod), the context-parallel drop-in, or the fused
+  kernel in Pallas' interpreter."""
   kwargs = dict(scale=0.3, score_mod=score_mod, mask_mod=mask_mod)
   if path == "pallas_gpu":
-    run = lambda q: pallas_gpu.flex_attention(q, k, v, block_size=16, interpret=True,
-                                              **kwargs)[0]
-  elif path == "chunked_blocks":
-    run = lambda q: aj.chunked_attention(q, k, v, block_q=8, block_k=8, **kwargs)
-  else:
-    run = lambda q: aj.dot_product_attention(q, k, v, implementation=path, **kwargs)
+    return pallas_gpu.flex_attention(q, k, v, block_size=16, interpret=True, **kwargs)[0]
+  if path == "chunked_blocks":
+    return aj.chunked_attention(q, k, v, block_q=8, block_k=8, **kwargs)
+  if path == "block_mask":
+    block_mask = aj.make_block_mask(mask_mod or aj.noop_mask, None, N, q.shape[1], S,
+                                    block_size=8)
+    return aj.chunked_attention(q, k, v, scale=0.3, score_mod=score_mod, block_mask=block_mask)
+  if path == "context_parallel":
+    return aj.ContextParallel(jax.make_mesh((1,), ("seq",)), "seq")(q, k, v, **kwargs)
+  return aj.dot_product_attention(q, k, v, implementation=path, **kwargs)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("construct", list(CONTROL_FLOW))
+def test_control_flow_in_a_mod_is_served_right_or_refused_in_one_line(construct, path):
+  """Against the same mods written without control flow, evaluated by numpy broadcasting (not
+  through the mods' own machinery)."""
+  q, k, v, _ = _inputs(value_dim=H)  # xla wants value's shape to be key's
+  if path == "context_parallel":  # self-attention over one sequence: T = S
+    q = q[:, :S]
+  score_mod, mask_mod, plain_score, plain_mask = CONTROL_FLOW[construct]
+  b, h, t, s = np.ogrid[:1, :N, :q.shape[1], :S]
+  mask = None if plain_mask is None else np.asarray(plain_mask(b, h, t, s))  # [1, N, T, S]
+  scores = None if plain_score is None else (
+      lambda logits: plain_score(logits, b, h, t, s))  # on the dense [B, N, T, S] logits
+
+  def expected(q):
+    return reference_lib.reference_attention(q, k, v, None, mask, scale=0.3, score_mod=scores)
+  run = lambda q: _run(path, q, k, v, score_mod, mask_mod)  # noqa: E731
   if path == "xla" and score_mod is not None:  # xla serves masks only: refused, as any score_mod
     with pytest.raises(ValueError, match="cannot serve score_mod"):
       run(q)
     return
-  if path == "pallas_gpu" and construct == "while_loop":
+  if path == "pallas_gpu" and "while_loop" in construct:
     with pytest.raises(ValueError, match=r"^[^\n]*cannot evaluate a lax.while_loop in a mod"
                                          r"[^\n]*use implementation='chunked'\.$"):
       run(q)
     return
-  assert_close(run(q), expected, rtol=2e-5, name=f"{construct} on {path}")
+  assert_close(run(q), expected(q), rtol=2e-5, name=f"{construct} on {path}")
   if construct == "while_loop":
     return  # JAX differentiates no while_loop in reverse mode, on any path
-  reference_grad = jax.grad(lambda q: jnp.sum(jnp.sin(aj.dot_product_attention(
-      q, k, v, score_mod=plain, mask=mask, scale=0.3, implementation="reference"))))(q)
-  assert_close(jax.grad(lambda q: jnp.sum(jnp.sin(run(q))))(q), reference_grad, rtol=5e-5,
-               name=f"dq, {construct} on {path}")
+  grad = lambda f: jax.grad(lambda q: jnp.sum(jnp.sin(f(q))))(q)  # noqa: E731
+  assert_close(grad(run), grad(expected), rtol=5e-5, name=f"dq, {construct} on {path}")
 
 
 def test_a_long_loop_or_a_scan_over_arrays_is_refused_by_the_fused_kernel_in_one_line():
