@@ -163,10 +163,10 @@ def _automatic_order(query, key, backend: str, arch: str | None,
     return ("chunked", "reference") if longest >= CHUNKED_MIN_LENGTH_CPU else ("reference",)
   # "chunked" wherever "xla" cannot serve (a score_mod, sinks, sigmoid): memory linear in T
   logits_bytes = 4 * math.prod(query.shape[:-1]) * key.shape[-3]  # [..., T, N] x S float32
-  large = logits_bytes > XLA_MAX_LOGITS_BYTES_GPU
-  if dropout and not large:
+  small = logits_bytes <= XLA_MAX_LOGITS_BYTES_GPU
+  if dropout and small:  # flax's masks where the dense weights fit
     return measured + ("xla", "reference", "chunked")
-  large = large and backend == "gpu"
+  large = backend == "gpu" and not small
   return measured + (("chunked", "xla") if large else ("xla", "chunked")) + ("reference",)
 
 
@@ -356,8 +356,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       masks). Boolean is the fast path.
     dropout_rate: on the weights, one [T, S] mask for the batch and heads with
       ``broadcast_dropout``; off when ``deterministic``. The dense paths draw flax's masks for the
-      same ``dropout_rng``, "chunked" counter-based ones of its own (``select_implementation``
-      says which a call gets).
+      same ``dropout_rng``, the blockwise kernels ("chunked", "pallas_gpu") counter-based ones of
+      their own (``select_implementation`` says which a call gets).
     dtype, precision, promote_dtype: as flax's (the cast of query, key and value; the
       precision of the products).
     scale: multiplies Q K^T; None means 1 / sqrt(H). Any float is allowed.

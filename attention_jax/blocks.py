@@ -154,17 +154,16 @@ def dropout_factor(key_data, q_idx, kv_idx, rate: float):
   return jnp.where(kept, 1.0 / (1.0 - rate), 0.0)
 
 
-def key_data(rng) -> jax.Array:
-  """uint32 [2] of a PRNG key, typed (jax.random.key) or raw (jax.random.PRNGKey)."""
+def head_keys(rng, batch: int, num_heads: int, broadcast: bool) -> jax.Array:
+  """uint32 [B, N, 2]: the dropout key of each (example, head), ``rng`` folded with b, then n;
+  with ``broadcast`` (flax's broadcast_dropout) uint32 [1, 1, 2], ``rng``'s own for every one.
+  Computed once per call, outside the kernels' loops."""
   if jnp.issubdtype(jnp.result_type(rng), jax.dtypes.prng_key):
     rng = jax.random.key_data(rng)
-  return jnp.asarray(rng, jnp.uint32).reshape(-1)[-2:]
-
-
-def head_key(call_key, batch, head, broadcast: bool):
-  """uint32 [2]: the dropout key of (example, head), folded from the call's (``key_data``), or
-  the call's own for every head with ``broadcast`` (flax's broadcast_dropout)."""
+  call_key = jnp.asarray(rng, jnp.uint32).reshape(-1)[-2:]  # typed or raw (PRNGKey) keys
   if broadcast:
-    return call_key
+    return call_key[None, None]
   key = jax.random.wrap_key_data(call_key)
-  return jax.random.key_data(jax.random.fold_in(jax.random.fold_in(key, batch), head))
+  fold = lambda b, n: jax.random.key_data(jax.random.fold_in(jax.random.fold_in(key, b), n))
+  b, n = jnp.meshgrid(jnp.arange(batch), jnp.arange(num_heads), indexing="ij")  # [B, N]
+  return jax.vmap(jax.vmap(fold))(b, n)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -47,7 +48,6 @@ class Pattern:
   normalizer: str = "softmax"
   sigmoid_bias: float = 0.0
   dropout_rate: float = 0.0
-  dropout_broadcast: bool = True  # one mask for every example and head, as flax's broadcast
   max_scores: bool = False  # the forward also returns each row's largest logit
 
 
@@ -69,7 +69,7 @@ class Mods(NamedTuple):
   sinks: jax.Array | None = None
   block_kinds: jax.Array | None = None
   anchor: jax.Array | None = None  # what the mods' inputs vary like (mods.anchor_of)
-  dropout_key: jax.Array | None = None  # uint32 [2], the key data of dropout_rng
+  dropout_keys: jax.Array | None = None  # uint32 [B or 1, N or 1, 2] (blocks.head_keys)
 
 
 class _Head(NamedTuple):
@@ -90,7 +90,7 @@ class _Head(NamedTuple):
   score_consts: tuple = ()
   mask_consts: tuple = ()
   anchor: jax.Array | None = None
-  dropout_key: jax.Array | None = None
+  dropout_key: jax.Array | None = None  # uint32 [2]: this head's (blocks.head_keys)
 
 
 def _occupied(kinds, lo, hi):
@@ -286,10 +286,9 @@ def _kept(pattern: Pattern, head: _Head, g: Blocks, i, j, transposed=False):
   of any shape regenerates the same entries, forward and backward, and no mask is stored."""
   if not pattern.dropout_rate:
     return None
-  key_data = blocks.head_key(head.dropout_key, head.batch, head.head, pattern.dropout_broadcast)
   q_idx = (i * g.block_q + jnp.arange(g.block_q))[:, None]  # [bq, 1]
   kv_idx = (j * g.block_k + jnp.arange(g.block_k))[None, :]  # [1, bk]
-  kept = blocks.dropout_factor(key_data, q_idx, kv_idx, pattern.dropout_rate)  # [bq, bk]
+  kept = blocks.dropout_factor(head.dropout_key, q_idx, kv_idx, pattern.dropout_rate)
   return kept.T if transposed else kept
 
 
@@ -328,8 +327,7 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
 
     acc = varying_zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head)
     if pattern.normalizer == "sigmoid":
-      no_statistic = jnp.zeros((g.block_q,), dtype)
-      return g.along(i, attend, acc, pattern, head, row=True), no_statistic, no_statistic
+      return g.along(i, attend, acc, pattern, head, row=True), jnp.zeros((g.block_q,), dtype)
     if g.num_k == 1:  # all keys in one block: a plain softmax, with nothing to rescale
       logits, _ = _logits(q_block, k, i, 0, pattern, head, g, dtype)
       row_max = jnp.maximum(jnp.max(logits, axis=-1, initial=least_max), start_max)
@@ -345,10 +343,10 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
     out = acc / jnp.where(has_key, row_sum, 1.0)[:, None]
     lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, row_sum, 1.0)), least_max)
     # an empty row: out 0, lse = least_max, so that exp(logit - lse) = 0 later
-    return out, lse, jnp.where(has_key, row_max, least_max)
+    return (out, lse) + ((jnp.where(has_key, row_max, least_max),) if pattern.max_scores else ())
 
-  out, lse, row_max = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq] x 2
-  return out.reshape(-1, v.shape[-1]), lse.reshape(-1), row_max.reshape(-1)
+  outputs = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq] (, [Q, bq])
+  return (outputs[0].reshape(-1, v.shape[-1]),) + tuple(x.reshape(-1) for x in outputs[1:])
 
 
 def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: Blocks, d_bias,
@@ -442,7 +440,7 @@ def _group_inputs(bias, mask, extras: _Extras, mods: Mods, b, n):
                batch=jnp.asarray(b, jnp.int32), head=jnp.asarray(n, jnp.int32),
                sink=_pick(mods.sinks, n), block_kinds=_pick(_pick(mods.block_kinds, b), n),
                score_consts=mods.score_consts, mask_consts=mods.mask_consts,
-               anchor=mods.anchor, dropout_key=mods.dropout_key)
+               anchor=mods.anchor, dropout_key=_pick(_pick(mods.dropout_keys, b), n))
 
 
 def _map_heads(f, per_query_head, k, v, geometry):
@@ -471,9 +469,9 @@ def forward(q, k, v, bias, mask, extras, mods, pattern, geometry):
     return _forward_head(q_n, k_n, v_n, _group_inputs(bias, mask, extras, mods, b, n), pattern,
                          geometry)
 
-  out, lse, row_max = _map_heads(one_head, (q,), k, v, geometry)  # [B * N, Tp(, Hv)]
-  out, lse = out.reshape(q.shape[:3] + v.shape[-1:]), lse.reshape(q.shape[:3])
-  return (out, lse, row_max.reshape(q.shape[:3])) if pattern.max_scores else (out, lse)
+  out, *statistics = _map_heads(one_head, (q,), k, v, geometry)  # [B * N, Tp(, Hv)]
+  return (out.reshape(q.shape[:3] + v.shape[-1:]),) + tuple(
+      x.reshape(q.shape[:3]) for x in statistics)
 
 
 def _trainable(mods: Mods):
@@ -666,9 +664,9 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   if return_max_scores:
     pattern = dataclasses.replace(pattern, max_scores=True)
   if dropout_rate > 0.0:
-    pattern = dataclasses.replace(pattern, dropout_rate=float(dropout_rate),
-                                  dropout_broadcast=bool(broadcast_dropout))
-    mods = mods._replace(dropout_key=blocks.key_data(dropout_rng))
+    pattern = dataclasses.replace(pattern, dropout_rate=float(dropout_rate))
+    mods = mods._replace(dropout_keys=blocks.head_keys(
+        dropout_rng, math.prod(query.shape[:-3]), query.shape[-2], broadcast_dropout))
   if block_mask is not None and block_mask.kinds.shape[:2] != (1, 1):
     # block kinds that differ by example or head would make the skip predicates batched (both
     # branches run) where several pairs run side by side

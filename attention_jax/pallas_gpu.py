@@ -244,7 +244,7 @@ class _Plan:
     blockwise kernel's counter-based mask (``blocks.dropout_factor``), the same entries."""
     if not self.dropout_rate:
       return None
-    index = 2 * (b * self.num_heads + h) if keys.shape[0] > 2 else 0
+    index = 2 * (b * self.num_heads + h) if keys.shape[0] > 2 else 0  # [B * N * 2] or [2]
     key_data = (keys[index], keys[index + 1])
     shape = (self.block_q, self.block_k)
     q_idx = q_start + lax.broadcasted_iota(jnp.int32, shape, 0)
@@ -557,7 +557,8 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   tables = tuple(jnp.reshape(jnp.asarray(c), (-1,)) for mod in (score, allow) if mod is not None
                  for c in mod.consts)
   if dropout_rate:  # the dropout key of every (example, head), flattened, or one for all
-    tables += (_dropout_keys(dropout_rng, batch, num_heads, broadcast_dropout),)
+    tables += (jnp.reshape(blocks_lib.head_keys(dropout_rng, batch, num_heads,
+                                                broadcast_dropout), (-1,)),)
   out, lse, row_max = _attention(plan, prepare(query, block_q, head_dim),
                                  prepare(key, block_k, head_dim),
                                  prepare(value, block_k, value_dim), (forward, backward), tables)
@@ -567,16 +568,6 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   if return_max_scores:
     return out, per_row(lse), lax.stop_gradient(per_row(row_max))
   return out, per_row(lse)
-
-
-def _dropout_keys(rng, batch: int, num_heads: int, broadcast: bool):
-  """uint32 [2] (``broadcast``) or [B * N * 2]: ``blocks.head_key`` of every (example, head)."""
-  call_key = blocks_lib.key_data(rng)
-  if broadcast:
-    return call_key
-  b, h = jnp.divmod(jnp.arange(batch * num_heads), num_heads)
-  return jnp.reshape(jax.vmap(lambda b, h: blocks_lib.head_key(call_key, b, h, False))(b, h),
-                     (-1,))
 
 
 def _band(is_causal: bool, window):

@@ -249,9 +249,10 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale: float
                                shares_queries=hooks.dropout_shares_queries)
   output = apply_weights(attended, value).astype(query.dtype)  # [..., T, N, H_v]
   extras = ((weights,) if return_weights else ()) + ((logits,) if return_logits else ())
-  rows = masked if sinks is None else with_sinks(masked, sinks)  # [..., N, T, S (+ 1)]
-  for asked, of_row in ((return_residual, jax.nn.logsumexp), (return_max_scores, jnp.max)):
-    if asked:  # [..., N, T] -> [..., T, N], -inf where the row has nothing to attend to
-      per_row = residual_of(of_row(rows, axis=-1))
-      extras += (jax.lax.stop_gradient(jnp.swapaxes(per_row, -1, -2)),)
+  if return_residual or return_max_scores:
+    rows = masked if sinks is None else with_sinks(masked, sinks)  # [..., N, T, S (+ 1)]
+    for asked, of_row in ((return_residual, jax.nn.logsumexp), (return_max_scores, jnp.max)):
+      if asked:  # [..., N, T] -> [..., T, N], -inf where the row has nothing to attend to
+        per_row = residual_of(of_row(rows, axis=-1))
+        extras += (jax.lax.stop_gradient(jnp.swapaxes(per_row, -1, -2)),)
   return (output, *extras) if extras else output
