@@ -51,6 +51,7 @@ from attention_jax.positional import POSITIONAL_ENCODINGS
 from attention_jax.positional import alibi_bias
 from attention_jax.positional import apply_rope
 from attention_jax.positional import positional_encoding
+from attention_jax.positional import randomized_positions
 from attention_jax.positional import sinusoidal_encoding
 from attention_jax.reference import attention_weights
 

@@ -255,7 +255,7 @@ class TransformerEncoder(nn.Module):
     encoding = positional.positional_encoding(
         cfg.positional_encoding, max_length=cfg.max_length + self.cls_token,
         num_heads=cfg.num_heads, name="positional")
-    x = encoding.embed(x)
+    x = encoding.embed(x, deterministic)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
     mask = masks_lib.padding_mask(valid)  # [B, 1, 1, T]
     attention_bias = encoding.attention_bias(length, length)  # [N, T, T] or None

@@ -249,7 +249,8 @@ class NoPositionalEncoding(nnx.Module):
     del max_length, d_model, rngs
     self.num_heads = num_heads
 
-  def embed(self, x):  # [B, T, D] -> [B, T, D]
+  def embed(self, x, deterministic: bool | None = None):  # [B, T, D] -> [B, T, D]
+    del deterministic
     return x
 
   @staticmethod
@@ -269,7 +270,8 @@ class SinusoidalEncoding(NoPositionalEncoding):
   (2, 10, 32)
   """
 
-  def embed(self, x):
+  def embed(self, x, deterministic: bool | None = None):
+    del deterministic
     return x + positional.sinusoidal_encoding(x.shape[-2], x.shape[-1]).astype(x.dtype)
 
 
@@ -286,8 +288,32 @@ class LearnedEncoding(NoPositionalEncoding):
     super().__init__(max_length=max_length, d_model=d_model, num_heads=num_heads, rngs=rngs)
     self.table = nnx.Param(positional.learned_table_init(rngs.params(), (max_length, d_model)))
 
-  def embed(self, x):
+  def embed(self, x, deterministic: bool | None = None):
+    del deterministic
     return positional.add_learned_table(x, self.table[...])
+
+
+class RandomizedEncoding(NoPositionalEncoding):
+  """Adds the sinusoidal table at sorted random positions from 0..max_length-1 (Ruoss et al.
+  2023): a new draw from the "dropout" stream when training, a fixed one when deterministic.
+
+  >>> encoding = positional_encoding("randomized", max_length=64, d_model=32, num_heads=4,
+  ...                                rngs=nnx.Rngs(0))
+  >>> encoding.embed(jnp.zeros((2, 10, 32)), deterministic=False).shape  # [B, T, D]
+  (2, 10, 32)
+  """
+
+  def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs,
+               deterministic: bool = True):
+    super().__init__(max_length=max_length, d_model=d_model, num_heads=num_heads, rngs=rngs)
+    self.max_length, self.deterministic = max_length, deterministic
+    self.rngs = rngs["dropout"].fork()
+
+  def embed(self, x, deterministic: bool | None = None):
+    deterministic = self.deterministic if deterministic is None else deterministic
+    key = (jax.random.key(positional.EVALUATION_POSITIONS_SEED) if deterministic
+           else self.rngs())
+    return positional.add_randomized_sinusoidal(x, key, self.max_length)
 
 
 class RotaryEncoding(NoPositionalEncoding):
@@ -321,6 +347,7 @@ POSITIONAL_ENCODINGS = {
     "none": NoPositionalEncoding,
     "sinusoidal": SinusoidalEncoding,
     "learned": LearnedEncoding,
+    "randomized": RandomizedEncoding,
     "rope": RotaryEncoding,
     "alibi": ALiBiEncoding,
 }
@@ -451,7 +478,7 @@ class TransformerEncoder(_Dropping):
     x = x * math.sqrt(cfg.d_model) if cfg.input_features is None else x
     if self.cls_token:
       x, valid = encoder_lib.prepend_cls(x, valid, self.cls[...])  # [B, T + 1, D], [B, T + 1]
-    x = self.dropout(self.positional.embed(x), deterministic=deterministic)
+    x = self.dropout(self.positional.embed(x, deterministic), deterministic=deterministic)
     length = x.shape[-2]
     return x, masks_lib.padding_mask(valid), self.positional.attention_bias(length, length)
 

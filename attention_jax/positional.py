@@ -1,12 +1,12 @@
-"""Positional encodings, selected by name: none, sinusoidal, learned, rope, alibi.
+"""Positional encodings, selected by name: none, sinusoidal, learned, randomized, rope, alibi.
 
 Each encoding acts where it belongs: sinusoidal and learned tables are added to the token
 embeddings, RoPE rotates queries and keys, ALiBi adds a distance penalty to the attention logits.
 Every one is a Flax module with the same three methods, so the encoder never asks which it has:
 
-  embed(x)              [B, T, D] -> [B, T, D]       (identity unless added to the embeddings)
-  rotate(query, key)    [B, T, N, H] each -> same    (identity unless rotary)
-  attention_bias(T, S)  -> [N, T, S] or None         (None unless a logit bias)
+  embed(x, deterministic)  [B, T, D] -> [B, T, D]    (identity unless added to the embeddings)
+  rotate(query, key)       [B, T, N, H] each -> same (identity unless rotary)
+  attention_bias(T, S)     -> [N, T, S] or None      (None unless a logit bias)
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -98,6 +99,34 @@ def alibi_bias(num_heads: int, q_len: int, kv_len: int | None = None):
   return -alibi_slopes(num_heads)[:, None, None] * distance  # [N, T, S]
 
 
+def randomized_positions(key, length: int, max_length: int):
+  """The positions of the randomized encoding (:ref:`Ruoss et al. 2023 <ref-ruoss2023>`):
+  ``length`` distinct positions drawn uniformly from 0..max_length-1, in increasing order, [length]
+  int32. Trained on short inputs at positions spread over the whole range, a model has seen every
+  position (and most gaps) that a longer test input will use.
+
+  >>> randomized_positions(jax.random.key(0), 5, 100).shape
+  (5,)
+  """
+  if length > max_length:
+    raise ValueError(
+        f"the randomized positional encoding draws {length} distinct positions from "
+        f"max_length={max_length}; raise max_length to at least the longest input.")
+  return jnp.sort(jax.random.choice(key, max_length, (length,), replace=False))
+
+
+def add_randomized_sinusoidal(x, key, max_length: int):
+  """x [..., T, D] plus the sinusoidal table at :func:`randomized_positions` (one draw for the
+  whole batch, as Ruoss et al. do) -> [..., T, D]."""
+  positions = randomized_positions(key, x.shape[-2], max_length)  # [T]
+  table = sinusoidal_encoding(max_length, x.shape[-1])  # [max_length, D]
+  return x + table[positions].astype(x.dtype)
+
+
+#: The key of the randomized encoding's positions at evaluation (``deterministic``): one fixed
+#: draw per length, so that evaluations are repeatable; training draws a new one at every call.
+EVALUATION_POSITIONS_SEED = 0
+
 # A learned table starts with the RMS of the sinusoidal one, sqrt(1/2).
 learned_table_init = nn.initializers.normal(stddev=math.sqrt(0.5))
 
@@ -124,7 +153,8 @@ class NoPositionalEncoding(nn.Module):
   def __call__(self, x):
     return self.embed(x)
 
-  def embed(self, x):
+  def embed(self, x, deterministic: bool = True):
+    del deterministic
     return x
 
   def rotate(self, query, key, positions=None):
@@ -137,7 +167,8 @@ class NoPositionalEncoding(nn.Module):
 class SinusoidalEncoding(NoPositionalEncoding):
   """Adds the fixed sinusoidal table to the embeddings; works for any length."""
 
-  def embed(self, x):
+  def embed(self, x, deterministic: bool = True):
+    del deterministic
     return x + sinusoidal_encoding(x.shape[-2], x.shape[-1]).astype(x.dtype)
 
 
@@ -145,9 +176,21 @@ class LearnedEncoding(NoPositionalEncoding):
   """Adds a learned [max_length, D] table, initialised with the RMS of the sinusoidal one."""
 
   @nn.compact
-  def embed(self, x):
+  def embed(self, x, deterministic: bool = True):
+    del deterministic
     table = self.param("table", learned_table_init, (self.max_length, x.shape[-1]))
     return add_learned_table(x, table)
+
+
+class RandomizedEncoding(NoPositionalEncoding):
+  """Adds the sinusoidal table at sorted random positions from 0..max_length-1 (Ruoss et al.
+  2023): a new draw from the "dropout" stream at every training call, a fixed one when
+  ``deterministic``. ``max_length`` is the longest input to be met, at test time too."""
+
+  def embed(self, x, deterministic: bool = True):
+    key = (jax.random.key(EVALUATION_POSITIONS_SEED) if deterministic
+           else self.make_rng("dropout"))
+    return add_randomized_sinusoidal(x, key, self.max_length)
 
 
 class RotaryEncoding(NoPositionalEncoding):
@@ -169,6 +212,7 @@ POSITIONAL_ENCODINGS = {
     "none": NoPositionalEncoding,
     "sinusoidal": SinusoidalEncoding,
     "learned": LearnedEncoding,
+    "randomized": RandomizedEncoding,
     "rope": RotaryEncoding,
     "alibi": ALiBiEncoding,
 }

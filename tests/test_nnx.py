@@ -55,6 +55,7 @@ CONFIGS = [
     dict(positional_encoding="sinusoidal", pre_layer_norm=True, pooling="mean",
          attention_scale="none"),
     dict(positional_encoding="learned", attention_scale="inv", normalize_qk=True),
+    dict(positional_encoding="randomized", pooling="cls"),
     dict(positional_encoding="rope", pre_layer_norm=True, pooling="cls", attention_scale="learned",
          normalize_qk=True),
     dict(positional_encoding="alibi", pre_layer_norm=True, pooling="mean", attention_scale=0.3,
@@ -62,7 +63,7 @@ CONFIGS = [
 ]
 SEQUENCE = (aj.SequenceClassifier, ajnnx.SequenceClassifier)
 TOKEN = (aj.TokenClassifier, ajnnx.TokenClassifier)
-HEADS = [SEQUENCE, SEQUENCE, TOKEN, SEQUENCE, SEQUENCE]  # the (Linen, NNX) pair for each config
+HEADS = [SEQUENCE, SEQUENCE, TOKEN, SEQUENCE, SEQUENCE, SEQUENCE]  # the (Linen, NNX) pair for each config
 
 
 VECTORS = _normal((2, 8, 5), 7)  # [B, T, F] inputs of a config with input_features=5

@@ -100,3 +100,35 @@ def test_the_offset_matrix_written_in_the_docs_maps_every_position(offset):
                                                   [-np.sin(angle), np.cos(angle)]]
   np.testing.assert_allclose(table[:length] @ rotation.T, table[offset:], atol=1e-5)
   np.testing.assert_allclose(rotation @ rotation.T, np.eye(dim), atol=1e-12)
+
+
+def test_randomized_positions_are_distinct_sorted_and_in_range():
+  for seed in range(20):
+    positions = np.asarray(aj.randomized_positions(jax.random.key(seed), 12, 40))
+    assert positions.shape == (12,) and positions.min() >= 0 and positions.max() < 40
+    assert np.all(np.diff(positions) > 0)
+  with pytest.raises(ValueError, match="raise max_length"):
+    aj.randomized_positions(jax.random.key(0), 41, 40)
+
+
+def test_randomized_encoding_over_its_whole_range_is_the_sinusoidal_one():
+  """With max_length = T every position is drawn, so the sorted draw is 0..T-1."""
+  x = jax.random.normal(jax.random.key(1), (2, 10, 8))
+  randomized = aj.positional_encoding("randomized", max_length=10, num_heads=2)
+  sinusoidal = aj.positional_encoding("sinusoidal", max_length=10, num_heads=2)
+  for deterministic in (True, False):
+    got = randomized.apply({}, x, deterministic, method="embed",
+                           rngs={"dropout": jax.random.key(2)})
+    np.testing.assert_array_equal(got, sinusoidal.apply({}, x, method="embed"))
+
+
+def test_randomized_encoding_draws_anew_when_training_and_is_fixed_when_evaluating():
+  x = jnp.zeros((1, 6, 8))
+  module = aj.positional_encoding("randomized", max_length=64, num_heads=2)
+  embed = lambda deterministic, seed: module.apply(
+      {}, x, deterministic, method="embed", rngs={"dropout": jax.random.key(seed)})
+  table = np.asarray(aj.sinusoidal_encoding(64, 8))
+  rows = lambda y: [int(np.argmin(np.abs(table - row).sum(-1))) for row in np.asarray(y)[0]]
+  assert rows(embed(True, 0)) == rows(embed(True, 1))  # evaluation: one fixed draw
+  assert rows(embed(False, 0)) != rows(embed(False, 1))  # training: a draw per key
+  assert rows(embed(False, 0)) == sorted(set(rows(embed(False, 0))))

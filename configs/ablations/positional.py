@@ -40,35 +40,44 @@ ACCELERATOR = (("even_pairs", "order"), 64, ((65, 128), (129, 256), (257, 512)),
                (1e-3, 3e-3))
 
 
-def get_config(mode=None):
-  check_mode(mode)
-  quick = mode == "quick"  # a smoke test: the first task, tested at the longest lengths only
-  accelerator = mode == "accelerator"
-  task_names, train_length, test_lengths, steps = tuple(TASKS), TRAIN_LENGTH, TEST_LENGTHS, 1000
-  if accelerator:
-    task_names, train_length, test_lengths, steps, seeds, rates = ACCELERATOR
-  elif quick:
-    task_names, test_lengths = task_names[:1], test_lengths[-1:]
+def length_sweep(mode, *, tasks, encodings, train_length: int, test_lengths, steps: int,
+                 model_layers: int = 3):
+  """A sweep of ``encodings`` on ``tasks``, trained on lengths up to ``train_length`` and tested
+  on each (low, high) of ``test_lengths``; compared with the sinusoidal encoding of the same
+  task at the longest test lengths."""
   extra_evals = {f"length_{low}_{high}": {"min_length": low, "max_length": high, "num_train": 1}
                  for low, high in test_lengths}
   sweep = sweep_config(
       mode, steps=steps, eval_every=steps // 4, warmup=100,
       variants=((f"{task}-{name}", {"task": task, "model": {"positional_encoding": name},
                                     "task_options": TASKS[task]})
-                for task in task_names for name in ENCODINGS),
-      baseline=f"{task_names[0]}-sinusoidal",
+                for task in tasks for name in encodings),
+      baseline=f"{tasks[0]}-sinusoidal",
       primary="length_{}_{}_accuracy".format(*test_lengths[-1]),
-      contrasts=((f"{task}-{name}", f"{task}-sinusoidal") for task in task_names
-                 for name in ENCODINGS if name != "sinusoidal"),
+      contrasts=((f"{task}-{name}", f"{task}-sinusoidal") for task in tasks
+                 for name in encodings if name != "sinusoidal"),
       extra_evals=extra_evals)
   options = sweep.train.task_options
   sweep.train.task_options = {"max_length": train_length, "num_train": options.num_train,
                               "num_test": min(options.num_test, 1000)}
   sweep.train.model.d_model = 64
   sweep.train.model.mlp_dim = 128
-  sweep.train.model.num_layers = 3
+  sweep.train.model.num_layers = model_layers
   sweep.train.model.max_length = test_lengths[-1][1]
-  if accelerator:
+  return sweep
+
+
+def get_config(mode=None):
+  check_mode(mode)
+  quick = mode == "quick"  # a smoke test: the first task, tested at the longest lengths only
+  task_names, train_length, test_lengths, steps = tuple(TASKS), TRAIN_LENGTH, TEST_LENGTHS, 1000
+  if mode == "accelerator":
+    task_names, train_length, test_lengths, steps, seeds, rates = ACCELERATOR
+  elif quick:
+    task_names, test_lengths = task_names[:1], test_lengths[-1:]
+  sweep = length_sweep(mode, tasks=task_names, encodings=ENCODINGS, train_length=train_length,
+                       test_lengths=test_lengths, steps=steps)
+  if mode == "accelerator":
     sweep.num_seeds = seeds
     sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep

@@ -1,0 +1,80 @@
+"""Did the pre-registered positional predictions hold? The sweep
+configs/ablations/positional_registered.py, its predictions fixed before it ran, as checks on its
+results.
+
+  python scripts/positional_registered_predictions.py \
+      --results=docs/results/positional_registered/results.csv \
+      --out=docs/results/positional_registered/predictions.md
+
+Trained on lengths up to 20; the measure is the error (1 - accuracy) on each longer test set
+(2x: 21-40, 4x: 41-80, 8x: 81-160) at each arm's learning rate chosen on the validation stream,
+paired by seed; "a > b" means a errs more, p < 0.05 after Holm over the table's tested checks
+(scripts/predictions.py); "near chance": accuracy at most 0.6, the upper end of the 95% interval
+included. P1-P4 are the accelerator preset's (scripts/positional_predictions.py) at these lengths.
+
+- D (the design, not a prediction): every arm learns its task on the training lengths (test
+  accuracy at least 0.95 in every seed at its chosen rate), so that what it does at longer
+  lengths is extrapolation, not underfitting; and every chosen rate lies inside the rates tried.
+- P1 (Press et al. 2022): on `order` ALiBi extrapolates: at 4x and 8x it errs less than the
+  sinusoidal and the learned encoding.
+- P2: on `order` at 8x ALiBi also errs less than RoPE (its distance penalty keeps attention local;
+  RoPE's rotation angles at unseen distances are new).
+- P3 (the first positional study, Ruoss et al. 2023): on `even_pairs` at 2x RoPE errs less than
+  the sinusoidal and the learned encoding.
+- P4 (Ruoss et al. 2023): on `even_pairs` no standard encoding generalises to 8x: the sinusoidal,
+  learned, RoPE and ALiBi encodings are each near chance.
+- P5 (Ruoss et al. 2023, randomized): trained at positions spread over the whole range, the
+  randomized encoding errs less than the sinusoidal one at 4x and 8x on both tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs.ablations import positional_registered as study  # noqa: E402
+from experiments import sweep_report, verdicts  # noqa: E402
+from scripts import predictions as predictions_lib  # noqa: E402
+from scripts.positional_predictions import errors, near_chance  # noqa: E402
+from scripts.predictions import above  # noqa: E402
+
+LEARNED = 0.95  # the accuracy on the training lengths every seed of every arm must reach
+STANDARD = ("sinusoidal", "learned", "rope", "alibi")
+
+
+def design(records) -> list[tuple[str, bool, str]]:
+  """The design's untested checks: every arm learns the training lengths, every choice inside
+  the grid."""
+  choices = verdicts.choose(records, sweep_report.measure_of(records))
+  checks = [(f"{c.variant} >= {LEARNED:g} in every seed", min(c.metrics["eval_accuracy"]) >= LEARNED,
+             f"lowest {min(c.metrics['eval_accuracy']):.4g} of {len(c.metrics['eval_accuracy'])} "
+             f"seeds at {c.learning_rate:g}") for c in choices]
+  edges = [f"{c.variant} at {c.learning_rate:g}" for c in choices if c.edge]
+  checks.append(("every chosen rate inside the rates tried", not edges,
+                 "; ".join(edges) or f"all {len(choices)} arms"))
+  return checks
+
+
+def predictions(records) -> list[tuple[str, str, list]]:
+  """(name, test lengths, checks) per prediction."""
+  (low2, high2), (low4, high4), (low8, high8) = study.TEST_LENGTHS
+  x2, x4, x8 = (errors(records, *length) for length in study.TEST_LENGTHS)
+  return [
+      ("D", "training lengths", design(records)),
+      ("P1", f"order, {low4}-{high4} and {low8}-{high8}",
+       [above(error, f"order-{other}", "order-alibi") for error in (x4, x8)
+        for other in ("sinusoidal", "learned")]),
+      ("P2", f"order, {low8}-{high8}", [above(x8, "order-rope", "order-alibi")]),
+      ("P3", f"even_pairs, {low2}-{high2}",
+       [above(x2, f"even_pairs-{other}", "even_pairs-rope") for other in ("sinusoidal", "learned")]),
+      ("P4", f"even_pairs, {low8}-{high8}",
+       [near_chance(x8, f"even_pairs-{name}") for name in STANDARD]),
+      ("P5", f"both tasks, {low4}-{high4} and {low8}-{high8}",
+       [above(error, f"{task}-sinusoidal", f"{task}-randomized") for task in study.TASKS
+        for error in (x4, x8)]),
+  ]
+
+
+if __name__ == "__main__":
+  predictions_lib.main(__doc__, predictions, "test lengths")
