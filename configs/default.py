@@ -22,7 +22,7 @@ def get_config():
   config.model.num_layers = 2              # encoder blocks
   config.model.mlp_dim = 256               # hidden width of the position-wise feed-forward
   config.model.max_length = 0             # positions the model supports; 0 = the task's length
-  config.model.positional_encoding = "sinusoidal"  # none | sinusoidal | learned | rope | alibi
+  config.model.positional_encoding = "sinusoidal"  # none|sinusoidal|learned|randomized|rope|alibi
   config.model.attention_scale = "inv_sqrt"  # inv_sqrt | none | inv | learned, or a number
   config.model.head_dim = 0                # d_k; 0 = d_model / num_heads (the paper)
   config.model.normalize_qk = False        # LayerNorm on each head's queries and keys (QK-norm)
@@ -58,6 +58,11 @@ def get_config():
   config.checkpoint_every_steps = 200      # save a checkpoint this often (and at the end)
   config.keep_checkpoints = 3              # how many recent checkpoints to keep
   config.seed = 0                          # one seed for init, dropout and data order
+  # random | oracle: start from the task's hand-set solution (experiments/oracles.py) plus
+  # init_noise x the random initialisation; init_beta sets the oracle's logit sharpness (0: its own)
+  config.init = "random"
+  config.init_noise = 0.0
+  config.init_beta = 0.0
   config.compute_dtype = "float32"         # float32 | bfloat16 (parameters stay float32)
   config.attention_maps = 4                # test examples to draw attention maps for; 0 = none
   return config

@@ -13,9 +13,11 @@ import jax.numpy as jnp
 
 import attention_jax as aj
 from experiments import optim
+from experiments import oracles
 from experiments import tasks
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
+INITS = ("random", "oracle")  # config.init
 IMPLEMENTATIONS = ("",) + aj.IMPLEMENTATIONS
 
 
@@ -124,7 +126,13 @@ def validate(config) -> None:
     value = config[field.split(".")[0]] if "." not in field else model[field.split(".")[1]]
     if value <= 0:
       raise ConfigError(f"{field} must be positive, got {value}.")
+  if config.init not in INITS:
+    raise ConfigError(f"init must be one of {list(INITS)}, got {config.init!r}.")
+  if config.init == "oracle" and config.task not in oracles.ORACLES:
+    raise ConfigError(f"init='oracle' needs a task with a hand-set solution "
+                      f"({sorted(oracles.ORACLES)}), got task {config.task!r}.")
   for field, value in (("warmup_steps", config.warmup_steps),
+                       ("init_noise", config.init_noise), ("init_beta", config.init_beta),
                        ("model.max_length", model.max_length),
                        ("weight_decay", config.weight_decay),
                        ("grad_clip_norm", config.grad_clip_norm),

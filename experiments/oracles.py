@@ -103,6 +103,15 @@ def multi_retrieval(model, params, task_options: dict, beta: float = 1e3, offset
   return params
 
 
+def solution(task: str, model, params, task_options: dict, beta: float | None = None):
+  """The oracle of ``task`` (ORACLES) applied to ``model``'s parameter tree ``params`` (arrays or
+  shapes: only the tree and the shapes are read), with its own ``beta`` unless one is given."""
+  sharpness = {} if beta is None else {"beta": beta}
+  if task == "farthest_point":
+    return farthest_point(model, params, **sharpness)
+  return ORACLES[task](model, params, task_options, **sharpness)
+
+
 def sparse_average(model, params, task_options: dict, beta: float = 40.0, offset: float = 1e3):
   """Sanford et al.'s one head: q = beta 1_{S_s}, k = e_t, v = z_t, so head 0 spreads its weight
   evenly over the q named positions; d_k must be >= max(T, d')."""
@@ -123,3 +132,8 @@ def sparse_average(model, params, task_options: dict, beta: float = 40.0, offset
   attention["out"]["kernel"][0, :value_dim] = answers
   params["logits"]["kernel"][:] = answers.T * offset / np.sqrt(width)
   return params
+
+
+#: The tasks with a hand-set solution, by name (``config.init = "oracle"`` starts from it).
+ORACLES = {"farthest_point": farthest_point, "multi_retrieval": multi_retrieval,
+           "sparse_average": sparse_average}

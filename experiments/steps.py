@@ -91,10 +91,14 @@ def example_inputs(config, length: int):
   return jnp.zeros((1, length, config.input_features), jnp.float32)
 
 
-def initial_state(model, tx, max_length: int, seed, hparams: dict) -> TrainState:
-  """The step-0 state of one replica (seed and hparams may be traced, under vmap)."""
+def initial_state(model, tx, max_length: int, seed, hparams: dict, start=None) -> TrainState:
+  """The step-0 state of one replica (seed and hparams may be traced, under vmap); ``start``
+  (anchor, noise) sets the parameters to anchor + noise x the random initialisation."""
   init_rng, dropout_rng = jax.random.split(jax.random.PRNGKey(seed))
   params = model.init(init_rng, example_inputs(model.config, max_length))["params"]
+  if start is not None:
+    anchor, noise = start
+    params = jax.tree.map(lambda a, p: jnp.asarray(a, p.dtype) + noise * p, anchor, params)
   hparams = {name: jnp.asarray(hparams[name], jnp.float32) for name in HYPERPARAMETERS}
   return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params),
                     rng=dropout_rng, hparams=hparams, diverged_at=jnp.array(0, jnp.int32))

@@ -46,6 +46,7 @@ from experiments import hosts
 from experiments import input_pipeline
 from experiments import logbook
 from experiments import optim
+from experiments import oracles
 from experiments import probes as probes_lib
 from experiments import steps as steps_lib
 from experiments import tasks
@@ -167,15 +168,33 @@ def setup(config, replicas: list[dict], mesh: Mesh | None = None):
   head = aj.TokenClassifier if task.token_level else aj.SequenceClassifier
   model = head(encoder_config(config, task, mesh))
   tx = optim.optimizer(config)
-  return task, model, tx, functools.partial(initial_states, model, tx, task.max_length, replicas)
+  return task, model, tx, functools.partial(initial_states, model, tx, task.max_length, replicas,
+                                            start=starting_point(config, model, task))
 
 
-def initial_states(model, tx, max_length: int, replicas: list[dict], sharding=None):
-  """The step-0 states of ``replicas`` stacked on a leading replica axis, jitted."""
+def starting_point(config, model, task):
+  """None (a random initialisation), or with ``config.init`` "oracle" (anchor, noise): the task's
+  hand-set solution, to which each replica adds ``init_noise`` x its random initialisation."""
+  if config.init == "random":
+    return None
+  shapes = jax.eval_shape(model.init, jax.random.key(0),
+                          steps_lib.example_inputs(model.config, task.max_length))["params"]
+  try:
+    anchor = oracles.solution(config.task, model, shapes, dict(config.task_options),
+                              beta=config.init_beta or None)
+  except ValueError as error:
+    raise config_check.ConfigError(f"init='oracle': {error}") from None
+  return anchor, config.init_noise
+
+
+def initial_states(model, tx, max_length: int, replicas: list[dict], sharding=None, start=None):
+  """The step-0 states of ``replicas`` stacked on a leading replica axis, jitted; ``start``:
+  starting_point's."""
   seeds = jnp.array([replica["seed"] for replica in replicas])
   hparams = {name: jnp.array([replica[name] for replica in replicas], jnp.float32)
              for name in steps_lib.HYPERPARAMETERS}
-  initial = jax.vmap(functools.partial(steps_lib.initial_state, model, tx, max_length))
+  initial = jax.vmap(functools.partial(steps_lib.initial_state, model, tx, max_length,
+                                       start=start))
   return jax.jit(initial, out_shardings=sharding)(seeds, hparams)
 
 

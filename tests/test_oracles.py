@@ -86,3 +86,40 @@ def test_an_oracle_without_room_says_how_wide_the_model_must_be():
   directions = oracles.basis(33, 32)
   np.testing.assert_allclose(directions @ directions.T, np.eye(32), atol=1e-12)
   np.testing.assert_allclose(directions.mean(axis=1), 0.0, atol=1e-12)
+
+
+def _started(data_dir, noise, beta=30.0, d_model=48, seeds=2):
+  """The trainer's step-0 parameters of farthest_point with init='oracle' (one per seed)."""
+  config = tiny_config(data_dir, task="farthest_point", init="oracle", init_noise=noise,
+                       init_beta=beta, **{"model.d_model": d_model, "model.num_heads": 1,
+                                          "model.num_layers": 1,
+                                          "model.positional_encoding": "none"})
+  config.task_options = {**OPTIONS}
+  replicas = train.replicas_of(config, seeds)
+  task, model, _, init = train.setup(config, replicas)
+  state = init()
+  return task, model, [jax.tree.map(lambda x, r=r: x[r], state.params) for r in range(seeds)]
+
+
+def test_a_run_can_start_at_the_oracle_plus_noise_times_its_random_initialisation(data_dir):
+  task, model, (first, second) = _started(data_dir, noise=0.0)
+  direct = oracles.farthest_point(model, model.init(jax.random.key(0),
+                                                    task.test.tokens[:1])["params"], beta=30.0)
+  jax.tree.map(np.testing.assert_array_equal, first, jax.tree.map(np.float32, direct))
+  jax.tree.map(np.testing.assert_array_equal, first, second)  # no noise: every seed the same
+  assert _nmse(model, first, task.test) < 0.1  # beta 30: sharp enough to be near the answer
+  _, _, noisy = _started(data_dir, noise=0.1)
+  random = [model.init(jax.random.split(jax.random.PRNGKey(seed))[0], steps.example_inputs(
+      model.config, task.max_length))["params"] for seed in (0, 1)]
+  for params, init in zip(noisy, random):  # anchor + 0.1 x the seed's own random draw
+    jax.tree.map(lambda p, a, r: np.testing.assert_allclose(p, a + 0.1 * r, atol=1e-6),
+                 params, first, init)
+
+
+def test_an_oracle_start_the_model_cannot_hold_is_refused_in_one_line(data_dir):
+  with pytest.raises(train.config_check.ConfigError,
+                     match="init='oracle': the oracle needs d_model >= 33, got 16"):
+    _started(data_dir, noise=0.1, d_model=16)
+  config = tiny_config(data_dir, init="oracle")  # the default task has no oracle
+  with pytest.raises(train.config_check.ConfigError, match="needs a task with a hand-set"):
+    train.config_check.validate(config)

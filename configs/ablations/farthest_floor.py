@@ -1,0 +1,78 @@
+"""Is farthest_point's floor an optimisation barrier? One full-rank head stalled at NMSE ~0.45
+in configs/ablations/heads_binding.py:farthest_point although a hand-set head solves the task;
+here it gets more steps, higher rates, a learned temperature, and a start at that solution plus
+noise, beside the low-rank heads it was compared with and Amsel et al.'s depth claim.
+
+  python -m experiments.sweep --config=configs/ablations/farthest_floor.py \
+      --workdir=workdir/ablations/farthest_floor
+  python -m experiments.sweep --config=configs/ablations/farthest_floor.py:quick --workdir=/tmp/ff
+
+farthest_point (configs/farthest_point.py): 16 points on the unit sphere in 16 dimensions, each
+token outputs the point farthest from it; one post-LN layer without positional encoding. The
+first study ran at d_model 16 = d, where the residual stream has no room beside each input for
+its answer: the oracle (experiments/oracles.py) needs 2 d + 1 = 33 dimensions. A trial before
+the predictions (disclosed on the results page) trained one head at d_model 48 for 300 steps:
+NMSE 0.064-0.079 at rate 3e-2 in every seed. So the arms separate the width from the training:
+
+- ``full_1``: one head of d_k 48 >= d (full rank) at d_model 48, random start (the baseline);
+- ``full_1_oracle_0.3``: the same head started at the oracle (q = beta x_s, k = -x_t, v = x_t,
+  beta = ORACLE_BETA) plus 0.3 x its own random initialisation (NMSE about 3.5 at the start);
+- ``full_1_d16``: one head at the first study's width, d_model 16 (d_k 16 = d), with more steps
+  and bracketed rates; ``full_1_d16_temperature``: the same with a learned per-head temperature
+  in place of 1/sqrt(d_k), so the logits can sharpen without W_Q and W_K growing;
+- ``rank3_16``: 16 heads of d_k 3 < d (the standard split at d_model 48), low rank;
+- ``short_rank3_16`` and ``short_rank3_16_layers2``: those heads at a short context, 4 points,
+  with one layer and with two: Amsel, Yehudai & Bruna (2024) prove that with short contexts depth
+  lets low-rank attention approximate the target.
+
+Every arm trains NUM_SEEDS seeds x LEARNING_RATES for STEPS steps (the first study: 1600),
+extended by one rate past an edge where the validation stream's choice sits on it. Predictions,
+committed before the run: scripts/farthest_floor_predictions.py. Results, runtime and
+provenance: docs/results/farthest_floor.md.
+"""
+
+import ml_collections
+
+from configs import farthest_point
+from configs.ablations import check_mode, sweep_config
+
+D_MODEL = 48
+FIRST_D_MODEL = 16  # the first study's width
+ORACLE_BETA = 30.0  # the oracle's logit sharpness: NMSE about 0.08 at the start without noise
+NOISE = 0.3
+SHORT = 4  # points in the short-context arms
+LEARNING_RATES = (1e-2, 3e-2)
+STEPS, NUM_SEEDS = 3000, 10
+
+
+def arms():
+  """(name, overrides) of every arm."""
+  one, narrow = {"num_heads": 1}, {"num_heads": 1, "d_model": FIRST_D_MODEL}
+  low_rank, short = {"num_heads": 16}, {"task_options": {"length": SHORT}}
+  yield "full_1", {"model": one}
+  yield f"full_1_oracle_{NOISE:g}", {"model": one, "init": "oracle", "init_noise": NOISE,
+                                     "init_beta": ORACLE_BETA}
+  yield "full_1_d16", {"model": narrow}
+  yield "full_1_d16_temperature", {"model": {**narrow, "attention_scale": "learned"}}
+  yield "rank3_16", {"model": low_rank}
+  yield "short_rank3_16", {"model": low_rank, **short}
+  yield "short_rank3_16_layers2", {"model": {**low_rank, "num_layers": 2}, **short}
+
+
+CONTRASTS = ((f"full_1_oracle_{NOISE:g}", "full_1"), ("full_1_d16", "full_1"),
+             ("full_1_d16_temperature", "full_1_d16"), ("rank3_16", "full_1"),
+             ("short_rank3_16_layers2", "short_rank3_16"))
+
+
+def get_config(mode=None):
+  check_mode(mode, valid=("quick",))
+  sweep = sweep_config(mode, steps=STEPS, eval_every=STEPS // 6, warmup=100,
+                       base=farthest_point, baseline="full_1", variants=arms(),
+                       contrasts=CONTRASTS)
+  sweep.train.model.d_model = D_MODEL
+  sweep.train.model.num_layers = 1
+  if mode != "quick":
+    sweep.num_seeds = NUM_SEEDS
+  sweep.bracket = 0 if mode == "quick" else 1
+  sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
+  return sweep

@@ -1,0 +1,51 @@
+"""The farthest-point floor study: every arm sets what its name says, and its predictions hold on
+results shaped as its hypotheses say and fail where every arm ends at the floor."""
+
+import pytest
+
+from configs.ablations import farthest_floor
+from conftest import load_script
+from experiments import sweep
+from scripts import predictions as predictions_lib
+
+pytestmark = pytest.mark.quick
+
+
+@pytest.mark.parametrize("mode", [None, "quick"])
+def test_each_arm_sets_its_width_heads_start_temperature_and_context(mode):
+  config = farthest_floor.get_config(mode)
+  sweep.check(config)
+  arms = {name: sweep.variant_config(config, overrides) for name, overrides in config.variants}
+  assert (arms["full_1"].model.num_heads, arms["full_1"].model.d_model) == (1, 48)
+  assert arms["full_1"].init == "random"
+  oracle = arms["full_1_oracle_0.3"]
+  assert (oracle.init, oracle.init_noise, oracle.init_beta) == ("oracle", 0.3,
+                                                                farthest_floor.ORACLE_BETA)
+  assert (arms["full_1_d16"].model.d_model, arms["full_1_d16"].model.num_heads) == (16, 1)
+  assert arms["full_1_d16_temperature"].model.attention_scale == "learned"
+  assert arms["full_1_d16_temperature"].model.d_model == 16
+  assert arms["rank3_16"].model.d_model // arms["rank3_16"].model.num_heads == 3
+  assert arms["short_rank3_16"].task_options.length == farthest_floor.SHORT
+  assert arms["short_rank3_16_layers2"].model.num_layers == 2
+  assert all(arm.task_options.length == 16 for name, arm in arms.items()
+             if not name.startswith("short"))
+  if mode is None:
+    assert (config.num_seeds, config.bracket) == (10, 1)
+
+
+def _nmse(mean_of, seeds=10):
+  return {arm: {s: mean_of(arm) + 0.005 * (s % 3) for s in range(seeds)}
+          for arm, _ in farthest_floor.arms()}
+
+
+def test_the_predictions_hold_where_width_decides_and_fail_where_every_arm_learns():
+  script = load_script("farthest_floor_predictions")
+  width = {"full_1": 0.05, "full_1_oracle_0.3": 0.02, "full_1_d16": 0.45,
+           "full_1_d16_temperature": 0.4, "rank3_16": 0.7, "short_rank3_16": 0.5,
+           "short_rank3_16_layers2": 0.2}
+  held = predictions_lib.held(script.predictions_of(_nmse(width.get)))
+  assert held == {"W1": True, "W2": True, "W3": True, "O": True, "R": True, "A": True}
+  learned = predictions_lib.held(script.predictions_of(_nmse(lambda arm: 0.02)))
+  assert learned == {"W1": True, "W2": False, "W3": False, "O": True, "R": False, "A": False}
+  floor = predictions_lib.held(script.predictions_of(_nmse(lambda arm: 0.45)))
+  assert floor["W1"] is False and floor["O"] is False
