@@ -29,15 +29,21 @@ included. P1-P4 are the accelerator preset's (scripts/positional_predictions.py)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs.ablations import positional_registered as study  # noqa: E402
-from experiments import sweep_report, verdicts  # noqa: E402
+from experiments import statistics, sweep_report, verdicts  # noqa: E402
 from scripts import predictions as predictions_lib  # noqa: E402
 from scripts.positional_predictions import errors, near_chance  # noqa: E402
-from scripts.predictions import above  # noqa: E402
+from scripts.predictions import above, chosen  # noqa: E402
 
 LEARNED = 0.95  # the accuracy on the training lengths every seed of every arm must reach
 STANDARD = ("sinusoidal", "learned", "rope", "alibi")
@@ -56,25 +62,61 @@ def design(records) -> list[tuple[str, bool, str]]:
   return checks
 
 
+def errs_more(records, a: str, b: str, lengths: tuple[int, int]):
+  """The check "a > b" on the error at the test ``lengths`` (low, high), named with them."""
+  check = above(errors(records, *lengths), a, b)
+  return dataclasses.replace(check, name=f"{check.name} at {lengths[0]}-{lengths[1]}")
+
+
 def predictions(records) -> list[tuple[str, str, list]]:
   """(name, test lengths, checks) per prediction."""
-  (low2, high2), (low4, high4), (low8, high8) = study.TEST_LENGTHS
-  x2, x4, x8 = (errors(records, *length) for length in study.TEST_LENGTHS)
+  x2, x4, x8 = study.TEST_LENGTHS
+  span = lambda *lengths: " and ".join(f"{low}-{high}" for low, high in lengths)
   return [
       ("D", "training lengths", design(records)),
-      ("P1", f"order, {low4}-{high4} and {low8}-{high8}",
-       [above(error, f"order-{other}", "order-alibi") for error in (x4, x8)
+      ("P1", f"order, {span(x4, x8)}",
+       [errs_more(records, f"order-{other}", "order-alibi", lengths) for lengths in (x4, x8)
         for other in ("sinusoidal", "learned")]),
-      ("P2", f"order, {low8}-{high8}", [above(x8, "order-rope", "order-alibi")]),
-      ("P3", f"even_pairs, {low2}-{high2}",
-       [above(x2, f"even_pairs-{other}", "even_pairs-rope") for other in ("sinusoidal", "learned")]),
-      ("P4", f"even_pairs, {low8}-{high8}",
-       [near_chance(x8, f"even_pairs-{name}") for name in STANDARD]),
-      ("P5", f"both tasks, {low4}-{high4} and {low8}-{high8}",
-       [above(error, f"{task}-sinusoidal", f"{task}-randomized") for task in study.TASKS
-        for error in (x4, x8)]),
+      ("P2", f"order, {span(x8)}", [errs_more(records, "order-rope", "order-alibi", x8)]),
+      ("P3", f"even_pairs, {span(x2)}",
+       [errs_more(records, f"even_pairs-{other}", "even_pairs-rope", x2)
+        for other in ("sinusoidal", "learned")]),
+      ("P4", f"even_pairs, {span(x8)}",
+       [near_chance(errors(records, *x8), f"even_pairs-{name}") for name in STANDARD]),
+      ("P5", f"both tasks, {span(x4, x8)}",
+       [errs_more(records, f"{task}-sinusoidal", f"{task}-randomized", lengths)
+        for task in study.TASKS for lengths in (x4, x8)]),
   ]
 
 
+def figure(records, directory: str) -> None:
+  """accuracy_at_chosen_rates.png: each encoding's test accuracy on the training lengths and on
+  each longer test set at its chosen rate, means with 95% bootstrap intervals, a panel per task."""
+  sets = [("eval_accuracy", f"1-{study.TRAIN_LENGTH}\n(trained)")] + [
+      (f"length_{low}_{high}_accuracy", f"{low}-{high}\n({high // study.TRAIN_LENGTH}x)")
+      for low, high in study.TEST_LENGTHS]
+  by_set = {column: chosen(records, column) for column, _ in sets}
+  fig, axes = plt.subplots(1, len(study.TASKS), figsize=(10, 3.8), sharey=True)
+  for axis, task in zip(axes, study.TASKS):
+    for i, encoding in enumerate(study.ENCODINGS):
+      arm = f"{task}-{encoding}"
+      stats = [statistics.mean_interval(list(by_set[column][arm].values()), 0.0, 1.0)
+               for column, _ in sets]
+      x = [j + 0.05 * (i - 2) for j in range(len(sets))]
+      mean = [m for m, _, _ in stats]
+      axis.errorbar(x, mean, yerr=[[m - low for m, low, _ in stats],
+                                   [high - m for m, _, high in stats]],
+                    marker="os^Dv"[i], capsize=3, label=encoding)
+    axis.axhline(0.5, color="gray", linestyle=":", linewidth=1)
+    axis.set_xticks(range(len(sets)), [label for _, label in sets])
+    axis.set_title(task)
+    axis.set_xlabel("test lengths")
+  axes[0].set_ylabel("test accuracy at the chosen rate")
+  axes[-1].legend(fontsize=8, loc="lower left")
+  fig.tight_layout()
+  fig.savefig(os.path.join(directory, "accuracy_at_chosen_rates.png"), dpi=110)
+  plt.close(fig)
+
+
 if __name__ == "__main__":
-  predictions_lib.main(__doc__, predictions, "test lengths")
+  predictions_lib.main(__doc__, predictions, "test lengths", figure)

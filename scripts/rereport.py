@@ -42,6 +42,7 @@ STUDIES = {
     "attention_variants/results.csv": ("attention_variants", None),
     "attention_variants/controls/results.csv": ("attention_variants", "controls"),
     "positional/results.csv": ("positional", None),
+    "positional_registered/results.csv": ("positional_registered", None),
 }
 _CPU_EPYC, _CPU_XEON = "AMD EPYC, 2 cores", "Intel Xeon, 2 cores"
 _H200 = "1 x NVIDIA H200"
