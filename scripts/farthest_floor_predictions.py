@@ -35,6 +35,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs.ablations import farthest_floor  # noqa: E402
+from configs.ablations.farthest_floor import names  # noqa: E402
 from experiments import statistics, sweep_report, verdicts  # noqa: E402
 from scripts import predictions as predictions_lib  # noqa: E402
 from scripts.predictions import above, chosen  # noqa: E402
@@ -65,16 +67,21 @@ def predictions(records) -> list[tuple[str, str, list]]:
 
 
 def predictions_of(nmse) -> list[tuple[str, str, list]]:
-  """The checks on {arm: {seed: test NMSE}}."""
+  """The checks on {arm: {seed: test NMSE}} (of the CPU sweep, or of the accelerator preset
+  where its arms are there)."""
+  accelerator = names(farthest_floor.ACCELERATOR)["narrow"] in nmse
+  size = farthest_floor.ACCELERATOR if accelerator else farthest_floor.CPU
+  name, (_, _, d_model, first, _) = names(size), size
+  full, narrow, low_rank = name["full"], name["narrow"], name["low_rank"]
   return [
-      ("W1", "d_model 48", [beyond(nmse, "full_1", FLOOR, "below")]),
-      ("W2", "d_model 16 against 48", [beyond(nmse, "full_1_d16", FLOOR, "above"),
-                                       above(nmse, "full_1_d16", "full_1")]),
-      ("W3", "d_model 16", [beyond(nmse, "full_1_d16_temperature", FLOOR, "above")]),
-      ("O", "d_model 48", [beyond(nmse, "full_1_oracle_0.3", FLOOR, "below")]),
-      ("R", "d_model 48", [beyond(nmse, "rank3_16", FLOOR, "above"),
-                           above(nmse, "rank3_16", "full_1")]),
-      ("A", "4 points", [above(nmse, "short_rank3_16", "short_rank3_16_layers2")]),
+      ("W1", f"d_model {d_model}", [beyond(nmse, full, FLOOR, "below")]),
+      ("W2", f"d_model {first} against {d_model}", [beyond(nmse, narrow, FLOOR, "above"),
+                                                    above(nmse, narrow, full)]),
+      ("W3", f"d_model {first}", [beyond(nmse, name["narrow_temperature"], FLOOR, "above")]),
+      ("O", f"d_model {d_model}", [beyond(nmse, name["oracle"], FLOOR, "below")]),
+      ("R", f"d_model {d_model}", [beyond(nmse, low_rank, FLOOR, "above"),
+                                   above(nmse, low_rank, full)]),
+      ("A", f"{farthest_floor.SHORT} points", [above(nmse, name["short"], name["short_deep"])]),
   ]
 
 

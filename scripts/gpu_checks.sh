@@ -9,7 +9,8 @@
 # and in float32, and the library's test files with whatever time remains. PART names choose
 # some, in the order given: tests, attention_bf16, train_bf16, attention_f16, attention_f32,
 # library_tests, and (not in the default list) study_heads, study_heads_length, study_scaling,
-# study_scaling_init, study_positional, study_variants, attention_tokamax, profile_bf16,
+# study_scaling_init, study_positional, study_farthest_floor, study_variants, attention_tokamax,
+# profile_bf16,
 # flag_cost, flex, flex_mod, flex_fused, mfu. Logs and
 # JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so that a run cut short
 # keeps what it finished. Python packages missing on the machine go in
@@ -137,9 +138,15 @@ study_scaling_init() {
 }
 
 # The positional study (even_pairs and order trained to length 64, tested at 2x, 4x and 8x;
-# 6 seeds x 2 rates).
+# six encodings with randomized positions; 10 seeds x 2 rates).
 study_positional() {
   study positional_accelerator configs/ablations/positional.py:accelerator 560
+}
+
+# farthest_point's floor (d = 32: one head at d_model 96 and at 32, learned temperature, the
+# oracle's start, 32 rank-3 heads, depth at 4 points; 10 seeds x 2 rates, bracketed; 4000 steps).
+study_farthest_floor() {
+  study farthest_floor_accelerator configs/ablations/farthest_floor.py:accelerator 500
 }
 
 # The attention-variants study (8 arms, 2000 steps, 6 seeds x 4 rates).

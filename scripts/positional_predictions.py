@@ -17,6 +17,8 @@ and "a near chance": a's accuracy at most 0.6, the 95% interval's upper end incl
 - P3 (this study on the CPU, Ruoss et al. 2023): on `even_pairs` at 2x RoPE errs less than the
   sinusoidal and the learned encoding.
 - P4 (Ruoss et al. 2023): on `even_pairs` no encoding generalises to 8x: each is near chance.
+- P5 (Ruoss et al. 2023, added with the randomized arm before the preset ever ran): randomized
+  positions err less than the sinusoidal encoding at 4x and 8x on both tasks.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def predictions(records) -> list[tuple[str, str, list]]:
        [above(x2, f"even_pairs-{other}", "even_pairs-rope") for other in ("sinusoidal", "learned")]),
       ("P4", f"even_pairs, {low8}-{high8}",
        [near_chance(x8, f"even_pairs-{name}") for name in positional.ENCODINGS]),
+      ("P5", f"both tasks, {low4}-{high4} and {low8}-{high8}",
+       [above(error, f"{task}-sinusoidal", f"{task}-randomized") for task in TASKS
+        for error in (x4, x8)]),
   ]
 
 

@@ -33,9 +33,9 @@ def test_each_arm_sets_its_width_heads_start_temperature_and_context(mode):
     assert (config.num_seeds, config.bracket) == (10, 1)
 
 
-def _nmse(mean_of, seeds=10):
+def _nmse(mean_of, seeds=10, size=farthest_floor.CPU):
   return {arm: {s: mean_of(arm) + 0.005 * (s % 3) for s in range(seeds)}
-          for arm, _ in farthest_floor.arms()}
+          for arm, _ in farthest_floor.arms(size)}
 
 
 def test_the_predictions_hold_where_width_decides_and_fail_where_every_arm_learns():
@@ -49,3 +49,22 @@ def test_the_predictions_hold_where_width_decides_and_fail_where_every_arm_learn
   assert learned == {"W1": True, "W2": False, "W3": False, "O": True, "R": False, "A": False}
   floor = predictions_lib.held(script.predictions_of(_nmse(lambda arm: 0.45)))
   assert floor["W1"] is False and floor["O"] is False
+
+
+def test_the_accelerator_preset_doubles_d_and_keeps_every_role_and_prediction():
+  config = farthest_floor.get_config("accelerator")
+  sweep.check(config)
+  roles = farthest_floor.names(farthest_floor.ACCELERATOR)
+  arms = {name: sweep.variant_config(config, overrides) for name, overrides in config.variants}
+  assert set(arms) == set(roles.values())
+  assert (arms["full_1"].task_options.dimension, arms["full_1"].task_options.length) == (32, 32)
+  assert arms["full_1"].model.d_model >= 2 * 32 + 1  # the oracle's room
+  assert arms[roles["narrow"]].model.d_model == 32
+  assert (config.num_seeds, config.train.num_train_steps) == (10, 4000)
+  script = load_script("farthest_floor_predictions")
+  width = {roles["full"]: 0.05, roles["oracle"]: 0.02, roles["narrow"]: 0.45,
+           roles["narrow_temperature"]: 0.4, roles["low_rank"]: 0.7, roles["short"]: 0.5,
+           roles["short_deep"]: 0.2}
+  held = predictions_lib.held(script.predictions_of(
+      _nmse(width.get, size=farthest_floor.ACCELERATOR)))
+  assert all(held.values())

@@ -6,6 +6,8 @@ noise, beside the low-rank heads it was compared with and Amsel et al.'s depth c
   python -m experiments.sweep --config=configs/ablations/farthest_floor.py \
       --workdir=workdir/ablations/farthest_floor
   python -m experiments.sweep --config=configs/ablations/farthest_floor.py:quick --workdir=/tmp/ff
+  python -m experiments.sweep --config=configs/ablations/farthest_floor.py:accelerator \
+      --workdir=workdir/ablations/farthest_floor_accelerator
 
 farthest_point (configs/farthest_point.py): 16 points on the unit sphere in 16 dimensions, each
 token outputs the point farthest from it; one post-LN layer without positional encoding. The
@@ -29,6 +31,10 @@ Every arm trains NUM_SEEDS seeds x LEARNING_RATES for STEPS steps (the first stu
 extended by one rate past an edge where the validation stream's choice sits on it. Predictions,
 committed before the run: scripts/farthest_floor_predictions.py. Results, runtime and
 provenance: docs/results/farthest_floor.md.
+
+`:accelerator` is the study sized for one GPU or TPU: d = 32 and 32 points, d_model 96 (the
+oracle needs 65), the first study's width d_model = d = 32, 32 low-rank heads of d_k 3, 4000
+steps at batch 128, the same arms, seeds and rates.
 """
 
 import ml_collections
@@ -36,41 +42,62 @@ import ml_collections
 from configs import farthest_point
 from configs.ablations import check_mode, sweep_config
 
-D_MODEL = 48
-FIRST_D_MODEL = 16  # the first study's width
+# (d: points' dimension, points, d_model, the first study's d_model = d, low-rank heads)
+CPU = (16, 16, 48, 16, 16)
+ACCELERATOR = (32, 32, 96, 32, 32)  # one GPU or TPU: d = 32, the oracle needs 65 dimensions
+D_MODEL = CPU[2]
 ORACLE_BETA = 30.0  # the oracle's logit sharpness: NMSE about 0.08 at the start without noise
 NOISE = 0.3
 SHORT = 4  # points in the short-context arms
 LEARNING_RATES = (1e-2, 3e-2)
 STEPS, NUM_SEEDS = 3000, 10
+ACCELERATOR_STEPS, ACCELERATOR_BATCH = 4000, 128
 
 
-def arms():
-  """(name, overrides) of every arm."""
-  one, narrow = {"num_heads": 1}, {"num_heads": 1, "d_model": FIRST_D_MODEL}
-  low_rank, short = {"num_heads": 16}, {"task_options": {"length": SHORT}}
-  yield "full_1", {"model": one}
-  yield f"full_1_oracle_{NOISE:g}", {"model": one, "init": "oracle", "init_noise": NOISE,
-                                     "init_beta": ORACLE_BETA}
-  yield "full_1_d16", {"model": narrow}
-  yield "full_1_d16_temperature", {"model": {**narrow, "attention_scale": "learned"}}
-  yield "rank3_16", {"model": low_rank}
-  yield "short_rank3_16", {"model": low_rank, **short}
-  yield "short_rank3_16_layers2", {"model": {**low_rank, "num_layers": 2}, **short}
+def names(size=CPU) -> dict[str, str]:
+  """The arms' names at ``size``, by role."""
+  _, _, d_model, first, heads = size
+  rank = f"rank{d_model // heads}_{heads}"
+  return {"full": "full_1", "oracle": f"full_1_oracle_{NOISE:g}", "narrow": f"full_1_d{first}",
+          "narrow_temperature": f"full_1_d{first}_temperature", "low_rank": rank,
+          "short": f"short_{rank}", "short_deep": f"short_{rank}_layers2"}
 
 
-CONTRASTS = ((f"full_1_oracle_{NOISE:g}", "full_1"), ("full_1_d16", "full_1"),
-             ("full_1_d16_temperature", "full_1_d16"), ("rank3_16", "full_1"),
-             ("short_rank3_16_layers2", "short_rank3_16"))
+def arms(size=CPU):
+  """(name, overrides) of every arm at ``size``."""
+  name = names(size)
+  one, narrow = {"num_heads": 1}, {"num_heads": 1, "d_model": size[3]}
+  low_rank, short = {"num_heads": size[4]}, {"task_options": {"length": SHORT}}
+  yield name["full"], {"model": one}
+  yield name["oracle"], {"model": one, "init": "oracle", "init_noise": NOISE,
+                         "init_beta": ORACLE_BETA}
+  yield name["narrow"], {"model": narrow}
+  yield name["narrow_temperature"], {"model": {**narrow, "attention_scale": "learned"}}
+  yield name["low_rank"], {"model": low_rank}
+  yield name["short"], {"model": low_rank, **short}
+  yield name["short_deep"], {"model": {**low_rank, "num_layers": 2}, **short}
+
+
+def contrasts(size=CPU):
+  name = names(size)
+  return ((name["oracle"], name["full"]), (name["narrow"], name["full"]),
+          (name["narrow_temperature"], name["narrow"]), (name["low_rank"], name["full"]),
+          (name["short_deep"], name["short"]))
 
 
 def get_config(mode=None):
-  check_mode(mode, valid=("quick",))
-  sweep = sweep_config(mode, steps=STEPS, eval_every=STEPS // 6, warmup=100,
-                       base=farthest_point, baseline="full_1", variants=arms(),
-                       contrasts=CONTRASTS)
-  sweep.train.model.d_model = D_MODEL
+  check_mode(mode)
+  size = ACCELERATOR if mode == "accelerator" else CPU
+  steps = ACCELERATOR_STEPS if mode == "accelerator" else STEPS
+  sweep = sweep_config("quick" if mode == "quick" else None, steps=steps, eval_every=steps // 6,
+                       warmup=100, base=farthest_point, baseline="full_1", variants=arms(size),
+                       contrasts=contrasts(size))
+  dimension, points, d_model, _, _ = size
+  sweep.train.task_options.update({"dimension": dimension, "length": points})
+  sweep.train.model.d_model = d_model
   sweep.train.model.num_layers = 1
+  if mode == "accelerator":
+    sweep.train.batch_size = ACCELERATOR_BATCH
   if mode != "quick":
     sweep.num_seeds = NUM_SEEDS
   sweep.bracket = 0 if mode == "quick" else 1

@@ -19,7 +19,8 @@ most of these tasks, relative ones (RoPE, ALiBi) doing best. Both studied mostly
 this is an encoder classifier reading a CLS token, which sees both sides of every token.
 
 `:accelerator` is the study sized for one GPU or TPU: the two order-dependent tasks trained on
-lengths up to 64 and tested at 2x, 4x and 8x (up to 512), 10 seeds x 2 learning rates, 1500
+lengths up to 64 and tested at 2x, 4x and 8x (up to 512), the five encodings and randomized
+positions (drawn from 0..512), 10 seeds x 2 learning rates, 1500
 steps, the learning rate chosen on a validation stream of the training lengths; its
 predictions, fixed before it ran, are checked by scripts/positional_predictions.py.
 `:quick` (even_pairs only, tested at 61-80) is a smoke test of the pipeline. The results, with
@@ -31,6 +32,8 @@ import ml_collections
 from configs.ablations import check_mode, sweep_config
 
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
+# The accelerator preset adds randomized positions (configs/ablations/positional_registered.py).
+ACCELERATOR_ENCODINGS = ENCODINGS + ("randomized",)
 TASKS = {"even_pairs": {"min_length": 1}, "cycle_navigation": {"min_length": 1},
          "order": {"min_length": 2}}
 TRAIN_LENGTH = 20
@@ -71,11 +74,13 @@ def get_config(mode=None):
   check_mode(mode)
   quick = mode == "quick"  # a smoke test: the first task, tested at the longest lengths only
   task_names, train_length, test_lengths, steps = tuple(TASKS), TRAIN_LENGTH, TEST_LENGTHS, 1000
+  encodings = ENCODINGS
   if mode == "accelerator":
     task_names, train_length, test_lengths, steps, seeds, rates = ACCELERATOR
+    encodings = ACCELERATOR_ENCODINGS
   elif quick:
     task_names, test_lengths = task_names[:1], test_lengths[-1:]
-  sweep = length_sweep(mode, tasks=task_names, encodings=ENCODINGS, train_length=train_length,
+  sweep = length_sweep(mode, tasks=task_names, encodings=encodings, train_length=train_length,
                        test_lengths=test_lengths, steps=steps)
   if mode == "accelerator":
     sweep.num_seeds = seeds
