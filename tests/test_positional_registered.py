@@ -73,3 +73,12 @@ def test_the_design_asks_every_arm_to_learn_the_training_lengths(tmp_path):
   assert checks["even_pairs-alibi >= 0.95 in every seed"] is False
   assert checks["order-rope >= 0.95 in every seed"] is True
   assert checks["every chosen rate inside the rates tried"] is False  # 1e-3 is the grid's top
+
+
+def test_the_longer_runs_are_the_two_unconverged_arms_at_their_rate_for_twice_the_steps():
+  config = study.get_config("longer")
+  sweep.check(config)
+  arms = {name: sweep.variant_config(config, overrides) for name, overrides in config.variants}
+  assert set(arms) == set(study.LONGER)
+  assert all(arm.num_train_steps == 2 * study.STEPS["even_pairs"] for arm in arms.values())
+  assert tuple(config.grid.learning_rate) == (1e-3,) and config.bracket == 0

@@ -27,6 +27,10 @@ lengths, extended by one rate past an edge where a choice sits on it; 10 seeds, 
 paired sign-flip test (smallest p 2/1024) survives Holm over the predictions' 11 tested checks.
 Predictions, committed before the run: scripts/positional_registered_predictions.py. Results,
 runtime and provenance: docs/results/positional_registered.md.
+
+`:longer`, run after the sweep and outside its tests: the two `even_pairs` arms still learning at
+step 3000 (ALiBi and randomized), at their chosen rate 1e-3 for twice the steps, to see whether
+what they do at longer lengths changes once they fit the training lengths.
 """
 
 import ml_collections
@@ -43,8 +47,13 @@ STEPS = {"even_pairs": 3000, "order": 2000}
 NUM_SEEDS, NUM_LAYERS, BATCH_SIZE = 10, 2, 32
 
 
+LONGER = ("even_pairs-alibi", "even_pairs-randomized")  # :longer, at 1e-3 for 2 x 3000 steps
+
+
 def get_config(mode=None):
-  check_mode(mode, valid=("quick",))
+  check_mode(mode, valid=("quick", "longer"))
+  if mode == "longer":
+    return longer()
   quick = mode == "quick"
   sweep = length_sweep(mode, tasks=TASKS, encodings=ENCODINGS, train_length=TRAIN_LENGTH,
                        test_lengths=TEST_LENGTHS, steps=max(STEPS.values()),
@@ -61,4 +70,17 @@ def get_config(mode=None):
   if not quick:
     sweep.num_seeds = NUM_SEEDS
   sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
+  return sweep
+
+
+def longer():
+  """The arms of LONGER at 1e-3 for twice their steps, without bracketing."""
+  sweep = get_config()
+  steps = 2 * STEPS["even_pairs"]
+  sweep.variants = tuple((name, {**overrides, "num_train_steps": steps,
+                                 "eval_every_steps": steps // 4, "checkpoint_every_steps": steps // 2})
+                         for name, overrides in sweep.variants if name in LONGER)
+  sweep.grid = ml_collections.ConfigDict({"learning_rate": (1e-3,)})
+  sweep.bracket = 0
+  sweep.baseline, sweep.contrasts = LONGER[1], ((LONGER[0], LONGER[1]),)  # descriptive only
   return sweep
