@@ -43,6 +43,7 @@ STUDIES = {
     "attention_variants/controls/results.csv": ("attention_variants", "controls"),
     "positional/results.csv": ("positional", None),
     "positional_registered/results.csv": ("positional_registered", None),
+    "farthest_floor/results.csv": ("farthest_floor", None),
 }
 _CPU_EPYC, _CPU_XEON = "AMD EPYC, 2 cores", "Intel Xeon, 2 cores"
 _H200 = "1 x NVIDIA H200"
