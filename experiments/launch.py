@@ -1,8 +1,7 @@
 """What the training commands set up in their own process before anything else runs.
 
 glibc's malloc returns the large buffers that XLA's CPU runtime allocates on every step to the
-kernel and then takes them back 4 KiB page by page (the team's PERF_NOTES counted ~393k minor
-page faults per call of the naive attention at T = 4096). GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+kernel and then takes them back 4 KiB page by page. GLIBC_TUNABLES=glibc.malloc.hugetlb=1
 makes malloc ask for transparent huge pages instead; glibc reads it only when a process starts,
 so a command re-executes itself once with it set. docs/performance.md has the measured effect;
 other libcs ignore the setting.
