@@ -238,6 +238,7 @@ class _Plan:
   interpret: bool
   dropout_rate: float = 0.0  # with it, the tables end with the heads' dropout keys
   num_heads: int = 1  # N, to find a head's dropout key
+  max_scores: bool = False  # the forward kernel also writes each row's largest score
 
   def dropout(self, keys, b, h, q_start, k_start):
     """Inverted dropout's factor on the block at (q_start, k_start) [bq, bk], or None: the
@@ -287,7 +288,7 @@ class _Plan:
 
 
 def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
-  tables, keys, (out_ref, lse_ref, max_ref) = plan.tables(refs)
+  tables, keys, (out_ref, lse_ref, *max_ref) = plan.tables(refs)
   i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   q = q_ref[...]  # [bq, H]
   start = plan.row(b, h, i)
@@ -316,7 +317,8 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
   empty = l == 0.0
   out_ref[...] = (acc / jnp.where(empty, 1.0, l)[:, None]).astype(out_ref.dtype)
   lse_ref[...] = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
-  max_ref[...] = jnp.where(empty, -jnp.inf, m)  # each row's largest score
+  if plan.max_scores:
+    max_ref[0][...] = jnp.where(empty, -jnp.inf, m)  # each row's largest score
 
 
 def _weights_gradient(plan, q, k, v, do, lse, delta, tables, keys, b, h, q_start, k_start,
@@ -433,17 +435,18 @@ def _attention_fwd(plan, q, k, v, orders, tables):
   value_dim = v.shape[-1]
   specs = _specs(plan, head_dim, value_dim)
   statistic = jax.ShapeDtypeStruct((batch, num_heads, q_pad), jnp.float32)
-  out, lse, row_max = _call(
+  statistics = 2 if plan.max_scores else 1  # lse, and the row maxima where asked for
+  out, lse, *row_max = _call(
       _forward_kernel, plan, (plan.num_q, batch, num_heads), (orders[0], q, k, v, tables),
       [specs["q"], specs["k_all"], specs["v_all"]],
-      (jax.ShapeDtypeStruct((batch, q_pad, num_heads, value_dim), q.dtype), statistic,
-       statistic), (specs["o"], specs["stat"], specs["stat"]))
-  return (out, lse, row_max), (q, k, v, out, lse, orders, tables)
+      (jax.ShapeDtypeStruct((batch, q_pad, num_heads, value_dim), q.dtype),)
+      + (statistic,) * statistics, (specs["o"],) + (specs["stat"],) * statistics)
+  return (out, lse, tuple(row_max)), (q, k, v, out, lse, orders, tables)
 
 
 def _attention_bwd(plan, residuals, cotangents):
   q, k, v, out, lse, orders, tables = residuals
-  d_out, d_lse, _ = cotangents  # the row maxima are returned without gradient
+  d_out, d_lse, _ = cotangents  # the row maxima (if any) are returned without gradient
   batch, q_pad, num_heads, head_dim = q.shape
   kv_pad, value_dim = k.shape[1], v.shape[-1]
   delta = jnp.einsum("bthd,bthd->bht", d_out.astype(jnp.float32), out.astype(jnp.float32))
@@ -549,7 +552,7 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   backward, _ = _block_order(kinds, num_q, num_k, transpose=True)
   plan = _Plan(float(scale), block_q, block_k, num_q, num_k, kv_len, num_heads // num_kv_heads,
                tuple(mask_shape), score, allow, num_warps, num_stages, interpret,
-               float(dropout_rate), num_heads)
+               float(dropout_rate), num_heads, return_max_scores)
   width = lambda dim: max(16, 1 << (dim - 1).bit_length())  # Triton's blocks: powers of two
   pad, round_up = blocks_lib.pad_axis, blocks_lib.round_up
   prepare = lambda x, block, dim: pad(pad(flat(x), 1, round_up(x.shape[-3], block),
@@ -566,7 +569,7 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   per_row = lambda x: jnp.reshape(jnp.swapaxes(x[:, :, :q_len], 1, 2),
                                   batch_shape + (q_len, num_heads))
   if return_max_scores:
-    return out, per_row(lse), lax.stop_gradient(per_row(row_max))
+    return out, per_row(lse), lax.stop_gradient(per_row(row_max[0]))
   return out, per_row(lse)
 
 

@@ -99,6 +99,7 @@ html_theme_options = {
     "repository_url": REPOSITORY,
     "use_repository_button": True,
     "show_toc_level": 2,
+    "navbar_persistent": [],  # one search field (the sidebar's), not a second in the header
 }
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]  # wrap long code lines and table cells: nothing clipped
