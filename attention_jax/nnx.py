@@ -311,8 +311,7 @@ class RandomizedEncoding(NoPositionalEncoding):
 
   def embed(self, x, deterministic: bool | None = None):
     deterministic = self.deterministic if deterministic is None else deterministic
-    key = (jax.random.key(positional.EVALUATION_POSITIONS_SEED) if deterministic
-           else self.rngs())
+    key = None if deterministic else self.rngs()
     return positional.add_randomized_sinusoidal(x, key, self.max_length)
 
 

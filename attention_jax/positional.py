@@ -117,7 +117,9 @@ def randomized_positions(key, length: int, max_length: int):
 
 def add_randomized_sinusoidal(x, key, max_length: int):
   """x [..., T, D] plus the sinusoidal table at :func:`randomized_positions` (one draw for the
-  whole batch, as Ruoss et al. do) -> [..., T, D]."""
+  whole batch, as Ruoss et al. do) -> [..., T, D]; ``key`` None (evaluation) is the fixed draw
+  of EVALUATION_POSITIONS_SEED."""
+  key = jax.random.key(EVALUATION_POSITIONS_SEED) if key is None else key
   positions = randomized_positions(key, x.shape[-2], max_length)  # [T]
   table = sinusoidal_encoding(max_length, x.shape[-1])  # [max_length, D]
   return x + table[positions].astype(x.dtype)
@@ -188,8 +190,7 @@ class RandomizedEncoding(NoPositionalEncoding):
   ``deterministic``. ``max_length`` is the longest input to be met, at test time too."""
 
   def embed(self, x, deterministic: bool = True):
-    key = (jax.random.key(EVALUATION_POSITIONS_SEED) if deterministic
-           else self.make_rng("dropout"))
+    key = None if deterministic else self.make_rng("dropout")
     return add_randomized_sinusoidal(x, key, self.max_length)
 
 

@@ -62,29 +62,31 @@ def design(records) -> list[tuple[str, bool, str]]:
   return checks
 
 
-def errs_more(records, a: str, b: str, lengths: tuple[int, int]):
-  """The check "a > b" on the error at the test ``lengths`` (low, high), named with them."""
-  check = above(errors(records, *lengths), a, b)
+def errs_more(error, a: str, b: str, lengths: tuple[int, int]):
+  """The check "a > b" on ``error[lengths]`` (errors(), at the test lengths (low, high)), named
+  with them."""
+  check = above(error[lengths], a, b)
   return dataclasses.replace(check, name=f"{check.name} at {lengths[0]}-{lengths[1]}")
 
 
 def predictions(records) -> list[tuple[str, str, list]]:
   """(name, test lengths, checks) per prediction."""
   x2, x4, x8 = study.TEST_LENGTHS
+  error = {lengths: errors(records, *lengths) for lengths in study.TEST_LENGTHS}
   span = lambda *lengths: " and ".join(f"{low}-{high}" for low, high in lengths)
   return [
       ("D", "training lengths", design(records)),
       ("P1", f"order, {span(x4, x8)}",
-       [errs_more(records, f"order-{other}", "order-alibi", lengths) for lengths in (x4, x8)
+       [errs_more(error, f"order-{other}", "order-alibi", lengths) for lengths in (x4, x8)
         for other in ("sinusoidal", "learned")]),
-      ("P2", f"order, {span(x8)}", [errs_more(records, "order-rope", "order-alibi", x8)]),
+      ("P2", f"order, {span(x8)}", [errs_more(error, "order-rope", "order-alibi", x8)]),
       ("P3", f"even_pairs, {span(x2)}",
-       [errs_more(records, f"even_pairs-{other}", "even_pairs-rope", x2)
+       [errs_more(error, f"even_pairs-{other}", "even_pairs-rope", x2)
         for other in ("sinusoidal", "learned")]),
       ("P4", f"even_pairs, {span(x8)}",
-       [near_chance(errors(records, *x8), f"even_pairs-{name}") for name in STANDARD]),
+       [near_chance(error[x8], f"even_pairs-{name}") for name in STANDARD]),
       ("P5", f"both tasks, {span(x4, x8)}",
-       [errs_more(records, f"{task}-sinusoidal", f"{task}-randomized", lengths)
+       [errs_more(error, f"{task}-sinusoidal", f"{task}-randomized", lengths)
         for task in study.TASKS for lengths in (x4, x8)]),
   ]
 

@@ -47,15 +47,14 @@ def test_the_default_training_step_lowers_with_that_platform_s_attention(platfor
   for field, value in {"data_dir": data_dir, "task_options.num_train": 256,
                        "task_options.num_test": 64}.items():
     set_field(config, field, value)
-  replicas = train.replicas_of(config)
-  task, model, tx, init = train.setup(config, replicas)
+  task, model, tx, init = train.setup(config, train.replicas_of(config))
   m = config.model
   length = task.max_length + (m.pooling == "cls")
   config.model.attention_impl = _chosen(
       (config.batch_size, length, m.num_heads, m.d_model // m.num_heads), jnp.float32, platform,
       dropout_rate=m.attention_dropout_rate)
   config_check.validate(config)
-  task, model, tx, init = train.setup(config, replicas)
+  model = type(model)(train.encoder_config(config, task))  # the same model, that attention
   state = jax.eval_shape(init)
   batch = {"tokens": jax.ShapeDtypeStruct((1, config.batch_size, task.max_length), jnp.int32),
            "labels": jax.ShapeDtypeStruct((1, config.batch_size), jnp.int32)}
