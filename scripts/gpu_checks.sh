@@ -11,7 +11,7 @@
 # library_tests, and (not in the default list) study_heads, study_heads_length, study_scaling,
 # study_scaling_init, study_positional, study_farthest_floor, study_variants, attention_tokamax,
 # profile_bf16,
-# flag_cost, flex, flex_mod, flex_fused, mfu. Logs and
+# flag_cost, flex, flex_mod, flex_fused, fused, mfu. Logs and
 # JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so that a run cut short
 # keeps what it finished. Python packages missing on the machine go in
 # .whl/ as wheels (scripts/gpu_wheels.sh puts them there; modules they import but never use here
@@ -203,6 +203,20 @@ flex_fused() {
   part flex_fused 300 python3 scripts/benchmark_flex.py --dtype bfloat16 \
     --lengths 2048 8192 16384 --rounds 3 --documents --json "$work/flex_fused.json" \
     --fused-configs 64:4:3 128:4:2 128x64:4:3 128x64:8:3 128:8:3
+}
+
+# The fused score/mask kernel compiled by Triton: its GPU tests (against the reference and the
+# interpreter: mods, control flow, dropout, row maxima) beside cuDNN's with packed sequences, then
+# its table (scripts/benchmark_fused.py: full, causal, ALiBi, dropout, documents, a window; the
+# blockwise kernel and torch's compiled flex_attention beside it) and its tuning.
+fused() {
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  part fused_tests 150 python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_pallas_gpu.py \
+    tests/test_gpu.py -k "on_a_gpu or cudnn or packed or tf32"
+  unset XLA_PYTHON_CLIENT_PREALLOCATE
+  part fused_table 420 python3 scripts/benchmark_fused.py --rounds 3 \
+    --shapes 8192,64 16384,64 8192,128 2048,64 --tune 8192,64 8192,128 \
+    --configs 64:4:2 64:4:3 128x64:4:3 128x64:8:3 128:4:2 128:8:3 --json "$work/fused.json"
 }
 
 # Model FLOPs utilisation in bfloat16 at d_model 1024 with heads of 64 and of 128, and at

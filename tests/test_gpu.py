@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import attention_jax as aj
+from conftest import assert_close
 from test_attention import CASES
 from test_attention import _random_case
 from test_attention import assert_case_matches
@@ -86,3 +87,30 @@ def test_float32_at_default_precision_is_within_tf32_error(implementation):
   fn = functools.partial(attention, implementation=implementation)
   with jax.default_matmul_precision("default"):
     assert_case_matches(run_case(case, fn, seed=3), 3e-3)
+
+
+@pytest.mark.parametrize("implementation", ["cudnn", None])
+def test_packed_sequences_through_cudnn_match_the_reference(implementation):
+  """Segment ids (packed sequences) reach cuDNN as part of its mask, so none is dropped: a large
+  JAX project's cuDNN path once ignored them. Also through the automatic choice (cuDNN here)."""
+  rng = np.random.default_rng(5)
+  q, k, v, cotangent = (jnp.asarray(rng.standard_normal((2, 256, 4, 64)), jnp.bfloat16)
+                        for _ in range(4))
+  ids = jnp.asarray(np.sort(rng.integers(0, 5, (2, 256)), axis=-1))  # up to 5 per row
+  kwargs = dict(query_segment_ids=ids, key_segment_ids=ids, is_causal=True)
+  fn = lambda q, k, v: aj.dot_product_attention(q, k, v, implementation=implementation,  # noqa: E731
+                                                **kwargs)
+  dense = lambda q, k, v: aj.dot_product_attention(  # noqa: E731
+      *(x.astype(jnp.float32) for x in (q, k, v)), implementation="reference", **kwargs)
+  run = lambda f: jax.jit(lambda *a: (f(*a), jax.grad(  # noqa: E731
+      lambda *b: jnp.sum(f(*b).astype(jnp.float32) * cotangent.astype(jnp.float32)),
+      (0, 1, 2))(*a)))(q, k, v)
+  (out, grads), (want, want_grads) = run(fn), run(dense)
+  assert_close(out, want, rtol=3e-2, name="output")
+  for name, got, expected in zip("qkv", grads, want_grads):
+    assert_close(got, expected, rtol=3e-2, name=f"d{name}")
+  # a segment's rows see nothing of another segment: moving another segment's values moves none
+  moved = v + jnp.where((ids == 0)[..., None, None], 0.0, 10.0).astype(jnp.bfloat16)
+  first = np.asarray(ids == 0)
+  np.testing.assert_array_equal(np.asarray(fn(q, k, moved), np.float32)[first],
+                                np.asarray(fn(q, k, v), np.float32)[first])

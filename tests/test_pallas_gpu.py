@@ -459,3 +459,54 @@ def test_without_pallas_triton_the_kernel_is_refused_in_one_line_naming_chunked(
   # the interpreter (how this machine runs it) needs no backend
   out, _ = pallas_gpu.flex_attention(q, k, v, scale=1.0, mask_mod=causal, interpret=True)
   assert_close(out, aj.dot_product_attention(q, k, v, scale=1.0, mask_mod=causal), rtol=2e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs a GPU")
+@pytest.mark.parametrize("construct", [c for c in CONTROL_FLOW if "while_loop" not in c])
+def test_on_a_gpu_control_flow_in_a_mod_compiles_and_equals_the_interpreter(construct):
+  """What the interpreter checks above on any machine holds for the kernel Triton compiled
+  (float32 at TF32's tolerance; while_loop is refused before lowering, as above)."""
+  q, k, v, _ = _inputs(value_dim=H)
+  score_mod, mask_mod, _, _ = CONTROL_FLOW[construct]
+  attend = lambda interpret: lambda q: pallas_gpu.flex_attention(  # noqa: E731
+      q, k, v, scale=0.3, score_mod=score_mod, mask_mod=mask_mod, block_size=16,
+      interpret=interpret)[0]
+  compiled, interpreted = attend(False), attend(True)
+  assert_close(jax.jit(compiled)(q), interpreted(q), rtol=2e-3, name=construct)
+  grad = lambda f: jax.jit(jax.grad(lambda q: jnp.sum(jnp.sin(f(q)))))(q)  # noqa: E731
+  assert_close(grad(compiled), grad(interpreted), rtol=2e-3, name=f"dq, {construct}")
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs a GPU")
+@pytest.mark.parametrize("broadcast", [False, True])
+def test_on_a_gpu_compiled_dropout_drops_the_blockwise_kernels_entries(broadcast):
+  """The compiled kernel's counter-based masks are the blockwise kernel's (outputs and gradients
+  agree at TF32's tolerance; a different mask would differ by far more)."""
+  q, k, v, cotangent = (x.astype(jnp.bfloat16).astype(jnp.float32) for x in _inputs(
+      value_dim=H))
+  common = dict(scale=H ** -0.5, mask_mod=causal, dropout_rate=0.2,
+                dropout_rng=jax.random.key(4), broadcast_dropout=broadcast)
+  fused = lambda q, k, v: pallas_gpu.flex_attention(q, k, v, block_size=16, **common)[0]  # noqa: E731
+  blockwise = lambda q, k, v: aj.chunked_attention(q, k, v, block_q=8, block_k=8, **common)  # noqa: E731
+  run = lambda f: jax.jit(lambda *a: (f(*a), jax.grad(  # noqa: E731
+      lambda *b: jnp.sum(f(*b) * cotangent), (0, 1, 2))(*a)))(q, k, v)
+  (out, grads), (want, want_grads) = run(fused), run(blockwise)
+  assert_close(out, want, rtol=2e-3, name="output")
+  for name, got, expected in zip("qkv", grads, want_grads):
+    assert_close(got, expected, rtol=2e-3, name=f"d{name}")
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs a GPU")
+def test_on_a_gpu_the_compiled_kernel_gives_each_rows_largest_score():
+  q, k, v, _ = _inputs(value_dim=H)
+  _, lse, best = pallas_gpu.flex_attention(q, k, v, scale=0.3, score_mod=alibi, mask_mod=late_start,
+                                           return_max_scores=True)
+  _, want_lse, want = pallas_gpu.flex_attention(q, k, v, scale=0.3, score_mod=alibi,
+                                                mask_mod=late_start, return_max_scores=True,
+                                                interpret=True)
+  finite = np.isfinite(np.asarray(want))
+  np.testing.assert_array_equal(np.isfinite(np.asarray(best)), finite)
+  np.testing.assert_allclose(np.asarray(best)[finite], np.asarray(want)[finite], rtol=2e-3,
+                             atol=2e-3)
+  np.testing.assert_allclose(np.asarray(lse)[finite], np.asarray(want_lse)[finite], rtol=2e-3,
+                             atol=2e-3)
