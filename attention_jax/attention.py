@@ -103,6 +103,9 @@ class Kernel:
   #: the architectures (``architecture``'s, by prefix) where it has been run against the float64
   #: reference and timed (docs/performance.md), so that it is chosen automatically there
   measured_on: tuple[str, ...] = ()
+  #: the PARTS for which the automatic choice takes it there (empty: any call it serves); what it
+  #: was measured on and won
+  chosen_for: tuple[str, ...] = ()
   check: Callable | None = None  # (query, key, value, request) -> why its shape, dtype or device
   # rules it out, or None
 
@@ -165,7 +168,7 @@ def _automatic_order(query, key, backend: str, arch: str | None,
   logits_bytes = 4 * math.prod(query.shape[:-1]) * key.shape[-3]  # [..., T, N] x S float32
   small = logits_bytes <= XLA_MAX_LOGITS_BYTES_GPU
   if dropout and small:  # flax's masks where the dense weights fit
-    return measured + ("xla", "reference", "chunked")
+    return ("reference",) + measured + ("chunked",)
   large = backend == "gpu" and not small
   return measured + (("chunked", "xla") if large else ("xla", "chunked")) + ("reference",)
 
@@ -192,9 +195,12 @@ def _choose(query, key, value, request: Request, implementation: str | None) -> 
   if implementation is None:
     arch = architecture(request.backend, request.device_kind, request.compute_capability)
     for name in _automatic_order(query, key, request.backend, arch, request.dropout_rate > 0.0):
-      if not set(KERNELS[name].named_only) & set(request.parts) and unsupported_reason(
+      kernel, parts = KERNELS[name], set(request.parts)
+      if kernel.chosen_for and not set(kernel.chosen_for) & parts:
+        continue
+      if not set(kernel.named_only) & parts and unsupported_reason(
           name, query, key, value, request) is None:
-        return KERNELS[name]
+        return kernel
   if implementation not in KERNELS:
     raise ValueError(
         f"implementation must be one of {IMPLEMENTATIONS} or None, got {implementation!r}.")
@@ -221,17 +227,17 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   of its first device, or COMPUTE_CAPABILITY's):
 
   - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference";
-  - gpu: the kernels measured on this architecture ("cudnn" on Hopper, then "pallas_gpu",
-    ``Kernel.measured_on``), else "xla" while the float32 logits take at most
-    XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
+  - gpu: the kernels measured on this architecture (on Hopper "cudnn", then "pallas_gpu" for
+    score and mask functions, ``Kernel.measured_on``), else "xla" while the float32 logits take
+    at most XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
   - tpu: "pallas_tpu" on the TPUs it was measured on (none yet), else "xla";
   - "chunked" wherever "xla" cannot serve (a score_mod, sinks, the sigmoid); a mask_mod never
     goes to "cudnn" or "pallas_tpu" unless named (``Kernel.named_only``);
   - dropout: "reference" where its dense weights are small (below CHUNKED_MIN_LENGTH_CPU on
     CPU, within XLA_MAX_LOGITS_BYTES_GPU elsewhere), so the masks are flax's
     (``bernoulli(dropout_rng, 1 - rate, shape)``) and a drop-in reproduces flax's numbers; above
-    that "chunked", whose counter-based masks keep memory linear in T (the same keep rate, other
-    entries);
+    that the fused kernel where it is measured, else "chunked", whose counter-based masks (the
+    same in both) keep memory linear in T (the same keep rate, other entries);
   - "reference" when none of these can (returned weights, a head variant's hooks).
 
   A named implementation that cannot serve raises ``ValueError`` with the reason; nothing falls
@@ -565,8 +571,8 @@ KERNELS = {kernel.name: kernel for kernel in (
            "reverse mode only (its custom VJP); arrays a mod closes over get no gradient",
            _pallas_gpu, serves=("dropout", "residual", "max_scores", "soft_cap", "score_mod",
                                 "mask_mod"),
-           backend="gpu",
-           check=pallas_gpu.missing_backend),
+           backend="gpu", measured_on=("9.0",), chosen_for=("score_mod", "mask_mod", "soft_cap"),
+           check=pallas_gpu.refusal),  # on an H200, 11 to 16 times the blockwise kernel's speed
 )}
 
 #: The names ``implementation=`` takes.

@@ -138,12 +138,15 @@ def _mix(x):
 
 
 def dropout_bits(key_data, q_idx, kv_idx):
-  """uint32 bits of entry (t, s) under key_data (uint32 [2]), for broadcastable uint32 index
-  arrays: the row's hash (once per query), mixed with the key index and the key's second word.
-  About ten integer operations per entry (threefry's twenty rounds cost attention 4 to 6 times
-  its time on a CPU)."""
+  """uint32 bits of entry (t, s) under key_data (uint32 [2]), for uint32 index arrays [bq, 1] and
+  [1, bk]: a hash of each query index and one of each key index (MurmurHash3's finaliser, once
+  per row and once per column), their exclusive or multiplied by an odd constant. Two integer
+  operations per entry (threefry's twenty rounds cost attention 4 to 6 times its time on a CPU);
+  the product's high bits, which decide a comparison with rate * 2^32, break the exclusive or's
+  rectangle structure (bits(t, s) ^ bits(t, s') ^ bits(t', s) ^ bits(t', s') = 0 without it)."""
   row = _mix(q_idx * jnp.uint32(0x9E3779B1) + key_data[0])  # [bq, 1]
-  return _mix((row ^ (kv_idx * jnp.uint32(0x85EBCA77))) + key_data[1])
+  column = _mix(kv_idx * jnp.uint32(0x85EBCA77) + key_data[1])  # [1, bk]
+  return (row ^ column) * jnp.uint32(0x2C1B3C6D)  # [bq, bk]
 
 
 def dropout_factor(key_data, q_idx, kv_idx, rate: float):

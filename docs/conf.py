@@ -145,6 +145,8 @@ def _write_support_table():
   for kernel in attention.KERNELS.values():
     chosen = ("by the rules below" if kernel.backend is None else
               f"on {'compute capability ' * (kernel.backend == 'gpu')}{', '.join(kernel.measured_on)}" if kernel.measured_on else "no: by name only")
+    if kernel.chosen_for:
+      chosen += ", for " + " or ".join(attention.PARTS[part][0] for part in kernel.chosen_for)
     refused = [attention.PARTS[part][0] for part in attention.PARTS if part not in kernel.serves]
     refused += [f"{attention.PARTS[part][0]} (served when named, never chosen for it)"
                 for part in kernel.named_only]

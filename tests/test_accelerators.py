@@ -112,7 +112,11 @@ H100 = "NVIDIA H100 80GB HBM3"  # where cuDNN has been measured (KERNELS["cudnn"
     ("gpu", H100, _shapes(64, head_dim=12, dtype=jnp.bfloat16), {}, "xla"),
     ("gpu", H100, _shapes(63, dtype=jnp.bfloat16), {"bias": np.zeros((63, 63))}, "cudnn"),
     ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"return_weights": True}, "reference"),
-    ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"logits_soft_cap": 30.0}, "chunked"),
+    ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"logits_soft_cap": 30.0}, "pallas_gpu"),
+    ("gpu", "NVIDIA A100-SXM4-40GB", _shapes(64, dtype=jnp.bfloat16), {"logits_soft_cap": 30.0},
+     "chunked"),  # the fused kernel is chosen only where it was timed
+    ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"dropout_rate": 0.1}, "reference"),
+    ("gpu", H100, _shapes(8192, dtype=jnp.bfloat16), {"dropout_rate": 0.1}, "chunked"),
     ("gpu", H100, _shapes(64, dtype=jnp.bfloat16), {"return_residual": True}, "cudnn"),
     ("gpu", "NVIDIA H200", _shapes(100, dtype=jnp.bfloat16), {}, "cudnn"),  # Hopper, as H100
     ("gpu", "NVIDIA GH200 480GB", _shapes(100, dtype=jnp.bfloat16), {}, "cudnn"),
@@ -207,4 +211,4 @@ def test_a_named_accelerator_kernel_serves_a_mask_mod_as_a_dense_mask(implementa
   np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32),
                              atol=2e-2)
   assert aj.select_implementation(q, k, v, mask_mod=same_doc, backend="gpu",
-                                  device_kind="NVIDIA H100") == "xla"
+                                  device_kind="NVIDIA H100") == "pallas_gpu"  # the fused kernel

@@ -32,14 +32,14 @@ def _mix(x):
 
 def _keep(rng, b, h, q_len, kv_len, rate=RATE, broadcast=False):
   """The kernel's keep mask [T, S] of example b and head h, written out in numpy's uint32
-  arithmetic: MurmurHash3's finaliser of the query index under the key folded with (b, h), mixed
-  with the key index."""
+  arithmetic: MurmurHash3's finaliser of the query index and of the key index under the key
+  folded with (b, h), their exclusive or times an odd constant."""
   key = rng if broadcast else jax.random.fold_in(jax.random.fold_in(rng, b), h)
   k0, k1 = np.asarray(jax.random.key_data(key), np.uint32)
   with np.errstate(over="ignore"):
     row = _mix(np.arange(q_len, dtype=np.uint32)[:, None] * np.uint32(0x9E3779B1) + k0)
-    bits = _mix((row ^ (np.arange(kv_len, dtype=np.uint32)[None, :] * np.uint32(0x85EBCA77)))
-                + k1)
+    column = _mix(np.arange(kv_len, dtype=np.uint32)[None, :] * np.uint32(0x85EBCA77) + k1)
+    bits = (row ^ column) * np.uint32(0x2C1B3C6D)
   return bits >= np.uint32(round(rate * 2 ** 32))
 
 
@@ -108,6 +108,18 @@ def test_neighbouring_entries_of_the_mask_are_independent():
   for a, b in [(keep[:, :-1], keep[:, 1:]), (keep[:-1], keep[1:]), (keep, other_head)]:
     table = [[np.sum(a & b), np.sum(a & ~b)], [np.sum(~a & b), np.sum(~a & ~b)]]
     assert stats.chi2_contingency(table).pvalue > 0.01, table
+
+
+def test_the_corners_of_a_rectangle_are_independent():
+  """The mask hashes rows and columns apart and combines them: four corners (t, s), (t, s'),
+  (t', s), (t', s') of random rectangles are kept or dropped independently at rate 1/2 (the parity
+  of the four is even half the time; an exclusive or of the two hashes alone makes it always
+  even). Binomial test at the 1% level."""
+  keep = _keep(jax.random.key(8), 0, 0, 1024, 1024, rate=0.5)
+  t, t2, s, s2 = np.random.default_rng(0).integers(0, 1024, (4, 20000))
+  corners = (t != t2) & (s != s2)
+  odd = (keep[t, s] ^ keep[t, s2] ^ keep[t2, s] ^ keep[t2, s2])[corners]
+  assert stats.binomtest(int(odd.sum()), odd.size, 0.5).pvalue > 0.01
 
 
 def test_dropout_through_dot_product_attention_and_the_automatic_choice():

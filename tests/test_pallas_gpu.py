@@ -270,7 +270,23 @@ def test_it_is_chosen_by_name_on_a_gpu_and_refuses_what_it_cannot_serve():
   select = lambda **kw: aj.select_implementation(q, k, v, backend="gpu",
                                                  device_kind="NVIDIA H200", **kw)
   assert select(implementation="pallas_gpu", score_mod=alibi, is_causal=True) == "pallas_gpu"
-  assert select(score_mod=alibi) == "chunked"  # not timed on a GPU yet: by name only
+  # chosen on Hopper, where it was timed, for score and mask functions (and the soft cap, one)
+  assert select(score_mod=alibi) == "pallas_gpu"
+  assert select(mask_mod=causal) == "pallas_gpu"
+  assert select(logits_soft_cap=30.0) == "pallas_gpu"
+  assert select() == "cudnn"  # plain attention stays with cuDNN
+  assert select(dropout_rate=0.1) == "reference"  # flax's masks while the weights are small
+  assert aj.select_implementation(q, k, v, backend="gpu", device_kind="NVIDIA A100",
+                                  score_mod=alibi) == "chunked"  # not timed there
+
+  def with_table(table):  # a mod over a traced floating array: the blockwise kernel's
+    mod = lambda s, b, h, q_idx, kv_idx: s + table[h]  # noqa: E731
+    return aj.select_implementation(q, k, v, backend="gpu", device_kind="NVIDIA H200",
+                                    score_mod=mod)
+  assert with_table(jnp.ones(8)) == "pallas_gpu"  # a constant
+  chosen = []
+  jax.jit(lambda table: chosen.append(with_table(table)))(jnp.ones(8))
+  assert chosen == ["chunked"]
   assert select(implementation="pallas_gpu", mask=jnp.ones((512, 512), bool),
                 key_value_seq_lengths=jnp.array([3, 4])) == "pallas_gpu"
   assert select(implementation="pallas_gpu", dropout_rate=0.1) == "pallas_gpu"  # its own masks
@@ -281,16 +297,6 @@ def test_it_is_chosen_by_name_on_a_gpu_and_refuses_what_it_cannot_serve():
       select(implementation="pallas_gpu", **arguments)
   with pytest.raises(ValueError, match="runs only on the gpu backend"):
     aj.select_implementation(q, k, v, implementation="pallas_gpu", backend="cpu")
-
-
-def test_once_measured_it_serves_the_score_mods_on_that_architecture(monkeypatch):
-  monkeypatch.setitem(attention_lib.KERNELS, "pallas_gpu", dataclasses.replace(
-      attention_lib.KERNELS["pallas_gpu"], measured_on=("9.0",)))
-  q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
-  select = lambda **kw: aj.select_implementation(q, k, v, backend="gpu", **kw)
-  assert select(device_kind="NVIDIA H200", score_mod=alibi) == "pallas_gpu"
-  assert select(device_kind="NVIDIA H200") == "cudnn"  # plain attention stays with cuDNN
-  assert select(device_kind="NVIDIA A100", score_mod=alibi) == "chunked"
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs a GPU")
