@@ -568,7 +568,8 @@ KERNELS = {kernel.name: kernel for kernel in (
            "or segment ids leave empty (per example where they come as arrays), and evaluate no "
            "`mask_mod` on full ones; attention dropout with the blockwise kernel's "
            "counter-based masks; a bias only written as a `score_mod`",
-           "reverse mode only (its custom VJP); arrays a mod closes over get no gradient",
+           "reverse mode only (its custom VJP); the floating arrays a score_mod closes over get "
+           f"gradients (up to {pallas_gpu.MAX_TRAINED} entries, summed in a fixed order)",
            _pallas_gpu, serves=("dropout", "residual", "max_scores", "soft_cap", "score_mod",
                                 "mask_mod"),
            backend="gpu", measured_on=("9.0",), chosen_for=("score_mod", "mask_mod", "soft_cap"),

@@ -7,8 +7,9 @@ A mod is traced on scalars (``mods.py``); its jaxpr is evaluated here on whole [
 inside the kernel: elementwise primitives on broadcast blocks, and an array the mod closed over,
 indexed by scalars (``slopes[h]``, ``table[q_idx - kv_idx]``, a ``dynamic_slice`` in the jaxpr),
 read from the kernel's flattened copy of it, one gather per block (Triton has no dynamic_slice).
-The kernel gives closed-over arrays no gradient, so a floating one must be a constant (not
-traced); integer and boolean ones may be traced.
+A floating array a score_mod closes over gets its gradient from the dQ kernel when it is being
+differentiated: each read's cotangent (the mod's own vjp on the block), summed per entry in the
+program's registers and over programs in a fixed order, so the same bits on every run.
 
 The contract's structure (``is_causal``, windows, lengths, segment ids, a mask) becomes one more
 mask_mod, with the kinds of blocks it leaves (per example where it comes as arrays), so that its
@@ -29,6 +30,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import custom_derivatives
 from jax import lax
 from jax.extend import core as jex_core
 from jax.experimental import pallas as pl
@@ -49,9 +51,14 @@ class Unservable(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class _Table:
-  """A closed-over array as the kernel holds it: a flattened ref and the array's shape."""
+  """A closed-over array as the kernel holds it: a flattened ref and the array's shape; with
+  ``reads`` each read appends (flat index block, value block) to it, with ``replay`` each read
+  returns the iterator's next value instead (so that the reads' values become inputs to
+  differentiate)."""
   ref: object
   shape: tuple[int, ...]
+  reads: list | None = None
+  replay: object = None
 
 
 # Primitives that only move a scalar between shapes of size 1: the identity on a block.
@@ -61,6 +68,10 @@ _SHAPE_ONLY = ("squeeze", "reshape", "broadcast_in_dim", "reduce_sum", "reduce_m
 
 #: The most iterations of a lax.scan or lax.fori_loop in a mod that the kernel unrolls.
 MAX_UNROLL = 32
+
+#: The most entries of traced floating arrays a score_mod closes over (their gradients are summed
+#: in each program's registers).
+MAX_TRAINED = 4096
 
 
 def evaluate(jaxpr, tables, *blocks):
@@ -179,20 +190,47 @@ def _gather(table: _Table, indices, slice_sizes):
   """table[indices] for blocks of indices (dynamic_slice of size 1 clamps them into range)."""
   if any(size != 1 for size in slice_sizes):
     raise Unservable("the mod slices a closed-over array; index it with scalars")
-  flat = 0
+  flat = jnp.int32(0)
   for index, size, stride in zip(indices, table.shape,
                                  np.cumprod((1,) + table.shape[:0:-1])[::-1]):
     flat = flat + jnp.clip(jnp.asarray(index, jnp.int32), 0, size - 1) * int(stride)
-  return table.ref[flat]
+  if table.replay is not None:
+    return next(table.replay)
+  value = table.ref[flat]
+  if table.reads is not None:
+    table.reads.append((flat, value))
+  return value
+
+
+def table_cotangents(jaxpr, tables, trained, cotangent, *blocks):
+  """The gradient reaching each read of the ``trained`` tables (indices into ``tables``) when
+  ``cotangent`` reaches the output of ``jaxpr`` on ``blocks``: [(table index, flat index
+  block, its cotangent block)], each block of the read's own shape (a read of slopes[h] is one
+  scalar per block: the transpose of its broadcast sums the block)."""
+  reads = {i: [] for i in trained}
+  recording = [dataclasses.replace(t, reads=reads[i]) if i in reads else t
+               for i, t in enumerate(tables)]
+  evaluate(jaxpr, recording, *blocks)
+  where = [(i, flat) for i in trained for flat, _ in reads[i]]
+
+  def output(values):
+    replay = iter(values)
+    return evaluate(jaxpr, [dataclasses.replace(t, replay=replay) if i in reads else t
+                            for i, t in enumerate(tables)], *blocks)
+  _, pullback = jax.vjp(output, [value for i in trained for _, value in reads[i]])
+  (cotangents,) = pullback(cotangent)
+  return [(i, flat, c) for (i, flat), c in zip(where, cotangents)]
 
 
 def check(mod: mods_lib.Mod | None, dtype=jnp.float32, block=(16, 16)) -> str | None:
   """Why the kernel cannot run ``mod`` (its jaxpr evaluated blockwise), or None."""
   if mod is None:
     return None
-  if any(isinstance(c, jax.core.Tracer) and mods_lib.is_trainable(c) for c in mod.consts):
-    return ("the fused kernel gives closed-over arrays no gradient, and this mod closes over "
-            "a traced floating one")
+  trained = sum(np.size(c) for c in mod.consts
+                if isinstance(c, jax.core.Tracer) and mods_lib.is_trainable(c))
+  if trained > MAX_TRAINED:
+    return (f"the fused kernel gives gradients to closed-over floating arrays of up to "
+            f"{MAX_TRAINED} entries together; this mod's traced ones have {trained}")
   tables = [_Table(jnp.reshape(jnp.asarray(c), -1), np.shape(c)) for c in mod.consts]
   index = jnp.zeros(block, jnp.int32)
   blocks = ((jnp.zeros(block, dtype),) if len(mod.jaxpr.invars) == 5 else ()) + (
@@ -239,6 +277,15 @@ class _Plan:
   dropout_rate: float = 0.0  # with it, the tables end with the heads' dropout keys
   num_heads: int = 1  # N, to find a head's dropout key
   max_scores: bool = False  # the forward kernel also writes each row's largest score
+  trained: tuple[int, ...] = ()  # the score_mod's tables that get gradients (the dQ kernel's)
+
+  @property
+  def trained_slots(self) -> tuple[tuple[int, ...], int]:
+    """Where each trained table's gradient starts in a program's slots, and their width: the
+    tables' entries side by side, rounded up to a power of two (Triton's blocks)."""
+    sizes = [math.prod(np.shape(self.score.consts[i])) for i in self.trained]
+    starts = tuple(int(x) for x in np.cumsum([0] + sizes[:-1]))
+    return starts, max(16, 1 << (max(sum(sizes), 1) - 1).bit_length())
 
   def dropout(self, keys, b, h, q_start, k_start):
     """Inverted dropout's factor on the block at (q_start, k_start) [bq, bk], or None: the
@@ -268,22 +315,98 @@ class _Plan:
     keys, rest = (rest[0], rest[1:]) if self.dropout_rate else (None, rest)
     return (tables[:n], tables[n:]), keys, rest
 
+  def indices(self, q_start, k_start):
+    """The query indices [bq, 1] and key indices [1, bk] of the block at (q_start, k_start):
+    what a mod computes from one of them alone is computed once per row or column."""
+    return (q_start + lax.broadcasted_iota(jnp.int32, (self.block_q, 1), 0),
+            k_start + lax.broadcasted_iota(jnp.int32, (1, self.block_k), 1))
+
   def logits(self, q, k, tables, b, h, q_start, k_start, full):
-    """Scaled, modded logits [bq, bk] (-inf where masked) and d(score_mod)/d(score) or None;
-    ``full``: the block is full, the mask_mod is not evaluated."""
-    s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * self.scale
-    q_idx = q_start + lax.broadcasted_iota(jnp.int32, s.shape, 0)
-    kv_idx = k_start + lax.broadcasted_iota(jnp.int32, s.shape, 1)
-    derivative = None
+    """Scaled, modded logits [bq, bk] (-inf where masked), d(score_mod)/d(score) or None, and
+    the scaled logits before the score_mod; ``full``: the block is full, the mask_mod is not
+    evaluated."""
+    raw = jnp.dot(q, k.T, preferred_element_type=jnp.float32) * self.scale
+    q_idx, kv_idx = self.indices(q_start, k_start)
+    s, derivative = raw, None
     if self.score is not None:
-      modded = lambda x: evaluate(self.score.jaxpr, tables[0], x, b, h, q_idx, kv_idx)
-      s, derivative = jax.jvp(modded, (s,), (jnp.ones_like(s),))
+      modded = lambda x: jnp.broadcast_to(
+          evaluate(self.score.jaxpr, tables[0], x, b, h, q_idx, kv_idx), x.shape)
+      s, derivative = jax.jvp(modded, (raw,), (jnp.ones_like(raw),))
     allowed = kv_idx < self.kv_len
     if self.allow is not None:
       allowed = allowed & lax.cond(
           full, lambda: jnp.ones(s.shape, jnp.bool_),
-          lambda: evaluate(self.allow.jaxpr, tables[1], b, h, q_idx, kv_idx))
-    return jnp.where(allowed, s, -jnp.inf), derivative
+          lambda: jnp.broadcast_to(evaluate(self.allow.jaxpr, tables[1], b, h, q_idx, kv_idx),
+                                   s.shape))
+    return jnp.where(allowed, s, -jnp.inf), derivative, raw
+
+  def read_shapes(self):
+    """``table_reads``' list for any block: (start, flat, cotangent), shapes in place of arrays
+    (traced on stand-in tables; nothing is computed)."""
+    tables = [_Table(jnp.zeros(max(1, math.prod(np.shape(c))), jnp.result_type(c)), np.shape(c))
+              for c in self.score.consts]
+    starts = []
+
+    def reads():
+      block = jnp.zeros((self.block_q, self.block_k), jnp.float32)
+      found = self.table_reads(tables, block, block, 0, 0, 0, 0)
+      starts.extend(start for start, _, _ in found)
+      return [(flat, cotangent) for _, flat, cotangent in found]
+    shapes = jax.eval_shape(reads)
+    return [(start, flat, cotangent) for start, (flat, cotangent) in zip(starts, shapes)]
+
+  def table_reads(self, score_tables, raw, d_score, b, h, q_start, k_start):
+    """The trained tables' reads on this block with their cotangents, given dL/d(score_mod's
+    output) [bq, bk]: [(where the table's slots start, flat index, cotangent)], both of the
+    read's shape: () or [bq, 1] (the same indices on every key block), [1, bk] (the same on
+    every query block) or [bq, bk]."""
+    q_idx, kv_idx = self.indices(q_start, k_start)
+    starts = self.trained_slots[0]
+    return [(starts[self.trained.index(i)], jnp.broadcast_to(flat, jnp.shape(cotangent)),
+             cotangent.astype(jnp.float32))
+            for i, flat, cotangent in table_cotangents(self.score.jaxpr, score_tables,
+                                                       self.trained, d_score, raw, b, h, q_idx,
+                                                       kv_idx)]
+
+
+def _varies(read) -> tuple[bool, bool]:
+  """Whether a read's indices vary along the queries and along the keys of a block."""
+  shape = jnp.shape(read[1])
+  return (len(shape) == 2 and shape[0] > 1), (len(shape) == 2 and shape[1] > 1)
+
+
+def _add_by_range(slots, start, flat, cotangent):
+  """slots [W] plus the cotangents summed per index, for each index from the least to the
+  greatest the block reads, in that order (a read that varies along queries and keys: a few
+  distances or buckets per block)."""
+  slot = lax.broadcasted_iota(jnp.int32, slots.shape, 0)
+
+  def add(m, slots):
+    return slots + jnp.where(slot == start + m, jnp.sum(jnp.where(flat == m, cotangent, 0.0)),
+                             0.0)
+  return lax.fori_loop(jnp.min(flat), jnp.max(flat) + 1, add, slots)
+
+
+def _add_by_entry(slots, start, flat, cotangent):
+  """slots [W] plus each entry of a read of shape (), [bq, 1] or [1, bk], one after another
+  (once per program: these reads are summed over its blocks first)."""
+  slot = lax.broadcasted_iota(jnp.int32, slots.shape, 0)
+  if not jnp.shape(flat):
+    return slots + jnp.where(slot == start + flat, cotangent, 0.0)
+  position = lax.broadcasted_iota(jnp.int32, jnp.shape(flat), 0 if jnp.shape(flat)[0] > 1 else 1)
+
+  def add(e, slots):
+    pick = lambda x: jnp.sum(jnp.where(position == e, x, jnp.zeros_like(x)))  # noqa: E731
+    return slots + jnp.where(slot == start + pick(flat), pick(cotangent), 0.0)
+  return lax.fori_loop(0, math.prod(jnp.shape(flat)), add, slots)
+
+
+def _held(reads, along_keys: bool):
+  """The reads a program sums over its blocks before adding them to its slots: in the dQ
+  kernel (a block row) those that do not vary along the keys, in the dK/dV kernel (a block
+  column) those that vary along the keys only."""
+  return [read for read in reads if _varies(read) == (False, True)] if along_keys else [
+      read for read in reads if not _varies(read)[1]]
 
 
 def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
@@ -298,7 +421,7 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
     k_start = entry // 2 * plan.block_k
     k = k_ref[pl.ds(k_start, plan.block_k), :]  # [bk, H]
     v = v_ref[pl.ds(k_start, plan.block_k), :]  # [bk, H_v]
-    s, _ = plan.logits(q, k, tables, b, h, i * plan.block_q, k_start, entry % 2 == 1)
+    s, _, _ = plan.logits(q, k, tables, b, h, i * plan.block_q, k_start, entry % 2 == 1)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp(s - m_safe[:, None])
@@ -322,59 +445,93 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
 
 def _weights_gradient(plan, q, k, v, do, lse, delta, tables, keys, b, h, q_start, k_start,
                       full):
-  """The weights applied, P (times the dropout factor) [bq, bk], and dL/d(logits before the
-  score_mod) [bq, bk] of one block pair."""
-  s, derivative = plan.logits(q, k, tables, b, h, q_start, k_start, full)
+  """The weights applied, P (times the dropout factor) [bq, bk], dL/d(logits before the
+  score_mod) [bq, bk] of one block pair, and the trained tables' reads with their cotangents
+  (``_Plan.table_reads``; none without trained tables)."""
+  s, derivative, raw = plan.logits(q, k, tables, b, h, q_start, k_start, full)
   p = jnp.exp(s - jnp.where(lse == -jnp.inf, 0.0, lse)[:, None])
   dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
   kept = plan.dropout(keys, b, h, q_start, k_start)
   if kept is not None:  # out = (P * kept) V: dP = kept * dO V^T
     dp = dp * kept
-  ds = p * (dp - delta[:, None])
+  ds = jnp.where(p > 0.0, p * (dp - delta[:, None]), 0.0)  # dL/d(score_mod's output)
   applied = p if kept is None else p * kept
-  return applied, ds if derivative is None else jnp.where(p > 0.0, ds * derivative, 0.0)
+  d_logits = ds if derivative is None else ds * derivative
+  reads = plan.table_reads(tables[0], raw, ds, b, h, q_start, k_start) if plan.trained else []
+  return applied, d_logits, reads
 
 
 def _dq_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
-  tables, keys, (dq_ref,) = plan.tables(refs)
+  """dQ of a block of queries, and (with trained tables) this program's share of their
+  gradients, summed over its key blocks in registers."""
+  tables, keys, (dq_ref, *slots_ref) = plan.tables(refs)
   i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
   start = plan.row(b, h, i)
 
-  def step(t, dq):
-    entry = order_ref[start + 1 + t]
-    k_start = entry // 2 * plan.block_k
+  def gradients(k_start, full):
     k = k_ref[pl.ds(k_start, plan.block_k), :]
     v = v_ref[pl.ds(k_start, plan.block_k), :]
-    _, ds = _weights_gradient(plan, q, k, v, do, lse, delta, tables, keys, b, h,
-                              i * plan.block_q, k_start, entry % 2 == 1)
-    return dq + jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+    _, ds, reads = _weights_gradient(plan, q, k, v, do, lse, delta, tables, keys, b, h,
+                                     i * plan.block_q, k_start, full)
+    return jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32), reads
 
-  dq = lax.fori_loop(0, order_ref[start], step, jnp.zeros(q.shape, jnp.float32))
+  def step(t, carry):
+    dq, slots, held = carry
+    entry = order_ref[start + 1 + t]
+    d_q, reads = gradients(entry // 2 * plan.block_k, entry % 2 == 1)
+    for read in reads:  # varying along queries and keys: added block by block
+      if _varies(read) == (True, True):
+        slots = _add_by_range(slots, *read)
+    held = [(flat, total + c) for (_, total), (_, flat, c) in zip(held, _held(reads, False))]
+    return dq + d_q, slots, held
+
+  slots = jnp.zeros((plan.trained_slots[1],), jnp.float32)
+  shapes = _held(plan.read_shapes(), False) if plan.trained else []  # summed over key blocks
+  held = [(jnp.zeros(flat.shape, jnp.int32), jnp.zeros(flat.shape, jnp.float32))
+          for _, flat, _ in shapes]
+  dq, slots, held = lax.fori_loop(0, order_ref[start], step,
+                                  (jnp.zeros(q.shape, jnp.float32), slots, held))
   dq_ref[...] = (dq * plan.scale).astype(dq_ref.dtype)
+  if plan.trained:
+    for (start_, _, _), (flat, total) in zip(shapes, held):
+      slots = _add_by_entry(slots, start_, flat, total)
+    slots_ref[0][...] = slots
 
 
 def _dkv_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, plan):
-  tables, keys, (dk_ref, dv_ref) = plan.tables(refs)
+  """dK and dV of a block of keys, and (with trained tables) this program's share of the
+  gradients of the reads that vary along the keys only, summed over its query blocks."""
+  tables, keys, (dk_ref, dv_ref, *slots_ref) = plan.tables(refs)
   j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   k, v = k_ref[...], v_ref[...]  # [bk, H], [bk, H_v]
   start = plan.row(b, h, j, transpose=True)
+  shapes = _held(plan.read_shapes(), True) if plan.trained else []
 
   def step(t, carry):
-    dk, dv = carry
+    dk, dv, held = carry
     entry = order_ref[start + 1 + t]
     q_start = entry // 2 * plan.block_q
     rows = pl.ds(q_start, plan.block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
-    p, ds = _weights_gradient(plan, q, k, v, do, lse_ref[rows], delta_ref[rows], tables, keys,
-                              b, h, q_start, j * plan.block_k, entry % 2 == 1)
+    p, ds, reads = _weights_gradient(plan, q, k, v, do, lse_ref[rows], delta_ref[rows], tables,
+                                     keys, b, h, q_start, j * plan.block_k, entry % 2 == 1)
+    held = [(flat, total + c) for (_, total), (_, flat, c) in zip(held, _held(reads, True))]
     dv = dv + jnp.dot(p.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
-    return dk + jnp.dot(ds.T.astype(q.dtype), q, preferred_element_type=jnp.float32), dv
+    dk = dk + jnp.dot(ds.T.astype(q.dtype), q, preferred_element_type=jnp.float32)
+    return dk, dv, held
 
-  init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-  dk, dv = lax.fori_loop(0, order_ref[start], step, init)
+  held = [(jnp.zeros(flat.shape, jnp.int32), jnp.zeros(flat.shape, jnp.float32))
+          for _, flat, _ in shapes]
+  init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32), held)
+  dk, dv, held = lax.fori_loop(0, order_ref[start], step, init)
   dk_ref[...] = (dk * plan.scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
+  if plan.trained:
+    slots = jnp.zeros((plan.trained_slots[1],), jnp.float32)
+    for (start_, _, _), (flat, total) in zip(shapes, held):
+      slots = _add_by_entry(slots, start_, flat, total)
+    slots_ref[0][...] = slots
 
 
 def _call(kernel, plan, grid, inputs, in_specs, out_shape, out_specs):
@@ -458,9 +615,29 @@ def _attention_fwd(plan, q, k, v, orders, tables):
   return (out, lse, tuple(row_max)), (q, k, v, out, lse, orders, tables)
 
 
+def _attention_fwd_rule(plan, q, k, v, orders, tables):
+  """The forward pass under differentiation (``symbolic_zeros``: each argument says whether it
+  is being differentiated): the score_mod's floating tables that are get gradients."""
+  perturbed = [table.perturbed for table in tables]
+  q, k, v, orders, tables = custom_derivatives.custom_vjp_primal_tree_values(
+      (q, k, v, orders, tables))
+  outputs, residuals = _attention_fwd(plan, q, k, v, orders, tables)
+  scored = len(plan.score.consts) if plan.score is not None else 0
+  trained = tuple(jnp.zeros((0,)) if i < scored and perturbed[i] and mods_lib.is_trainable(
+      tables[i]) else None for i in range(len(tables)))  # a marker in the residuals' structure
+  return outputs, residuals + (trained,)
+
+
+def _dense_zeros(x):
+  """A cotangent as an array (a symbolic zero as zeros)."""
+  return jnp.zeros(x.shape, x.dtype) if isinstance(x, custom_derivatives.SymbolicZero) else x
+
+
 def _attention_bwd(plan, residuals, cotangents):
-  q, k, v, out, lse, orders, tables = residuals
-  d_out, d_lse, _ = cotangents  # the row maxima (if any) are returned without gradient
+  q, k, v, out, lse, orders, tables, markers = residuals
+  d_out, d_lse = _dense_zeros(cotangents[0]), _dense_zeros(cotangents[1])  # no row maxima's
+  plan = dataclasses.replace(plan, trained=tuple(
+      i for i, marker in enumerate(markers) if marker is not None))
   batch, q_pad, num_heads, head_dim = q.shape
   kv_pad, value_dim = k.shape[1], v.shape[-1]
   delta = jnp.einsum("bthd,bthd->bht", d_out.astype(jnp.float32), out.astype(jnp.float32))
@@ -473,24 +650,39 @@ def _attention_bwd(plan, residuals, cotangents):
                          lambda j, b, h: (b, j, h // plan.group, 0))
   v_block = pl.BlockSpec((None, plan.block_k, None, value_dim),
                          lambda j, b, h: (b, j, h // plan.group, 0))
-  dq = _call(_dq_kernel, plan, (plan.num_q, batch, num_heads),
-             (orders[0], q, k, v, d_out, lse, delta, tables),
-             [specs["q"], specs["k_all"], specs["v_all"], specs["o"], specs["stat"],
-              specs["stat"]], jax.ShapeDtypeStruct(q.shape, q.dtype), specs["q"])
+  width = plan.trained_slots[1]  # each program's share of the trained tables' gradients
+  slots_shape = lambda rows: (jax.ShapeDtypeStruct(  # noqa: E731
+      (rows, batch, num_heads, width), jnp.float32),) * bool(plan.trained)
+  slots_spec = (pl.BlockSpec((None, None, None, width), lambda i, b, h: (i, b, h, 0)),) * bool(
+      plan.trained)
+  dq, *slots = _call(
+      _dq_kernel, plan, (plan.num_q, batch, num_heads),
+      (orders[0], q, k, v, d_out, lse, delta, tables),
+      [specs["q"], specs["k_all"], specs["v_all"], specs["o"], specs["stat"], specs["stat"]],
+      (jax.ShapeDtypeStruct(q.shape, q.dtype),) + slots_shape(plan.num_q),
+      (specs["q"],) + slots_spec)
   per_head = lambda dim, dtype: jax.ShapeDtypeStruct((batch, kv_pad, num_heads, dim), dtype)
-  dk, dv = _call(
+  dk, dv, *key_slots = _call(
       _dkv_kernel, plan, (plan.num_k, batch, num_heads),
       (orders[1], q, k, v, d_out, lse, delta, tables),
       [q_all, k_block, v_block, do_all, stat_all, stat_all],
-      (per_head(head_dim, jnp.float32), per_head(value_dim, jnp.float32)),
+      (per_head(head_dim, jnp.float32), per_head(value_dim, jnp.float32)) + slots_shape(
+          plan.num_k),
       (pl.BlockSpec((None, plan.block_k, None, head_dim), lambda j, b, h: (b, j, h, 0)),
-       pl.BlockSpec((None, plan.block_k, None, value_dim), lambda j, b, h: (b, j, h, 0))))
+       pl.BlockSpec((None, plan.block_k, None, value_dim), lambda j, b, h: (b, j, h, 0)))
+      + slots_spec)
+  d_tables = [None] * len(tables)
+  if plan.trained:  # every program's share, summed in a fixed order
+    summed = jnp.sum(slots[0], axis=(0, 1, 2)) + jnp.sum(key_slots[0], axis=(0, 1, 2))
+    for i, start in zip(plan.trained, plan.trained_slots[0]):
+      d_tables[i] = summed[start:start + tables[i].size].astype(tables[i].dtype)
   by_kv_head = lambda x: jnp.sum(jnp.reshape(x, x.shape[:2] + (-1, plan.group) + x.shape[3:]),
                                  axis=3)  # [B, S, N, H] -> [B, S, K, H]
-  return (dq, by_kv_head(dk).astype(k.dtype), by_kv_head(dv).astype(v.dtype), None, None)
+  return (dq, by_kv_head(dk).astype(k.dtype), by_kv_head(dv).astype(v.dtype), None,
+          tuple(d_tables))
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd)
+_attention.defvjp(_attention_fwd_rule, _attention_bwd, symbolic_zeros=True)
 
 
 def _is_block(size: int) -> bool:

@@ -9,11 +9,12 @@ the blockwise kernel and torch's compiled FlexAttention, and which blocks, warps
    forward+backward: the fused kernel (``pallas_gpu.flex_attention``, its default blocks) on
    full attention, causal attention (a mask_mod), causal ALiBi (a score_mod beside it), the same
    with attention dropout 0.1, an 8-document mask and a causal sliding window of 1024 (mask_mods,
-   each with its block mask); the blockwise kernel (``chunked``) on causal ALiBi; torch's
+   each with its block mask), causal attention with a T5 relative-position bias table (32
+   buckets per head) held constant and, forward+backward, trained (its gradient too); the blockwise kernel (``chunked``) on causal ALiBi; torch's
    ``flex_attention`` under torch.compile on the same mods (its block masks made outside the
    timing; --torch-cases, causal ALiBi unless named). The ratios the kernels issue asks about follow each group: a score_mod's cost
-   (causal ALiBi / causal), dropout's (with / without), block skipping (8 documents / full) and
-   ours / torch.
+   (causal ALiBi / causal), dropout's (with / without), a trained table's (trained / constant),
+   block skipping (8 documents / full) and ours / torch.
 2. Tuning (--configs BLOCK:WARPS:STAGES, BLOCK as 64 or 128x64) on causal ALiBi at the
    --tune shapes, forward and forward+backward, after that shape's table.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -45,28 +47,46 @@ from scripts.benchmark_attention import jax_runner  # noqa: E402
 from scripts.benchmark_flex import machine  # noqa: E402
 
 DOCUMENTS, WINDOW, DROPOUT = 8, 1024, 0.1
+BUCKETS, MAX_DISTANCE = 32, 128  # T5's relative-position buckets (one direction: causal)
 CASES = ("full", "causal", "causal ALiBi", f"causal ALiBi, dropout {DROPOUT}",
-         f"{DOCUMENTS} documents", f"window {WINDOW}")
+         f"{DOCUMENTS} documents", f"window {WINDOW}", "causal T5 bias",
+         "causal T5 bias, trained")
 
 
-def jax_mods(case, length, heads):
-  """(score_mod, mask_mod) of a case, in JAX."""
+def t5_bucket(distance):
+  """T5's bucket of a distance q_idx - kv_idx >= 0: itself below BUCKETS / 2, then logarithmic
+  up to MAX_DISTANCE, the last bucket beyond."""
+  exact = BUCKETS // 2
+  spread = jnp.log(jnp.maximum(distance, 1) / exact) / math.log(MAX_DISTANCE / exact)
+  log_bucket = exact + (spread * (BUCKETS - exact)).astype(jnp.int32)
+  return jnp.where(distance < exact, distance, jnp.minimum(log_bucket, BUCKETS - 1))
+
+
+def t5_table(heads):
+  return jnp.asarray(np.random.default_rng(0).standard_normal((heads, BUCKETS)), jnp.float32)
+
+
+def jax_mods(case, length, heads, table=None):
+  """(score_mod, mask_mod) of a case, in JAX; ``table`` the T5 cases' [N, BUCKETS]."""
   slopes = aj.positional.alibi_slopes(heads)
   ids = jnp.repeat(jnp.arange(DOCUMENTS), -(-length // DOCUMENTS))[:length]
   alibi = lambda s, b, h, q_idx, kv_idx: s - slopes[h] * (q_idx - kv_idx)  # noqa: E731
   causal = lambda b, h, q_idx, kv_idx: q_idx >= kv_idx  # noqa: E731
+  table = t5_table(heads) if table is None else table
+  t5 = lambda s, b, h, q_idx, kv_idx: s + table[h, t5_bucket(q_idx - kv_idx)]  # noqa: E731
   return {"full": (None, None), "causal": (None, causal), "causal ALiBi": (alibi, causal),
           f"causal ALiBi, dropout {DROPOUT}": (alibi, causal),
           f"{DOCUMENTS} documents": (None, lambda b, h, q_idx, kv_idx: ids[q_idx] == ids[kv_idx]),
           f"window {WINDOW}": (None, lambda b, h, q_idx, kv_idx: (q_idx >= kv_idx) & (
-              q_idx - kv_idx < WINDOW))}[case]
+              q_idx - kv_idx < WINDOW)),
+          "causal T5 bias": (t5, causal), "causal T5 bias, trained": (t5, causal)}[case]
 
 
-def fused(case, length, heads, head_dim, config="64:4:2", interpret=False):
+def fused(case, length, heads, head_dim, config="64:4:2", interpret=False, table=None):
   """attend(q, k, v) through the fused kernel at config = "BLOCK:WARPS:STAGES"."""
   block, num_warps, num_stages = config.split(":")
   blocks = tuple(int(size) for size in block.split("x"))
-  score_mod, mask_mod = jax_mods(case, length, heads)
+  score_mod, mask_mod = jax_mods(case, length, heads, table)
   block_mask = None if mask_mod is None else aj.make_block_mask(
       mask_mod, None, None, length, length, block_size=blocks if len(blocks) == 2 else blocks[0])
   dropout = ({"dropout_rate": DROPOUT, "dropout_rng": jax.random.key(0),
@@ -75,6 +95,22 @@ def fused(case, length, heads, head_dim, config="64:4:2", interpret=False):
       q, k, v, scale=head_dim ** -0.5, score_mod=score_mod, block_mask=block_mask,
       block_size=blocks[0], num_warps=int(num_warps), num_stages=int(num_stages),
       interpret=interpret, **dropout)[0]
+
+
+def trained_runner(attend_with, shape, dtype):
+  """run(calls) of the gradient of sum(attend_with(table)(q, k, v) * cotangent) with respect to
+  q, k, v and the T5 table (which the other cases hold constant)."""
+  rng = np.random.default_rng(0)
+  q, k, v, cotangent = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(4))
+  table = t5_table(shape[2])
+  loss = lambda q, k, v, table: jnp.sum(attend_with(table)(q, k, v) * cotangent)  # noqa: E731
+  compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(q, k, v, table).compile()
+
+  def run(calls=1):
+    for _ in range(calls):
+      out = compiled(q, k, v, table)
+    jax.block_until_ready(out)
+  return run
 
 
 def chunked(case, length, heads, block=512):
@@ -151,6 +187,8 @@ def prepared(makers, shape, backward, dtype):
 RATIOS = {  # name: (numerator, denominator)
     "score_mod cost (causal ALiBi / causal)": ("fused causal ALiBi", "fused causal"),
     "dropout cost": (f"fused causal ALiBi, dropout {DROPOUT}", "fused causal ALiBi"),
+    "trained table cost (T5 trained / constant)": ("fused causal T5 bias, trained",
+                                                   "fused causal T5 bias"),
     "8 documents / full": (f"fused {DOCUMENTS} documents", "fused full"),
     "window / causal": (f"fused window {WINDOW}", "fused causal"),
     "ours / torch, causal ALiBi": ("fused causal ALiBi", "torch causal ALiBi"),
@@ -171,7 +209,12 @@ def group(args, length, head_dim, backward, tune=False):
               for config in args.configs}
   else:
     makers = {f"fused {case}": jax_make(fused(case, length, args.heads, head_dim,
-                                             interpret=args.interpret)) for case in CASES}
+                                             interpret=args.interpret))
+              for case in CASES if "trained" not in case}
+    if backward:  # a trained table differs from a constant one only in the backward pass
+      makers["fused causal T5 bias, trained"] = lambda: trained_runner(
+          lambda table: fused("causal T5 bias", length, args.heads, head_dim,
+                              interpret=args.interpret, table=table), shape, args.dtype)
     makers["chunked causal ALiBi"] = jax_make(chunked("causal ALiBi", length, args.heads))
     if not args.skip_torch:
       makers.update({f"torch {case}": (lambda case=case: torch_runner(
@@ -230,10 +273,12 @@ def main():
   if not args.interpret and jax.default_backend() != "gpu":
     parser.error("the fused kernel needs an NVIDIA GPU (--interpret runs it in Pallas' "
                  "interpreter, as a smoke test)")
-  if "dropout" in " ".join(args.torch_cases):
-    parser.error("torch's flex_attention has no attention dropout: leave that case out")
+  if any("dropout" in case or "T5" in case for case in args.torch_cases):
+    parser.error("torch's cases here: full, causal, causal ALiBi, the documents and the window")
   if args.interpret:
     args.skip_torch = True
+  if not args.skip_torch:
+    import torch  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
   info, rows = machine(), []
   groups = []
   for length, head_dim in args.shapes:

@@ -11,7 +11,7 @@
 # library_tests, and (not in the default list) study_heads, study_heads_length, study_scaling,
 # study_scaling_init, study_positional, study_farthest_floor, study_variants, attention_tokamax,
 # profile_bf16,
-# flag_cost, flex, flex_mod, flex_fused, fused, mfu. Logs and
+# flag_cost, flex, flex_mod, flex_fused, fused, fused_again, mfu. Logs and
 # JSON go to RESULTS_DIR/results.tar.gz, rewritten after each part, so that a run cut short
 # keeps what it finished. Python packages missing on the machine go in
 # .whl/ as wheels (scripts/gpu_wheels.sh puts them there; modules they import but never use here
@@ -217,6 +217,18 @@ fused() {
   part fused_table 420 python3 scripts/benchmark_fused.py --rounds 3 \
     --shapes 8192,64 16384,64 8192,128 2048,64 --tune 8192,64 8192,128 \
     --configs 64:4:2 64:4:3 128x64:4:3 128x64:8:3 128:4:2 128:8:3 --json "$work/fused.json"
+}
+
+# The fused kernel again, shorter: its compiled tests (trained tables, dropout), then the table
+# at T 8192 and 2048 (head dim 64) and 8192 (head dim 128, with its tuning).
+fused_again() {
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false
+  part fused_tests 90 python3 -m pytest -q -n 4 -p no:cacheprovider tests/test_pallas_gpu.py \
+    -k "on_a_gpu"
+  unset XLA_PYTHON_CLIENT_PREALLOCATE
+  part fused_table 300 python3 scripts/benchmark_fused.py --rounds 3 \
+    --shapes 8192,64 2048,64 8192,128 --tune 8192,128 \
+    --configs 64:4:2 64:4:3 128x64:4:3 128:8:3 --json "$work/fused.json"
 }
 
 # Model FLOPs utilisation in bfloat16 at d_model 1024 with heads of 64 and of 128, and at

@@ -196,6 +196,29 @@ def test_benchmark_flex_times_block_skipping_and_plots_it(tmp_path):
   assert figure.stat().st_size > 0
 
 
+def test_benchmark_fused_runs_every_case_and_ratio_in_the_interpreter(tmp_path):
+  """The fused kernel's table in Pallas' interpreter (how this script is smoke-tested off a
+  GPU): every case forward and forward+backward, the trained table in the backward only, the
+  ratios, and a tuning row; a malformed shape is refused in one line."""
+  output = tmp_path / "fused.json"
+  result = subprocess.run([sys.executable, "scripts/benchmark_fused.py", "--interpret",
+                           "--shapes", "128,16", "--tune", "128,16", "--configs", "32:4:2",
+                           "--heads", "2", "--rounds", "1", "--json", str(output)], cwd=ROOT,
+                          capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = json.loads(output.read_text())["rows"]
+  timed = {(row["pass"], row["method"]) for row in rows if row["part"] == "table"}
+  assert ("fwd+bwd", "fused causal T5 bias, trained") in timed
+  assert ("fwd", "fused causal T5 bias, trained") not in timed
+  assert len(timed) == 2 * 9 - 1  # 8 fused cases and chunked, each pass
+  ratios = {row["ratio"] for row in rows if row["part"] == "ratio"}
+  assert "trained table cost (T5 trained / constant)" in ratios and "dropout cost" in ratios
+  assert any(row["part"] == "tune" and row["method"] == "fused 32:4:2" for row in rows)
+  bad = subprocess.run([sys.executable, "scripts/benchmark_fused.py", "--shapes", "128x16"],
+                       cwd=ROOT, capture_output=True, text=True)
+  assert bad.returncode == 2 and "'128x16' is not T,H" in bad.stderr
+
+
 def test_determinism_check_finds_the_step_deterministic_on_this_cpu():
   """scripts/determinism_check.py's worker: two runs of the trainer's step from the same state
   end with the same parameters, and the embedding's gradient shows as a scatter."""

@@ -79,6 +79,109 @@ def test_outputs_and_gradients_equal_the_reference(score_mod, mask_mod, block_si
     assert_close(got, want, rtol=1e-5, name=f"d{name}")
 
 
+TABLES = {  # name: (table shape, its index from (h, q_idx, kv_idx), the entry's factor there)
+    "learned ALiBi slopes, by head": ((N,), lambda h, t, s: (h,), lambda t, s: -abs(t - s)),
+    "T5 bias, by head and distance": ((N, T + S - 1), lambda h, t, s: (h, t - s + S - 1),
+                                      lambda t, s: 1),
+    "by key position, one per pair": ((S // 2,), lambda h, t, s: (s // 2,), lambda t, s: 1),
+    "a decay per query": ((T,), lambda h, t, s: (t,), lambda t, s: -0.1 * abs(t - s)),
+}
+
+
+def _table_case(name, seed=4):
+  shape, index, factor = TABLES[name]
+  table = jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+  score_mod = lambda table: lambda s, b, h, q_idx, kv_idx: s * 0.9 + table[  # noqa: E731
+      index(h, q_idx, kv_idx)] * factor(q_idx, kv_idx)
+  return table, score_mod, (index, factor)
+
+
+def _float64_gradients(q, k, v, cotangent, table, read_as, scale):
+  """numpy, float64: causal attention with score 0.9 s + table[index] * factor, and the
+  gradient of sum(out * cotangent) with respect to the table (dL/dS times the factor, summed
+  onto each entry it read)."""
+  index, factor = read_as
+  q, k, v, cotangent, table = (np.asarray(x, np.float64) for x in (q, k, v, cotangent, table))
+  k, v = (np.repeat(x, N // K, axis=2) for x in (k, v))
+  h, t, s = np.ix_(np.arange(N), np.arange(T), np.arange(S))
+  read = tuple(np.broadcast_to(i, (N, T, S)) for i in index(h, t, s))
+  weight = np.broadcast_to(factor(t, s), (N, T, S))
+  logits = 0.9 * scale * np.einsum("bthd,bshd->bhts", q, k) + table[read] * weight
+  logits = np.where(causal(0, h, t, s), logits, -np.inf)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  d_weights = np.einsum("bthd,bshd->bhts", cotangent, v)
+  d_logits = weights * (d_weights - np.sum(d_weights * weights, -1, keepdims=True))
+  d_table = np.zeros_like(table)
+  np.add.at(d_table, read, d_logits.sum(0) * weight)
+  return d_table
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+def test_a_closed_over_table_gets_its_gradient_from_the_kernel(name):
+  """Tables indexed by head, by distance and by position (two keys per entry: several reads of
+  one entry in a block), traced, against the float64 gradient; q's gradient too, and the same
+  sums on a second run (a fixed order, no atomics)."""
+  q, k, v, cotangent = _inputs(value_dim=H)
+  table, score_mod, read_as = _table_case(name)
+
+  def loss(table, q):
+    out, _ = pallas_gpu.flex_attention(q, k, v, scale=0.3, score_mod=score_mod(table),
+                                       mask_mod=causal, block_size=16, interpret=True)
+    return jnp.sum(out * cotangent)
+  d_table, d_q = jax.jit(jax.grad(loss, (0, 1)))(table, q)
+  assert_close(d_table, _float64_gradients(q, k, v, cotangent, table, read_as, 0.3), rtol=1e-5,
+               name="d table")
+  dense = lambda table, q: jnp.sum(aj.dot_product_attention(  # noqa: E731
+      q, k, v, scale=0.3, score_mod=score_mod(table), mask_mod=causal,
+      implementation="reference") * cotangent)
+  assert_close(d_q, jax.grad(dense, 1)(table, q), rtol=1e-5, name="dq")
+  again = jax.jit(jax.grad(loss, (0, 1)))(table, q)[0]
+  np.testing.assert_array_equal(np.asarray(again), np.asarray(d_table))
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the compiled kernel needs a GPU")
+@pytest.mark.parametrize("name", list(TABLES))
+def test_on_a_gpu_a_trained_table_gets_its_gradient_from_the_compiled_kernel(name):
+  """As above, compiled (float32 at TF32's tolerance), the same bits on a second run."""
+  q, k, v, cotangent = _inputs(value_dim=H)
+  table, score_mod, read_as = _table_case(name)
+  loss = lambda table: jnp.sum(pallas_gpu.flex_attention(  # noqa: E731
+      q, k, v, scale=0.3, score_mod=score_mod(table), mask_mod=causal, block_size=16)[0]
+      * cotangent)
+  d_table = jax.jit(jax.grad(loss))(table)
+  assert_close(d_table, _float64_gradients(q, k, v, cotangent, table, read_as, 0.3), rtol=2e-3,
+               name="d table")
+  np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(loss))(table)), np.asarray(d_table))
+
+
+def test_only_the_tables_being_differentiated_cost_the_kernel_work():
+  """A traced table that is not differentiated (computed inside jit, say) adds no output to
+  the backward kernels; one that is adds each one's share of its gradient."""
+  q, k, v, _ = _inputs(value_dim=H)
+  table, score_mod, _ = _table_case("T5 bias, by head and distance")
+
+  def loss(table, q):
+    return jnp.sum(pallas_gpu.flex_attention(q, k, v, scale=0.3, score_mod=score_mod(table),
+                                             block_size=16, interpret=True)[0])
+
+  def outputs(argnums):
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums))(table, q)
+    calls = [e for e in _equations(jaxpr.jaxpr) if e.primitive.name == "pallas_call"]
+    return sorted(len(e.outvars) for e in calls)
+  assert outputs(1) == [1, 2, 2]  # dQ; forward (out, lse); dK and dV
+  assert outputs((0, 1)) == [2, 2, 3]  # dQ and dK/dV with their shares of the tables'
+
+
+def _equations(jaxpr):
+  for equation in jaxpr.eqns:
+    yield equation
+    for param in equation.params.values():
+      inner = getattr(param, "jaxpr", param)
+      if hasattr(inner, "eqns"):
+        yield from _equations(inner)
+
+
 def test_the_log_sum_exp_has_its_gradient():
   """Unlike the contract's residual (stop_gradient), the kernel's log-sum-exp is differentiable:
   against the logsumexp of the dense modded, masked logits."""
@@ -142,19 +245,22 @@ def test_what_the_kernel_cannot_run_is_refused_in_one_line():
   with pytest.raises(ValueError, match="applies 'cumsum' to the whole array.*chunked"):
     pallas_gpu.flex_attention(q, k, v, scale=1.0, score_mod=forms_array, interpret=True)
 
-  def trained(slopes):
-    mod = lambda s, b, h, q_idx, kv_idx: s + slopes[h]
+  def trained(table):
+    mod = lambda s, b, h, q_idx, kv_idx: s + table[q_idx % 64, kv_idx % 65]
     return pallas_gpu.flex_attention(q, k, v, scale=1.0, score_mod=mod, interpret=True)[0]
-  with pytest.raises(ValueError, match="no gradient.*traced floating one"):
-    jax.grad(lambda s: jnp.sum(trained(s)))(SLOPES)
+  with pytest.raises(ValueError, match="gradients to closed-over floating arrays of up to 4096 "
+                                       "entries together; this mod's traced ones have 4160"):
+    jax.grad(lambda s: jnp.sum(trained(s)))(jnp.zeros((64, 65)))
   with pytest.raises(ValueError, match="powers of two from 16"):
     pallas_gpu.flex_attention(q, k, v, scale=1.0, block_size=24, interpret=True)
 
 
-@pytest.mark.parametrize("dropout_rate", [0.0, 0.1])
-def test_the_three_kernels_lower_to_triton_in_bfloat16(dropout_rate):
-  def loss(q, k, v, mask, lengths):  # with the structure arrays read as tables, traced
-    out = pallas_gpu.pallas_gpu_attention(q, k, v, mask, scale=0.125, score_mod=alibi,
+@pytest.mark.parametrize("dropout_rate, trained", [(0.0, False), (0.1, False), (0.0, True)])
+def test_the_three_kernels_lower_to_triton_in_bfloat16(dropout_rate, trained):
+  def loss(q, k, v, mask, lengths, table):  # with the structure arrays read as tables, traced
+    relative = lambda s, b, h, q_idx, kv_idx: alibi(s, b, h, q_idx, kv_idx) + table[  # noqa: E731
+        h, jnp.clip(q_idx - kv_idx, 0, 31)]  # a T5-style table, trained with ``trained``
+    out = pallas_gpu.pallas_gpu_attention(q, k, v, mask, scale=0.125, score_mod=relative,
                                           mask_mod=same_document, key_value_seq_lengths=lengths,
                                           is_causal=True, dropout_rate=dropout_rate,
                                           dropout_rng=jax.random.key(0),
@@ -163,8 +269,10 @@ def test_the_three_kernels_lower_to_triton_in_bfloat16(dropout_rate):
 
   shapes = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in (
       ((B, T, N, 64), jnp.bfloat16), ((B, S, K, 64), jnp.bfloat16),
-      ((B, S, K, 64), jnp.bfloat16), ((B, 1, 1, S), jnp.bool_), ((B,), jnp.int32))]
-  lower = lambda: jax.jit(jax.grad(loss, (0, 1, 2))).trace(*shapes).lower(
+      ((B, S, K, 64), jnp.bfloat16), ((B, 1, 1, S), jnp.bool_), ((B,), jnp.int32),
+      ((N, 32), jnp.float32))]
+  argnums = (0, 1, 2, 5) if trained else (0, 1, 2)
+  lower = lambda: jax.jit(jax.grad(loss, argnums)).trace(*shapes).lower(
       lowering_platforms=("cuda",))
   try:
     lowered = lower()
@@ -279,14 +387,14 @@ def test_it_is_chosen_by_name_on_a_gpu_and_refuses_what_it_cannot_serve():
   assert aj.select_implementation(q, k, v, backend="gpu", device_kind="NVIDIA A100",
                                   score_mod=alibi) == "chunked"  # not timed there
 
-  def with_table(table):  # a mod over a traced floating array: the blockwise kernel's
-    mod = lambda s, b, h, q_idx, kv_idx: s + table[h]  # noqa: E731
+  def with_table(table):  # a mod over a traced floating array
+    mod = lambda s, b, h, q_idx, kv_idx: s + table[h % table.shape[0]]  # noqa: E731
     return aj.select_implementation(q, k, v, backend="gpu", device_kind="NVIDIA H200",
                                     score_mod=mod)
-  assert with_table(jnp.ones(8)) == "pallas_gpu"  # a constant
   chosen = []
-  jax.jit(lambda table: chosen.append(with_table(table)))(jnp.ones(8))
-  assert chosen == ["chunked"]
+  for size in (8, pallas_gpu.MAX_TRAINED + 1):  # its gradient fits the kernel's registers, or not
+    jax.jit(lambda table: chosen.append(with_table(table)))(jnp.ones(size))
+  assert chosen == ["pallas_gpu", "chunked"]
   assert select(implementation="pallas_gpu", mask=jnp.ones((512, 512), bool),
                 key_value_seq_lengths=jnp.array([3, 4])) == "pallas_gpu"
   assert select(implementation="pallas_gpu", dropout_rate=0.1) == "pallas_gpu"  # its own masks
