@@ -624,3 +624,34 @@ def test_on_a_gpu_the_compiled_kernel_gives_each_rows_largest_score():
                              atol=2e-3)
   np.testing.assert_allclose(np.asarray(lse)[finite], np.asarray(want_lse)[finite], rtol=2e-3,
                              atol=2e-3)
+
+
+_LOWER_FOR_A_GPU = """
+import jax, jax.numpy as jnp
+from attention_jax import pallas_gpu
+q = jax.ShapeDtypeStruct((1, 128, 2, 64), jnp.bfloat16)
+attend = lambda q, k, v: pallas_gpu.pallas_gpu_attention(q, k, v, scale=0.1, is_causal=True)
+lower = lambda: jax.jit(attend).trace(q, q, q).lower(lowering_platforms=("cuda",))
+try:
+  lower()
+except RuntimeError:  # newer JAX asks which GPU: an H200
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",),
+                                                                abstract_device=device)):
+    lower()
+"""
+
+
+def test_jax_s_deprecation_of_pallas_triton_stays_hidden_under_python_s_default_filters():
+  """Chosen automatically on Hopper, the kernel is compiled for users who never named it: jax
+  (0.11 on) warns that Pallas' Triton backend is deprecated when it lowers a Triton kernel, from
+  inside jax, which Python's default filters hide (pytest and -W default show it)."""
+  import subprocess
+  import sys
+  run = lambda *flags: subprocess.run([sys.executable, *flags, "-c", _LOWER_FOR_A_GPU],  # noqa: E731
+                                      capture_output=True, text=True, timeout=300)
+  quiet, shown = run(), run("-W", "default")
+  assert quiet.returncode == 0 and shown.returncode == 0, quiet.stderr[-1500:]
+  assert "deprecated" not in quiet.stderr
+  if tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 11):  # the warning exists
+    assert "Pallas Triton backend is deprecated" in shown.stderr
