@@ -494,11 +494,18 @@ def _reference(query, key, value, bias, mask, score_mod, r: Request):
 
 def _fused(kernel):
   """A kernel that takes (query, key, value, bias, mask, *, scale, is_causal[, return_residual])
-  in the signature of ``_reference``."""
+  in the signature of ``_reference``. These kernels keep no row maxima: with
+  ``return_max_scores`` a second pass through the blockwise kernel gives them (its cost)."""
   def run(query, key, value, bias, mask, score_mod, r: Request):
     del score_mod  # never asked of these kernels
     options = {"return_residual": True} if r.return_residual else {}
-    return kernel(query, key, value, bias, mask, scale=r.scale, is_causal=r.is_causal, **options)
+    result = kernel(query, key, value, bias, mask, scale=r.scale, is_causal=r.is_causal,
+                    **options)
+    if not r.return_max_scores:
+      return result
+    largest = chunked.chunked_attention(query, key, value, bias, mask, scale=r.scale,
+                                        is_causal=r.is_causal, return_max_scores=True)[-1]
+    return (*(result if isinstance(result, tuple) else (result,)), largest)
   return run
 
 
@@ -535,8 +542,9 @@ KERNELS = {kernel.name: kernel for kernel in (
            _dense(_reference)),
     Kernel("xla", "jax.nn.dot_product_attention",
            "`jax.nn.dot_product_attention`'s XLA path, wrapped to keep the contract; a "
-           "`mask_mod` as a dense mask", _FORWARD_MODE, _dense(_fused(xla.xla_attention)),
-           serves=_FLASH, check=xla.check),
+           "`mask_mod` as a dense mask; `return_max_scores`, when named, by a second pass "
+           "through the blockwise kernel", _FORWARD_MODE, _dense(_fused(xla.xla_attention)),
+           serves=_FLASH + ("max_scores",), named_only=("max_scores",), check=xla.check),
     Kernel("chunked", "chunked attention",
            "blockwise attention with an online softmax and a blockwise custom VJP "
            "(FlashAttention-style): neither direction holds T x S, so memory is linear in the "
@@ -550,17 +558,21 @@ KERNELS = {kernel.name: kernel for kernel in (
            "cuDNN's fused flash attention through `jax.nn.dot_product_attention("
            "implementation=\"cudnn\")`, float16 and bfloat16, head_dim a multiple of 8 up to "
            f"{cudnn.MAX_HEAD_DIM}; odd lengths are padded by one (cuDNN's backward refuses "
-           "them); a `mask_mod` as a dense mask, when named",
+           "them); when named, a `mask_mod` as a dense mask and `return_max_scores` by a "
+           "second pass through the blockwise kernel",
            "reverse mode only (jax's cuDNN custom VJP)", _dense(_fused(cudnn.cudnn_attention)),
-           serves=_FLASH, named_only=("mask_mod",), backend="gpu", measured_on=("9.0",),
+           serves=_FLASH + ("max_scores",), named_only=("mask_mod", "max_scores"),
+           backend="gpu", measured_on=("9.0",),
            check=cudnn.check),  # Hopper: an H100 and an H200
     Kernel("pallas_tpu", "the Pallas TPU flash kernel",
            "the Pallas flash-attention kernel (`jax.experimental.pallas.ops.tpu.flash_attention`)"
            f"; lengths multiples of {pallas_tpu.LANES}; not on TPU v2/v3, where it fails (jax "
-           "issue 18595); a `mask_mod` as a dense mask, when named",
+           "issue 18595); when named, a `mask_mod` as a dense mask and `return_max_scores` by "
+           "a second pass through the blockwise kernel",
            "reverse mode only (the kernel's custom VJP)",
-           _dense(_fused(pallas_tpu.pallas_tpu_attention)), serves=("mask_mod", "bias"),
-           named_only=("mask_mod",), backend="tpu", check=pallas_tpu.check),
+           _dense(_fused(pallas_tpu.pallas_tpu_attention)),
+           serves=("mask_mod", "bias", "max_scores"), named_only=("mask_mod", "max_scores"),
+           backend="tpu", check=pallas_tpu.check),
     Kernel("pallas_gpu", "the fused Pallas GPU kernel",
            "a fused kernel for score and mask functions written in Pallas on Triton "
            "({func}`attention_jax.pallas_gpu.flex_attention`): forward and backward skip the "
@@ -572,7 +584,8 @@ KERNELS = {kernel.name: kernel for kernel in (
            f"gradients (up to {pallas_gpu.MAX_TRAINED} entries, summed in a fixed order)",
            _pallas_gpu, serves=("dropout", "residual", "max_scores", "soft_cap", "score_mod",
                                 "mask_mod"),
-           backend="gpu", measured_on=("9.0",), chosen_for=("score_mod", "mask_mod", "soft_cap"),
+           backend="gpu", measured_on=("9.0",),
+           chosen_for=("score_mod", "mask_mod", "soft_cap", "max_scores"),
            check=pallas_gpu.refusal),  # on an H200, 11 to 16 times the blockwise kernel's speed
 )}
 

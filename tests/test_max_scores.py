@@ -1,6 +1,6 @@
-"""return_max_scores: each row's largest score (torch's max_scores) from the reference and the
-blockwise kernel, against numpy in float64, with masks, mods, sinks and empty rows; refused in one
-line where a kernel does not give it."""
+"""return_max_scores: each row's largest score (torch's max_scores) from the reference, the
+blockwise kernel and the fused kernel, against numpy in float64, with masks, mods, sinks and
+empty rows; from the other kernels by a second pass when they are named."""
 
 import jax
 import jax.numpy as jnp
@@ -76,15 +76,45 @@ def test_the_largest_score_of_each_row_matches_numpy(implementation):
   assert not np.any(np.asarray(grad))
 
 
-def test_kernels_that_do_not_give_it_refuse_in_one_line():
+@pytest.mark.parametrize("implementation", ["xla", "cudnn", "pallas_tpu"])
+def test_named_kernels_without_row_maxima_give_them_by_a_second_pass(implementation,
+                                                                     monkeypatch):
+  """xla, cuDNN and the Pallas TPU kernel keep no row maxima: when named they give them from a
+  second pass through the blockwise kernel (cuDNN's inputs through jax.nn's XLA path and the TPU
+  kernel in interpret mode, off their backends); the automatic choice takes a kernel that keeps
+  them."""
+  import dataclasses
+  from jax.experimental.pallas import tpu as pltpu
+  from attention_jax import cudnn
+  monkeypatch.setattr(cudnn, "KERNEL", "xla")
+  monkeypatch.setitem(aj.attention.KERNELS, implementation, dataclasses.replace(
+      aj.attention.KERNELS[implementation], backend=jax.default_backend()))
+  rng = np.random.default_rng(1)
+  dtype = jnp.bfloat16 if implementation == "cudnn" else jnp.float32  # cuDNN's 16-bit inputs
+  q, k, v = (jnp.asarray(rng.standard_normal((B, 128, N, 16)), dtype) for _ in range(3))
+  residual = implementation != "pallas_tpu"  # the TPU kernel keeps no log-sum-exp
+  with pltpu.force_tpu_interpret_mode():
+    out, *extras = aj.dot_product_attention(q, k, v, implementation=implementation,
+                                            is_causal=True, return_residual=residual,
+                                            return_max_scores=True)
+  t, s = np.arange(128)[:, None], np.arange(128)[None, :]
+  causal = np.broadcast_to(s <= t, (N, 128, 128))
+  f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+  np.testing.assert_allclose(extras[-1], _expected(f32(q), f32(k), 16 ** -0.5, causal),
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(f32(out), f32(aj.dot_product_attention(
+      q, k, v, is_causal=True, implementation="reference")), rtol=2e-2, atol=2e-2)
+  if residual:
+    lse, best = np.asarray(extras[0]), np.asarray(extras[1])  # lse >= max (bfloat16's lse
+    assert np.all(lse >= best - 1e-2 * np.abs(best) - 1e-5)  # is rounded to 8 bits)
+
+
+def test_where_no_kernel_gives_it_the_call_is_refused_and_the_automatic_choice_finds_one():
   q, k, v = _inputs()
-  with pytest.raises(ValueError, match=r"^implementation='xla' cannot serve this call: "
-                                       r"jax.nn.dot_product_attention does not return the rows' "
-                                       r"largest scores"):
-    aj.dot_product_attention(q, k, v, implementation="xla", return_max_scores=True)
   with pytest.raises(ValueError, match="sigmoid attention has no log-sum-exp"):
     aj.dot_product_attention(q, k, v, normalizer="sigmoid", return_max_scores=True)
-  # the automatic choice picks one that gives it
   x = jax.ShapeDtypeStruct((1, 4096, 4, 64), jnp.bfloat16)
-  assert aj.select_implementation(x, x, x, return_max_scores=True, backend="gpu",
-                                  device_kind="NVIDIA H200") == "chunked"
+  select = lambda kind: aj.select_implementation(  # noqa: E731
+      x, x, x, return_max_scores=True, backend="gpu", device_kind=kind)
+  assert select("NVIDIA H200") == "pallas_gpu"  # keeps them, and was timed there
+  assert select("NVIDIA A100") == "chunked"
