@@ -103,8 +103,8 @@ class Kernel:
   #: the architectures (``architecture``'s, by prefix) where it has been run against the float64
   #: reference and timed (docs/performance.md), so that it is chosen automatically there
   measured_on: tuple[str, ...] = ()
-  #: the PARTS for which the automatic choice takes it there (empty: any call it serves); what it
-  #: was measured on and won
+  #: the PARTS for which the automatic choice takes it there, the calls it was measured on and
+  #: won (left empty, any call it serves)
   chosen_for: tuple[str, ...] = ()
   check: Callable | None = None  # (query, key, value, request) -> why its shape, dtype or device
   # rules it out, or None

@@ -9,7 +9,7 @@ Build it from the repository root (what .ci/run and Read the Docs run):
 import os
 import re
 import sys
-import tempfile
+import shutil
 import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,7 +61,11 @@ myst_heading_anchors = 3
 # build machine's CPU, about a minute), so the site shows it with the outputs of this checkout.
 # The notebook finds this checkout (a parent of docs/notebooks/) and installs nothing in quick mode.
 os.environ.setdefault("ATTENTION_JAX_QUICK", "1")
-os.environ.setdefault("ATTENTION_JAX_WORKDIR", tempfile.mkdtemp(prefix="attention-jax-docs-"))
+# A relative workdir (inside the checkout, under the ignored runs/), so the page shows no path of
+# the build machine; emptied first, so the page shows a run rather than "already finished".
+if "ATTENTION_JAX_WORKDIR" not in os.environ:
+  os.environ["ATTENTION_JAX_WORKDIR"] = os.path.join("runs", "docs-notebook")
+  shutil.rmtree(os.path.join(ROOT, "runs", "docs-notebook"), ignore_errors=True)
 nb_execution_mode = "force"
 nb_execution_timeout = 600
 nb_execution_raise_on_error = True
