@@ -149,12 +149,12 @@ def dropout_bits(key_data, q_idx, kv_idx):
   return (row ^ column) * jnp.uint32(0x2C1B3C6D)  # [bq, bk]
 
 
-def dropout_factor(key_data, q_idx, kv_idx, rate: float):
-  """Inverted dropout's factor per entry, 1 / (1 - rate) where kept and 0 where dropped: kept
-  where ``dropout_bits`` >= rate * 2^32, so with probability 1 - rate (to 2^-32)."""
+def dropout_keep(key_data, q_idx, kv_idx, rate: float):
+  """Inverted dropout's mask per entry, True where kept: where ``dropout_bits`` >= rate * 2^32,
+  so with probability 1 - rate (to 2^-32). The kernels apply it with ``jnp.where`` and scale by
+  1 / (1 - rate) once, on the output and on dO, rather than per entry."""
   threshold = jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
-  kept = dropout_bits(key_data, q_idx.astype(jnp.uint32), kv_idx.astype(jnp.uint32)) >= threshold
-  return jnp.where(kept, 1.0 / (1.0 - rate), 0.0)
+  return dropout_bits(key_data, q_idx.astype(jnp.uint32), kv_idx.astype(jnp.uint32)) >= threshold
 
 
 def head_keys(rng, batch: int, num_heads: int, broadcast: bool) -> jax.Array:

@@ -280,16 +280,23 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: Blo
 
 
 def _kept(pattern: Pattern, head: _Head, g: Blocks, i, j, transposed=False):
-  """Inverted dropout's factor on block (i, j), keep / (1 - rate), [bq, bk] ([bk, bq]
+  """Inverted dropout's mask on block (i, j), True where kept, [bq, bk] ([bk, bq]
   ``transposed``), or None without dropout. Counter-based: entry (t, s) is kept where
   ``dropout_bits`` of (t, s) under the key of (example, head) is >= rate * 2^32, so any block
-  of any shape regenerates the same entries, forward and backward, and no mask is stored."""
+  of any shape regenerates the same entries, forward and backward, and no mask is stored. The
+  1 / (1 - rate) scaling is applied once (``_dropout_scale``), not per entry."""
   if not pattern.dropout_rate:
     return None
   q_idx = (i * g.block_q + jnp.arange(g.block_q))[:, None]  # [bq, 1]
   kv_idx = (j * g.block_k + jnp.arange(g.block_k))[None, :]  # [1, bk]
-  kept = blocks.dropout_factor(head.dropout_key, q_idx, kv_idx, pattern.dropout_rate)
+  kept = blocks.dropout_keep(head.dropout_key, q_idx, kv_idx, pattern.dropout_rate)
   return kept.T if transposed else kept
+
+
+def _dropout_scale(pattern: Pattern) -> float:
+  """Inverted dropout's 1 / (1 - rate) (1 without dropout): out = scale (P * keep) V, so the
+  output and dO take it once instead of every weight."""
+  return 1.0 / (1.0 - pattern.dropout_rate) if pattern.dropout_rate else 1.0
 
 
 def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
@@ -315,7 +322,7 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
       v_block = lax.dynamic_slice_in_dim(v, j * g.block_k, g.block_k)
       logits, _ = _logits(q_block, k_block, i, j, pattern, head, g, dtype, full=full)
       kept = _kept(pattern, head, g, i, j)
-      dropped = (lambda p: p) if kept is None else (lambda p: p * kept)
+      dropped = (lambda p: p) if kept is None else (lambda p: jnp.where(kept, p, 0.0))
       if pattern.normalizer == "sigmoid":  # sum_j sigmoid(Z_ij + b) V_j, 0 where masked
         return carry + product(dropped(jax.nn.sigmoid(logits + pattern.sigmoid_bias)), v_block)
       row_max, row_sum, acc = carry
@@ -327,20 +334,21 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
 
     acc = varying_zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head)
     if pattern.normalizer == "sigmoid":
-      return g.along(i, attend, acc, pattern, head, row=True), jnp.zeros((g.block_q,), dtype)
+      out = g.along(i, attend, acc, pattern, head, row=True) * _dropout_scale(pattern)
+      return out, jnp.zeros((g.block_q,), dtype)
     if g.num_k == 1:  # all keys in one block: a plain softmax, with nothing to rescale
       logits, _ = _logits(q_block, k, i, 0, pattern, head, g, dtype)
       row_max = jnp.maximum(jnp.max(logits, axis=-1, initial=least_max), start_max)
       probs = jnp.exp(logits - row_max[:, None])  # 0 where masked
       row_sum = with_sink(row_max, jnp.sum(probs, axis=-1))
       kept = _kept(pattern, head, g, i, 0)
-      acc = product(probs if kept is None else probs * kept, v)
+      acc = product(probs if kept is None else jnp.where(kept, probs, 0.0), v)
     else:
       zeros = varying_zeros((g.block_q,), dtype, q, k, v, head)
       init = (zeros + start_max, with_sink(zeros + start_max, zeros), acc)
       row_max, row_sum, acc = g.along(i, attend, init, pattern, head, row=True)
     has_key = row_sum > 0.0
-    out = acc / jnp.where(has_key, row_sum, 1.0)[:, None]
+    out = acc * (_dropout_scale(pattern) / jnp.where(has_key, row_sum, 1.0))[:, None]
     lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, row_sum, 1.0)), least_max)
     # an empty row: out 0, lse = least_max, so that exp(logit - lse) = 0 later
     return (out, lse) + ((jnp.where(has_key, row_max, least_max),) if pattern.max_scores else ())
@@ -356,6 +364,8 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: B
   trainable constants accumulated into ``d_mod``)."""
   dtype = reference.compute_dtype(q.dtype)
   delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # rowsum(dO * O) [Tp]
+  if pattern.dropout_rate:  # dropout's 1 / (1 - rate), once here rather than on every dP, dV
+    d_out = (d_out.astype(dtype) * _dropout_scale(pattern)).astype(d_out.dtype)
 
   # Key blocks outside, query blocks inside, so each P_ij is computed once. Blocks are
   # transposed, [bk, bq], so that the gradient products are plain matrix products (XLA's CPU
@@ -376,8 +386,8 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: B
                                               pullback=True)  # [bk, bq]
       d_probs_t = jnp.einsum("kh,qh->kq", v_block, do_block, preferred_element_type=dtype)
       kept_t = _kept(pattern, head, g, i, j, transposed=True)  # [bk, bq] or None
-      if kept_t is not None:  # out = (P * kept) V: dP = kept * dO V^T, dV = (P * kept)^T dO
-        d_probs_t = d_probs_t * kept_t
+      if kept_t is not None:  # out = c (P * keep) V: dP = c keep dO V^T, dV = (P * keep)^T c dO
+        d_probs_t = jnp.where(kept_t, d_probs_t, 0.0)  # (c is in d_out already)
       if pattern.normalizer == "sigmoid":
         probs_t = jax.nn.sigmoid(logits_t + pattern.sigmoid_bias)  # 0 where masked
         d_logits_t = d_probs_t * probs_t * (1.0 - probs_t)
@@ -391,7 +401,7 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: B
         d_bias = _accumulate_bias(d_bias, d_logits_t.T, i, j, g)
       if squashed_t is not None:
         d_logits_t = d_logits_t * (1.0 - squashed_t * squashed_t)  # through cap * tanh(Z / cap)
-      dropped_t = probs_t if kept_t is None else probs_t * kept_t
+      dropped_t = probs_t if kept_t is None else jnp.where(kept_t, probs_t, 0.0)
       d_v = d_v + jnp.einsum("kq,qh->kh", dropped_t.astype(d_out.dtype), do_block,
                              preferred_element_type=dtype)
       d_k = d_k + jnp.einsum("kq,qh->kh", d_logits_t.astype(q.dtype), q_block,

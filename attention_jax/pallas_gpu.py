@@ -287,16 +287,22 @@ class _Plan:
     starts = tuple(int(x) for x in np.cumsum([0] + sizes[:-1]))
     return starts, max(16, 1 << (max(sum(sizes), 1) - 1).bit_length())
 
+  @property
+  def dropout_scale(self) -> float:
+    """Inverted dropout's 1 / (1 - rate), applied once to the output and to dO (1 without)."""
+    return 1.0 / (1.0 - self.dropout_rate) if self.dropout_rate else 1.0
+
   def dropout(self, keys, b, h, q_start, k_start):
-    """Inverted dropout's factor on the block at (q_start, k_start) [bq, bk], or None: the
-    blockwise kernel's counter-based mask (``blocks.dropout_factor``), the same entries."""
+    """Inverted dropout's mask on the block at (q_start, k_start) [bq, bk], True where kept, or
+    None: the blockwise kernel's counter-based mask (``blocks.dropout_keep``), the same
+    entries."""
     if not self.dropout_rate:
       return None
     index = 2 * (b * self.num_heads + h) if keys.shape[0] > 2 else 0  # [B * N * 2] or [2]
     key_data = (keys[index], keys[index + 1])
     q_idx = q_start + lax.broadcasted_iota(jnp.int32, (self.block_q, 1), 0)  # [bq, 1]
     kv_idx = k_start + lax.broadcasted_iota(jnp.int32, (1, self.block_k), 1)  # [1, bk]
-    return blocks_lib.dropout_factor(key_data, q_idx, kv_idx, self.dropout_rate)
+    return blocks_lib.dropout_keep(key_data, q_idx, kv_idx, self.dropout_rate)
 
   def row(self, b, h, i, transpose: bool = False):
     """Where block row ``i`` of (example b, head h) starts in a ``_block_order`` list."""
@@ -427,7 +433,7 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
     p = jnp.exp(s - m_safe[:, None])
     alpha = jnp.exp(m - m_safe)
     kept = plan.dropout(keys, b, h, i * plan.block_q, k_start)  # the normaliser keeps p
-    dropped = p if kept is None else p * kept
+    dropped = p if kept is None else jnp.where(kept, p, 0.0)
     acc = acc * alpha[:, None] + jnp.dot(dropped.astype(v.dtype), v,
                                          preferred_element_type=jnp.float32)
     return acc, m_new, l * alpha + jnp.sum(p, axis=1)
@@ -437,7 +443,8 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
           jnp.zeros((plan.block_q,), jnp.float32))
   acc, m, l = lax.fori_loop(0, order_ref[start], step, init)
   empty = l == 0.0
-  out_ref[...] = (acc / jnp.where(empty, 1.0, l)[:, None]).astype(out_ref.dtype)
+  out_ref[...] = (acc * (plan.dropout_scale / jnp.where(empty, 1.0, l))[:, None]).astype(
+      out_ref.dtype)
   lse_ref[...] = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
   if plan.max_scores:
     max_ref[0][...] = jnp.where(empty, -jnp.inf, m)  # each row's largest score
@@ -445,17 +452,17 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
 
 def _weights_gradient(plan, q, k, v, do, lse, delta, tables, keys, b, h, q_start, k_start,
                       full):
-  """The weights applied, P (times the dropout factor) [bq, bk], dL/d(logits before the
+  """The weights applied, P (where dropout keeps them) [bq, bk], dL/d(logits before the
   score_mod) [bq, bk] of one block pair, and the trained tables' reads with their cotangents
   (``_Plan.table_reads``; none without trained tables)."""
   s, derivative, raw = plan.logits(q, k, tables, b, h, q_start, k_start, full)
   p = jnp.exp(s - jnp.where(lse == -jnp.inf, 0.0, lse)[:, None])
   dp = jnp.dot(do, v.T, preferred_element_type=jnp.float32)
   kept = plan.dropout(keys, b, h, q_start, k_start)
-  if kept is not None:  # out = (P * kept) V: dP = kept * dO V^T
-    dp = dp * kept
+  if kept is not None:  # out = c (P * keep) V: dP = c keep dO V^T (c is in dO already)
+    dp = jnp.where(kept, dp, 0.0)
   ds = jnp.where(p > 0.0, p * (dp - delta[:, None]), 0.0)  # dL/d(score_mod's output)
-  applied = p if kept is None else p * kept
+  applied = p if kept is None else jnp.where(kept, p, 0.0)  # dV = (P * keep)^T c dO
   d_logits = ds if derivative is None else ds * derivative
   reads = plan.table_reads(tables[0], raw, ds, b, h, q_start, k_start) if plan.trained else []
   return applied, d_logits, reads
@@ -642,6 +649,8 @@ def _attention_bwd(plan, residuals, cotangents):
   kv_pad, value_dim = k.shape[1], v.shape[-1]
   delta = jnp.einsum("bthd,bthd->bht", d_out.astype(jnp.float32), out.astype(jnp.float32))
   delta = delta - d_lse  # a cotangent of the log-sum-exp enters as -delta would
+  if plan.dropout_rate:  # dropout's 1 / (1 - rate), once here rather than on every dP, dV
+    d_out = (d_out.astype(jnp.float32) * plan.dropout_scale).astype(d_out.dtype)
   specs = _specs(plan, head_dim, value_dim)
   q_all = pl.BlockSpec((None, q_pad, None, head_dim), lambda j, b, h: (b, 0, h, 0))
   do_all = pl.BlockSpec((None, q_pad, None, value_dim), lambda j, b, h: (b, 0, h, 0))
