@@ -139,13 +139,13 @@ _write_public_names()
 
 
 def _write_support_table():
-  """docs/guides/_kernels.md: the support table, one row per record of attention.KERNELS (what
+  """docs/guides/_kernels.md: the support table, one entry per record of attention.KERNELS (what
   it is, where it runs and is chosen, its autodiff, what it does not serve), so that the guides
-  cannot drift from what the dispatch does."""
+  cannot drift from what the dispatch does. A list, not a table: six columns of sentences do not
+  fit a page."""
   from attention_jax import attention  # pylint: disable=g-import-not-at-top
   runs_on = {None: "everywhere", "gpu": "NVIDIA GPUs", "tpu": "TPUs"}
-  rows = ["| name | what it is | runs on | chosen automatically | autodiff | does not serve |",
-          "|---|---|---|---|---|---|"]
+  entries = []
   for kernel in attention.KERNELS.values():
     chosen = ("by the rules below" if kernel.backend is None else
               f"on {'compute capability ' * (kernel.backend == 'gpu')}{', '.join(kernel.measured_on)}" if kernel.measured_on else "no: by name only")
@@ -154,9 +154,11 @@ def _write_support_table():
     refused = [attention.PARTS[part][0] for part in attention.PARTS if part not in kernel.serves]
     refused += [f"{attention.PARTS[part][0]} (served when named, never chosen for it)"
                 for part in kernel.named_only]
-    rows.append(f"| `\"{kernel.name}\"` | {kernel.about} | {runs_on[kernel.backend]} | {chosen} | "
-                f"{kernel.transforms} | {'; '.join(refused) or 'serves every request'} |")
-  text = "\n".join(rows) + "\n"
+    entries.append(f"`\"{kernel.name}\"`\n: {kernel.about}.\n\n  **Runs on** "
+                   f"{runs_on[kernel.backend]}; **chosen automatically** {chosen}; **autodiff** "
+                   f"{kernel.transforms}; **does not serve** "
+                   f"{'; '.join(refused) or 'nothing it is asked (it serves every request)'}.")
+  text = "\n\n".join(entries) + "\n"
   path = os.path.join(ROOT, "docs", "guides", "_kernels.md")
   if not os.path.exists(path) or open(path).read() != text:
     with open(path, "w") as file:

@@ -215,6 +215,25 @@ def chosen_lines(chosen, design, records) -> list[str]:
   return lines
 
 
+#: The most columns of one Markdown table: wider ones are split (the first column repeated), so
+#: that no column hides behind a scroll bar on a page at 1280 px.
+MAX_COLUMNS = 6
+
+
+def split_table(first: str, headers: list[str], rows: list[list[str]]) -> list[str]:
+  """A Markdown table (rows begin with the ``first`` column's cell), as lines: one table of at
+  most MAX_COLUMNS columns, or several, each with the first column and the next headers, one
+  blank line between them."""
+  lines = []
+  for start in range(0, max(len(headers), 1), MAX_COLUMNS - 1):
+    part = slice(start, start + MAX_COLUMNS - 1)
+    lines += ([""] if lines else []) + [
+        "| " + " | ".join([first] + headers[part]) + " |",
+        "|---" * (len(headers[part]) + 1) + "|"]
+    lines += ["| " + " | ".join(row[:1] + row[1:][part]) + " |" for row in rows]
+  return lines
+
+
 def markdown(title, records, design: verdicts.Design, comparisons, chosen,
              logits=None) -> str:
   """The report. ``logits``: {arm label: (final, peak)} of the largest attention logit, from the
@@ -237,13 +256,11 @@ def markdown(title, records, design: verdicts.Design, comparisons, chosen,
   lines += ["", "### Every arm", "", f"Every setting on every test set ({INTERVAL_NOTE}); "
             "a run whose loss went non-finite is 'diverged', left out of the means and "
             "counted. Descriptive: the comparisons above are the tests.", "",
-            "| arm | " + " | ".join(readable(c) for c in columns) + " | diverged | seconds |",
-            "|---" * (len(columns) + 3) + "|"]
-  for label, metrics, _ in armed:
-    diverged = sum(1 for step in metrics.get("diverged_at", []) if step)
-    lines.append(f"| {readable_arm(label)} | " + " | ".join(mean_cell(metrics[c], c)
-                                                           for c in columns)
-                 + f" | {diverged} | {metrics.get('seconds', [math.nan])[0]:.0f} |")
+            *split_table("arm", [readable(c) for c in columns] + ["diverged", "seconds"], [
+                [readable_arm(label)] + [mean_cell(metrics[c], c) for c in columns]
+                + [str(sum(1 for step in metrics.get("diverged_at", []) if step)),
+                   f"{metrics.get('seconds', [math.nan])[0]:.0f}"]
+                for label, metrics, _ in armed])]
   if logits:
     lines += ["", "Largest attention logit (over layers, heads and a training batch) at the "
               "last log step, and its peak during training (mean over seeds; diverged runs "
@@ -255,12 +272,11 @@ def markdown(title, records, design: verdicts.Design, comparisons, chosen,
   if probes:
     lines += ["", "Attention at initialisation → after training (one test batch; means over "
               "layers, heads and seeds; gradient norms of the loss w.r.t. W_Q and W_K):", "",
-              "| arm | " + " | ".join(readable(p) for p in probes) + " |",
-              "|---" * (len(probes) + 1) + "|"]
-    for label, metrics, _ in armed:
-      cells = [f"{np.nanmean(metrics['init_' + p]):.3g} → {np.nanmean(metrics['final_' + p]):.3g}"
-               for p in probes]
-      lines.append(f"| {readable_arm(label)} | " + " | ".join(cells) + " |")
+              *split_table("arm", [readable(p) for p in probes], [
+                  [readable_arm(label)] + [f"{np.nanmean(metrics['init_' + p]):.3g} → "
+                                           f"{np.nanmean(metrics['final_' + p]):.3g}"
+                                           for p in probes]
+                  for label, metrics, _ in armed])]
   failed = [record for record in records if record["status"] != "ok"]
   if failed:
     lines += ["", "Failed variants:", ""] + [f"- {r['variant']}: {r['error']}" for r in failed]

@@ -1,0 +1,90 @@
+"""Every page of the built site at 1280 x 800 in headless Chromium: what overflows its box.
+
+  python scripts/check_layout.py SITE_DIR [--chromium PATH] [--width 1280]
+
+For each HTML page under SITE_DIR (sphinx-build's output), a copy with a small script is loaded
+in headless Chromium; after layout the script lists the tables, code blocks, notes and images of
+the article that are wider than their box (a table's last columns behind a scroll bar, a command
+cut at a note's edge), and pages without a title. Mathematics is left out (MathJax's glyphs
+overhang their boxes by a few pixels, visibly nothing). Exit status 1 if any page has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+PROBE = """
+window.addEventListener('load', () => {
+  const found = [];
+  const article = document.querySelector('article') || document.body;
+  article.querySelectorAll('table, pre, div.admonition, img').forEach(element => {
+    const parent = element.parentElement;
+    const box = parent && parent.classList.contains('pst-scrollable-table-container')
+        ? parent : element;
+    if (box.scrollWidth > box.clientWidth + 2) {
+      const text = (element.innerText || element.getAttribute('src') || '').replace(/\\s+/g, ' ');
+      found.push(`${element.tagName.toLowerCase()} ${box.scrollWidth} px in ${box.clientWidth}: `
+                 + text.slice(0, 60));
+    }
+  });
+  if (!document.querySelector('h1')) found.push('no title (h1)');
+  document.body.setAttribute('data-overflow', JSON.stringify(found));
+});
+"""
+SKIPPED = ("genindex.html", "search.html", "py-modindex.html")
+
+
+def pages(site: str) -> list[str]:
+  return sorted(os.path.join(folder, name) for folder, _, names in os.walk(site)
+                for name in names if name.endswith(".html") and name not in SKIPPED
+                and not {"_static", "_sources"} & set(folder.split(os.sep)))
+
+
+def overflow(page: str, chromium: str, width: int, profile: str) -> list[str]:
+  """What overflows on ``page``, loaded at ``width`` x 800 from a probing copy beside it."""
+  with open(page) as f:
+    text = f.read()
+  copy = page[:-len(".html")] + ".layout-probe.html"
+  with open(copy, "w") as f:
+    f.write(text.replace("</head>", f"<script>{PROBE}</script></head>", 1))
+  try:
+    result = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", f"--user-data-dir={profile}",
+         f"--window-size={width},800", "--virtual-time-budget=2000", "--dump-dom",
+         "file://" + os.path.abspath(copy)], capture_output=True, text=True, timeout=120)
+  finally:
+    os.remove(copy)
+  match = re.search(r'data-overflow="([^"]*)"', result.stdout)
+  return json.loads(html.unescape(match.group(1))) if match else ["the page did not load"]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("site", help="sphinx-build's HTML output")
+  parser.add_argument("--chromium", default="chromium")
+  parser.add_argument("--width", type=int, default=1280)
+  args = parser.parse_args()
+  found = {}
+  with tempfile.TemporaryDirectory() as profile:
+    for page in pages(args.site):
+      if problems := overflow(page, args.chromium, args.width, profile):
+        found[os.path.relpath(page, args.site)] = problems
+  for page, problems in found.items():
+    print(page)
+    for problem in problems:
+      print("  ", problem)
+  print(f"{len(pages(args.site))} pages at {args.width} px: "
+        f"{len(found)} with something wider than its box")
+  sys.exit(1 if found else 0)
+
+
+if __name__ == "__main__":
+  main()
