@@ -461,9 +461,9 @@ def _weights_gradient(plan, q, k, v, do, lse, delta, tables, keys, b, h, q_start
   kept = plan.dropout(keys, b, h, q_start, k_start)
   if kept is not None:  # out = c (P * keep) V: dP = c keep dO V^T (c is in dO already)
     dp = jnp.where(kept, dp, 0.0)
-  ds = jnp.where(p > 0.0, p * (dp - delta[:, None]), 0.0)  # dL/d(score_mod's output)
+  ds = p * (dp - delta[:, None])  # dL/d(score_mod's output), 0 where masked
   applied = p if kept is None else jnp.where(kept, p, 0.0)  # dV = (P * keep)^T c dO
-  d_logits = ds if derivative is None else ds * derivative
+  d_logits = ds if derivative is None else jnp.where(p > 0.0, ds * derivative, 0.0)
   reads = plan.table_reads(tables[0], raw, ds, b, h, q_start, k_start) if plan.trained else []
   return applied, d_logits, reads
 
