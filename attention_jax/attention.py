@@ -236,8 +236,9 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   - dropout: "reference" where its dense weights are small (below CHUNKED_MIN_LENGTH_CPU on
     CPU, within XLA_MAX_LOGITS_BYTES_GPU elsewhere), so the masks are flax's
     (``bernoulli(dropout_rng, 1 - rate, shape)``) and a drop-in reproduces flax's numbers; above
-    that the fused kernel where it is measured, else "chunked", whose counter-based masks (the
-    same in both) keep memory linear in T (the same keep rate, other entries);
+    that "chunked" (the fused kernel on Hopper when the call has score or mask functions), whose
+    counter-based masks (the same in both) keep memory linear in T (the same keep rate, other
+    entries);
   - "reference" when none of these can (returned weights, a head variant's hooks).
 
   A named implementation that cannot serve raises ``ValueError`` with the reason; nothing falls
@@ -586,7 +587,7 @@ KERNELS = {kernel.name: kernel for kernel in (
                                 "mask_mod"),
            backend="gpu", measured_on=("9.0",),
            chosen_for=("score_mod", "mask_mod", "soft_cap", "max_scores"),
-           check=pallas_gpu.refusal),  # on an H200, 11 to 16 times the blockwise kernel's speed
+           check=pallas_gpu.refusal),  # on an H200, 11 to 19 times the blockwise kernel's speed
 )}
 
 #: The names ``implementation=`` takes.

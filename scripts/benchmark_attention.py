@@ -14,11 +14,12 @@ torch is installed (it is not a dependency).
 
 --causal masks future keys in every method (GFLOP/s still counts all T x S logits). --blocks adds
 chunked attention with the given query x key block sizes (methods "chunked:1024x4096", ...), to
-compare block shapes side by side. --dropout adds "chunked:dropout" and "reference:dropout", the
-blockwise kernel (and, where --methods names the reference, the dense reference) with attention
+compare block shapes side by side. --dropout adds "chunked:dropout" (and "reference:dropout"
+where --methods names the reference), the blockwise kernel (the dense reference) with attention
 dropout at that rate (the blockwise kernel regenerates its mask per block; the reference draws
-flax's masks), beside the same kernels without it. --floor adds "floor": the block math alone, the least that a
-blockwise kernel written in plain JAX ops does on this backend (see block_math_floor).
+flax's masks), beside the same kernels without it. --floor adds "floor": the block math alone,
+the least that a blockwise kernel written in plain JAX ops does on this backend (see
+block_math_floor).
 """
 
 from __future__ import annotations

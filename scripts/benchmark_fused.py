@@ -10,9 +10,10 @@ the blockwise kernel and torch's compiled FlexAttention, and which blocks, warps
    full attention, causal attention (a mask_mod), causal ALiBi (a score_mod beside it), the same
    with attention dropout 0.1, an 8-document mask and a causal sliding window of 1024 (mask_mods,
    each with its block mask), causal attention with a T5 relative-position bias table (32
-   buckets per head) held constant and, forward+backward, trained (its gradient too); the blockwise kernel (``chunked``) on causal ALiBi; torch's
-   ``flex_attention`` under torch.compile on the same mods (its block masks made outside the
-   timing; --torch-cases, causal ALiBi unless named). The ratios the kernels issue asks about follow each group: a score_mod's cost
+   buckets per head) held constant and, forward+backward, trained (its gradient too); the
+   blockwise kernel (``chunked``) on causal ALiBi; torch's ``flex_attention`` under
+   torch.compile on the same mods (its block masks made outside the timing; --torch-cases,
+   causal ALiBi unless named). The ratios follow each group: a score_mod's cost
    (causal ALiBi / causal), dropout's (with / without), a trained table's (trained / constant),
    block skipping (8 documents / full) and ours / torch.
 2. Tuning (--configs BLOCK:WARPS:STAGES, BLOCK as 64 or 128x64) on causal ALiBi at the

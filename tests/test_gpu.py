@@ -98,8 +98,8 @@ def test_packed_sequences_through_cudnn_match_the_reference(implementation):
                         for _ in range(4))
   ids = jnp.asarray(np.sort(rng.integers(0, 5, (2, 256)), axis=-1))  # up to 5 per row
   kwargs = dict(query_segment_ids=ids, key_segment_ids=ids, is_causal=True)
-  fn = lambda q, k, v: aj.dot_product_attention(q, k, v, implementation=implementation,  # noqa: E731
-                                                **kwargs)
+  fn = lambda q, k, v: aj.dot_product_attention(  # noqa: E731
+      q, k, v, implementation=implementation, **kwargs)
   dense = lambda q, k, v: aj.dot_product_attention(  # noqa: E731
       *(x.astype(jnp.float32) for x in (q, k, v)), implementation="reference", **kwargs)
   run = lambda f: jax.jit(lambda *a: (f(*a), jax.grad(  # noqa: E731

@@ -600,8 +600,10 @@ def test_on_a_gpu_compiled_dropout_drops_the_blockwise_kernels_entries(broadcast
       value_dim=H))
   common = dict(scale=H ** -0.5, mask_mod=causal, dropout_rate=0.2,
                 dropout_rng=jax.random.key(4), broadcast_dropout=broadcast)
-  fused = lambda q, k, v: pallas_gpu.flex_attention(q, k, v, block_size=16, **common)[0]  # noqa: E731
-  blockwise = lambda q, k, v: aj.chunked_attention(q, k, v, block_q=8, block_k=8, **common)  # noqa: E731
+  fused = lambda q, k, v: pallas_gpu.flex_attention(  # noqa: E731
+      q, k, v, block_size=16, **common)[0]
+  blockwise = lambda q, k, v: aj.chunked_attention(  # noqa: E731
+      q, k, v, block_q=8, block_k=8, **common)
   run = lambda f: jax.jit(lambda *a: (f(*a), jax.grad(  # noqa: E731
       lambda *b: jnp.sum(f(*b) * cotangent), (0, 1, 2))(*a)))(q, k, v)
   (out, grads), (want, want_grads) = run(fused), run(blockwise)
