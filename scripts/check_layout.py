@@ -5,7 +5,8 @@
 For each HTML page under SITE_DIR (sphinx-build's output), a copy with a small script is loaded
 in headless Chromium; after layout the script lists the tables, code blocks, notes and images of
 the article that are wider than their box (a table's last columns behind a scroll bar, a command
-cut at a note's edge), and pages without a title. Mathematics is left out (MathJax's glyphs
+cut at a note's edge), the words of headers split across lines other than at a hyphen or a slash
+("defa|ult"), and pages without a title. Mathematics is left out (MathJax's glyphs
 overhang their boxes by a few pixels, visibly nothing). Exit status 1 if any page has one.
 """
 
@@ -32,6 +33,20 @@ window.addEventListener('load', () => {
       const text = (element.innerText || element.getAttribute('src') || '').replace(/\\s+/g, ' ');
       found.push(`${element.tagName.toLowerCase()} ${box.scrollWidth} px in ${box.clientWidth}: `
                  + text.slice(0, 60));
+    }
+  });
+  // A word of a header split across lines anywhere but at a hyphen or a slash ("defa|ult").
+  article.querySelectorAll('th, h1, h2, h3').forEach(header => {
+    const walker = document.createTreeWalker(header, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const word of node.data.matchAll(/[^\s\-\/]+/g)) {
+        const range = document.createRange();
+        range.setStart(node, word.index);
+        range.setEnd(node, word.index + word[0].length);
+        const lines = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
+                                .map(r => Math.round(r.top)));
+        if (lines.size > 1) found.push(`${header.tagName.toLowerCase()} breaks "${word[0]}"`);
+      }
     }
   });
   if (!document.querySelector('h1')) found.push('no title (h1)');
