@@ -204,22 +204,37 @@ def _gather(table: _Table, indices, slice_sizes):
 
 def table_cotangents(jaxpr, tables, trained, cotangent, *blocks):
   """The gradient reaching each read of the ``trained`` tables (indices into ``tables``) when
-  ``cotangent`` reaches the output of ``jaxpr`` on ``blocks``: [(table index, flat index
-  block, its cotangent block)], each block of the read's own shape (a read of slopes[h] is one
-  scalar per block: the transpose of its broadcast sums the block)."""
+  ``cotangent`` [bq, bk] reaches the output of ``jaxpr`` on ``blocks``: [(table index, flat
+  index block, its cotangent block)], each block of the read's own shape (a read of slopes[h] is
+  one scalar per block: its cotangents summed over the block). The reads are differentiated as
+  whole blocks and summed down to their shapes here, one axis at a time (``_whole``)."""
   reads = {i: [] for i in trained}
   recording = [dataclasses.replace(t, reads=reads[i]) if i in reads else t
                for i, t in enumerate(tables)]
   evaluate(jaxpr, recording, *blocks)
   where = [(i, flat) for i in trained for flat, _ in reads[i]]
+  shape = jnp.shape(cotangent)
 
   def output(values):
     replay = iter(values)
-    return evaluate(jaxpr, [dataclasses.replace(t, replay=replay) if i in reads else t
-                            for i, t in enumerate(tables)], *blocks)
-  _, pullback = jax.vjp(output, [value for i in trained for _, value in reads[i]])
+    out = evaluate(jaxpr, [dataclasses.replace(t, replay=replay) if i in reads else t
+                           for i, t in enumerate(tables)], *blocks)
+    return jnp.broadcast_to(out, shape)
+  _, pullback = jax.vjp(output, [jnp.broadcast_to(value, shape)
+                                 for i in trained for _, value in reads[i]])
   (cotangents,) = pullback(cotangent)
-  return [(i, flat, c) for (i, flat), c in zip(where, cotangents)]
+  return [(i, flat, _sum_to(c, jnp.shape(flat))) for (i, flat), c in zip(where, cotangents)]
+
+
+def _sum_to(block, shape):
+  """A [bq, bk] block summed over the axes that ``shape`` (), [bq, 1] or [1, bk] does not
+  have, one axis at a time, in that shape."""
+  if not shape:
+    return _whole(jnp.sum, block)
+  for axis, size in enumerate(shape):
+    if size == 1 and block.shape[axis] != 1:
+      block = jnp.sum(block, axis=axis, keepdims=True)
+  return block
 
 
 def check(mod: mods_lib.Mod | None, dtype=jnp.float32, block=(16, 16)) -> str | None:
@@ -388,9 +403,17 @@ def _add_by_range(slots, start, flat, cotangent):
   slot = lax.broadcasted_iota(jnp.int32, slots.shape, 0)
 
   def add(m, slots):
-    return slots + jnp.where(slot == start + m, jnp.sum(jnp.where(flat == m, cotangent, 0.0)),
-                             0.0)
-  return lax.fori_loop(jnp.min(flat), jnp.max(flat) + 1, add, slots)
+    return slots + jnp.where(slot == start + m,
+                             _whole(jnp.sum, jnp.where(flat == m, cotangent, 0.0)), 0.0)
+  return lax.fori_loop(_whole(jnp.min, flat), _whole(jnp.max, flat) + 1, add, slots)
+
+
+def _whole(reduce, x):
+  """``reduce`` over every axis of a block, one axis at a time (jax 0.12's Triton lowering fails
+  on a reduction over two axes at once under an explicit abstract mesh)."""
+  for _ in range(jnp.ndim(x)):
+    x = reduce(x, axis=-1)
+  return x
 
 
 def _add_by_entry(slots, start, flat, cotangent):
@@ -402,7 +425,7 @@ def _add_by_entry(slots, start, flat, cotangent):
   position = lax.broadcasted_iota(jnp.int32, jnp.shape(flat), 0 if jnp.shape(flat)[0] > 1 else 1)
 
   def add(e, slots):
-    pick = lambda x: jnp.sum(jnp.where(position == e, x, jnp.zeros_like(x)))  # noqa: E731
+    pick = lambda x: _whole(jnp.sum, jnp.where(position == e, x, jnp.zeros_like(x)))  # noqa: E731
     return slots + jnp.where(slot == start + pick(flat), pick(cotangent), 0.0)
   return lax.fori_loop(0, math.prod(jnp.shape(flat)), add, slots)
 

@@ -258,8 +258,9 @@ def test_what_the_kernel_cannot_run_is_refused_in_one_line():
 @pytest.mark.parametrize("dropout_rate, trained", [(0.0, False), (0.1, False), (0.0, True)])
 def test_the_three_kernels_lower_to_triton_in_bfloat16(dropout_rate, trained):
   def loss(q, k, v, mask, lengths, table):  # with the structure arrays read as tables, traced
-    relative = lambda s, b, h, q_idx, kv_idx: alibi(s, b, h, q_idx, kv_idx) + table[  # noqa: E731
-        h, jnp.clip(q_idx - kv_idx, 0, 31)]  # a T5-style table, trained with ``trained``
+    relative = lambda s, b, h, q_idx, kv_idx: (  # noqa: E731  # trained with ``trained``: a
+        alibi(s, b, h, q_idx, kv_idx) + table[h, jnp.clip(q_idx - kv_idx, 0, 31)]  # T5 table,
+        - table[h, 0] * (q_idx - kv_idx) / 64 + table[h, kv_idx % 32] / 8)  # a slope, per key
     out = pallas_gpu.pallas_gpu_attention(q, k, v, mask, scale=0.125, score_mod=relative,
                                           mask_mod=same_document, key_value_seq_lengths=lengths,
                                           is_causal=True, dropout_rate=dropout_rate,
@@ -650,8 +651,9 @@ def test_jax_s_deprecation_of_pallas_triton_stays_hidden_under_python_s_default_
   inside jax, which Python's default filters hide (pytest and -W default show it)."""
   import subprocess
   import sys
-  run = lambda *flags: subprocess.run([sys.executable, *flags, "-c", _LOWER_FOR_A_GPU],  # noqa: E731
-                                      capture_output=True, text=True, timeout=300)
+  run = lambda *flags: subprocess.run(  # noqa: E731
+      [sys.executable, *flags, "-c", _LOWER_FOR_A_GPU], capture_output=True, text=True,
+      timeout=300)
   quiet, shown = run(), run("-W", "default")
   assert quiet.returncode == 0 and shown.returncode == 0, quiet.stderr[-1500:]
   assert "deprecated" not in quiet.stderr
