@@ -228,8 +228,8 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
 
   - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference";
   - gpu: the kernels measured on this architecture (on Hopper "cudnn", then "pallas_gpu" for
-    score and mask functions, ``Kernel.measured_on``), else "xla" while the float32 logits take
-    at most XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
+    what ``Kernel.chosen_for`` names: score and mask functions, soft cap, row maxima), else
+    "xla" while the float32 logits take at most XLA_MAX_LOGITS_BYTES_GPU, else "chunked";
   - tpu: "pallas_tpu" on the TPUs it was measured on (none yet), else "xla";
   - "chunked" wherever "xla" cannot serve (a score_mod, sinks, the sigmoid); a mask_mod never
     goes to "cudnn" or "pallas_tpu" unless named (``Kernel.named_only``);

@@ -157,6 +157,12 @@ def dropout_keep(key_data, q_idx, kv_idx, rate: float):
   return dropout_bits(key_data, q_idx.astype(jnp.uint32), kv_idx.astype(jnp.uint32)) >= threshold
 
 
+def dropout_scale(rate: float) -> float:
+  """Inverted dropout's 1 / (1 - rate), 1 without dropout: out = scale (P * keep) V, so the
+  kernels apply it once to the output and to dO instead of to every weight."""
+  return 1.0 / (1.0 - rate) if rate else 1.0
+
+
 def head_keys(rng, batch: int, num_heads: int, broadcast: bool) -> jax.Array:
   """uint32 [B, N, 2]: the dropout key of each (example, head), ``rng`` folded with b, then n;
   with ``broadcast`` (flax's broadcast_dropout) uint32 [1, 1, 2], ``rng``'s own for every one.

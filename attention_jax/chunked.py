@@ -284,19 +284,13 @@ def _kept(pattern: Pattern, head: _Head, g: Blocks, i, j, transposed=False):
   ``transposed``), or None without dropout. Counter-based: entry (t, s) is kept where
   ``dropout_bits`` of (t, s) under the key of (example, head) is >= rate * 2^32, so any block
   of any shape regenerates the same entries, forward and backward, and no mask is stored. The
-  1 / (1 - rate) scaling is applied once (``_dropout_scale``), not per entry."""
+  1 / (1 - rate) scaling is applied once (``blocks.dropout_scale``), not per entry."""
   if not pattern.dropout_rate:
     return None
   q_idx = (i * g.block_q + jnp.arange(g.block_q))[:, None]  # [bq, 1]
   kv_idx = (j * g.block_k + jnp.arange(g.block_k))[None, :]  # [1, bk]
   kept = blocks.dropout_keep(head.dropout_key, q_idx, kv_idx, pattern.dropout_rate)
   return kept.T if transposed else kept
-
-
-def _dropout_scale(pattern: Pattern) -> float:
-  """Inverted dropout's 1 / (1 - rate) (1 without dropout): out = scale (P * keep) V, so the
-  output and dO take it once instead of every weight."""
-  return 1.0 / (1.0 - pattern.dropout_rate) if pattern.dropout_rate else 1.0
 
 
 def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
@@ -334,7 +328,8 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
 
     acc = varying_zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head)
     if pattern.normalizer == "sigmoid":
-      out = g.along(i, attend, acc, pattern, head, row=True) * _dropout_scale(pattern)
+      out = g.along(i, attend, acc, pattern, head, row=True)
+      out = out * blocks.dropout_scale(pattern.dropout_rate)
       return out, jnp.zeros((g.block_q,), dtype)
     if g.num_k == 1:  # all keys in one block: a plain softmax, with nothing to rescale
       logits, _ = _logits(q_block, k, i, 0, pattern, head, g, dtype)
@@ -348,7 +343,8 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
       init = (zeros + start_max, with_sink(zeros + start_max, zeros), acc)
       row_max, row_sum, acc = g.along(i, attend, init, pattern, head, row=True)
     has_key = row_sum > 0.0
-    out = acc * (_dropout_scale(pattern) / jnp.where(has_key, row_sum, 1.0))[:, None]
+    scale = blocks.dropout_scale(pattern.dropout_rate)
+    out = acc * (scale / jnp.where(has_key, row_sum, 1.0))[:, None]
     lse = jnp.where(has_key, row_max + jnp.log(jnp.where(has_key, row_sum, 1.0)), least_max)
     # an empty row: out 0, lse = least_max, so that exp(logit - lse) = 0 later
     return (out, lse) + ((jnp.where(has_key, row_max, least_max),) if pattern.max_scores else ())
@@ -365,7 +361,8 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: B
   dtype = reference.compute_dtype(q.dtype)
   delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # rowsum(dO * O) [Tp]
   if pattern.dropout_rate:  # dropout's 1 / (1 - rate), once here rather than on every dP, dV
-    d_out = (d_out.astype(dtype) * _dropout_scale(pattern)).astype(d_out.dtype)
+    scale = blocks.dropout_scale(pattern.dropout_rate)
+    d_out = (d_out.astype(dtype) * scale).astype(d_out.dtype)
 
   # Key blocks outside, query blocks inside, so each P_ij is computed once. Blocks are
   # transposed, [bk, bq], so that the gradient products are plain matrix products (XLA's CPU

@@ -302,11 +302,6 @@ class _Plan:
     starts = tuple(int(x) for x in np.cumsum([0] + sizes[:-1]))
     return starts, max(16, 1 << (max(sum(sizes), 1) - 1).bit_length())
 
-  @property
-  def dropout_scale(self) -> float:
-    """Inverted dropout's 1 / (1 - rate), applied once to the output and to dO (1 without)."""
-    return 1.0 / (1.0 - self.dropout_rate) if self.dropout_rate else 1.0
-
   def dropout(self, keys, b, h, q_start, k_start):
     """Inverted dropout's mask on the block at (q_start, k_start) [bq, bk], True where kept, or
     None: the blockwise kernel's counter-based mask (``blocks.dropout_keep``), the same
@@ -466,8 +461,8 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
           jnp.zeros((plan.block_q,), jnp.float32))
   acc, m, l = lax.fori_loop(0, order_ref[start], step, init)
   empty = l == 0.0
-  out_ref[...] = (acc * (plan.dropout_scale / jnp.where(empty, 1.0, l))[:, None]).astype(
-      out_ref.dtype)
+  scale = blocks_lib.dropout_scale(plan.dropout_rate)
+  out_ref[...] = (acc * (scale / jnp.where(empty, 1.0, l))[:, None]).astype(out_ref.dtype)
   lse_ref[...] = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
   if plan.max_scores:
     max_ref[0][...] = jnp.where(empty, -jnp.inf, m)  # each row's largest score
@@ -673,7 +668,8 @@ def _attention_bwd(plan, residuals, cotangents):
   delta = jnp.einsum("bthd,bthd->bht", d_out.astype(jnp.float32), out.astype(jnp.float32))
   delta = delta - d_lse  # a cotangent of the log-sum-exp enters as -delta would
   if plan.dropout_rate:  # dropout's 1 / (1 - rate), once here rather than on every dP, dV
-    d_out = (d_out.astype(jnp.float32) * plan.dropout_scale).astype(d_out.dtype)
+    scale = blocks_lib.dropout_scale(plan.dropout_rate)
+    d_out = (d_out.astype(jnp.float32) * scale).astype(d_out.dtype)
   specs = _specs(plan, head_dim, value_dim)
   q_all = pl.BlockSpec((None, q_pad, None, head_dim), lambda j, b, h: (b, 0, h, 0))
   do_all = pl.BlockSpec((None, q_pad, None, value_dim), lambda j, b, h: (b, 0, h, 0))
