@@ -1,12 +1,9 @@
 """The dense layers' matrix product x W, in the form XLA's CPU backend differentiates fastest.
 
 It is x W, computed as a ``dot_general`` with a batch dimension of size one on both sides. The
-forward product is the same; what changes is the weight gradient dW = X^T dY that autodiff derives
-from it. Without the batch dimension, XLA's CPU backend transposes dY (a copy) and then runs the
-product with both operands transposed on its own emitter; with it, the product is (dY^T X)^T, a
-plain matrix product that it hands to YNNPACK, which runs faster (the measurement:
-docs/performance_history.md, "2026-11-23, second round"). On other backends the batch of one is
-a degenerate dimension for the compiler to drop (not measured there). Every derivative (grad,
+forward product is the same; the weight gradient dW = X^T dY that autodiff derives from it takes
+the form (dY^T X)^T, which XLA's CPU backend runs as a plain matrix product (why, and the
+measurement: docs/performance_history.md, "2026-11-23, second round"). Every derivative (grad,
 jvp, vmap, higher orders) is that of x @ W.
 """
 

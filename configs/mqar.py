@@ -7,13 +7,9 @@
 lookup is an induction circuit (a key's position must learn the value after it, a query must
 find its key), and it appears suddenly: the loss sits at ln(P), the model knowing the listed
 values but not which goes with which key, then drops. How long it sits there grows fast with P,
-which is why this config is this small. Measured on the 2-core CPU (2026-11-23, batch 32, RoPE,
-1 seed each): P = 2 solved (test accuracy >= 0.999) by step 500 at learning rates 1e-3 and 3e-3
-and still at 0.57 after 3000 steps at 1e-2; P = 3 (16 keys, length 12) at 1/3 after 2000 steps
-at 3e-4, 1e-3 and 3e-3; P = 4 (16 keys, length 16) at 1/4 after 6000 steps at every learning
-rate from 1e-3 to 3e-2, and, with 12 000 steps at 3e-3, at 0.334 up to step 5000, then 0.763 at
-6000 and 1.000 from 9000. The heads and scaling ablations run on this config; raise num_pairs
-(and num_train_steps) where compute allows.
+so this config is small enough for a 2-core CPU (how long, at P = 2, 3 and 4:
+docs/guides/training.md, "Tasks"). The heads and scaling ablations run on this config; raise
+num_pairs (and num_train_steps) where compute allows.
 """
 
 import ml_collections

@@ -23,7 +23,6 @@ import re
 import subprocess
 import sys
 
-ACCELERATORS = ("tpu", "gpu", "cpu")
 # The oldest NVIDIA driver (Linux) that runs CUDA 13; older drivers get jax's CUDA 12 build.
 CUDA13_DRIVER = 580
 

@@ -123,8 +123,7 @@ class Watchdog(threading.Thread):
 
   def __init__(self, silence: float, interval: float = 1.0):
     super().__init__(name="attention_jax-watchdog", daemon=True)
-    from jax._src import distributed  # the runtime's client: its key-value store
-    self.client, self.silence, self.interval = distributed.global_state.client, silence, interval
+    self.client, self.silence, self.interval = _key_value_store(), silence, interval
     self.me, self.stopped = jax.process_index(), threading.Event()
     atexit.register(self.stop)
 
@@ -165,6 +164,18 @@ class Watchdog(threading.Thread):
         self.client.key_value_set(f"{self.PREFIX}{self.me}", "done", allow_overwrite=True)
       except Exception:  # noqa: BLE001 -- nobody left to tell
         pass
+
+
+def _key_value_store():
+  """The coordination service's key-value store: the client of JAX's distributed runtime
+  (key_value_set, key_value_dir_get).
+
+  Private JAX, kept to this one function: no public API reaches the store (in jax 0.10.2 and
+  0.12.0.1, jax.distributed has initialize, is_initialized and shutdown; multihost_utils's
+  process_allgather, broadcast_one_to_all, sync_global_devices and live_devices each wait for
+  the other processes, so they would hang on a silent one, the case the watchdog is for)."""
+  from jax._src import distributed
+  return distributed.global_state.client
 
 
 def _wait_for_coordinator(address: str, timeout: float) -> None:

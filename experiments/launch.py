@@ -1,10 +1,9 @@
 """What the training commands set up in their own process before anything else runs.
 
-glibc's malloc returns the large buffers that XLA's CPU runtime allocates on every step to the
-kernel and then takes them back 4 KiB page by page. GLIBC_TUNABLES=glibc.malloc.hugetlb=1
-makes malloc ask for transparent huge pages instead; glibc reads it only when a process starts,
-so a command re-executes itself once with it set. docs/performance.md has the measured effect;
-other libcs ignore the setting.
+``with_huge_pages`` re-executes the command once with GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+added, which makes glibc's malloc back large buffers with transparent huge pages; glibc reads
+the setting only when a process starts, and other libcs ignore it. Why, and its effect on the
+training step: docs/performance.md, "Huge pages".
 """
 
 from __future__ import annotations

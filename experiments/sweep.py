@@ -36,9 +36,12 @@ import os
 import sys
 import traceback
 
+from experiments import cli
 from experiments import config_check
 from experiments import hosts
+from experiments import interrupts
 from experiments import provenance
+from experiments import replicas as replicas_lib
 from experiments import report_tables
 from experiments import steps as steps_lib
 from experiments import train as train_lib
@@ -67,7 +70,7 @@ def check(sweep) -> None:
   names = [name for name, _ in sweep.variants]
   if not names or len(set(names)) != len(names):
     raise config_check.ConfigError(f"the sweep needs variants with distinct names, got {names}.")
-  train_lib.replicas_of(sweep.train, sweep.num_seeds, grid(sweep))  # a bad grid is refused here
+  replicas_lib.replicas_of(sweep.train, sweep.num_seeds, grid(sweep))  # a bad grid is refused here
   try:
     verdicts.Design.of_sweep(sweep, "accuracy")
   except ValueError as error:
@@ -99,7 +102,7 @@ def train_variant(sweep, config, directory: str, grid_=None) -> dict:
   replicas."""
   extra_evals = {name: dict(options) for name, options in sweep.extra_evals.items()}
   grid_ = grid(sweep) if grid_ is None else grid_
-  replicas = train_lib.replicas_of(config, sweep.num_seeds, grid_)
+  replicas = replicas_lib.replicas_of(config, sweep.num_seeds, grid_)
   if sweep.vmap_replicas:
     return train_lib.train(config, directory, replicas, extra_evals=extra_evals, probes=True)
   merged = {}
@@ -118,7 +121,7 @@ def _check_existing(sweep, name, config, directory) -> None:
   """A variant directory from an earlier run may be resumed or reused only if it was trained
   with the config the sweep asks for now (bookkeeping fields aside)."""
   changed = workdir_lib.changed_fields(config, directory)
-  names = [r["name"] for r in train_lib.replicas_of(config, sweep.num_seeds, grid(sweep))]
+  names = [r["name"] for r in replicas_lib.replicas_of(config, sweep.num_seeds, grid(sweep))]
   record = workdir_lib.read_result(directory)
   finished = record is not None and record["status"] == "ok"
   before = workdir_lib.replica_names(directory)  # None unless started (maybe interrupted)
@@ -216,7 +219,7 @@ def bracket(sweep, config, directory, record, spent) -> dict:
 
 def _train_record(sweep, name, overrides, config, directory) -> dict:
   hosts.agree(lambda: workdir_lib.claim(config, directory) if hosts.writer() else None)
-  count = len(train_lib.replicas_of(config, sweep.num_seeds, grid(sweep)))
+  count = len(replicas_lib.replicas_of(config, sweep.num_seeds, grid(sweep)))
   say(f"[sweep] {name}: training {count} replicas (seeds x grid)")
   record = {"variant": name, "overrides": overrides, "provenance": provenance.collect()}
   try:
@@ -224,7 +227,7 @@ def _train_record(sweep, name, overrides, config, directory) -> dict:
     say(f"[sweep] {name}: " + ", ".join(f"eval_{m} {record['metrics'][f'eval_{m}']}"
                                         for m in steps_lib.MEASURES
                                         if f"eval_{m}" in record["metrics"]))
-  except (workdir_lib.WorkdirError, train_lib.Interrupted):
+  except (workdir_lib.WorkdirError, interrupts.Interrupted):
     raise  # the sweep cannot go on either; the same command resumes it
   except Exception as error:  # noqa: BLE001 -- recorded; the other variants still run
     record.update(status="failed", error=f"{type(error).__name__}: {error}")
@@ -254,7 +257,7 @@ def main():
     from experiments import sweep_report  # matplotlib only here
     workdir = flags.FLAGS.workdir
     records = []
-    train_lib.run_command(lambda: (hosts.initialize_from(flags.FLAGS), records.extend(
+    cli.run_command(lambda: (hosts.initialize_from(flags.FLAGS), records.extend(
         run_sweep(flags.FLAGS.config, workdir, flags.FLAGS.variants))))
     if hosts.writer():
       paths = sweep_report.write_sweep(flags.FLAGS.config, records, workdir)

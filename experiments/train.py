@@ -3,13 +3,13 @@ step.
 
   python -m experiments.train --config=configs/default.py --workdir=/tmp/run [--config.seed=1]
 
-``train_and_evaluate(config, workdir)`` trains one replica (Colab calls it directly);
-``train(config, workdir, replicas)`` trains several at once, as a sweep variant does. The state
-has a leading replica axis in every mode; replicas and batch shard over all devices (mesh axes
-"replica", "data" and "sequence", config.mesh). The workdir's layout is described in
-experiments/workdir.py. A run resumes
-from its newest readable checkpoint when started again with the same command; SIGTERM or SIGINT
-finishes the step, saves a checkpoint and stops with the command that resumes.
+runs experiments/cli.py's main. ``train_and_evaluate(config, workdir)`` trains one replica (Colab
+calls it directly); ``train(config, workdir, replicas)`` trains several at once, as a sweep
+variant does. The state has a leading replica axis in every mode; replicas and batch shard
+over all devices (experiments/replicas.py). The workdir's layout is described in
+experiments/workdir.py. A run resumes from its newest readable checkpoint when started again with
+the same command; SIGTERM or SIGINT finishes the step, saves a checkpoint and stops with the
+command that resumes (experiments/interrupts.py).
 
 Many hosts (one process each; docs/guides/many_hosts.md): add --distributed to the same command on
 every host; experiments/hosts.py says what the processes agree on.
@@ -21,17 +21,13 @@ if __name__ == "__main__":  # before jax is imported; experiments/launch.py says
   from experiments import launch
   launch.with_huge_pages()
 
-import contextlib
 import functools
-import itertools
 import json
 import math
 import os
 import signal
 import sys
-import threading
 import time
-import traceback
 
 import jax
 import jax.numpy as jnp
@@ -44,10 +40,12 @@ from experiments import checkpoints as checkpoints_lib
 from experiments import config_check
 from experiments import hosts
 from experiments import input_pipeline
+from experiments import interrupts
 from experiments import logbook
 from experiments import optim
 from experiments import oracles
 from experiments import probes as probes_lib
+from experiments import replicas as replicas_lib
 from experiments import steps as steps_lib
 from experiments import tasks
 from experiments import workdir as workdir_lib
@@ -55,15 +53,6 @@ from experiments import workdir as workdir_lib
 
 class NonFiniteError(RuntimeError):
   """A non-finite loss or gradient norm stopped the run."""
-
-
-class Interrupted(RuntimeError):
-  """SIGTERM or SIGINT stopped the run after a checkpoint of its last step."""
-
-  def __init__(self, signum: int, step: int):
-    self.signum, self.step = signum, step
-    super().__init__(f"{signal.Signals(signum).name} at step {step}: checkpoint saved; resume "
-                     f"with: {workdir_lib.command_line()}")
 
 
 def encoder_config(config, task: tasks.Task, mesh: Mesh | None = None) -> aj.EncoderConfig:
@@ -86,79 +75,6 @@ def encoder_config(config, task: tasks.Task, mesh: Mesh | None = None) -> aj.Enc
       head_variant=model.head_variant, moh_shared_heads=model.moh_shared_heads,
       moh_routed_heads=model.moh_routed_heads, overlap_schedule=model.overlap_schedule,
       attention_fn=aj.ContextParallel(mesh, "sequence", config.mesh.strategy) if sharded else None)
-
-
-def replicas_of(config, num_seeds: int = 1, grid: dict | None = None) -> list[dict]:
-  """The replicas of a run: seeds config.seed .. + num_seeds - 1 for every combination of the
-  ``grid`` ({hyperparameter: values}); the rest of the hyperparameters come from ``config``.
-  Each is {"name", "seed", <every name in steps.HYPERPARAMETERS>}, seeds innermost."""
-  grid = {name: tuple(values) for name, values in (grid or {}).items()}
-  for name, values in grid.items():
-    if name not in steps_lib.HYPERPARAMETERS or not values:
-      raise config_check.ConfigError(
-          f"grid.{name}: a grid holds non-empty tuples of {list(steps_lib.HYPERPARAMETERS)}.")
-  replicas = []
-  for values in itertools.product(*grid.values()):
-    chosen = dict(zip(grid, values))
-    for seed in range(config.seed, config.seed + num_seeds):
-      name = "-".join([f"seed_{seed}"] + [f"{k}_{v:g}" for k, v in chosen.items()])
-      hparams = {k: float(chosen.get(k, config[k])) for k in steps_lib.HYPERPARAMETERS}
-      replicas.append({"name": name, "seed": seed, **hparams})
-  names = [replica["name"] for replica in replicas]
-  if len(set(names)) != len(names):
-    raise config_check.ConfigError(f"the grid {grid} gives replicas of the same name ({names}); "
-                                   "use distinct values that differ in 6 significant digits.")
-  return replicas
-
-
-def over_replicas(fn, in_axes=0):
-  """``jax.vmap(fn, in_axes)`` over the leading replica axis of the arguments whose axis is 0,
-  except that one replica runs unbatched, its axis taken off and put back on the results. The
-  same numbers either way, but XLA's CPU backend compiles a batch of one replica into slower
-  code: unbatched, the training step took 0.88x / 0.97x / 0.96x as long at the three sizes of
-  scripts/benchmark_train.py (docs/performance.md)."""
-  batched = jax.vmap(fn, in_axes=in_axes)
-
-  def run(*args):
-    axes = in_axes if isinstance(in_axes, tuple) else (in_axes,) * len(args)
-    stacked = [arg for arg, axis in zip(args, axes) if axis == 0]
-    if any(jnp.ndim(x) == 0 or jnp.shape(x)[0] != 1 for x in jax.tree.leaves(stacked)):
-      return batched(*args)
-    args = [jax.tree.map(lambda x: x[0], arg) if axis == 0 else arg
-            for arg, axis in zip(args, axes)]
-    return jax.tree.map(lambda x: x[None], fn(*args))
-  return run
-
-
-def device_mesh(num_replicas: int, data: int = 0, sequence: int = 1) -> Mesh:
-  """Devices as ("replica", "data", "sequence"): ``sequence`` along the sequence, ``data`` (0:
-  the rest) along the batch, and the replicas over what is left. With data = 0, as many replica
-  shards as divide both counts. Devices come in process order, so an axis spans processes when
-  it is longer than a process's devices."""
-  devices = jax.devices()
-  if sequence <= 0 or len(devices) % sequence:
-    raise config_check.ConfigError(f"mesh.sequence={sequence} must divide the {len(devices)} "
-                                   "devices.")
-  rest = len(devices) // sequence
-  if data:
-    across = rest // data
-    if data < 0 or rest % data or num_replicas % across:
-      raise config_check.ConfigError(
-          f"mesh.data={data} must divide the {rest} devices left by mesh.sequence={sequence}, "
-          f"leaving a divisor of the {num_replicas} replicas; or use mesh.data=0 (automatic).")
-  else:
-    across = math.gcd(num_replicas, rest)
-  return Mesh(np.array(devices).reshape(across, rest // across, sequence),
-              ("replica", "data", "sequence"))
-
-
-def checked_mesh(config, num_replicas: int) -> Mesh:
-  """The device mesh of ``config``, once the config is valid and its batch splits over it."""
-  config_check.validate(config)
-  config_check.check_gpu_determinism_flags(config)
-  mesh = device_mesh(num_replicas, config.mesh.data, config.mesh.sequence)
-  config_check.check_batch_split(config.batch_size, mesh.shape["data"])
-  return mesh
 
 
 def setup(config, replicas: list[dict], mesh: Mesh | None = None):
@@ -202,40 +118,11 @@ def train_step_fn(config, model, tx, num_classes: int, sharding=None):
   """The loop's compiled step over the replica axis: (state [R], batch {"tokens": [R, B, T],
   "labels": [R, B(, T)]}) -> (state [R], metrics [R]); the state's buffers are donated. The
   benchmark (scripts/benchmark_train.py) times this same function."""
-  return jax.jit(over_replicas(functools.partial(
+  return jax.jit(replicas_lib.over_replicas(functools.partial(
       steps_lib.train_step, model=model, tx=tx, learning_rate=optim.learning_rate(config),
       compute_dtype=jnp.dtype(config.compute_dtype), label_smoothing=config.label_smoothing,
       num_classes=num_classes)), out_shardings=None if sharding is None else (sharding, sharding),
       donate_argnums=0)
-
-
-@contextlib.contextmanager
-def stop_requests():
-  """SIGTERM and SIGINT received during the block, collected in the yielded list instead of
-  killing the process (a second SIGINT interrupts at once). Only the main thread gets signals.
-  With several processes SIGTERM is left to JAX's preemption service, which makes every process
-  stop at the same step (hosts.preempted), and SIGINT is passed on to it as a SIGTERM."""
-  received = []
-  if threading.current_thread() is not threading.main_thread():
-    yield received
-    return
-
-  def handler(signum, frame):
-    if received and signum == signal.SIGINT:
-      raise KeyboardInterrupt
-    received.append(signum)
-
-  def to_preemption_service(signum, frame):
-    os.kill(os.getpid(), signal.SIGTERM)
-  if jax.process_count() > 1:
-    previous = {signal.SIGINT: signal.signal(signal.SIGINT, to_preemption_service)}
-  else:
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-  try:
-    yield received
-  finally:
-    for s, h in previous.items():
-      signal.signal(s, h)
 
 
 def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | None = None,
@@ -251,7 +138,7 @@ def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | Non
   of the whole run.
   """
   started = time.perf_counter()
-  mesh = hosts.agree(checked_mesh, config, len(replicas))
+  mesh = hosts.agree(replicas_lib.checked_mesh, config, len(replicas))
   with workdir_lib.owned(workdir), workdir_lib.writing(workdir):
     hosts.agree(_claim, config, workdir, replicas, allowed)
     return _loop(config, workdir, replicas, mesh, extra_evals or {}, probes, started)
@@ -299,11 +186,11 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
   compute_dtype = jnp.dtype(config.compute_dtype)
   step_fn = train_step_fn(config, model, tx, task.num_classes, by_replica)
   everywhere = NamedSharding(mesh, PartitionSpec())  # sums every process reads whole
-  eval_fn = jax.jit(over_replicas(functools.partial(
+  eval_fn = jax.jit(replicas_lib.over_replicas(functools.partial(
       steps_lib.eval_step, model=model, compute_dtype=compute_dtype,
       num_classes=task.num_classes), in_axes=(0, None)), out_shardings=everywhere)
-  max_logit_fn = jax.jit(over_replicas(functools.partial(probes_lib.max_attention_logit, model)),
-                         out_shardings=by_replica)
+  max_logit_fn = jax.jit(replicas_lib.over_replicas(
+      functools.partial(probes_lib.max_attention_logit, model)), out_shardings=by_replica)
   sources = {seed: input_pipeline.TrainBatches(task.train, config.batch_size, seed)
              for seed in sorted({replica["seed"] for replica in replicas})}
 
@@ -341,7 +228,7 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
   reported = set(_diverged(state, replicas))  # diverged before a resume: already said
   clock = time.perf_counter()
   try:
-    with stop_requests() as received:
+    with interrupts.stop_requests() as received:
       for step in range(start_step + 1, config.num_train_steps + 1):
         # Nothing here waits for the device except at log, eval and checkpoint steps: the host
         # prepares the next batch while the step runs.
@@ -374,7 +261,7 @@ def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict
         if save_now or stop:
           checkpoints.save(step, state)
         if stop:
-          raise Interrupted(stop, step)
+          raise interrupts.Interrupted(stop, step)
   finally:
     if progress is not None:
       progress.close()
@@ -425,7 +312,7 @@ def _check_diverged(state, replicas, reported, last_saved, say) -> set:
 def _prober(model, task, config):
   """prefix, params [R, ...] -> {prefix_<probe>: [R] list} on one test batch."""
   batch = next(input_pipeline.eval_batches(task.test, config.batch_size))
-  probe_fn = jax.jit(over_replicas(lambda params: probes_lib.summary(
+  probe_fn = jax.jit(replicas_lib.over_replicas(lambda params: probes_lib.summary(
       model, params, batch["tokens"], batch["labels"], task.num_classes)))
   def probe(prefix, params):
     return {f"{prefix}_{name}": np.asarray(value).tolist()
@@ -436,7 +323,7 @@ def _prober(model, task, config):
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains and evaluates the one replica that ``config`` describes; returns its final eval
   metrics ({"eval_loss", "eval_accuracy"}, or "eval_nmse" for real targets)."""
-  result = train(config, workdir, replicas_of(config))
+  result = train(config, workdir, replicas_lib.replicas_of(config))
   final = {name: values[0] for name, values in result.items() if name.startswith("eval_")}
   if hosts.writer():
     print("final: " + json.dumps({"step": config.num_train_steps, **final}))
@@ -452,64 +339,6 @@ def parameter_count(params) -> int:
   return sum(math.prod(leaf.shape[1:]) for leaf in jax.tree.leaves(params))
 
 
-def run_command(main_function, *args) -> None:
-  """Runs ``main_function(*args)``, turning the expected failures into one line and an exit
-  status: a config error, a busy or full workdir, a non-finite loss (1), SIGTERM/SIGINT
-  (128 + the signal, after the checkpoint). With several processes, an error that every process
-  raised together (hosts.agree, the preemption sync point) ends them all with the same line;
-  an error of this process alone (a bug, a collective whose peer died) ends it at once, with its
-  traceback and a line, so that the others' collectives fail fast instead of waiting for it."""
-  try:
-    main_function(*args)
-  except Exception as error:  # noqa: BLE001 -- each ends in one line below
-    line, status = _ending(error)
-    alone = jax.process_count() > 1 and not (hosts.agreed(error) or isinstance(error, Interrupted))
-    if line is None and not alone:
-      raise
-    if line is None:
-      traceback.print_exc()
-      line = (f"process {jax.process_index()} stopped: {type(error).__name__}: "
-              f"{hosts.first_line(error)}; if "
-              "another process stopped first, its output says why.")
-    print(line, file=sys.stderr, flush=True)
-    if alone:
-      sys.stdout.flush()
-      os._exit(status)  # no shutdown barrier: the other processes may never reach it
-    sys.exit(status)
-
-
-def _ending(error: Exception) -> tuple[str | None, int]:
-  """The line and exit status of an expected failure; (None, 1) for any other error."""
-  if isinstance(error, Interrupted):
-    return f"stopped by {error}", 128 + error.signum
-  prefixes = ((config_check.ConfigError, "config error: "),
-              (workdir_lib.WorkdirError, "workdir error: "),
-              (NonFiniteError, "training stopped: "), (hosts.CoordinatorError, ""),
-              (hosts.ProcessFailed, "stopped: "))
-  for kind, prefix in prefixes:
-    if isinstance(error, kind):
-      return prefix + str(error), 1
-  return None, 1
-
-
-def main():
-  from absl import flags, logging
-  from ml_collections import config_flags
-
-  config_flags.DEFINE_config_file("config", "configs/default.py", "Path to a config file.",
-                                  lock_config=True)
-  flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and figures.",
-                      required=True)
-  hosts.define_flags(flags)
-
-  def run(argv):
-    del argv
-    logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-    run_command(lambda: (hosts.initialize_from(flags.FLAGS),
-                         train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)))
-
-  config_check.run_app(run)
-
-
 if __name__ == "__main__":
-  main()
+  from experiments import cli
+  cli.main()

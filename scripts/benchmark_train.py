@@ -45,6 +45,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
 from experiments import config_check, optim, tasks, train  # noqa: E402
+from experiments import replicas as replicas_lib  # noqa: E402
 
 # (name, batch, length, d_model, heads, layers, mlp); length counts the CLS token.
 SIZES = {
@@ -127,7 +128,7 @@ def jax_step(config, tokens, labels, attention_module=None):
   model_config = dataclasses.replace(train.encoder_config(config, task),
                                      attention_module=attention_module)
   model, tx = aj.SequenceClassifier(model_config), optim.optimizer(config)
-  state = train.initial_states(model, tx, tokens.shape[1], train.replicas_of(config))
+  state = train.initial_states(model, tx, tokens.shape[1], replicas_lib.replicas_of(config))
   batch = {"tokens": jnp.asarray(tokens[None], jnp.int32),
            "labels": jnp.asarray(labels[None], jnp.int32)}  # one replica
   return train.train_step_fn(config, model, tx, NUM_CLASSES), state, batch

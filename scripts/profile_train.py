@@ -49,7 +49,7 @@ PARTS = (
 )
 OPTIMIZER = "optimizer update + guard"
 # The HLO name of a model parameter: the params field of the step's first argument, the state
-# (``args_0``, as experiments.train.over_replicas passes the arguments on).
+# (``args_0``, as experiments.replicas.over_replicas passes the arguments on).
 PARAMETER = r"args_0__params__"
 
 

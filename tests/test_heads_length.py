@@ -11,6 +11,7 @@ import pytest
 from configs.ablations import heads_length
 from conftest import load_script
 from experiments import oracles, sweep, train
+from experiments import replicas as replicas_lib
 from scripts import predictions as predictions_lib
 
 pytestmark = pytest.mark.quick
@@ -68,7 +69,7 @@ def test_the_probe_finds_a_head_per_maximum_in_the_oracle(data_dir):
                                 dict(heads_length.get_config().variants)["h4_T8"])
   config.data_dir = data_dir
   config.task_options.update(num_train=1, num_test=256)
-  task, model, _, _ = train.setup(config, train.replicas_of(config))
+  task, model, _, _ = train.setup(config, replicas_lib.replicas_of(config))
   params = model.init(jax.random.key(0), task.test.tokens[:1])["params"]
   params = oracles.multi_retrieval(model, params, config.task_options.to_dict())
   share = script.shares(types.SimpleNamespace(config=config, task=task, model=model,

@@ -11,6 +11,7 @@ import pytest
 
 import attention_jax as aj
 from experiments import config_check, train
+from experiments import replicas as replicas_lib
 from training_helpers import set_field
 
 pytestmark = pytest.mark.quick
@@ -47,7 +48,7 @@ def test_the_default_training_step_lowers_with_that_platform_s_attention(platfor
   for field, value in {"data_dir": data_dir, "task_options.num_train": 256,
                        "task_options.num_test": 64}.items():
     set_field(config, field, value)
-  task, model, tx, init = train.setup(config, train.replicas_of(config))
+  task, model, tx, init = train.setup(config, replicas_lib.replicas_of(config))
   m = config.model
   length = task.max_length + (m.pooling == "cls")
   config.model.attention_impl = _chosen(

@@ -39,13 +39,13 @@ RUNS = {
 PROGRAM = r"""
 import json, sys
 sys.path.insert(0, "tests")
-from experiments import hosts, train
+from experiments import hosts, replicas, train
 from test_multihost import RUNS
 from training_helpers import tiny_config
 hosts.initialize(heartbeat_timeout=10)
 for name, (overrides, seeds, grid) in RUNS.items():
   config = tiny_config(sys.argv[2], **overrides)
-  train.train(config, f"{sys.argv[1]}/{name}", train.replicas_of(config, seeds, grid))
+  train.train(config, f"{sys.argv[1]}/{name}", replicas.replicas_of(config, seeds, grid))
 """
 
 
@@ -226,7 +226,7 @@ def test_a_busy_workdir_is_refused_by_every_process_and_nothing_changes(data_dir
 # Process 1 alone sees a full disk once checkpoint 20 exists.
 FULL_ON_ONE = r"""
 import os, shutil, sys
-from experiments import checkpoints, train
+from experiments import checkpoints, cli
 real = shutil.disk_usage
 def full_after_step_20(path):
   usage = real(path)
@@ -235,7 +235,7 @@ def full_after_step_20(path):
 if os.environ["JAX_PROCESS_ID"] == "1":
   checkpoints.shutil.disk_usage = full_after_step_20
 sys.argv = ["experiments.train"] + sys.argv[1:]
-train.main()
+cli.main()
 """
 
 

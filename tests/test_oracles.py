@@ -8,6 +8,7 @@ import pytest
 
 import attention_jax as aj
 from experiments import input_pipeline, oracles, steps, tasks, train
+from experiments import replicas as replicas_lib
 from training_helpers import tiny_config
 
 OPTIONS = {"num_train": 1, "num_test": 256}
@@ -23,7 +24,7 @@ def _model(data_dir, task_name, options, **model):
   """The trainer's model of ``task_name`` with ``model`` overrides, its task and initial params."""
   config = tiny_config(data_dir, task=task_name, **{f"model.{k}": v for k, v in model.items()})
   config.task_options = {**options, **OPTIONS}
-  task, net, _, _ = train.setup(config, train.replicas_of(config))
+  task, net, _, _ = train.setup(config, replicas_lib.replicas_of(config))
   params = net.init(jax.random.key(0), task.test.tokens[:1])["params"]
   return task, net, params
 
@@ -95,7 +96,7 @@ def _started(data_dir, noise, beta=30.0, d_model=48, seeds=2):
                                           "model.num_layers": 1,
                                           "model.positional_encoding": "none"})
   config.task_options = {**OPTIONS}
-  replicas = train.replicas_of(config, seeds)
+  replicas = replicas_lib.replicas_of(config, seeds)
   task, model, _, init = train.setup(config, replicas)
   state = init()
   return task, model, [jax.tree.map(lambda x, r=r: x[r], state.params) for r in range(seeds)]

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import load_script
 from experiments import input_pipeline, logbook, report_tables, steps, sweep, sweep_report, train
-from experiments import verdicts
+from experiments import interrupts, verdicts
+from experiments import replicas as replicas_lib
 from experiments import workdir as workdir_lib
 from training_helpers import EIGHT_CPU_DEVICES, GRID, ROOT, TINY, tiny_config
 
@@ -41,7 +42,8 @@ def group(data_dir, tmp_path_factory):
   """Seeds 0 and 1 of the tiny config at two learning rates: four replicas trained together."""
   workdir = str(tmp_path_factory.mktemp("group"))
   config = tiny_config(data_dir)
-  return workdir, train.train(config, workdir, train.replicas_of(config, 2, GRID), probes=True)
+  return workdir, train.train(config, workdir, replicas_lib.replicas_of(config, 2, GRID),
+                              probes=True)
 
 
 def test_vmapped_replicas_equal_training_each_alone(group, data_dir, tmp_path):
@@ -66,11 +68,11 @@ def test_vmapped_replicas_equal_training_each_alone(group, data_dir, tmp_path):
 def test_eight_simulated_devices_shard_the_replicas_and_follow_one_device(group, data_dir,
                                                                          tmp_path):
   workdir, _ = group
-  code = ("import sys; import jax; from experiments import train;"
+  code = ("import sys; import jax; from experiments import replicas, train;"
           "from tests.training_helpers import GRID, tiny_config;"
           "assert jax.device_count() == 8; config = tiny_config(sys.argv[1]);"
-          "assert dict(train.device_mesh(4).shape) == {'replica': 4, 'data': 2, 'sequence': 1};"
-          "train.train(config, sys.argv[2], train.replicas_of(config, 2, GRID))")
+          "assert dict(replicas.device_mesh(4).shape) == {'replica': 4, 'data': 2, 'sequence': 1};"
+          "train.train(config, sys.argv[2], replicas.replicas_of(config, 2, GRID))")
   subprocess.run([sys.executable, "-c", code, data_dir, str(tmp_path)], cwd=ROOT,
                  env={**os.environ, **EIGHT_CPU_DEVICES}, check=True, capture_output=True)
   for index in range(4):
@@ -100,7 +102,7 @@ def test_a_sweep_with_a_grid_survives_sigterm_and_a_busy_workdir(group, data_dir
       os.kill(os.getpid(), signal.SIGTERM)
     return batch(self, step)
   monkeypatch.setattr(input_pipeline.TrainBatches, "batch", terminated_at_step_6)
-  with pytest.raises(train.Interrupted, match="SIGTERM at step 6: checkpoint saved"):
+  with pytest.raises(interrupts.Interrupted, match="SIGTERM at step 6: checkpoint saved"):
     sweep.run_sweep(config, str(tmp_path))
   variant = tmp_path / "variants" / "base"
   assert sorted(os.listdir(variant / "checkpoints")) == ["2", "4", "6"]

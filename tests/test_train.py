@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from experiments import config_check, logbook, steps, train
+from experiments import replicas as replicas_lib
 from training_helpers import EIGHT_CPU_DEVICES, ROOT, command, set_field, tiny_config
 
 
@@ -91,11 +92,12 @@ def test_eight_simulated_devices_follow_the_one_device_trajectory(reference_run,
   """Eight devices over the batch, then (mesh.sequence=4) two over the batch and four along the
   sequence, with context-parallel ring attention: the one-device run's metrics, step by step."""
   workdir, _ = reference_run
-  code = ("import sys; from experiments import train; from tests.training_helpers import tiny_config;"
+  code = ("import sys; from experiments import replicas, train;"
+          "from tests.training_helpers import tiny_config;"
           "import jax; assert jax.device_count() == 8;"
           "train.train_and_evaluate(tiny_config(sys.argv[1]), sys.argv[2] + '/data');"
           "config = tiny_config(sys.argv[1], **{'mesh.sequence': 4});"
-          "assert train.device_mesh(1, 0, 4).shape == {'replica': 1, 'data': 2, 'sequence': 4};"
+          "assert replicas.device_mesh(1, 0, 4).shape == {'replica': 1, 'data': 2, 'sequence': 4};"
           "train.train_and_evaluate(config, sys.argv[2] + '/sequence')")
   env = {**os.environ, **EIGHT_CPU_DEVICES}
   result = subprocess.run([sys.executable, "-c", code, data_dir, str(tmp_path)], cwd=ROOT,
@@ -202,7 +204,7 @@ def test_a_diverging_replica_is_frozen_and_the_others_train_on(data_dir, tmp_pat
   """A grid with one learning rate that diverges: that replica is marked with its step and NaN
   evaluations; the other one trains exactly as it would alone."""
   config = tiny_config(data_dir, grad_clip_norm=0.0, schedule="constant")
-  replicas = train.replicas_of(config, 1, {"learning_rate": (1e-3, 1e30)})
+  replicas = replicas_lib.replicas_of(config, 1, {"learning_rate": (1e-3, 1e30)})
   result = train.train(config, str(tmp_path / "grid"), replicas)
   assert result["diverged_at"][0] == 0 and result["diverged_at"][1] > 0
   assert np.isnan(result["eval_accuracy"][1]) and np.isnan(result["eval_loss"][1])
