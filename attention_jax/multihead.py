@@ -425,36 +425,55 @@ def projection_specs(kernel_shape, input_dims: int, *, use_bias: bool, kernel_in
   return specs
 
 
-def parameter_specs(d_in: int, d_k: int, d_v: int, d_out: int, *, num_heads: int,
-                    num_kv_heads: int, head_dim: int, fused_qkv: bool, normalize_qk: bool,
-                    use_bias: bool, kernel_init, bias_init, out_kernel_init=None,
-                    out_bias_init=None, query_kernel_init=None,
-                    head_variant=None) -> dict[str, dict[str, tuple]]:
-  """{group: {name: (shape, initializer)}}: a layer's parameters as the module docstring lays
-  them out, in flax's order (the order NNX draws them in); both shells declare these ("temperature",
-  with scale="learned", is one array that each declares itself)."""
-  variant = variant_of(head_variant)
+#: What a layer is built and run with: the Linen module's attributes, which the NNX module keeps
+#: from its arguments of the same names; ``parameter_specs`` and ``shell_step`` read them.
+SETTINGS = ("num_heads", "qkv_features", "out_features", "num_kv_heads", "fused_qkv",
+            "normalize_qk", "use_bias", "kernel_init", "bias_init", "out_kernel_init",
+            "out_bias_init", "query_kernel_init", "head_variant", "scale", "qk_transform",
+            "broadcast_dropout", "implementation", "attention_fn", "dtype", "precision",
+            "empty_rows", "dropout_rate")
+
+
+def parameter_specs(layer, d_in: int, d_k: int, d_v: int) -> dict:
+  """{group: {name: (shape, initializer)}}, and "temperature": (shape, initializer) with
+  scale="learned": the parameters of ``layer`` (its ``SETTINGS``) for inputs of widths D_in,
+  D_k, D_v, as the module docstring lays them out, in flax's order (the order NNX draws them
+  in). Unknown scales and head counts fail here, before any parameter is made.
+
+  >>> parameter_specs(MultiHeadAttention(num_heads=4, num_kv_heads=2), 16, 16, 16)["key"]
+  {'kernel': ((16, 2, 4), <function ...>), 'bias': ((2, 4), <function ...>)}
+  """
+  num_heads, variant = layer.num_heads, variant_of(layer.head_variant)
+  head_dim = head_dim_of(layer.qkv_features or d_in, num_heads)
+  resolve_scale(layer.scale, head_dim)
+  num_kv_heads = check_heads(num_heads, layer.num_kv_heads, layer.fused_qkv)
   variant.check(num_heads=num_heads, head_dim=head_dim)
   projection = lambda shape, input_dims=1, out=False, init=None: projection_specs(
-      shape, input_dims, use_bias=use_bias,
-      kernel_init=init or (out and out_kernel_init) or kernel_init,
-      bias_init=(out and out_bias_init) or bias_init)
+      shape, input_dims, use_bias=layer.use_bias,
+      kernel_init=init or (out and layer.out_kernel_init) or layer.kernel_init,
+      bias_init=(out and layer.out_bias_init) or layer.bias_init)
   heads, kv_heads = (num_heads, head_dim), (num_kv_heads, head_dim)
-  if fused_qkv:
-    if query_kernel_init is not None:
+  if layer.fused_qkv:
+    if layer.query_kernel_init is not None:
       raise ValueError("query_kernel_init needs separate projections: W_Q is one slice of the "
                        "fused qkv kernel; use fused_qkv=False.")
     specs = {"qkv": projection((d_in, 3) + heads)}  # [D_in, 3, N, H]
   else:
-    specs = {"query": projection((d_in,) + heads, init=query_kernel_init),
+    specs = {"query": projection((d_in,) + heads, init=layer.query_kernel_init),
              "key": projection((d_k,) + kv_heads),
              "value": projection((d_v,) + kv_heads)}  # [D, N or K, H]
-  if normalize_qk:
+  if layer.normalize_qk:
     specs["query_ln"] = specs["key_ln"] = {
         "scale": ((variant.key_width(head_dim),), jax.nn.initializers.ones)}
+  d_out = layer.out_features or d_in
   specs["out"] = projection((num_heads, variant.head_width(head_dim), d_out), 2, out=True)
   own = variant.params(in_features=d_in, num_heads=num_heads, head_dim=head_dim)
-  return {**specs, variant.name: own} if own else specs
+  if own:
+    specs[variant.name] = own
+  if layer.scale == "learned":  # a constant, drawn from no key
+    initial = resolve_scale("learned", head_dim)
+    specs["temperature"] = ((num_heads,), nn.initializers.constant(initial))
+  return specs
 
 
 def empty_cache(params, inputs, *, dtype=None, head_variant=None) -> kv_cache.KVCache:
@@ -472,21 +491,22 @@ def empty_cache(params, inputs, *, dtype=None, head_variant=None) -> kv_cache.KV
   return kv_cache.KVCache(zeros(key), zeros(value), jnp.array(0, jnp.int32))
 
 
-def shell_step(layer, params, inputs_q, inputs_k, inputs_v, **call) -> Step:
-  """The step that a Linen or NNX shell runs: its settings (its attributes scale, qk_transform,
-  broadcast_dropout, implementation, attention_fn, dtype, precision, head_variant, empty_rows)
-  and the call's arguments."""
+def shell_step(layer, params, inputs_q, inputs_k, inputs_v, *, dropout_rng, **call) -> Step:
+  """The step that a Linen or NNX shell runs: its ``SETTINGS``, its dropout_rate where the call
+  has a ``dropout_rng`` (None: no dropout), and the call's other arguments."""
   settings = {name: getattr(layer, name) for name in (
       "scale", "qk_transform", "broadcast_dropout", "implementation", "attention_fn", "dtype",
       "precision", "head_variant")}
-  if layer.empty_rows != "mean":
+  if layer.empty_rows != "mean":  # the default, which an attention_fn need not take
     settings["empty_rows"] = layer.empty_rows
-  return multi_head_attention_step(params, inputs_q, inputs_k, inputs_v, **settings, **call)
+  dropout_rate = layer.dropout_rate if dropout_rng is not None else 0.0
+  return multi_head_attention_step(params, inputs_q, inputs_k, inputs_v, dropout_rate=dropout_rate,
+                                   dropout_rng=dropout_rng, **settings, **call)
 
 
 class _Params(nn.Module):
-  """Holds parameters declared by specs ((name, shape, initializer), ...) and hands them back
-  as {name: array}: a projection's kernel and bias, a QK-norm's scale, a head variant's own."""
+  """Holds the parameters of one group of ``parameter_specs``, given as ((name, shape,
+  initializer), ...), and hands them back as {name: array}."""
   specs: Any
   param_dtype: Any
 
@@ -578,23 +598,14 @@ class MultiHeadDotProductAttention(nn.Module):
   empty_rows: str = "mean"
   query_kernel_init: Callable | None = None  # W_Q's own initializer (None: kernel_init)
 
-  def _parameters(self, d_in: int, d_k: int, d_v: int, head_dim: int):
-    specs = parameter_specs(
-        d_in, d_k, d_v, self.out_features or d_in, num_heads=self.num_heads,
-        num_kv_heads=check_heads(self.num_heads, self.num_kv_heads, self.fused_qkv),
-        head_dim=head_dim, fused_qkv=self.fused_qkv, normalize_qk=self.normalize_qk,
-        use_bias=self.use_bias, kernel_init=self.kernel_init, bias_init=self.bias_init,
-        out_kernel_init=self.out_kernel_init, out_bias_init=self.out_bias_init,
-        query_kernel_init=self.query_kernel_init, head_variant=self.head_variant)
-    params = {name: _Params(tuple((key, shape, init) for key, (shape, init) in group.items()),
-                            self.param_dtype, name=name)() for name, group in specs.items()}
-    if self.scale == "learned":
-      params["temperature"] = self.param(
-          "temperature", nn.initializers.constant(resolve_scale("learned", head_dim)),
-          (self.num_heads,), self.param_dtype)
-    return params
+  def _parameters(self, d_in: int, d_k: int, d_v: int):
+    specs = parameter_specs(self, d_in, d_k, d_v)
+    return {name: _Params(tuple((key, *spec) for key, spec in group.items()), self.param_dtype,
+                          name=name)() if isinstance(group, dict) else
+            self.param(name, group[1], group[0], self.param_dtype)
+            for name, group in specs.items()}
 
-  def _cache(self, params, inputs_q, inputs_k, inputs_v):
+  def _cache(self, params, inputs_k):
     """The cache while decoding (None at init, which makes it), and a function that stores one."""
     if not self.decode:
       return None, None
@@ -627,21 +638,18 @@ class MultiHeadDotProductAttention(nn.Module):
                          "flax's older name for the two together).")
       inputs_k = inputs_kv
     inputs_k, inputs_v = key_value_inputs(inputs_q, inputs_k, inputs_v)
-    head_dim = head_dim_of(self.qkv_features or inputs_q.shape[-1], self.num_heads)
-    resolve_scale(self.scale, head_dim)  # an unknown name fails before any parameter is made
-    params = self._parameters(inputs_q.shape[-1], inputs_k.shape[-1], inputs_v.shape[-1],
-                              head_dim)
-    dropout_rate = 0.0
-    if self.dropout_rate > 0.0:  # deterministic is asked for only with dropout, as flax
-      if not nn.merge_param("deterministic", self.deterministic, deterministic):
-        dropout_rate = self.dropout_rate
-        dropout_rng = self.make_rng("dropout") if dropout_rng is None else dropout_rng
-    cache, store = self._cache(params, inputs_q, inputs_k, inputs_v)
+    params = self._parameters(inputs_q.shape[-1], inputs_k.shape[-1], inputs_v.shape[-1])
+    # deterministic is asked for only with dropout, as flax
+    if self.dropout_rate <= 0.0 or nn.merge_param("deterministic", self.deterministic,
+                                                  deterministic):
+      dropout_rng = None
+    elif dropout_rng is None:
+      dropout_rng = self.make_rng("dropout")
+    cache, store = self._cache(params, inputs_k)
     sow = self.is_mutable_collection("intermediates") if sow_weights is None else sow_weights
     step = shell_step(self, params, inputs_q, inputs_k, inputs_v, mask=mask, bias=bias,
-                      is_causal=is_causal, dropout_rate=dropout_rate,
-                      dropout_rng=dropout_rng if dropout_rate > 0.0 else None, cache=cache,
-                      return_maps=sow, **attention_args)
+                      is_causal=is_causal, dropout_rng=dropout_rng, cache=cache, return_maps=sow,
+                      **attention_args)
     if step.cache is not None:
       store(step.cache)
     for collection, records in step.records.items():  # sown where the collection is mutable

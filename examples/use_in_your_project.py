@@ -3,7 +3,8 @@
   python examples/use_in_your_project.py
 
 0. an NNX model of your own with attention_jax.nnx's MultiHeadAttention and a positional encoding
-   chosen by name, its attention maps captured, and its weights moved to the Linen twin;
+   chosen by name (from nnx_encoder.py, beside this file), its attention maps captured, and an NNX
+   classifier's weights moved to the Linen twin;
 1. dot_product_attention inside your own jit and vmap (and grad);
 2. MultiHeadAttention dropped into your own Flax Linen model, the positional encoding by name;
 3. the attention weights of that model, captured without changing its output.
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 
 import attention_jax as aj
 from attention_jax import nnx as ajnnx
+import nnx_encoder  # examples/nnx_encoder.py: the NNX encoder and positional encodings
 
 
 # 0. Flax NNX: your own module holding attention_jax's NNX attention.
@@ -25,8 +27,8 @@ class NnxTagger(nnx.Module):
   def __init__(self, *, vocab_size=100, d_model=64, num_heads=4, num_classes=5, max_length=32,
                encoding="rope", rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab_size, d_model, rngs=rngs)
-    self.position = ajnnx.positional_encoding(encoding, max_length=max_length, d_model=d_model,
-                                              num_heads=num_heads, rngs=rngs)
+    self.position = nnx_encoder.positional_encoding(
+        encoding, max_length=max_length, d_model=d_model, num_heads=num_heads, rngs=rngs)
     self.attention = ajnnx.MultiHeadAttention(num_heads, d_model,
                                               qk_transform=self.position.rotate, rngs=rngs)
     self.norm = nnx.LayerNorm(d_model, rngs=rngs)
@@ -45,8 +47,8 @@ tagger = NnxTagger(rngs=nnx.Rngs(0))
 print("0. NNX tagger under nnx.jit:", nnx.jit(lambda model, t: model(t))(tagger, tokens).shape)
 _, maps = nnx.capture(tagger, nnx.Intermediate)(tokens)
 print("   captured attention weights [B, N, T, S]:", maps["attention"]["attention_weights"][0].shape)
-classifier = ajnnx.SequenceClassifier(aj.EncoderConfig(vocab_size=100, d_model=32, num_heads=4,
-                                                       num_classes=3), rngs=nnx.Rngs(1))
+classifier = nnx_encoder.SequenceClassifier(
+    aj.EncoderConfig(vocab_size=100, d_model=32, num_heads=4, num_classes=3), rngs=nnx.Rngs(1))
 linen_twin = aj.SequenceClassifier(classifier.config)  # the same model in Linen, same weights
 same = jnp.allclose(linen_twin.apply({"params": ajnnx.linen_params(classifier)}, tokens),
                     classifier(tokens), atol=1e-6)

@@ -14,6 +14,7 @@ from attention_jax import head_variants as hv
 from attention_jax import nnx as ajnnx
 from attention_jax import variants
 from attention_jax.variants import dcmha
+from examples import nnx_encoder  # the NNX encoder, an example on the library
 from conftest import assert_close
 
 D_IN, HEADS, T = 12, 4, 6
@@ -295,7 +296,7 @@ def test_linen_and_nnx_hold_the_same_tree_and_compute_the_same(name):
   tokens = jnp.array([[1, 2, 3, 4, 5, 6], [7, 8, 9, 0, 0, 0]])
   linen = aj.TokenClassifier(config)
   variables = linen.init(jax.random.key(0), tokens)
-  model = ajnnx.load_linen_params(ajnnx.TokenClassifier(config, rngs=nnx.Rngs(1)),
+  model = ajnnx.load_linen_params(nnx_encoder.TokenClassifier(config, rngs=nnx.Rngs(1)),
                                   variables["params"])
   assert_close(model(tokens), linen.apply(variables, tokens), rtol=1e-5)
 

@@ -1,6 +1,8 @@
-"""The NNX shells against their Linen twins (same parameter trees, same outputs given the same
-weights), flax.nnx.MultiHeadAttention, captured attention maps, dropout and NNX transforms."""
+"""The NNX shells and the NNX encoder of examples/nnx_encoder.py against their Linen twins (same
+parameter trees, same outputs given the same weights), flax.nnx.MultiHeadAttention, captured
+attention maps, dropout and NNX transforms."""
 
+import doctest
 import pathlib
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from flax import nnx
 
 import attention_jax as aj
 from attention_jax import nnx as ajnnx
+from examples import nnx_encoder  # the NNX encoder, an example on the library
 from conftest import assert_close
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -61,8 +64,8 @@ CONFIGS = [
     dict(positional_encoding="alibi", pre_layer_norm=True, pooling="mean", attention_scale=0.3,
          head_dim=4),
 ]
-SEQUENCE = (aj.SequenceClassifier, ajnnx.SequenceClassifier)
-TOKEN = (aj.TokenClassifier, ajnnx.TokenClassifier)
+SEQUENCE = (aj.SequenceClassifier, nnx_encoder.SequenceClassifier)
+TOKEN = (aj.TokenClassifier, nnx_encoder.TokenClassifier)
 HEADS = [SEQUENCE, SEQUENCE, TOKEN, SEQUENCE, SEQUENCE, SEQUENCE]  # the (Linen, NNX) pair for each config
 
 
@@ -89,14 +92,14 @@ def test_classifiers_hold_the_linen_parameter_tree_and_compute_the_same_logits(o
 
 
 def test_every_positional_encoding_has_an_nnx_twin_and_is_compared_above():
-  assert ajnnx.POSITIONAL_ENCODINGS.keys() == aj.POSITIONAL_ENCODINGS.keys()
+  assert nnx_encoder.POSITIONAL_ENCODINGS.keys() == aj.POSITIONAL_ENCODINGS.keys()
   assert {o["positional_encoding"] for o in CONFIGS} == set(aj.POSITIONAL_ENCODINGS)
 
 
 def test_parameter_names_are_those_of_the_linen_modules():
   config = aj.EncoderConfig(**SMALL, positional_encoding="learned", pre_layer_norm=True,
                             normalize_qk=True, attention_scale="learned")
-  params = ajnnx.linen_params(ajnnx.SequenceClassifier(config, rngs=_rngs(0)))
+  params = ajnnx.linen_params(nnx_encoder.SequenceClassifier(config, rngs=_rngs(0)))
   assert set(params) == {"encoder", "logits"}
   assert set(params["encoder"]) == {"embed", "cls", "positional", "block_0", "block_1",
                                     "final_norm"}
@@ -158,7 +161,7 @@ def test_captured_attention_maps_equal_linen_and_leave_the_output_unchanged():
   # Through a whole model, under nnx.jit: the maps sit where Linen sows them.
   config = aj.EncoderConfig(**SMALL, **CONFIGS[0])
   linen_model = aj.SequenceClassifier(config)
-  nnx_model = ajnnx.SequenceClassifier(config, rngs=_rngs(0))
+  nnx_model = nnx_encoder.SequenceClassifier(config, rngs=_rngs(0))
   variables = {"params": _perturbed(ajnnx.linen_params(nnx_model))}
   ajnnx.load_linen_params(nnx_model, variables)
   forward = nnx.jit(nnx.capture(lambda m, tokens: m(tokens), nnx.Intermediate))
@@ -206,7 +209,7 @@ def test_multi_head_attention_equals_flax_nnx_multi_head_attention():
 
 def test_dropout_draws_from_the_rngs_and_deterministic_mode_ignores_it():
   config = aj.EncoderConfig(**SMALL, **CONFIGS[0])  # dropout_rate and attention's 0.3
-  build = lambda: ajnnx.SequenceClassifier(config, rngs=_rngs(0))
+  build = lambda: nnx_encoder.SequenceClassifier(config, rngs=_rngs(0))
   model = build()
   quiet = model(TOKENS)
   np.testing.assert_array_equal(model(TOKENS, deterministic=True), quiet)
@@ -245,7 +248,7 @@ def test_an_ensemble_built_with_vmap_runs_under_jit_and_vmap():
   @nnx.split_rngs(splits=3)
   @nnx.vmap(in_axes=0, out_axes=0)
   def ensemble(rngs):
-    return ajnnx.SequenceClassifier(config, rngs=rngs)
+    return nnx_encoder.SequenceClassifier(config, rngs=rngs)
 
   @nnx.jit
   @nnx.vmap(in_axes=(0, None))
@@ -267,13 +270,13 @@ def test_an_ensemble_built_with_vmap_runs_under_jit_and_vmap():
 @pytest.mark.parametrize("options", [CONFIGS[3], CONFIGS[2]], ids=["rope-pre_ln", "learned"])
 def test_scan_over_a_vmapped_block_stack_equals_the_unrolled_encoder(options):
   config = aj.EncoderConfig(**SMALL, **options)
-  encoder = ajnnx.TransformerEncoder(config, rngs=_rngs(0))
+  encoder = nnx_encoder.TransformerEncoder(config, rngs=_rngs(0))
   encoder_params = ajnnx.linen_params(encoder)
 
   @nnx.split_rngs(splits=config.num_layers)
   @nnx.vmap(in_axes=0, out_axes=0)
   def stack(rngs):
-    return ajnnx.EncoderBlock(config, rngs=rngs)
+    return nnx_encoder.EncoderBlock(config, rngs=rngs)
 
   blocks = stack(_rngs(1))  # layer axis first: then the encoder's weights, stacked
   ajnnx.load_linen_params(blocks, jax.tree.map(
@@ -295,7 +298,7 @@ def test_scan_over_a_vmapped_block_stack_equals_the_unrolled_encoder(options):
 
 
 def test_weights_that_do_not_fit_and_linen_attention_modules_are_refused():
-  small = ajnnx.TransformerEncoder(aj.EncoderConfig(**SMALL), rngs=_rngs(0))
+  small = nnx_encoder.TransformerEncoder(aj.EncoderConfig(**SMALL), rngs=_rngs(0))
 
   def linen_variables(**changes):  # zeros of the shapes a Linen encoder would make
     linen = aj.TransformerEncoder(aj.EncoderConfig(**{**SMALL, **changes}))
@@ -308,7 +311,19 @@ def test_weights_that_do_not_fit_and_linen_attention_modules_are_refused():
     ajnnx.load_linen_params(small, linen_variables(mlp_dim=64))
   linen_attention = aj.EncoderConfig(**SMALL, attention_module=aj.MultiHeadAttention)
   with pytest.raises(ValueError, match="attention_module"):
-    ajnnx.TransformerEncoder(linen_attention, rngs=_rngs(0))
+    nnx_encoder.TransformerEncoder(linen_attention, rngs=_rngs(0))
+
+
+def test_the_example_s_docstrings_run_and_its_blocks_scale_w_q_as_linen_s():
+  flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+  results = doctest.testmod(nnx_encoder, optionflags=flags)
+  assert results.attempted and not results.failed
+  # query_init_scale: lecun normal's draw times the scale, as the Linen block's query_kernel_init
+  kernels = [ajnnx.linen_params(nnx_encoder.EncoderBlock(
+      aj.EncoderConfig(**SMALL, query_init_scale=scale), rngs=_rngs(0)))["attention"]["query"]
+             for scale in (1.0, 0.01)]
+  assert_close(kernels[1]["kernel"], 0.01 * kernels[0]["kernel"], 1e-6)
+  np.testing.assert_array_equal(kernels[1]["bias"], kernels[0]["bias"])
 
 
 def test_the_package_imports_the_nnx_shells_only_when_asked():

@@ -18,6 +18,7 @@ import attention_jax as aj
 from attention_jax import multihead
 from attention_jax import nnx as ajnnx
 from attention_jax import variants
+from examples import nnx_encoder  # the NNX encoder, an example on the library
 from conftest import assert_close
 
 D_IN, HEADS, T = 16, 4, 6
@@ -98,7 +99,7 @@ def test_linen_and_nnx_hold_the_same_tree_and_compute_and_record_the_same(name):
   tokens = jnp.array([[1, 2, 3, 4, 5, 6], [7, 8, 9, 0, 0, 0]])
   linen = aj.TokenClassifier(config)
   variables = linen.init(jax.random.key(0), tokens)
-  model = ajnnx.load_linen_params(ajnnx.TokenClassifier(config, rngs=nnx.Rngs(1)),
+  model = ajnnx.load_linen_params(nnx_encoder.TokenClassifier(config, rngs=nnx.Rngs(1)),
                                   variables["params"])
   assert_close(model(tokens), linen.apply(variables, tokens), rtol=1e-5)
 
@@ -385,7 +386,7 @@ def test_nnx_records_moh_load_balancing_without_the_maps_as_linen_does():
   linen = aj.TokenClassifier(config)
   params = linen.init(jax.random.key(0), tokens)["params"]
   _, sown = linen.apply({"params": params}, tokens, mutable=variants.LOSSES)
-  model = ajnnx.load_linen_params(ajnnx.TokenClassifier(config, rngs=nnx.Rngs(1)), params)
+  model = ajnnx.load_linen_params(nnx_encoder.TokenClassifier(config, rngs=nnx.Rngs(1)), params)
   _, losses = nnx.capture(model, ajnnx.Losses)(tokens)
   assert_close(variants.auxiliary_loss({"losses": nnx.to_pure_dict(losses)}),
                variants.auxiliary_loss(sown), rtol=1e-6)
