@@ -4,7 +4,6 @@ Depends only on jax, flax, chex and numpy.
 """
 
 from attention_jax import diagnostics
-from attention_jax import head_variants
 from attention_jax import variants
 from attention_jax.attention import IMPLEMENTATIONS
 from attention_jax.attention import dot_product_attention
@@ -24,7 +23,6 @@ from attention_jax.encoder import EncoderConfig
 from attention_jax.encoder import SequenceClassifier
 from attention_jax.encoder import TokenClassifier
 from attention_jax.encoder import TransformerEncoder
-from attention_jax.head_variants import HeadVariant
 from attention_jax.masks import causal_mask
 from attention_jax.masks import combine_masks
 from attention_jax.masks import lengths_to_valid

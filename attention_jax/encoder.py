@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 
+from attention_jax import attention
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
@@ -50,7 +52,8 @@ class EncoderConfig:
   input_features: int | None = None     # F: inputs are vectors [B, T, F], embedded linearly
   positional_encoding: str = "sinusoidal"  # a name in positional.POSITIONAL_ENCODINGS
   attention_scale: float | str = "inv_sqrt"  # a number or a name in multihead.SCALES
-  head_dim: int = 0                     # d_k; 0 = d_model / num_heads (the paper)
+  head_dim: int = 0                     # d_k of every head; 0: d_model / num_heads (the paper),
+                                        # resolved when the config is built
   normalize_qk: bool = False            # LayerNorm on each head's queries and keys (QK-norm)
   query_init_scale: float = 1.0         # W_Q's initial values x this (e.g. d_k^-1/2 unscaled)
   dropout_rate: float = 0.1
@@ -60,61 +63,104 @@ class EncoderConfig:
   pad_id: int = 0                       # token id of padding
   num_classes: int = 2                  # classifier only
   pooling: str = "cls"                  # classifier only: "cls" token or masked "mean"
-  # Head variants (attention_jax/variants/): a name in variants.REGISTRY, MoH's shared heads and
-  # routed top-k (-1: N // 2 and N // 4), overlapping heads' per-layer overlap schedule.
+  # A head variant (attention_jax/variants/): a registered name or "package.module:Class", and
+  # its options as one mapping, e.g. {"shared_heads": 2} for MoH or {"schedule": "half_index"}
+  # for overlapping heads (held as sorted (name, value) pairs, so the config stays hashable).
   head_variant: str = "mha"
-  moh_shared_heads: int = -1
-  moh_routed_heads: int = -1
-  overlap_schedule: str = "index"       # a name in variants.overlap.SCHEDULES (MOHSA's)
+  head_variant_options: Any = ()
+  # Deprecated for one release: MoH's and overlapping heads' options before head_variant_options.
+  moh_shared_heads: dataclasses.InitVar[int | None] = None
+  moh_routed_heads: dataclasses.InitVar[int | None] = None
+  overlap_schedule: dataclasses.InitVar[str | None] = None
   # The self-attention module class; None = MultiHeadAttention. Another class must take the same
   # constructor fields (num_heads, scale, dropout_rate, implementation, qk_transform) and call
   # signature (x, mask=, bias=, deterministic=), e.g. a wrapper of flax's attention; it also gets
-  # qkv_features= (N * head_dim) when head_dim is set, normalize_qk=True when that is, and
+  # qkv_features= (N * head_dim) when that is not d_model, normalize_qk=True when set, and
   # query_kernel_init when query_init_scale is not 1.
   attention_module: Any = None
   # Replaces dot_product_attention in every layer (same signature), e.g.
   # context_parallel.ContextParallel(mesh, "sequence") for a sequence sharded over devices.
   attention_fn: Any = None
 
-  def __post_init__(self):
+  def __post_init__(self, moh_shared_heads, moh_routed_heads, overlap_schedule):
     if self.head_dim < 0:
       raise ValueError(f"head_dim must be positive (or 0 for d_model / num_heads), got "
                        f"{self.head_dim}.")
-    multihead.resolve_scale(self.attention_scale, self.key_dim)
+    if not self.head_dim:
+      object.__setattr__(self, "head_dim", multihead.head_dim_of(
+          self.d_model, self.num_heads, name="d_model", fix="or set head_dim"))
+    elif self.num_heads <= 0:
+      raise ValueError(f"num_heads must be positive, got {self.num_heads}.")
+    object.__setattr__(self, "head_variant_options", _variant_options(
+        self.head_variant_options, shared_heads=moh_shared_heads, routed_heads=moh_routed_heads,
+        schedule=overlap_schedule))
+    _named("attention_scale", multihead.resolve_scale, self.attention_scale, self.head_dim)
     if not self.query_init_scale > 0:
       raise ValueError(f"query_init_scale must be positive, got {self.query_init_scale}.")
-    if self.positional_encoding == "rope" and self.key_dim % 2:
-      raise ValueError(f"rope rotates pairs of dimensions, so d_k must be even, got "
-                       f"d_k={self.key_dim}.")
-    positional.positional_encoding(self.positional_encoding, max_length=1, num_heads=1)
+    if self.positional_encoding == "rope" and self.head_dim % 2:
+      raise ValueError(f"positional_encoding='rope' rotates pairs of dimensions, so d_k must be "
+                       f"even, got d_k={self.head_dim}; use fewer heads, an even head_dim, or "
+                       "another encoding.")
+    _named("positional_encoding", positional.positional_encoding, self.positional_encoding,
+           max_length=1, num_heads=1)
+    if self.attention_impl not in (None,) + attention.IMPLEMENTATIONS:
+      raise ValueError(f"attention_impl must be None (automatic) or one of "
+                       f"{list(attention.IMPLEMENTATIONS)}, got {self.attention_impl!r}.")
     if self.pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}.")
     for name in ("dropout_rate", "attention_dropout_rate"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}.")
-    sizes = ("num_layers", "mlp_dim", "max_length", "num_classes")
+    sizes = ("d_model", "num_layers", "mlp_dim", "max_length", "num_classes")
     sizes += ("vocab_size",) if self.input_features is None else ("input_features",)
     for name in sizes:
       if getattr(self, name) <= 0:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}.")
-    # an unknown name or schedule fails here, as do head counts or widths a variant cannot use
-    self.head_variant_of(0).check(num_heads=self.num_heads, head_dim=self.key_dim)
+    # an unknown name or option fails here, as do head counts or widths a variant cannot use
+    variant = _named(f"head_variant={self.head_variant!r} with head_variant_options="
+                     f"{dict(self.head_variant_options)}", self.head_variant_of, 0)
+    _named(f"head_variant={self.head_variant!r}", variant.check, num_heads=self.num_heads,
+           head_dim=self.head_dim)
+    if variant.forms_maps and self.attention_impl not in (None, "reference"):
+      raise ValueError(f"head_variant={self.head_variant!r} forms every head's logits at each "
+                       f"(query, key) pair, which attention_impl={self.attention_impl!r} never "
+                       "forms; use the automatic choice (attention_impl None, '' in a run config) or "
+                       "'reference'.")
 
   def head_variant_of(self, layer: int) -> variants.base.Variant:
     """The ``variants.Variant`` of block ``layer`` (``Variant()``: plain multi-head attention)."""
-    return variants.layer_variant(
-        self.head_variant, layer=layer, num_layers=self.num_layers,
-        overlap_schedule=self.overlap_schedule, shared_heads=self.moh_shared_heads,
-        routed_heads=self.moh_routed_heads)
+    return variants.layer_variant(self.head_variant, layer=layer, num_layers=self.num_layers,
+                                  **dict(self.head_variant_options))
 
   @property
   def key_dim(self) -> int:
-    """The d_k of every head (head_dim, or d_model / num_heads, which must divide)."""
-    if self.head_dim:
-      if self.num_heads <= 0:
-        raise ValueError(f"num_heads must be positive, got {self.num_heads}.")
-      return self.head_dim
-    return multihead.head_dim_of(self.d_model, self.num_heads)
+    """Deprecated: ``head_dim``, which is now d_k whether given or derived."""
+    warnings.warn("EncoderConfig.key_dim is deprecated; use head_dim (d_k, resolved when the "
+                  "config is built).", DeprecationWarning, stacklevel=2)
+    return self.head_dim
+
+
+def _named(field: str, check, *args, **kwargs):
+  """``check(*args, **kwargs)``, its ValueError's message prefixed with ``field``."""
+  try:
+    return check(*args, **kwargs)
+  except ValueError as error:
+    raise ValueError(f"{field}: {error}") from None
+
+
+def _variant_options(options, **deprecated) -> tuple[tuple[str, Any], ...]:
+  """``head_variant_options`` (a mapping, or (name, value) pairs) as sorted pairs, with the
+  deprecated MoH / overlap fields merged in (each warns once, naming its new place)."""
+  options = dict(options.items() if hasattr(options, "items") else options)
+  old_names = {"shared_heads": "moh_shared_heads", "routed_heads": "moh_routed_heads",
+               "schedule": "overlap_schedule"}
+  for name, value in deprecated.items():
+    if value is not None:
+      warnings.warn(f"EncoderConfig({old_names[name]}=...) is deprecated; use "
+                    f"head_variant_options={{{name!r}: {value!r}}}.", DeprecationWarning,
+                    stacklevel=4)
+      options.setdefault(name, value)
+  return tuple(sorted(options.items()))
 
 
 def inputs_to_valid(inputs, config: EncoderConfig):
@@ -194,7 +240,8 @@ class EncoderBlock(nn.Module):
     cfg = self.config
     attention_module = cfg.attention_module or multihead.MultiHeadAttention
     variant = cfg.head_variant_of(self.layer)
-    options = {**({"qkv_features": cfg.num_heads * cfg.head_dim} if cfg.head_dim else {}),
+    qkv_features = cfg.num_heads * cfg.head_dim
+    options = {**({"qkv_features": qkv_features} if qkv_features != cfg.d_model else {}),
                **({"normalize_qk": True} if cfg.normalize_qk else {}),
                # lecun normal (the default kernel_init) with its standard deviation x the scale
                **({"query_kernel_init": nn.initializers.variance_scaling(

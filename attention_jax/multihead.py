@@ -3,7 +3,7 @@
   head_n = Attention(X_q W_Q^n, X_kv W_K^n, X_kv W_V^n),   MultiHead = Concat(head_1..head_N) W_O
 
 Shape letters: B batch dims, T query length, S key/value length, D_in input width, N heads,
-H = d_model / N head dim (d_k), D_out output width.
+H head dim d_k (qkv_features / N; the paper's d_model / h), D_out output width.
 
 Parameters (the layout of ``flax.linen.MultiHeadDotProductAttention``, so weights transfer)::
 
@@ -69,13 +69,14 @@ def variant_of(head_variant) -> variants.base.Variant:
   return variants.Variant() if head_variant is None else head_variant
 
 
-def head_dim_of(d_model: int, num_heads: int) -> int:
-  """d_k = d_model / h, with a clear error when h does not divide d_model."""
-  if num_heads <= 0 or d_model % num_heads:
-    raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads} "
-                     f"(d_k = d_model / num_heads); choose num_heads among the divisors of "
-                     f"{d_model}.")
-  return d_model // num_heads
+def head_dim_of(width: int, num_heads: int, *, name: str = "qkv_features",
+                fix: str = "") -> int:
+  """d_k = width / h (``width``: all heads together, d_model in the paper), with a one-line
+  error naming ``name`` when h does not divide it."""
+  if num_heads <= 0 or width % num_heads:
+    raise ValueError(f"num_heads={num_heads} must divide {name}={width} (d_k = {name} / "
+                     f"num_heads); choose a divisor of {width}{', ' + fix if fix else ''}.")
+  return width // num_heads
 
 
 def _project(x, params, *, dtype=None, precision=None):

@@ -33,12 +33,18 @@ def get_config():
   config.model.attention_dropout_rate = 0.0  # dropout on attention weights
   config.model.pre_layer_norm = False      # False = post-LN as in the paper
   config.model.pooling = "cls"             # cls | mean (sequence-level tasks)
-  # a name in attention_jax.variants.REGISTRY: mha | talking_heads | dcmha | moh | overlap |
-  # gated | gated_headwise | differential (attention_jax/variants/, one file per variant)
+  # mha (plain), a name in attention_jax.variants.REGISTRY (talking_heads, dcmha, moh, overlap,
+  # gated, differential, sinks, sigmoid, ...: attention_jax/variants/, one file per variant), or
+  # a Variant subclass of your own as "package.module:Class"
   config.model.head_variant = "mha"
-  config.model.moh_shared_heads = -1       # MoH: always-on heads; -1 = num_heads // 2
-  config.model.moh_routed_heads = -1       # MoH: routed top-k per token; -1 = num_heads // 4
-  config.model.overlap_schedule = "index"  # overlapping heads: overlap per layer (MOHSA's)
+  # its options, one mapping of the variant class's fields, e.g. {"shared_heads": 2,
+  # "routed_heads": 1} for moh, {"schedule": "half_index"} for overlap; a key set here in a
+  # config file can then be overridden: --config.model.head_variant_options.shared_heads=4
+  config.model.head_variant_options = ml_collections.ConfigDict()
+  # deprecated, read for one release: use head_variant_options
+  config.model.moh_shared_heads = -1
+  config.model.moh_routed_heads = -1
+  config.model.overlap_schedule = "index"
 
   # The device mesh ("replica", "data", "sequence"). sequence > 1 runs attention context-parallel
   # over that axis (strategy "ring", or "all_gather", which ALiBi's bias needs; the other layers

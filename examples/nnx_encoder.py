@@ -219,7 +219,7 @@ class EncoderBlock(_Dropping):
       query_kernel_init = nnx.initializers.variance_scaling(cfg.query_init_scale ** 2, "fan_in",
                                                             "truncated_normal")
     self.attention = MultiHeadAttention(
-        cfg.num_heads, cfg.d_model, cfg.num_heads * cfg.key_dim,
+        cfg.num_heads, cfg.d_model, cfg.num_heads * cfg.head_dim,
         scale=cfg.attention_scale, dropout_rate=cfg.attention_dropout_rate,
         implementation=cfg.attention_impl, normalize_qk=cfg.normalize_qk,
         attention_fn=cfg.attention_fn,

@@ -18,7 +18,6 @@ from experiments import tasks
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 INITS = ("random", "oracle")  # config.init
-IMPLEMENTATIONS = ("",) + aj.IMPLEMENTATIONS
 
 
 class ConfigError(ValueError):
@@ -45,8 +44,8 @@ def _check_fields(config, reference, prefix=""):
       raise ConfigError(f"unknown config field '{field}'; valid fields here: "
                         f"{sorted(reference.keys())}.")
     value, expected = config[name], reference[name]
-    if field == "task_options":
-      continue
+    if field in ("task_options", "model.head_variant_options"):
+      continue  # the task's or the variant's own options, checked by them
     if hasattr(expected, "keys"):
       if not hasattr(value, "keys"):
         raise ConfigError(f"config field '{field}' must be a group of fields, got {value!r}.")
@@ -89,43 +88,22 @@ def validate(config) -> None:
                       f"{config.task!r} has real-valued targets (mean squared error); set "
                       "label_smoothing=0.")
   model = config.model
-  if model.head_dim < 0:
-    raise ConfigError(f"model.head_dim must be >= 0 (0: d_model / num_heads), got "
-                      f"{model.head_dim}.")
-  if model.num_heads <= 0 or (not model.head_dim and model.d_model % model.num_heads):
-    raise ConfigError(f"model.num_heads={model.num_heads} must divide model.d_model="
-                      f"{model.d_model}; choose a divisor of {model.d_model}, or set "
-                      "model.head_dim.")
-  if model.positional_encoding not in aj.POSITIONAL_ENCODINGS:
-    raise ConfigError(f"model.positional_encoding must be one of "
-                      f"{sorted(aj.POSITIONAL_ENCODINGS)}, got {model.positional_encoding!r}.")
-  key_dim = model.head_dim or model.d_model // model.num_heads
-  if model.positional_encoding == "rope" and key_dim % 2:
-    raise ConfigError(f"model.positional_encoding='rope' rotates pairs of dimensions, so d_k must "
-                      f"be even, got d_k={key_dim}; use fewer heads, an even model.head_dim, or "
-                      "another encoding.")
   attention_scale(model.attention_scale)
-  choices = {"model.attention_impl": (model.attention_impl, IMPLEMENTATIONS),
-             "model.pooling": (model.pooling, aj.encoder.POOLINGS),
-             "model.overlap_schedule": (model.overlap_schedule,
-                                        tuple(aj.variants.overlap.SCHEDULES)),
-             "schedule": (config.schedule, optim.SCHEDULES),
+  encoder_config(config, warn=True)  # the model's own checks, as one-line config errors
+  choices = {"schedule": (config.schedule, optim.SCHEDULES),
              "compute_dtype": (config.compute_dtype, COMPUTE_DTYPES)}
   for field, (value, valid) in choices.items():
     if value not in valid:
       raise ConfigError(f"{field} must be one of {list(valid)}, got {value!r}.")
-  _check_head_variant(config, key_dim)
   required = aj.attention.KERNELS[model.attention_impl].backend if model.attention_impl else None
   if required is not None and required != jax.default_backend():
     raise ConfigError(f"model.attention_impl={model.attention_impl!r} runs only on {required}, "
                       f"and this machine's backend is {jax.default_backend()}; use '' "
                       "(automatic) to let each machine pick its kernel.")
   for field in ("learning_rate", "num_train_steps", "batch_size", "eval_every_steps",
-                "log_every_steps", "checkpoint_every_steps", "keep_checkpoints",
-                "model.d_model", "model.num_layers", "model.mlp_dim"):
-    value = config[field.split(".")[0]] if "." not in field else model[field.split(".")[1]]
-    if value <= 0:
-      raise ConfigError(f"{field} must be positive, got {value}.")
+                "log_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
+    if config[field] <= 0:
+      raise ConfigError(f"{field} must be positive, got {config[field]}.")
   if config.init not in INITS:
     raise ConfigError(f"init must be one of {list(INITS)}, got {config.init!r}.")
   if config.init == "oracle" and config.task not in oracles.ORACLES:
@@ -144,17 +122,15 @@ def validate(config) -> None:
                   f"{config.num_train_steps}: the learning rate never reaches its peak and never "
                   f"decays; set e.g. --config.warmup_steps={config.num_train_steps // 10}.",
                   ConfigWarning, stacklevel=2)
-  for field, value in (("model.dropout_rate", model.dropout_rate),
-                       ("model.attention_dropout_rate", model.attention_dropout_rate),
-                       ("label_smoothing", config.label_smoothing)):
-    if not 0.0 <= value < 1.0:
-      raise ConfigError(f"{field} must be in [0, 1), got {value}.")
+  if not 0.0 <= config.label_smoothing < 1.0:
+    raise ConfigError(f"label_smoothing must be in [0, 1), got {config.label_smoothing}.")
   if config.mesh.sequence < 1 or config.mesh.data < 0:
     raise ConfigError(f"mesh.sequence must be >= 1 and mesh.data >= 0 (0: every device left), "
                       f"got sequence={config.mesh.sequence}, data={config.mesh.data}.")
   if config.mesh.strategy not in aj.context_parallel.STRATEGIES:
     raise ConfigError(f"mesh.strategy must be one of {list(aj.context_parallel.STRATEGIES)}, got "
                       f"{config.mesh.strategy!r}.")
+  _check_head_variant(config)
   if config.mesh.sequence > 1:
     if model.attention_dropout_rate:
       raise ConfigError("mesh.sequence > 1 (context-parallel attention) has no attention dropout; "
@@ -163,35 +139,65 @@ def validate(config) -> None:
       raise ConfigError("ALiBi's bias needs mesh.strategy='all_gather' when mesh.sequence > 1.")
 
 
-def _check_head_variant(config, key_dim: int) -> None:
-  """The variant's own check (head counts and widths it can use), and what it asks of the
-  experiment: a variant that forms every head's maps runs on the reference path only."""
+def _check_head_variant(config) -> None:
+  """What a variant asks of the experiment: its own attention, or arguments (sinks, a
+  normaliser) that context-parallel attention does not serve, need mesh.sequence=1."""
   model = config.model
-  try:
-    variant = aj.variants.variant_class(model.head_variant)
-  except ValueError as error:
-    raise ConfigError(f"model.head_variant: {error}") from None
+  if config.mesh.sequence == 1:
+    return
+  variant = encoder_config(config).head_variant_of(0)
   if variant.forms_maps:
-    if model.attention_impl not in ("", "reference"):
-      raise ConfigError(f"model.head_variant={model.head_variant!r} forms every head's logits at "
-                        f"each (query, key) pair, which {model.attention_impl!r} never forms; use "
-                        "model.attention_impl='' or 'reference'.")
-    if config.mesh.sequence > 1:
-      raise ConfigError(f"model.head_variant={model.head_variant!r} runs its own attention, not "
-                        "context-parallel; set mesh.sequence=1.")
-  try:
-    layer = aj.variants.layer_variant(
-        model.head_variant, layer=0, num_layers=model.num_layers,
-        shared_heads=model.moh_shared_heads, routed_heads=model.moh_routed_heads,
-        overlap_schedule=model.overlap_schedule)
-    layer.check(num_heads=model.num_heads, head_dim=key_dim)
-  except ValueError as error:
-    raise ConfigError(f"model.head_variant={model.head_variant!r} with model.moh_shared_heads / "
-                      f"model.moh_routed_heads / model.overlap_schedule: {error}") from None
-  custom = sorted(set(layer.attention_arguments(None)) & {"sinks", "normalizer"})
-  if custom and config.mesh.sequence > 1:
+    raise ConfigError(f"model.head_variant={model.head_variant!r} runs its own attention, not "
+                      "context-parallel; set mesh.sequence=1.")
+  custom = sorted(set(variant.attention_arguments(None)) & {"sinks", "normalizer"})
+  if custom:
     raise ConfigError(f"model.head_variant={model.head_variant!r} sets {', '.join(custom)}, which "
                       "context-parallel attention does not serve; set mesh.sequence=1.")
+
+
+#: Model fields deprecated for one release, and their place in model.head_variant_options.
+DEPRECATED_MODEL_FIELDS = {"moh_shared_heads": ("shared_heads", -1),
+                           "moh_routed_heads": ("routed_heads", -1),
+                           "overlap_schedule": ("schedule", "index")}
+
+
+def encoder_config(config, task: tasks.Task | None = None, mesh=None, *,
+                   warn: bool = False) -> aj.EncoderConfig:
+  """The model of ``config`` as the library's ``EncoderConfig``, whose own checks are the
+  model's validation: a ValueError it raises becomes a one-line ConfigError naming the config
+  field. ``task`` gives the vocabulary, classes and input features (without one, while
+  validating, the task's own stand in: any task has valid ones); with a "sequence" axis of
+  ``mesh`` longer than 1, attention runs context-parallel over it."""
+  model = config.model
+  options = dict(model.get("head_variant_options", {}))  # absent from older runs' configs
+  for old, (name, default) in DEPRECATED_MODEL_FIELDS.items():
+    if model.get(old, default) != default:
+      if warn:
+        warnings.warn(f"model.{old} is deprecated; set model.head_variant_options.{name}="
+                      f"{model[old]!r} instead.", ConfigWarning, stacklevel=3)
+      options.setdefault(name, model[old])
+  from_task = {} if task is None else dict(
+      vocab_size=task.vocab_size, input_features=task.input_features, pad_id=task.pad_id,
+      num_classes=task.num_classes)
+  sharded = mesh is not None and mesh.shape.get("sequence", 1) > 1
+  try:
+    return aj.EncoderConfig(**{"vocab_size": 1, **from_task},
+        d_model=model.d_model, num_heads=model.num_heads, num_layers=model.num_layers,
+        mlp_dim=model.mlp_dim,
+        max_length=max(model.max_length, 1 if task is None else task.max_length),
+        positional_encoding=model.positional_encoding,
+        attention_scale=attention_scale(model.attention_scale), head_dim=model.head_dim,
+        normalize_qk=model.normalize_qk, query_init_scale=model.query_init_scale,
+        dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
+        pre_layer_norm=model.pre_layer_norm, attention_impl=model.attention_impl or None,
+        pooling=model.pooling, head_variant=model.head_variant, head_variant_options=options,
+        attention_fn=aj.ContextParallel(mesh, "sequence", config.mesh.strategy)
+        if sharded else None)
+  except ValueError as error:
+    message = str(error)
+    field = re.match(r"[a-z_]+", message)
+    in_config = field is not None and field.group() in model
+    raise ConfigError(("model." if in_config else "model: ") + message) from None
 
 
 #: XLA's flags for reproducible GPU steps. On an H200 (jax 0.11.2) either one made a bfloat16

@@ -69,7 +69,7 @@ WIDE_HEAD_SIZES = {
 ALL_SIZES = {**SIZES, **ACCELERATOR_SIZES, **WIDE_HEAD_SIZES}  # by name, for --sizes
 METHODS = ("attention_jax", "flax.linen", "torch", "torch.compile")
 HEAD_VARIANT_METHODS = ("attention_jax",) + tuple(
-    f"attention_jax+{name}" for name in aj.head_variants.VARIANTS if name != "mha")
+    f"attention_jax+{name}" for name in aj.variants.REGISTRY if name != "mha")
 # (batch, length, d_model, heads, layers, mlp) of configs/ablations/head_variants.py's mqar runs,
 # length 8 + a CLS token.
 HEAD_VARIANT_SIZES = {"default": SIZES["default"],
@@ -125,7 +125,7 @@ def jax_step(config, tokens, labels, attention_module=None):
   token ids [B, T - 1] and labels [B]."""
   task = tasks.Task(name="random tokens", train=None, test=None, vocab_size=VOCAB_SIZE,
                     num_classes=NUM_CLASSES, max_length=tokens.shape[1], token_names=())
-  model_config = dataclasses.replace(train.encoder_config(config, task),
+  model_config = dataclasses.replace(config_check.encoder_config(config, task),
                                      attention_module=attention_module)
   model, tx = aj.SequenceClassifier(model_config), optim.optimizer(config)
   state = train.initial_states(model, tx, tokens.shape[1], replicas_lib.replicas_of(config))

@@ -148,7 +148,8 @@ def test_precision_reaches_the_attention_products_by_name(precision, name):
   assert aj.attention.matmul_precision(precision) == name
 
 
-@pytest.mark.parametrize("variant", [aj.HeadVariant("moh"), aj.HeadVariant("overlap", overlap=1)])
+@pytest.mark.parametrize("variant", [aj.variants.get("moh"),
+                                     aj.variants.get("overlap", overlap=1)])
 def test_decoding_with_head_variants_that_keep_per_head_attention(variant):
   """MoH gates each token's heads and overlapping heads widen them: both decode exactly."""
   layer = aj_nnx.MultiHeadAttention(N, D, head_variant=variant, rngs=nnx.Rngs(0))
@@ -164,7 +165,7 @@ def test_decoding_with_head_variants_that_keep_per_head_attention(variant):
 
 @pytest.mark.parametrize("name", ["talking_heads", "dcmha"])
 def test_decoding_refuses_the_mixing_head_variants_in_one_line(name):
-  layer = aj_nnx.MultiHeadAttention(N, D, head_variant=aj.HeadVariant(name), rngs=nnx.Rngs(0))
+  layer = aj_nnx.MultiHeadAttention(N, D, head_variant=aj.variants.get(name), rngs=nnx.Rngs(0))
   layer.init_cache(X.shape)
   with pytest.raises(ValueError, match="mixes every head's weights"):
     layer(X[:, :1], decode=True)

@@ -155,8 +155,9 @@ def test_head_dim_sets_d_k_apart_from_d_model():
   assert attention["query"]["kernel"].shape == (32, 1, 128)  # [D, N, d_k]
   assert attention["out"]["kernel"].shape == (1, 128, 32)
   assert attention["key_ln"]["scale"].shape == (128,)
-  assert config.key_dim == 128
-  with pytest.raises(ValueError, match="divisible by num_heads"):
+  assert config.head_dim == 128
+  assert aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4).head_dim == 8  # d_model / h
+  with pytest.raises(ValueError, match="num_heads=3 must divide d_model=32"):
     aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=3)
   aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=3, head_dim=16)  # fine: d_k is given
 

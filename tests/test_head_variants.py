@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import attention_jax as aj
-from attention_jax import head_variants as hv
 from attention_jax import nnx as ajnnx
 from attention_jax import variants
 from attention_jax.variants import dcmha
@@ -18,11 +17,13 @@ from examples import nnx_encoder  # the NNX encoder, an example on the library
 from conftest import assert_close
 
 D_IN, HEADS, T = 12, 4, 6
+MIXING = [name for name, cls in variants.REGISTRY.items() if cls.forms_maps]
+OPTIONS = {"moh": {"shared_heads": 1, "routed_heads": 2}}  # head_variant_options
 VARIANTS = {
-    "talking_heads": hv.HeadVariant("talking_heads"),
-    "dcmha": hv.HeadVariant("dcmha"),
-    "moh": hv.HeadVariant("moh", shared_heads=1, routed_heads=2),
-    "overlap": hv.HeadVariant("overlap", overlap=2),
+    "talking_heads": variants.get("talking_heads"),
+    "dcmha": variants.get("dcmha"),
+    "moh": variants.get("moh", **OPTIONS["moh"]),
+    "overlap": variants.get("overlap", overlap=2),
 }
 
 
@@ -187,7 +188,7 @@ def test_each_variant_equals_a_numpy_loop_with_padding_alibi_and_causality(name,
   assert_close(y, expected, rtol=2e-5, name=name)
   # the captured weights are the ones applied (mixed and signed for talking heads and DCMHA)
   assert_close(state["intermediates"]["attention_weights"][0], weights, rtol=2e-5, name=name)
-  if name in hv.MIXING:
+  if name in MIXING:
     assert np.min(weights) < 0
 
 
@@ -201,14 +202,14 @@ def test_each_variant_at_its_identity_setting_is_multi_head_attention(name):
     params["dcmha"] = {key: value if key == "dw1" else jnp.zeros_like(value)
                        for key, value in params["dcmha"].items()}
   if name == "moh":  # a zero router, every routed head chosen
-    variant = hv.HeadVariant("moh", shared_heads=1, routed_heads=HEADS - 1)
+    variant = variants.get("moh", shared_heads=1, routed_heads=HEADS - 1)
     layer = aj.MultiHeadAttention(num_heads=HEADS, head_variant=variant)
     params["moh"] = {key: jnp.zeros_like(value) for key, value in params["moh"].items()}
   if name == "overlap":  # overlap 0: the heads as they were; W_O back to [N, H, D]
-    variant = hv.HeadVariant("overlap", overlap=0)
+    variant = variants.get("overlap", overlap=0)
     layer = aj.MultiHeadAttention(num_heads=HEADS, head_variant=variant)
     params["out"]["kernel"] = params["out"]["kernel"][:, 2:-2]
-  plain = {key: value for key, value in params.items() if key not in hv.VARIANTS}
+  plain = {key: value for key, value in params.items() if key not in variants.REGISTRY}
   x = _x()
   mask, bias = _padding_and_bias()
   y = layer.apply({"params": params}, x, mask=mask, bias=bias, is_causal=True)
@@ -247,7 +248,7 @@ def test_permuting_the_heads_permutes_the_mixes_and_a_transposed_mix_is_caught(n
 
 def test_moh_routes_each_token_to_its_shared_heads_and_k_others():
   for shared, k in ((0, 2), (1, 2), (2, 1), (2, 2)):
-    variant = hv.HeadVariant("moh", shared_heads=shared, routed_heads=k)
+    variant = variants.get("moh", shared_heads=shared, routed_heads=k)
     layer, params = _params(variant)
     _, state = layer.apply({"params": params}, _x(), sow_weights=True, mutable="intermediates")
     gates = np.asarray(state["intermediates"]["head_gates"][0])  # [B, T, N]
@@ -258,22 +259,22 @@ def test_moh_routes_each_token_to_its_shared_heads_and_k_others():
 
 
 def test_load_balancing_loss_equals_its_value_at_a_uniform_router():
-  variant = hv.HeadVariant("moh", shared_heads=1, routed_heads=2)
+  variant = variants.get("moh", shared_heads=1, routed_heads=2)
   layer, params = _params(variant)
   routed = HEADS - 1
   x = _x()
   uniform = {**params, "moh": {**params["moh"], "router": jnp.zeros_like(params["moh"]["router"])}}
-  _, state = layer.apply({"params": uniform}, x, mutable=hv.LOSSES)
+  _, state = layer.apply({"params": uniform}, x, mutable=variants.LOSSES)
   # at a uniform router the loss is k, whichever heads the ties choose
-  np.testing.assert_allclose(state[hv.LOSSES]["load_balancing"][0], 0.01 * 2, rtol=1e-6)
-  _, state = layer.apply({"params": params}, x, mutable=hv.LOSSES)
+  np.testing.assert_allclose(state[variants.LOSSES]["load_balancing"][0], 0.01 * 2, rtol=1e-6)
+  _, state = layer.apply({"params": params}, x, mutable=variants.LOSSES)
   p = np.asarray(params["moh"]["router"], np.float64)
   probs = np.array([np.exp(r @ p) / np.exp(r @ p).sum() for r in np.asarray(x).reshape(-1, D_IN)])
   chosen = np.zeros_like(probs)
   for row, top in zip(chosen, np.argsort(-probs, axis=-1)[:, :2]):
     row[top] = 1.0
   expected = routed * np.sum(probs.mean(0) * chosen.mean(0))
-  np.testing.assert_allclose(state[hv.LOSSES]["load_balancing"][0], 0.01 * expected, rtol=1e-5)
+  np.testing.assert_allclose(state[variants.LOSSES]["load_balancing"][0], 0.01 * expected, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -292,7 +293,7 @@ def test_linen_and_nnx_hold_the_same_tree_and_compute_the_same(name):
   # an encoder whose layers follow MOHSA's schedule, Linen -> NNX, RoPE and key lengths
   config = aj.EncoderConfig(vocab_size=11, d_model=16, num_heads=HEADS, num_layers=2,
                             num_classes=5, max_length=T, positional_encoding="rope",
-                            head_variant=name, moh_shared_heads=1, moh_routed_heads=2)
+                            head_variant=name, head_variant_options=OPTIONS.get(name, {}))
   tokens = jnp.array([[1, 2, 3, 4, 5, 6], [7, 8, 9, 0, 0, 0]])
   linen = aj.TokenClassifier(config)
   variables = linen.init(jax.random.key(0), tokens)
@@ -333,16 +334,18 @@ def test_what_a_variant_cannot_serve_is_refused_in_one_line():
   query = jnp.zeros((2, T, HEADS, 3))
   key = jnp.zeros((2, T, 2, 3))  # grouped key/value heads
   cases = [
-      (lambda: hv.HeadVariant("overlap", overlap=1).layout(query, key, key),
+      (lambda: variants.get("overlap", overlap=1).layout(query, key, key),
        "num_kv_heads"),
       (lambda: _params(VARIANTS["dcmha"])[0].apply({"params": _params(VARIANTS["dcmha"])[1]},
                                                     x, _x(seed=3)), "inputs_kv=None"),
-      (lambda: hv.HeadVariant("moh").moh_heads(2), "num_heads >= 4"),
-      (lambda: hv.HeadVariant("talking"), "unknown head variant"),
+      (lambda: variants.get("moh").moh_heads(2), "num_heads >= 4"),
+      (lambda: variants.get("talking"), "unknown head variant"),
       (lambda: aj.EncoderConfig(vocab_size=8, head_variant="moh", num_heads=2, d_model=8),
        "MoH needs"),
-      (lambda: aj.EncoderConfig(vocab_size=8, head_variant="overlap", overlap_schedule="x"),
-       "unknown overlap schedule"),
+      (lambda: aj.EncoderConfig(vocab_size=8, head_variant="overlap",
+                                head_variant_options={"schedule": "x"}), "unknown overlap schedule"),
+      (lambda: aj.EncoderConfig(vocab_size=8, head_variant="overlap",
+                                head_variant_options={"shared_heads": 1}), "the option 'schedule'"),
   ]
   for call, words in cases:
     with pytest.raises(ValueError, match=words) as error:
@@ -356,12 +359,13 @@ def test_the_config_check_refuses_a_mixing_variant_with_a_blockwise_kernel():
   config = default.get_config()
   config.model.head_variant = "talking_heads"
   config.model.attention_impl = "chunked"
-  with pytest.raises(config_check.ConfigError, match="model.attention_impl=''"):
+  with pytest.raises(config_check.ConfigError,
+                     match="forms every head's logits.*attention_impl='chunked' never forms"):
     config_check.validate(config)
   config.model.attention_impl = ""
   config.model.head_variant = "moh"
   config.model.num_heads = 2
-  with pytest.raises(config_check.ConfigError, match="model.moh_shared_heads"):
+  with pytest.raises(config_check.ConfigError, match="model.head_variant='moh': MoH needs"):
     config_check.validate(config)
 
 
@@ -371,15 +375,15 @@ def test_moh_adds_its_load_balancing_loss_to_the_training_loss():
   model = aj.TokenClassifier(config)
   tokens = jnp.array([[1, 2, 3, 4, 5, 6], [7, 8, 9, 1, 2, 3]])
   params = model.init(jax.random.key(0), tokens)["params"]
-  logits, sown = model.apply({"params": params}, tokens, mutable=hv.LOSSES)
+  logits, sown = model.apply({"params": params}, tokens, mutable=variants.LOSSES)
   terms = jax.tree.leaves(sown)
   assert len(terms) == 2  # one per layer, each 0.01 x a loss of at least 1 (k = 1 at N = 4)
   assert all(0.01 <= float(term) for term in terms)
-  np.testing.assert_allclose(hv.auxiliary_loss(sown), np.mean(terms), rtol=1e-6)
+  np.testing.assert_allclose(variants.auxiliary_loss(sown), np.mean(terms), rtol=1e-6)
   del logits
 
 
-@pytest.mark.parametrize("module", [hv, variants.base, variants.talking_heads, variants.dcmha,
+@pytest.mark.parametrize("module", [variants.base, variants.talking_heads, variants.dcmha,
                                     variants.moh, variants.overlap, variants.gated,
                                     variants.differential])
 def test_the_module_docstring_examples_run(module):
@@ -408,13 +412,14 @@ def test_the_ablation_configs_are_valid_and_a_bad_mode_is_refused(mode):
 
 def test_the_matched_baseline_has_as_many_parameters_as_dcmha():
   from configs.ablations import head_variants as ablation
-  from experiments import sweep, tasks, train
+  from experiments import config_check, sweep, tasks
   config = ablation.get_config()
   task = tasks.Task(name="shapes", train=None, test=None, vocab_size=20, num_classes=8,
                     max_length=8, token_names=())
   counts = {}
   for name, overrides in config.variants:
-    model = aj.TokenClassifier(train.encoder_config(sweep.variant_config(config, overrides), task))
+    model = aj.TokenClassifier(config_check.encoder_config(
+        sweep.variant_config(config, overrides), task))
     shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
     counts[name] = sum(leaf.size for leaf in jax.tree.leaves(shapes["params"]))
   assert abs(counts["dcmha_16"] - counts["mha_matched_16"]) / counts["dcmha_16"] < 0.01

@@ -55,7 +55,7 @@ def test_the_default_training_step_lowers_with_that_platform_s_attention(platfor
       (config.batch_size, length, m.num_heads, m.d_model // m.num_heads), jnp.float32, platform,
       dropout_rate=m.attention_dropout_rate)
   config_check.validate(config)
-  model = type(model)(train.encoder_config(config, task))  # the same model, that attention
+  model = type(model)(config_check.encoder_config(config, task))  # the same model, that attention
   state = jax.eval_shape(init)
   batch = {"tokens": jax.ShapeDtypeStruct((1, config.batch_size, task.max_length), jnp.int32),
            "labels": jax.ShapeDtypeStruct((1, config.batch_size), jnp.int32)}

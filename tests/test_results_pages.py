@@ -1,5 +1,6 @@
 """The numbers the results pages state about their studies, against the CSVs the studies wrote:
-the seeds per setting of docs/results/index.md, counted in every results.csv."""
+the seeds per setting of docs/results/index.md, counted in every results.csv, and each page's
+wall time, against the sum of its arms' own timing (the ``seconds`` of their rows)."""
 
 import collections
 import csv
@@ -59,3 +60,54 @@ def test_every_study_with_a_csv_is_in_the_seeds_sentence():
   named = {study for _, studies in SEEDS.values() for study in studies}
   on_disk = {str(path.parent.relative_to(RESULTS)) for path in RESULTS.rglob("results.csv")}
   assert on_disk - named <= {"attention_variants/controls"}, on_disk - named  # its own page
+
+
+# Each page's "Wall time" line: a pattern whose groups are the durations it states, their units,
+# and for each of the study's CSVs (or groups of CSVs) the groups whose sum is its time.
+M, S = 1, 1 / 60  # minutes per unit
+WALL_TIMES = {
+    "heads": (r"([\d.]+) minutes", (M,), [((1,), ["heads"])]),
+    "scaling": (r"([\d.]+) minutes \(1475 s, the command's\), and ([\d.]+) minutes for the added",
+                (M, M), [((1, 2), ["scaling"])]),
+    "heads_length": (r"([\d.]+) minutes \(582 s\)", (M,), [((1,), ["heads_length"])]),
+    "attention_variants": (r"([\d.]+) minutes", (M,), [((1,), ["attention_variants"])]),
+    "positional": (r"([\d.]+) minutes", (M,), [((1,), ["positional"])]),
+    "farthest_floor": (r"([\d.]+) minutes", (M,), [((1,), ["farthest_floor"])]),
+    "positional_registered": (r"([\d.]+) minutes", (M,), [((1,), ["positional_registered"])]),
+    "scaling_init": (r"([\d.]+) minutes", (M,), [((1,), ["scaling_init"])]),
+    "heads_binding": (r"`multi_retrieval` ([\d.]+) minutes, `farthest_point` ([\d.]+) minutes",
+                      (M, M), [((1,), ["heads_binding/multi_retrieval"]),
+                               ((2,), ["heads_binding/farthest_point"])]),
+    "head_variants": (r"mqar ([\d.]+) minutes \(1330 s\); the added mqar rate trained in (\d+) s"
+                      r".*`order_4` ([\d.]+) minutes and `order_16` ([\d.]+) minutes",
+                      (M, S, M, M), [((1, 2), ["head_variants/mqar"]),
+                                     ((3,), ["head_variants/order_4"]),
+                                     ((4,), ["head_variants/order_16"])]),
+}
+
+
+def _arm_minutes(study: str) -> float:
+  """Minutes in the arms' programs: each arm (or bracketing run) trains its replicas as one
+  program and writes that program's time in every one of its rows."""
+  seconds = collections.defaultdict(set)
+  with open(RESULTS / study / "results.csv") as f:
+    for row in csv.DictReader(f):
+      if row["seconds"]:
+        seconds[row["variant"]].add(float(row["seconds"]))
+  return sum(sum(times) for times in seconds.values()) / 60
+
+
+@pytest.mark.parametrize("page", list(WALL_TIMES))
+def test_each_page_s_wall_time_is_its_arms_time(page):
+  """Within 5% (or half a minute): the command's time adds data generation and reports to the
+  arms' programs, which is all the CSV times."""
+  text = " ".join((RESULTS / f"{page}.md").read_text().split())
+  line = re.search(r"\*\*Wall time\*\*: (.*?)- \*\*", text).group(1)
+  pattern, units, parts = WALL_TIMES[page]
+  stated = re.search(pattern, line)
+  assert stated, f"{page}.md's wall time no longer reads as the test expects: {line!r}"
+  assert len(units) == len(stated.groups())
+  for indices, studies in parts:
+    minutes = sum(float(stated.group(i)) * units[i - 1] for i in indices)
+    in_arms = sum(_arm_minutes(study) for study in studies)
+    assert abs(minutes - in_arms) <= max(0.5, 0.05 * in_arms), (page, studies, minutes, in_arms)

@@ -68,7 +68,7 @@ def test_shape_message_names_expected_and_actual():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(num_heads=3, qkv_features=32), "divisible by num_heads"),
+    (dict(num_heads=3, qkv_features=32), "num_heads=3 must divide qkv_features=32"),
     (dict(num_heads=4, scale="sqrt"), "unknown attention scale"),
     (dict(num_heads=4, scale=None), "must be a number or a name"),
 ])
@@ -78,7 +78,7 @@ def test_multihead_configuration_errors(kwargs, message):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(d_model=30, num_heads=4), "divisible by num_heads"),
+    (dict(d_model=30, num_heads=4), "num_heads=4 must divide d_model=30.*or set head_dim"),
     (dict(positional_encoding="relative"), "unknown positional encoding"),
     (dict(attention_scale="huge"), "unknown attention scale"),
     (dict(pooling="max"), "pooling must be one of"),
@@ -161,3 +161,43 @@ def test_gpu_determinism_flags_that_would_crash_beside_cudnn_are_refused_in_one_
     check()
   cpu = types.SimpleNamespace(platform="cpu", device_kind="cpu")
   config_check.check_gpu_determinism_flags(config, flags, cpu)  # never on a CPU
+
+
+def test_the_run_config_s_model_errors_are_the_model_config_s_own_in_one_line():
+  """One check: validation builds the library's EncoderConfig, so each of its errors reaches the
+  run as a one-line ConfigError naming the config field, with the library's own words."""
+  from experiments import config_check
+  for field, value in (("pooling", "max"), ("num_layers", 0), ("d_model", 30),
+                       ("attention_impl", "flash"), ("positional_encoding", "absolute"),
+                       ("query_init_scale", -1.0), ("head_variant", "talking")):
+    config = config_check.default_config()
+    config.model[field] = value
+    expected = None
+    try:
+      config_check.encoder_config(config)
+    except config_check.ConfigError as error:
+      expected = str(error)
+    kwargs = {"d_model": 128, "num_heads": 4, field: value}
+    with pytest.raises(ValueError) as library:
+      aj.EncoderConfig(vocab_size=8, **{**kwargs, field: value})
+    with pytest.raises(config_check.ConfigError) as run:
+      config_check.validate(config)
+    assert str(run.value) == expected and str(library.value) in expected, field
+    assert expected.startswith("model.") and "\n" not in expected, expected
+
+
+def test_deprecated_variant_fields_still_work_for_one_release_with_one_line():
+  import warnings
+  from experiments import config_check
+  config = config_check.default_config()
+  config.model.head_variant, config.model.moh_shared_heads = "moh", 1
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    config_check.validate(config)
+  messages = [str(w.message) for w in caught if issubclass(w.category, config_check.ConfigWarning)]
+  assert messages == ["model.moh_shared_heads is deprecated; set "
+                      "model.head_variant_options.shared_heads=1 instead."]
+  assert config_check.encoder_config(config).head_variant_of(0).shared_heads == 1
+  with pytest.warns(DeprecationWarning, match=r"head_variant_options=\{'schedule': 'half_index'\}"):
+    model = aj.EncoderConfig(vocab_size=8, head_variant="overlap", overlap_schedule="half_index")
+  assert model.head_variant_options == (("schedule", "half_index"),)

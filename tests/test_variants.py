@@ -159,6 +159,20 @@ def test_a_variant_in_the_user_s_own_package_works_as_the_guide_says(tmp_path, m
   config = default.get_config()
   config.model.head_variant = "my_variants.head_scale:HeadScale"  # --config.model.head_variant=
   config_check.validate(config)
+  # its options from a config file, then changed on the command line, as the guide says
+  (tmp_path / "my_config.py").write_text(
+      "from configs import default\n\n\ndef get_config():\n  config = default.get_config()\n"
+      "  config.model.head_variant = 'my_variants.head_scale:HeadScale'\n"
+      "  config.model.head_variant_options = {'init': 0.5}\n  return config\n")
+  from absl import flags
+  from ml_collections import config_flags
+  for argv, init in (([], 0.5), (["--config.model.head_variant_options.init=0.25"], 0.25)):
+    argv = ["train", f"--config={tmp_path / 'my_config.py'}", *argv]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
+    flag_values(argv)
+    config_check.validate(flag_values.config)
+    assert config_check.encoder_config(flag_values.config).head_variant_of(0).init == init
   for path, words in (("my_variants.nowhere:HeadScale", "cannot be imported"),
                       ("my_variants.head_scale:jnp", "not a subclass")):
     config.model.head_variant = path
@@ -169,7 +183,7 @@ def test_a_variant_in_the_user_s_own_package_works_as_the_guide_says(tmp_path, m
 
 def test_an_unknown_variant_or_setting_is_refused_in_one_line():
   for call, words in ((lambda: variants.get("talking"), "unknown head variant 'talking'"),
-                      (lambda: variants.get("gated", overlap=1), "takes no settings"),
+                      (lambda: variants.get("gated", overlap=1), "takes no options"),
                       (lambda: aj.EncoderConfig(vocab_size=8, head_variant="differential",
                                                 d_model=12, num_heads=4), "must be even"),
                       (lambda: aj.MultiHeadAttention(num_heads=1, head_variant=variants.get(

@@ -77,12 +77,11 @@ class Variant:
     cls.forms_maps = any(getattr(cls, hook) is not getattr(Variant, hook) for hook in MAP_HOOKS)
 
   @classmethod
-  def for_layer(cls, *, layer: int, num_layers: int, **settings) -> Variant:
-    """The variant of encoder layer ``layer`` of ``num_layers``; ``settings`` are the encoder
-    config's variant fields (shared_heads, routed_heads, overlap_schedule), each variant reading
-    its own."""
-    del layer, num_layers, settings
-    return cls()
+  def for_layer(cls, *, layer: int, num_layers: int, **options) -> Variant:
+    """The variant of encoder layer ``layer`` of ``num_layers`` from the encoder config's
+    ``head_variant_options``: by default the class's own fields, the same in every layer."""
+    del layer, num_layers
+    return build(cls, options)
 
   def check(self, *, num_heads: int, head_dim: int) -> None:
     """Raises ValueError, in one line, for head counts or widths the variant cannot use."""
@@ -162,18 +161,23 @@ class Variant:
     return {}
 
 
-def get(name: str, **settings) -> Variant:
-  """The registered variant ``name`` built with ``settings``.
+def get(name: str, **options) -> Variant:
+  """The registered variant ``name`` built with ``options`` (its fields).
 
   >>> get("moh", shared_heads=2, routed_heads=2).name
   'moh'
   """
-  cls = variant_class(name)
+  return build(variant_class(name), options)
+
+
+def build(cls: type[Variant], options: dict) -> Variant:
+  """``cls(**options)``, refusing in one line an option that is not one of its fields."""
   fields = [field.name for field in dataclasses.fields(cls)]
-  if set(settings) - set(fields):
-    raise ValueError(f"head variant {name!r} takes {fields or 'no settings'}, got "
-                     f"{sorted(set(settings) - set(fields))}.")
-  return cls(**settings)
+  if set(options) - set(fields):
+    takes = f"the options {fields}" if fields else "no options"
+    raise ValueError(f"head variant {cls.name!r} takes {takes}, got "
+                     f"{sorted(set(options) - set(fields))}.")
+  return cls(**options)
 
 
 def variant_class(name: str) -> type[Variant]:
@@ -201,13 +205,13 @@ def variant_class(name: str) -> type[Variant]:
   return cls
 
 
-def layer_variant(name: str, *, layer: int, num_layers: int, **settings) -> Variant:
+def layer_variant(name: str, *, layer: int, num_layers: int, **options) -> Variant:
   """The variant ``name`` of encoder layer ``layer`` (of ``num_layers``).
 
   >>> layer_variant("overlap", layer=1, num_layers=2).overlap  # MOHSA's schedule: o = index
   1
   """
-  return variant_class(name).for_layer(layer=layer, num_layers=num_layers, **settings)
+  return variant_class(name).for_layer(layer=layer, num_layers=num_layers, **options)
 
 
 def auxiliary_loss(collections) -> jax.Array:

@@ -59,8 +59,8 @@ class Differential(base.Variant):
   layer: int = 0
 
   @classmethod
-  def for_layer(cls, *, layer, num_layers, **settings):
-    return cls(layer=layer)
+  def for_layer(cls, *, layer, num_layers, **options):
+    return base.build(cls, {**options, "layer": layer})
 
   @property
   def lambda_init(self) -> float:

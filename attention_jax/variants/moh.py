@@ -60,10 +60,6 @@ class Moh(base.Variant):
   routed_heads: int = -1
   load_balancing_weight: float = LOAD_BALANCING_WEIGHT
 
-  @classmethod
-  def for_layer(cls, *, layer, num_layers, shared_heads=-1, routed_heads=-1, **settings):
-    return cls(shared_heads=shared_heads, routed_heads=routed_heads)
-
   def moh_heads(self, num_heads: int) -> tuple[int, int, int]:
     """(shared heads, routed k, routed heads E = N - shared), defaults resolved and checked."""
     shared = num_heads // 2 if self.shared_heads < 0 else self.shared_heads

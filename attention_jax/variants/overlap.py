@@ -48,7 +48,7 @@ def overlapping_heads(x, overlap: int):
 class Overlap(base.Variant):
   """Overlapping heads with ``overlap`` o features taken from each neighbour (0: plain MHA).
 
-  >>> Overlap.for_layer(layer=3, num_layers=4, overlap_schedule="half_index").overlap
+  >>> Overlap.for_layer(layer=3, num_layers=4, schedule="half_index").overlap
   1
   """
   name = "overlap"
@@ -59,11 +59,15 @@ class Overlap(base.Variant):
       raise ValueError(f"overlap must be >= 0, got {self.overlap}.")
 
   @classmethod
-  def for_layer(cls, *, layer, num_layers, overlap_schedule="index", **settings):
-    if overlap_schedule not in SCHEDULES:
-      raise ValueError(f"unknown overlap schedule {overlap_schedule!r}; use one of "
+  def for_layer(cls, *, layer, num_layers, schedule="index", **options):
+    """The overlap of layer ``layer`` from a per-layer ``schedule`` (the only option)."""
+    if options:
+      raise ValueError(f"head variant 'overlap' takes the option 'schedule' (one of "
+                       f"{sorted(SCHEDULES)}), got {sorted(options)}.")
+    if schedule not in SCHEDULES:
+      raise ValueError(f"unknown overlap schedule {schedule!r}; use one of "
                        f"{sorted(SCHEDULES)}.")
-    return cls(overlap=SCHEDULES[overlap_schedule](layer, num_layers))
+    return cls(overlap=SCHEDULES[schedule](layer, num_layers))
 
   def head_width(self, head_dim):
     return head_dim + 2 * self.overlap
