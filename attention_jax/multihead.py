@@ -13,7 +13,7 @@ Parameters (the layout of ``flax.linen.MultiHeadDotProductAttention``, so weight
   temperature:     [N], only with scale="learned"
   query_ln/key_ln: {"scale": [H]}, only with normalize_qk (as flax's ``normalize_qk``)
   <variant name>:  a head variant's own (``attention_jax.variants``), e.g. "moh"; a variant may
-                   change out's H (Variant.head_width) and query_ln/key_ln's (key_width)
+                   change out's H (Variant.value_dim) and query_ln/key_ln's (query_key_dim)
   key/value with num_kv_heads = K: {"kernel": [D_in, K, H], "bias": [K, H]}
 """
 
@@ -276,8 +276,9 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
     output = project_out(params, heads, dtype=dtype, precision=precision)  # [..., T, D_out]
   intermediates = dict(zip(("attention_logits", "attention_weights"), maps)) if (
       return_maps) else {}
-  records = {"intermediates": {**intermediates, **variant.records(state)},
-             variants.LOSSES: variant.losses(state)}
+  records = {"intermediates": intermediates, variants.LOSSES: {}}
+  for collection, values in variant.records(state).items():  # "intermediates" and LOSSES
+    records[collection] = {**records[collection], **values}
   return Step((output, *extras) if extras else output, cache, records)
 
 
@@ -435,10 +436,10 @@ SETTINGS = ("num_heads", "qkv_features", "out_features", "num_kv_heads", "fused_
             "empty_rows", "dropout_rate")
 
 
-def parameter_specs(layer, d_in: int, d_k: int, d_v: int) -> dict:
+def parameter_specs(layer, d_in: int, d_in_k: int, d_in_v: int) -> dict:
   """{group: {name: (shape, initializer)}}, and "temperature": (shape, initializer) with
-  scale="learned": the parameters of ``layer`` (its ``SETTINGS``) for inputs of widths D_in,
-  D_k, D_v, as the module docstring lays them out, in flax's order (the order NNX draws them
+  scale="learned": the parameters of ``layer`` (its ``SETTINGS``) for query, key and value
+  inputs of widths ``d_in``, ``d_in_k``, ``d_in_v``, as the module docstring lays them out, in flax's order (the order NNX draws them
   in). Unknown scales and head counts fail here, before any parameter is made.
 
   >>> parameter_specs(MultiHeadAttention(num_heads=4, num_kv_heads=2), 16, 16, 16)["key"]
@@ -461,13 +462,13 @@ def parameter_specs(layer, d_in: int, d_k: int, d_v: int) -> dict:
     specs = {"qkv": projection((d_in, 3) + heads)}  # [D_in, 3, N, H]
   else:
     specs = {"query": projection((d_in,) + heads, init=layer.query_kernel_init),
-             "key": projection((d_k,) + kv_heads),
-             "value": projection((d_v,) + kv_heads)}  # [D, N or K, H]
+             "key": projection((d_in_k,) + kv_heads),
+             "value": projection((d_in_v,) + kv_heads)}  # [D, N or K, H]
   if layer.normalize_qk:
     specs["query_ln"] = specs["key_ln"] = {
-        "scale": ((variant.key_width(head_dim),), jax.nn.initializers.ones)}
+        "scale": ((variant.query_key_dim(head_dim),), jax.nn.initializers.ones)}
   d_out = layer.out_features or d_in
-  specs["out"] = projection((num_heads, variant.head_width(head_dim), d_out), 2, out=True)
+  specs["out"] = projection((num_heads, variant.value_dim(head_dim), d_out), 2, out=True)
   own = variant.params(in_features=d_in, num_heads=num_heads, head_dim=head_dim)
   if own:
     specs[variant.name] = own
@@ -599,8 +600,8 @@ class MultiHeadDotProductAttention(nn.Module):
   empty_rows: str = "mean"
   query_kernel_init: Callable | None = None  # W_Q's own initializer (None: kernel_init)
 
-  def _parameters(self, d_in: int, d_k: int, d_v: int):
-    specs = parameter_specs(self, d_in, d_k, d_v)
+  def _parameters(self, d_in: int, d_in_k: int, d_in_v: int):
+    specs = parameter_specs(self, d_in, d_in_k, d_in_v)
     return {name: _Params(tuple((key, *spec) for key, spec in group.items()), self.param_dtype,
                           name=name)() if isinstance(group, dict) else
             self.param(name, group[1], group[0], self.param_dtype)

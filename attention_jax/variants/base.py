@@ -17,8 +17,9 @@ key/value heads, H head dim, D input width)::
             **custom)                        normaliser)
   weights(state, weights)                    weights -> the weights applied (then masked again)
   heads(state, heads)                        each head's output [..., T, N, H] before W_O
-  records(state), losses(state)              {name: value} recorded in "intermediates" and
-                                             "losses" (the trainer adds the losses' mean)
+  records(state)                             {collection: {name: value}} recorded in
+                                             "intermediates" and "losses" (the trainer adds the
+                                             losses' mean)
   identity(params)                           (variant, params) at which it is plain MHA (tests)
 
 A variant that overrides the logits, normalize or weights hook forms its own maps
@@ -92,13 +93,13 @@ class Variant:
     del in_features, num_heads, head_dim
     return {}
 
-  def head_width(self, head_dim: int) -> int:
+  def value_dim(self, head_dim: int) -> int:
     """The width of each head's value and output after ``layout`` (W_O is [N, this, D_out])."""
     return head_dim
 
-  def key_width(self, head_dim: int) -> int:
+  def query_key_dim(self, head_dim: int) -> int:
     """The width of each query and key head after ``layout`` (QK-norm's scale has it)."""
-    return self.head_width(head_dim)
+    return self.value_dim(head_dim)
 
   def scale_dim(self, head_dim: int) -> int:
     """The d_k of the scale 1/sqrt(d_k), from the projected head dim."""
@@ -152,11 +153,9 @@ class Variant:
     the tests that check it; None when there is no such setting (a sigmoid gate is never 1)."""
     return (self, params) if type(self) is Variant else None
 
-  def records(self, state) -> dict[str, jax.Array]:
-    del state
-    return {}
-
-  def losses(self, state) -> dict[str, jax.Array]:
+  def records(self, state) -> dict[str, dict[str, jax.Array]]:
+    """{collection: {name: value}} to record: "intermediates", and LOSSES (auxiliary losses,
+    whose mean the trainer adds to the task's); none by default."""
     del state
     return {}
 

@@ -76,7 +76,7 @@ class Differential(base.Variant):
     return {"lambda_q1": vector, "lambda_k1": vector, "lambda_q2": vector, "lambda_k2": vector,
             "scale": ((head_dim,), jax.nn.initializers.ones)}
 
-  def key_width(self, head_dim):
+  def query_key_dim(self, head_dim):
     return head_dim // 2
 
   def scale_dim(self, head_dim):

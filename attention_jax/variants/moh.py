@@ -116,10 +116,6 @@ class Moh(base.Variant):
     return heads * state["gates"][..., None].astype(heads.dtype)
 
   def records(self, state):
-    return {"head_gates": state["gates"]}
-
-  def losses(self, state):
-    if state["probs"] is None:
-      return {}
-    return {"load_balancing": self.load_balancing_weight
-            * load_balancing_loss(state["probs"], state["chosen"])}
+    losses = {} if state["probs"] is None else {"load_balancing": (
+        self.load_balancing_weight * load_balancing_loss(state["probs"], state["chosen"]))}
+    return {"intermediates": {"head_gates": state["gates"]}, base.LOSSES: losses}

@@ -69,7 +69,7 @@ class Overlap(base.Variant):
                        f"{sorted(SCHEDULES)}.")
     return cls(overlap=SCHEDULES[schedule](layer, num_layers))
 
-  def head_width(self, head_dim):
+  def value_dim(self, head_dim):
     return head_dim + 2 * self.overlap
 
   def identity(self, params):  # overlap 0: the heads as they were, W_O back to [N, H, D]
