@@ -1,7 +1,8 @@
 """What structure saves: local-window block skipping and grouped-query attention without copies.
 
   python scripts/benchmark_structure.py [--rounds 5] [--length 8192] [--window 128]
-      [--heads 8] [--group 8] [--json FILE]
+      [--heads 8] [--group 8] [--structure-length 4096] [--parts window gqa structure]
+      [--json FILE]
 
 1. Local window: chunked attention with ``local_window_size=(w, w)`` skips the key blocks outside
    the band; the same band passed as a dense boolean mask makes it visit every block, and full
@@ -10,6 +11,11 @@
    (compiled memory analysis) and time of forward+backward, keys and values used as they are
    (this project groups the queries) against the same call on keys and values copied to every
    query head with jnp.repeat (what GQA costs when a kernel needs equal head counts).
+3. Structure as arguments or as a mask_mod: the blockwise kernel with the causal mask, a window,
+   four documents (segment ids) and key lengths given as ``dot_product_attention``'s arguments,
+   against the same structure written as a mask_mod with its block mask (made once, outside the
+   timing), forward+backward at ``structure-length``: what one translation of the structure
+   into mods, which the fused GPU kernel uses, would cost the blockwise kernel.
 
 Each round runs every method once, in an order shuffled per round; medians over rounds.
 """
@@ -104,6 +110,42 @@ def gqa_rows(length, heads, group, rounds):
   return rows
 
 
+def structure_rows(length, heads, rounds):
+  rng = np.random.default_rng(2)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
+             for _ in range(3))
+  window, documents, kept = 256, 4, 3 * length // 4
+  segments = jnp.repeat(jnp.arange(documents), length // documents)[None]  # [1, T]
+  structures = {  # name: (arguments, the same as a mask_mod)
+      "causal": (dict(is_causal=True), lambda b, h, i, j: j <= i),
+      "window": (dict(local_window_size=window), lambda b, h, i, j: abs(i - j) <= window),
+      "4 documents": (dict(query_segment_ids=segments, key_segment_ids=segments),
+                      lambda b, h, i, j: segments[0, i] == segments[0, j]),
+      "key lengths": (dict(key_value_seq_lengths=jnp.array([kept])), lambda b, h, i, j: j < kept),
+  }
+  rows = []
+  for name, (arguments, mask_mod) in structures.items():
+    # the block mask at its default blocks (128), and at the blocks the kernel takes for the
+    # arguments (so that only the translation differs)
+    kernel_blocks = (aj.blocks.DEFAULT_BLOCK_Q, aj.blocks.DEFAULT_BLOCK_K_CAUSAL
+                     if name == "causal" else aj.blocks.DEFAULT_BLOCK_K)
+    block_masks = {"mask_mod + block mask": aj.block_masks.make_block_mask(
+                       mask_mod, None, None, length, length),
+                   "mask_mod + block mask, the kernel's blocks": aj.block_masks.make_block_mask(
+                       mask_mod, None, None, length, length, block_size=kernel_blocks)}
+    methods = {"arguments": lambda q, k, v, a=arguments: aj.dot_product_attention(
+        q, k, v, implementation="chunked", **a)}
+    for method, block_mask in block_masks.items():
+      methods[method] = lambda q, k, v, m=mask_mod, bm=block_mask: aj.dot_product_attention(
+          q, k, v, implementation="chunked", mask_mod=m, block_mask=bm)
+    runs = {method: compiled(fn, (q, k, v), True)[0] for method, fn in methods.items()}
+    times = median_times(runs, rounds)
+    for method, seconds in times.items():
+      rows.append({"part": f"structure: {name}", "pass": "fwd+bwd", "method": method,
+                   "ms": 1e3 * seconds, "vs arguments": seconds / times["arguments"]})
+  return rows
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=5)
@@ -112,14 +154,23 @@ def main():
   parser.add_argument("--heads", type=int, default=8, help="query heads")
   parser.add_argument("--group", type=int, default=8, help="query heads per key/value head")
   parser.add_argument("--gqa-length", type=int, default=2048, help="T = S of the GQA rows")
+  parser.add_argument("--structure-length", type=int, default=4096,
+                      help="T = S of the structure rows")
+  parser.add_argument("--parts", nargs="+", default=["window", "gqa", "structure"],
+                      choices=["window", "gqa", "structure"])
   parser.add_argument("--json", help="write the rows to this file")
   args = parser.parse_args()
   if args.heads % args.group:
     parser.error(f"--heads {args.heads} must be a multiple of --group {args.group}")
   print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {os.cpu_count()} CPUs; "
         f"median of {args.rounds} rounds")
-  rows = window_rows(args.length, args.window, args.heads, args.rounds)
-  rows += gqa_rows(args.gqa_length, args.heads, args.group, args.rounds)
+  rows = []
+  if "window" in args.parts:
+    rows += window_rows(args.length, args.window, args.heads, args.rounds)
+  if "gqa" in args.parts:
+    rows += gqa_rows(args.gqa_length, args.heads, args.group, args.rounds)
+  if "structure" in args.parts:
+    rows += structure_rows(args.structure_length, args.heads, args.rounds)
   for row in rows:
     cells = [f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
              for key, value in row.items() if value is not None]
