@@ -23,6 +23,9 @@ EMPTY, PARTIAL, FULL = 0, 1, 2
 DEFAULT_BLOCK_Q = 1024
 DEFAULT_BLOCK_K = 4096
 DEFAULT_BLOCK_K_CAUSAL = 1024
+#: With attention dropout, key blocks of at most this many, so that the keep mask's [bq, bk]
+#: temporaries stay small (docs/performance.md, "Attention dropout in the blockwise kernel").
+DEFAULT_BLOCK_K_DROPOUT = 2048
 #: The float32 logits of the (example, head) pairs that run side by side stay within this.
 PAIR_BLOCK_BYTES = 8 << 20
 
@@ -89,10 +92,11 @@ class Geometry:
   side_by_side: bool = True  # several (example, head) pairs per loop step (pairs_per_step)
 
   @classmethod
-  def create(cls, q_len, kv_len, block_q=None, block_k=None, narrow_keys=False):
+  def create(cls, q_len, kv_len, block_q=None, block_k=None, narrow_keys=False, dropout=False):
     """Blocks of ``block_q`` and ``block_k`` (``block_size``), else the defaults; ``narrow_keys``:
-    the shorter key blocks of causal or windowed attention."""
-    default_k = DEFAULT_BLOCK_K_CAUSAL if narrow_keys else DEFAULT_BLOCK_K
+    the shorter key blocks of causal or windowed attention; ``dropout``: of attention dropout."""
+    default_k = (DEFAULT_BLOCK_K_CAUSAL if narrow_keys else
+                 DEFAULT_BLOCK_K_DROPOUT if dropout else DEFAULT_BLOCK_K)
     return cls(q_len, kv_len, block_size(q_len, block_q, DEFAULT_BLOCK_Q),
                block_size(kv_len, block_k, default_k))
 

@@ -667,7 +667,8 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   pattern, geometry = plan(query, key, is_causal=is_causal, local_window_size=local_window_size,
                            logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k,
                            score_mod=score, mask_mod=allow, normalizer=normalizer,
-                           sigmoid_bias=mods_lib.sigmoid_bias(sigmoid_bias, key.shape[-3]))
+                           sigmoid_bias=mods_lib.sigmoid_bias(sigmoid_bias, key.shape[-3]),
+                           dropout=dropout_rate > 0.0)
   if return_max_scores:
     pattern = dataclasses.replace(pattern, max_scores=True)
   if dropout_rate > 0.0:
@@ -721,7 +722,7 @@ def _has_key(lse, query):
 
 def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap=None,
          block_q=None, block_k=None, narrow_keys=False, score_mod=None, mask_mod=None,
-         normalizer="softmax", sigmoid_bias=0.0) -> tuple[Pattern, Blocks]:
+         normalizer="softmax", sigmoid_bias=0.0, dropout=False) -> tuple[Pattern, Blocks]:
   """The static pattern and block geometry for query [..., T, N, H] and key [..., S, K, H]
   (``narrow_keys``: the default key blocks of causal attention, for a caller that masks by
   positions; ``score_mod`` and ``mask_mod``: traced ``mods.Mod`` or None)."""
@@ -730,7 +731,8 @@ def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap
                     None if score_mod is None else score_mod.fn,
                     None if mask_mod is None else mask_mod.fn, normalizer, sigmoid_bias)
   narrow_keys = narrow_keys or pattern.is_causal or pattern.window is not None
-  return pattern, Blocks.create(query.shape[-3], key.shape[-3], block_q, block_k, narrow_keys)
+  return pattern, Blocks.create(query.shape[-3], key.shape[-3], block_q, block_k, narrow_keys,
+                               dropout)
 
 
 class Inputs(NamedTuple):
