@@ -134,7 +134,7 @@ class EncoderConfig:
 
   @property
   def key_dim(self) -> int:
-    """Deprecated: ``head_dim``, which is now d_k whether given or derived."""
+    """``head_dim`` under its old name, deprecated (``head_dim`` is d_k, given or derived)."""
     warnings.warn("EncoderConfig.key_dim is deprecated; use head_dim (d_k, resolved when the "
                   "config is built).", DeprecationWarning, stacklevel=2)
     return self.head_dim

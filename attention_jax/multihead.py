@@ -427,8 +427,9 @@ def projection_specs(kernel_shape, input_dims: int, *, use_bias: bool, kernel_in
   return specs
 
 
-#: What a layer is built and run with: the Linen module's attributes, which the NNX module keeps
-#: from its arguments of the same names; ``parameter_specs`` and ``shell_step`` read them.
+#: The settings a layer is built and run with (the Linen module's attributes, which the NNX
+#: module keeps from its arguments of the same names); ``parameter_specs`` and ``shell_step``
+#: read them.
 SETTINGS = ("num_heads", "qkv_features", "out_features", "num_kv_heads", "fused_qkv",
             "normalize_qk", "use_bias", "kernel_init", "bias_init", "out_kernel_init",
             "out_bias_init", "query_kernel_init", "head_variant", "scale", "qk_transform",
