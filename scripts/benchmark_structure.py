@@ -128,7 +128,7 @@ def structure_rows(length, heads, rounds):
     # the block mask at its default blocks (128), and at the blocks the kernel takes for the
     # arguments (so that only the translation differs)
     kernel_blocks = (aj.blocks.DEFAULT_BLOCK_Q, aj.blocks.DEFAULT_BLOCK_K_CAUSAL
-                     if name == "causal" else aj.blocks.DEFAULT_BLOCK_K)
+                     if name in ("causal", "window") else aj.blocks.DEFAULT_BLOCK_K)
     block_masks = {"mask_mod + block mask": aj.block_masks.make_block_mask(
                        mask_mod, None, None, length, length),
                    "mask_mod + block mask, the kernel's blocks": aj.block_masks.make_block_mask(
