@@ -124,8 +124,8 @@ class EncoderConfig:
     if variant.forms_maps and self.attention_impl not in (None, "reference"):
       raise ValueError(f"head_variant={self.head_variant!r} forms every head's logits at each "
                        f"(query, key) pair, which attention_impl={self.attention_impl!r} never "
-                       "forms; use the automatic choice (attention_impl None, '' in a run config) or "
-                       "'reference'.")
+                       "forms; use the automatic choice (attention_impl None, '' in a run "
+                       "config) or 'reference'.")
 
   def head_variant_of(self, layer: int) -> variants.base.Variant:
     """The ``variants.Variant`` of block ``layer`` (``Variant()``: plain multi-head attention)."""

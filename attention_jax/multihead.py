@@ -440,8 +440,9 @@ SETTINGS = ("num_heads", "qkv_features", "out_features", "num_kv_heads", "fused_
 def parameter_specs(layer, d_in: int, d_in_k: int, d_in_v: int) -> dict:
   """{group: {name: (shape, initializer)}}, and "temperature": (shape, initializer) with
   scale="learned": the parameters of ``layer`` (its ``SETTINGS``) for query, key and value
-  inputs of widths ``d_in``, ``d_in_k``, ``d_in_v``, as the module docstring lays them out, in flax's order (the order NNX draws them
-  in). Unknown scales and head counts fail here, before any parameter is made.
+  inputs of widths ``d_in``, ``d_in_k``, ``d_in_v``, as the module docstring lays them out, in
+  flax's order (the order NNX draws them in). Unknown scales and head counts fail here, before
+  any parameter is made.
 
   >>> parameter_specs(MultiHeadAttention(num_heads=4, num_kv_heads=2), 16, 16, 16)["key"]
   {'kernel': ((16, 2, 4), <function ...>), 'bias': ((2, 4), <function ...>)}

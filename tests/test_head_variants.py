@@ -274,7 +274,8 @@ def test_load_balancing_loss_equals_its_value_at_a_uniform_router():
   for row, top in zip(chosen, np.argsort(-probs, axis=-1)[:, :2]):
     row[top] = 1.0
   expected = routed * np.sum(probs.mean(0) * chosen.mean(0))
-  np.testing.assert_allclose(state[variants.LOSSES]["load_balancing"][0], 0.01 * expected, rtol=1e-5)
+  np.testing.assert_allclose(state[variants.LOSSES]["load_balancing"][0], 0.01 * expected,
+                             rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -343,7 +344,8 @@ def test_what_a_variant_cannot_serve_is_refused_in_one_line():
       (lambda: aj.EncoderConfig(vocab_size=8, head_variant="moh", num_heads=2, d_model=8),
        "MoH needs"),
       (lambda: aj.EncoderConfig(vocab_size=8, head_variant="overlap",
-                                head_variant_options={"schedule": "x"}), "unknown overlap schedule"),
+                                head_variant_options={"schedule": "x"}),
+       "unknown overlap schedule"),
       (lambda: aj.EncoderConfig(vocab_size=8, head_variant="overlap",
                                 head_variant_options={"shared_heads": 1}), "the option 'schedule'"),
   ]
