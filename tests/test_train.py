@@ -43,8 +43,9 @@ def test_same_seed_same_metrics_other_seed_different(reference_run, data_dir, tm
 
 
 @pytest.mark.parametrize("override, message", [
-    ("--config.model.num_heads=3", "model.num_heads=3 must divide model.d_model=16"),
-    ("--config.model.positional_encoding=relative", "model.positional_encoding must be one of"),
+    ("--config.model.num_heads=3", "model.num_heads=3 must divide d_model=16"),
+    ("--config.model.positional_encoding=relative",
+     "model.positional_encoding: unknown positional encoding 'relative'"),
     ("--config.model.attention_scale=huge", "model.attention_scale must be a number or one of"),
     ("--config.learning_rate=0", "learning_rate must be positive"),
     ("--config.num_train_steps=-5", "num_train_steps must be positive"),
