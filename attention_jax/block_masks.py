@@ -198,21 +198,17 @@ def make_block_mask(mask_mod, batch: int | None, heads: int | None, q_len: int, 
   batch_size, num_heads = batch or 1, heads or 1
   kv_idx = jnp.arange(num_k * block_k, dtype=jnp.int32)  # [Sp]
 
-  padded = (num_q * block_q, num_k * block_k) != (q_len, kv_len)
-  columns = np.minimum(block_k, kv_len - block_k * np.arange(num_k))  # real keys per block [K]
-
   def block_row(index):  # one (example, head, query block) -> kinds [num_k]
     b, h, i = index // (num_heads * num_q), index // num_q % num_heads, index % num_q
     q_idx = i * block_q + jnp.arange(block_q, dtype=jnp.int32)  # [bq]
+    # padding repeats the last real query and key, which changes no block's minimum or maximum
     allowed = mod(b, h, jnp.minimum(q_idx, q_len - 1)[:, None],
                   jnp.minimum(kv_idx, kv_len - 1)[None, :])  # [bq, Sp]
-    if padded:  # padding allows nothing
-      allowed &= (q_idx[:, None] < q_len) & (kv_idx[None, :] < kv_len)
-    # one reduction: a block is full where all its real pairs are allowed, empty where none is
-    count = jnp.sum(jnp.reshape(allowed, (block_q, num_k, block_k)), axis=(0, 2),
-                    dtype=jnp.int32)  # [K]
-    rows = jnp.minimum(block_q, q_len - i * block_q)
-    return blocks.block_kind(count == rows * columns, count > 0)
+    # a block is full where all its pairs are allowed, empty where none is: the minimum and
+    # the maximum over int8 (several times faster than a count on a CPU)
+    allowed = jnp.reshape(allowed.astype(jnp.int8), (block_q, num_k, block_k))
+    return blocks.block_kind(jnp.min(allowed, axis=(0, 2)) == 1,
+                             jnp.max(allowed, axis=(0, 2)) == 1)
 
   kinds = lax.map(block_row, jnp.arange(batch_size * num_heads * num_q, dtype=jnp.int32))
   kinds = jnp.reshape(kinds, (batch_size, num_heads, num_q, num_k))

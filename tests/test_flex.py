@@ -254,6 +254,13 @@ def test_per_example_and_per_head_block_masks_and_padding_lengths():
   mask_mod = lambda b, h, q_idx, kv_idx: kv_idx <= limits[b, h] + q_idx // 4
   block_mask = aj.make_block_mask(mask_mod, B, N, T, 21, block_size=(8, 16))
   assert block_mask.kinds.shape == (B, N, 3, 2)
+  # the kinds over the real pairs only: the last key block holds 5 real keys of 16
+  b, h, q_idx, kv_idx = np.ogrid[:B, :N, :T, :21]
+  dense = kv_idx <= np.asarray(limits)[b, h] + q_idx // 4  # [B, N, T, 21]
+  for j, keys in enumerate((slice(0, 16), slice(16, 21))):
+    block = dense[..., keys].reshape(B, N, 3, 8, -1)
+    expected = np.where(block.all((3, 4)), 2, np.where(block.any((3, 4)), 1, 0))
+    np.testing.assert_array_equal(block_mask.kinds[..., j], expected)
   expected = _value_and_grads(lambda *a: _attend("reference", *a, mask_mod=mask_mod), q, k, v)
   actual = _value_and_grads(lambda *a: _attend("chunked", *a, block_mask=block_mask), q, k, v)
   _assert_all_close(actual, expected)
