@@ -6,13 +6,14 @@ Shape letters: T query length, S key/value length, N query heads, K key/value he
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
-import inspect
 import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from attention_jax import _checks
 from attention_jax import block_masks
@@ -48,7 +49,7 @@ PARTS = {
 class Request:
   """One call of ``dot_product_attention``, validated, as the dispatch and every implementation
   receive it, and where it runs (``backend``, ``device_kind``, ``compute_capability`` as jax names
-  them, None when unknown). ``select_implementation`` makes one from shapes."""
+  them, None when unknown)."""
   bias: Any = None
   mask: Any = None
   structure: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(_checks.STRUCTURE))
@@ -211,20 +212,18 @@ def _choose(query, key, value, request: Request, implementation: str | None) -> 
   return KERNELS[implementation]
 
 
-def select_implementation(query, key, value, bias=None, mask=None, *, dropout_rate: float = 0.0,
-                          return_weights: bool = False, return_residual: bool = False,
-                          logits_soft_cap: float | None = None,
-                          implementation: str | None = None, backend: str | None = None,
-                          device_kind: str | None = None,
-                          compute_capability: str | None = None, **call) -> str:
+def select_implementation(query, key, value, *args, backend: str | None = None,
+                          device_kind: str | None = None, compute_capability: str | None = None,
+                          **kwargs) -> str:
   """The name of the implementation ``dot_product_attention`` runs for these arguments.
 
-  ``call``: the call's other arguments, as ``dot_product_attention`` takes them (``deterministic``,
-  ``module``, ``score_mod``, ``mask_mod``, ``block_mask``, ``sinks``, ``normalizer``, ``hooks``,
-  ``return_logits`` matter; an unknown name raises TypeError). ``implementation=None`` picks the
-  first that can serve the request (KERNELS says what each serves), for ``backend`` (default
-  ``jax.default_backend()``), ``device_kind`` and, on GPU, ``compute_capability`` (default: those
-  of its first device, or COMPUTE_CAPABILITY's):
+  ``args`` and ``kwargs``: the call's other arguments, as ``dot_product_attention`` takes them
+  (arrays or ``jax.ShapeDtypeStruct``; with ``dropout_rate`` the ``dropout_rng`` may be left out).
+  The call is traced for shapes only, up to its choice: the same validation and the same request
+  as the call itself. ``implementation=None`` picks the first kernel that can serve the request
+  (KERNELS says what each serves), for ``backend`` (default ``jax.default_backend()``),
+  ``device_kind`` and, on GPU, ``compute_capability`` (default: those of its first device, or
+  COMPUTE_CAPABILITY's):
 
   - cpu: "chunked" when T or S >= CHUNKED_MIN_LENGTH_CPU, else "reference";
   - gpu: the kernels measured on this architecture (on Hopper "cudnn", then "pallas_gpu" for
@@ -242,7 +241,7 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   - "reference" when none of these can (returned weights, a head variant's hooks).
 
   A named implementation that cannot serve raises ``ValueError`` with the reason; nothing falls
-  back silently. Shapes are enough (``jax.ShapeDtypeStruct``).
+  back silently; an argument ``dot_product_attention`` does not take raises ``TypeError``.
 
   >>> q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
   >>> select_implementation(q, k, v, return_weights=True)
@@ -254,18 +253,40 @@ def select_implementation(query, key, value, bias=None, mask=None, *, dropout_ra
   >>> select_implementation(q, k, v, dropout_rate=0.1, backend="cpu")  # T = 512: linear memory
   'chunked'
   """
-  unknown = sorted(set(call) - set(inspect.signature(dot_product_attention).parameters))
-  if unknown:
-    raise TypeError(f"select_implementation() got arguments that dot_product_attention does not "
-                    f"take: {unknown}.")
-  fields = {field.name for field in dataclasses.fields(Request)} - {"structure"}
-  request = Request(
-      bias=bias, mask=mask, dropout_rate=0.0 if call.get("deterministic") else dropout_rate,
-      return_weights=return_weights or call.get("module") is not None,
-      return_residual=return_residual, logits_soft_cap=logits_soft_cap,
-      **{name: value for name, value in call.items() if name in fields},
-      **_where(backend, device_kind, compute_capability))
-  return _choose(query, key, value, request, implementation).name
+  if kwargs.get("dropout_rate") and kwargs.get("dropout_rng") is None:
+    kwargs["dropout_rng"] = jax.random.key(0)  # a stand-in: only its being there matters
+  containers = lambda x: not isinstance(x, (tuple, list, dict))  # noqa: E731
+  leaves, tree = jax.tree.flatten((query, key, value, args, kwargs), is_leaf=containers)
+  traced = [i for i, leaf in enumerate(leaves)
+            if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct, np.ndarray))]
+
+  def call(*arrays):
+    filled = list(leaves)
+    for i, array in zip(traced, arrays):
+      filled[i] = array
+    q, k, v, more, named = jax.tree.unflatten(tree, filled)
+    return dot_product_attention(q, k, v, *more, **named)
+
+  token = _SELECTING.set(_where(backend, device_kind, compute_capability))
+  try:
+    jax.eval_shape(call, *(leaves[i] for i in traced))
+  except _Chosen as chosen:
+    return chosen.name
+  finally:
+    _SELECTING.reset(token)
+  raise AssertionError("dot_product_attention returned without choosing")  # unreachable
+
+
+class _Chosen(Exception):
+  """How a call traced by select_implementation stops once it has chosen its kernel."""
+
+  def __init__(self, name: str):
+    super().__init__(name)
+    self.name = name
+
+
+#: Where select_implementation asks about (``_where``'s dict) while it traces a call, else None.
+_SELECTING: contextvars.ContextVar[dict | None] = contextvars.ContextVar("selecting", default=None)
 
 
 def structure_mask(mask, q_len: int, kv_len: int, *, local_window_size=None,
@@ -449,8 +470,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       return_residual=return_residual, return_max_scores=return_max_scores,
       empty_rows=empty_rows, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
       sinks=sinks, normalizer=normalizer, sigmoid_bias=sigmoid_bias, hooks=hooks,
-      **_where(None, None, None))
+      **(_SELECTING.get() or _where(None, None, None)))
   kernel = _choose(query, key, value, request, implementation)
+  if _SELECTING.get() is not None:
+    raise _Chosen(kernel.name)
   with default_precision(precision):
     result = kernel.run(query, key, value, request)
   output, *extras = result if isinstance(result, tuple) else (result,)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+from unittest import mock
 import zlib
 
 import chex
@@ -217,6 +218,31 @@ def test_select_implementation_names_the_choice():
   assert aj.select_implementation(long_query, key, value, backend="cpu") == "chunked"
   assert aj.select_implementation(long_query, key, value, return_weights=True,
                                   backend="cpu") == "reference"
+
+
+def test_select_implementation_asks_the_call_itself():
+  """select_implementation runs the call's own validation: a malformed call raises what the call
+  raises, and what it names is what the call runs (the kernel seen running)."""
+  query, key, value, _, _ = _random_case(6, (1,), 4, 4, 2, 2, 8)
+  with pytest.raises(ValueError, match="empty_rows must be one of"):
+    aj.select_implementation(query, key, value, empty_rows="none")
+  with pytest.raises(ValueError, match="empty_rows must be one of"):
+    aj.dot_product_attention(query, key, value, empty_rows="none")
+  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (query, key, value))
+  lengths = jax.ShapeDtypeStruct((1,), jnp.int32)
+  assert aj.select_implementation(*shapes, key_value_seq_lengths=lengths, backend="cpu",
+                                  sinks=jnp.zeros(2)) == "reference"
+  ran = []
+  spies = {name: dataclasses.replace(kernel, run=lambda *a, kernel=kernel: ran.append(
+      kernel.name) or kernel.run(*a)) for name, kernel in aj.attention.KERNELS.items()}
+  with mock.patch.dict(aj.attention.KERNELS, spies):
+    for length in (4, aj.attention.CHUNKED_MIN_LENGTH_CPU):
+      long_query = jnp.zeros((1, length, 2, 8))
+      chosen = aj.select_implementation(long_query, key, value, is_causal=True)
+      aj.dot_product_attention(long_query, key, value, is_causal=True)
+      assert ran == [chosen], (length, ran, chosen)
+      ran.clear()
+  assert chosen == "chunked"
 
 
 def test_jit_vmap_grad_compose_and_jit_traces_once():
