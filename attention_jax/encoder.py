@@ -30,6 +30,11 @@ from attention_jax.products import dense_dot_general
 
 POOLINGS = ("cls", "mean")
 
+#: Deprecated for one release: EncoderConfig's (and the run config's) old fields for MoH's and
+#: overlapping heads' options, and the key of head_variant_options each became.
+DEPRECATED_OPTIONS = {"moh_shared_heads": "shared_heads", "moh_routed_heads": "routed_heads",
+                      "overlap_schedule": "schedule"}
+
 
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
@@ -86,14 +91,14 @@ class EncoderConfig:
     if self.head_dim < 0:
       raise ValueError(f"head_dim must be positive (or 0 for d_model / num_heads), got "
                        f"{self.head_dim}.")
-    if not self.head_dim:
-      object.__setattr__(self, "head_dim", multihead.head_dim_of(
-          self.d_model, self.num_heads, name="d_model", fix="or set head_dim"))
+    if not self.head_dim or isinstance(self.head_dim, _Derived):  # derived again by replace()
+      object.__setattr__(self, "head_dim", _Derived(multihead.head_dim_of(
+          self.d_model, self.num_heads, name="d_model", fix="or set head_dim")))
     elif self.num_heads <= 0:
       raise ValueError(f"num_heads must be positive, got {self.num_heads}.")
     object.__setattr__(self, "head_variant_options", _variant_options(
-        self.head_variant_options, shared_heads=moh_shared_heads, routed_heads=moh_routed_heads,
-        schedule=overlap_schedule))
+        self.head_variant_options, moh_shared_heads=moh_shared_heads,
+        moh_routed_heads=moh_routed_heads, overlap_schedule=overlap_schedule))
     _named("attention_scale", multihead.resolve_scale, self.attention_scale, self.head_dim)
     if not self.query_init_scale > 0:
       raise ValueError(f"query_init_scale must be positive, got {self.query_init_scale}.")
@@ -140,6 +145,11 @@ class EncoderConfig:
     return self.head_dim
 
 
+class _Derived(int):
+  """A head_dim derived from d_model / num_heads (an int like any other), so that
+  ``dataclasses.replace(config, num_heads=...)`` derives it again instead of keeping the old."""
+
+
 def _named(field: str, check, *args, **kwargs):
   """``check(*args, **kwargs)``, its ValueError's message prefixed with ``field``."""
   try:
@@ -152,11 +162,10 @@ def _variant_options(options, **deprecated) -> tuple[tuple[str, Any], ...]:
   """``head_variant_options`` (a mapping, or (name, value) pairs) as sorted pairs, with the
   deprecated MoH / overlap fields merged in (each warns once, naming its new place)."""
   options = dict(options.items() if hasattr(options, "items") else options)
-  old_names = {"shared_heads": "moh_shared_heads", "routed_heads": "moh_routed_heads",
-               "schedule": "overlap_schedule"}
-  for name, value in deprecated.items():
+  for old, value in deprecated.items():
     if value is not None:
-      warnings.warn(f"EncoderConfig({old_names[name]}=...) is deprecated; use "
+      name = DEPRECATED_OPTIONS[old]
+      warnings.warn(f"EncoderConfig({old}=...) is deprecated; use "
                     f"head_variant_options={{{name!r}: {value!r}}}.", DeprecationWarning,
                     stacklevel=4)
       options.setdefault(name, value)

@@ -155,12 +155,6 @@ def _check_head_variant(config) -> None:
                       "context-parallel attention does not serve; set mesh.sequence=1.")
 
 
-#: Model fields deprecated for one release, and their place in model.head_variant_options.
-DEPRECATED_MODEL_FIELDS = {"moh_shared_heads": ("shared_heads", -1),
-                           "moh_routed_heads": ("routed_heads", -1),
-                           "overlap_schedule": ("schedule", "index")}
-
-
 def encoder_config(config, task: tasks.Task | None = None, mesh=None, *,
                    warn: bool = False) -> aj.EncoderConfig:
   """The model of ``config`` as the library's ``EncoderConfig``, whose own checks are the
@@ -170,8 +164,9 @@ def encoder_config(config, task: tasks.Task | None = None, mesh=None, *,
   ``mesh`` longer than 1, attention runs context-parallel over it."""
   model = config.model
   options = dict(model.get("head_variant_options", {}))  # absent from older runs' configs
-  for old, (name, default) in DEPRECATED_MODEL_FIELDS.items():
-    if model.get(old, default) != default:
+  unset = default_config().model  # a deprecated key at its default is not set
+  for old, name in aj.encoder.DEPRECATED_OPTIONS.items():
+    if model.get(old, unset[old]) != unset[old]:
       if warn:
         warnings.warn(f"model.{old} is deprecated; set model.head_variant_options.{name}="
                       f"{model[old]!r} instead.", ConfigWarning, stacklevel=3)

@@ -1,5 +1,7 @@
 """The encoder and classifier: permutation equivariance, padding, pooling, composition."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -160,6 +162,13 @@ def test_head_dim_sets_d_k_apart_from_d_model():
   with pytest.raises(ValueError, match="num_heads=3 must divide d_model=32"):
     aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=3)
   aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=3, head_dim=16)  # fine: d_k is given
+  # replace() derives a derived d_k again, and keeps a given one
+  derived = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4)
+  assert dataclasses.replace(derived, num_heads=8).head_dim == 4
+  assert dataclasses.replace(derived, d_model=64).head_dim == 16
+  given = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, head_dim=16)
+  assert dataclasses.replace(given, num_heads=8).head_dim == 16
+  assert derived == aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, head_dim=8)
 
 
 def test_vector_inputs_are_embedded_by_one_linear_layer():
