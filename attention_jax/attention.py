@@ -271,18 +271,14 @@ def select_implementation(query, key, value, *args, backend: str | None = None,
   try:
     jax.eval_shape(call, *(leaves[i] for i in traced))
   except _Chosen as chosen:
-    return chosen.name
+    return chosen.args[0]
   finally:
     _SELECTING.reset(token)
   raise AssertionError("dot_product_attention returned without choosing")  # unreachable
 
 
 class _Chosen(Exception):
-  """How a call traced by select_implementation stops once it has chosen its kernel."""
-
-  def __init__(self, name: str):
-    super().__init__(name)
-    self.name = name
+  """How a call traced by select_implementation stops once it has chosen: _Chosen(name)."""
 
 
 #: Where select_implementation asks about (``_where``'s dict) while it traces a call, else None.

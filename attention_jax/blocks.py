@@ -26,6 +26,9 @@ DEFAULT_BLOCK_K_CAUSAL = 1024
 #: With attention dropout, key blocks of at most this many, so that the keep mask's [bq, bk]
 #: temporaries stay small (docs/performance.md, "Attention dropout in the blockwise kernel").
 DEFAULT_BLOCK_K_DROPOUT = 2048
+#: Under a local window, square blocks of about half the keys a query sees, from this many up to
+#: DEFAULT_BLOCK_K_CAUSAL, so that each query block meets few key blocks (docs/performance.md).
+MIN_BLOCK_WINDOW = 128
 #: The float32 logits of the (example, head) pairs that run side by side stay within this.
 PAIR_BLOCK_BYTES = 8 << 20
 
@@ -92,12 +95,21 @@ class Geometry:
   side_by_side: bool = True  # several (example, head) pairs per loop step (pairs_per_step)
 
   @classmethod
-  def create(cls, q_len, kv_len, block_q=None, block_k=None, narrow_keys=False, dropout=False):
+  def create(cls, q_len, kv_len, block_q=None, block_k=None, narrow_keys=False, dropout=False,
+             band: int | None = None):
     """Blocks of ``block_q`` and ``block_k`` (``block_size``), else the defaults; ``narrow_keys``:
-    the shorter key blocks of causal or windowed attention; ``dropout``: of attention dropout."""
-    default_k = (DEFAULT_BLOCK_K_CAUSAL if narrow_keys else
-                 DEFAULT_BLOCK_K_DROPOUT if dropout else DEFAULT_BLOCK_K)
-    return cls(q_len, kv_len, block_size(q_len, block_q, DEFAULT_BLOCK_Q),
+    the shorter key blocks of causal or windowed attention; ``dropout``: of attention dropout;
+    ``band``: the keys a query's window spans (left + right + 1), for blocks of about half that.
+
+    >>> Geometry.create(4096, 4096, band=513).block_k  # a window of 256 on each side
+    256
+    """
+    default_q, default_k = DEFAULT_BLOCK_Q, (DEFAULT_BLOCK_K_CAUSAL if narrow_keys else
+                                             DEFAULT_BLOCK_K_DROPOUT if dropout else DEFAULT_BLOCK_K)
+    if band is not None:  # a power of two, MIN_BLOCK_WINDOW to DEFAULT_BLOCK_K_CAUSAL
+      half = 1 << (max(band // 2, 1).bit_length() - 1)
+      default_q = default_k = min(max(half, MIN_BLOCK_WINDOW), DEFAULT_BLOCK_K_CAUSAL)
+    return cls(q_len, kv_len, block_size(q_len, block_q, default_q),
                block_size(kv_len, block_k, default_k))
 
   @property

@@ -725,14 +725,19 @@ def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap
          normalizer="softmax", sigmoid_bias=0.0, dropout=False) -> tuple[Pattern, Blocks]:
   """The static pattern and block geometry for query [..., T, N, H] and key [..., S, K, H]
   (``narrow_keys``: the default key blocks of causal attention, for a caller that masks by
-  positions; ``score_mod`` and ``mask_mod``: traced ``mods.Mod`` or None)."""
+  positions; otherwise a window's blocks follow its width, ``Blocks.create``'s ``band``;
+  ``score_mod`` and ``mask_mod``: traced ``mods.Mod`` or None)."""
   pattern = Pattern(bool(is_causal), _checks.local_window(local_window_size),
                     _checks.soft_cap(logits_soft_cap),
                     None if score_mod is None else score_mod.fn,
                     None if mask_mod is None else mask_mod.fn, normalizer, sigmoid_bias)
+  band = None
+  if pattern.window is not None and not narrow_keys:  # blocks skipped by index: small ones
+    left, right = pattern.window
+    band = left + (min(right, 0) if pattern.is_causal else right) + 1
   narrow_keys = narrow_keys or pattern.is_causal or pattern.window is not None
   return pattern, Blocks.create(query.shape[-3], key.shape[-3], block_q, block_k, narrow_keys,
-                               dropout)
+                               dropout, band)
 
 
 class Inputs(NamedTuple):
