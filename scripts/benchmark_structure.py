@@ -127,8 +127,9 @@ def structure_rows(length, heads, rounds):
   for name, (arguments, mask_mod) in structures.items():
     # the block mask at its default blocks (128), and at the blocks the kernel takes for the
     # arguments (so that only the translation differs)
-    kernel_blocks = (aj.blocks.DEFAULT_BLOCK_Q, aj.blocks.DEFAULT_BLOCK_K_CAUSAL
-                     if name in ("causal", "window") else aj.blocks.DEFAULT_BLOCK_K)
+    geometry = aj.chunked.plan(q, k, is_causal=arguments.get("is_causal", False),
+                               local_window_size=arguments.get("local_window_size"))[1]
+    kernel_blocks = (geometry.block_q, geometry.block_k)
     block_masks = {"mask_mod + block mask": aj.block_masks.make_block_mask(
                        mask_mod, None, None, length, length),
                    "mask_mod + block mask, the kernel's blocks": aj.block_masks.make_block_mask(
