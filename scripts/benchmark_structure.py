@@ -1,8 +1,8 @@
 """What structure saves: local-window block skipping and grouped-query attention without copies.
 
   python scripts/benchmark_structure.py [--rounds 5] [--length 8192] [--window 128]
-      [--heads 8] [--group 8] [--structure-length 4096] [--parts window gqa structure]
-      [--json FILE]
+      [--heads 8] [--group 8] [--structure-length 4096] [--window-widths 64 256 1024]
+      [--parts window gqa structure window-blocks] [--json FILE]
 
 1. Local window: chunked attention with ``local_window_size=(w, w)`` skips the key blocks outside
    the band; the same band passed as a dense boolean mask makes it visit every block, and full
@@ -16,6 +16,10 @@
    against the same structure written as a mask_mod with its block mask (made once, outside the
    timing), forward+backward at ``structure-length``: what one translation of the structure
    into mods, which the fused GPU kernel uses, would cost the blockwise kernel.
+
+4. Window blocks: the blockwise kernel under windows of ``window-widths`` keys on each side (and
+   causal ones, (w, 0)), forward+backward at ``structure-length``, with the blocks it picks by
+   default against square blocks of 128, 256, 512 and 1024.
 
 Each round runs every method once, in an order shuffled per round; medians over rounds.
 """
@@ -147,6 +151,27 @@ def structure_rows(length, heads, rounds):
   return rows
 
 
+def window_block_rows(length, heads, widths, rounds):
+  rng = np.random.default_rng(3)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
+             for _ in range(3))
+  rows = []
+  for width in widths:
+    for window in ((width, width), (width, 0)):
+      chosen = aj.chunked.plan(q, k, local_window_size=window)[1]
+      blocks = {"default": (None, None)} | {f"{b}x{b}": (b, b) for b in (128, 256, 512, 1024)}
+      methods = {name: lambda q, k, v, b=b: aj.chunked.chunked_attention(
+          q, k, v, scale=0.125, local_window_size=window, block_q=b[0], block_k=b[1])
+          for name, b in blocks.items()}
+      runs = {name: compiled(fn, (q, k, v), True)[0] for name, fn in methods.items()}
+      times = median_times(runs, rounds)
+      for name, seconds in times.items():
+        rows.append({"part": f"window blocks: {window}", "pass": "fwd+bwd", "method": name
+                     if name != "default" else f"default ({chosen.block_q}x{chosen.block_k})",
+                     "ms": 1e3 * seconds, "vs default": seconds / times["default"]})
+  return rows
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=5)
@@ -157,8 +182,10 @@ def main():
   parser.add_argument("--gqa-length", type=int, default=2048, help="T = S of the GQA rows")
   parser.add_argument("--structure-length", type=int, default=4096,
                       help="T = S of the structure rows")
+  parser.add_argument("--window-widths", nargs="+", type=int, default=[64, 256, 1024],
+                      help="keys on each side of the window-blocks rows")
   parser.add_argument("--parts", nargs="+", default=["window", "gqa", "structure"],
-                      choices=["window", "gqa", "structure"])
+                      choices=["window", "gqa", "structure", "window-blocks"])
   parser.add_argument("--json", help="write the rows to this file")
   args = parser.parse_args()
   if args.heads % args.group:
@@ -172,6 +199,8 @@ def main():
     rows += gqa_rows(args.gqa_length, args.heads, args.group, args.rounds)
   if "structure" in args.parts:
     rows += structure_rows(args.structure_length, args.heads, args.rounds)
+  if "window-blocks" in args.parts:
+    rows += window_block_rows(args.structure_length, args.heads, args.window_widths, args.rounds)
   for row in rows:
     cells = [f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
              for key, value in row.items() if value is not None]
