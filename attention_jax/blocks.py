@@ -26,9 +26,10 @@ DEFAULT_BLOCK_K_CAUSAL = 1024
 #: With attention dropout, key blocks of at most this many, so that the keep mask's [bq, bk]
 #: temporaries stay small (docs/performance.md, "Attention dropout in the blockwise kernel").
 DEFAULT_BLOCK_K_DROPOUT = 2048
-#: Under a local window, square blocks of about half the keys a query sees, from this many up to
-#: DEFAULT_BLOCK_K_CAUSAL, so that each query block meets few key blocks (docs/performance.md).
-MIN_BLOCK_WINDOW = 128
+#: Under a local window narrower than the keys, square blocks of about half the keys a query
+#: sees, from MIN_BLOCK_WINDOW to MAX_BLOCK_WINDOW, so that each query block meets few key blocks
+#: (docs/performance.md, "Where the defaults come from").
+MIN_BLOCK_WINDOW, MAX_BLOCK_WINDOW = 128, 512
 #: The float32 logits of the (example, head) pairs that run side by side stay within this.
 PAIR_BLOCK_BYTES = 8 << 20
 
@@ -106,9 +107,9 @@ class Geometry:
     """
     default_q, default_k = DEFAULT_BLOCK_Q, (DEFAULT_BLOCK_K_CAUSAL if narrow_keys else
                                              DEFAULT_BLOCK_K_DROPOUT if dropout else DEFAULT_BLOCK_K)
-    if band is not None:  # a power of two, MIN_BLOCK_WINDOW to DEFAULT_BLOCK_K_CAUSAL
+    if band is not None and band < kv_len:  # a power of two, MIN_ to MAX_BLOCK_WINDOW
       half = 1 << (max(band // 2, 1).bit_length() - 1)
-      default_q = default_k = min(max(half, MIN_BLOCK_WINDOW), DEFAULT_BLOCK_K_CAUSAL)
+      default_q = default_k = min(max(half, MIN_BLOCK_WINDOW), MAX_BLOCK_WINDOW)
     return cls(q_len, kv_len, block_size(q_len, block_q, default_q),
                block_size(kv_len, block_k, default_k))
 
