@@ -646,8 +646,8 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   """Memory-efficient attention, blockwise in both directions; validated arguments as
   ``dot_product_attention``'s (``empty_rows`` defaults to "zero" here). Blocks of ``block_q``
   queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most
-  blocks.DEFAULT_BLOCK_Q and blocks.DEFAULT_BLOCK_K or DEFAULT_BLOCK_K_CAUSAL; a
-  ``block_mask``'s own). Dropout on the weights, ``dropout_rate`` > 0 with ``dropout_rng``: each
+  blocks.DEFAULT_BLOCK_Q and blocks.DEFAULT_BLOCK_K or DEFAULT_BLOCK_K_CAUSAL; under a window,
+  square ones of about half its width, ``blocks.Geometry.create``; a ``block_mask``'s own). Dropout on the weights, ``dropout_rate`` > 0 with ``dropout_rng``: each
   weight kept with probability 1 - rate and divided by it, by a counter-based mask regenerated
   from (key, example, head, query, key position) in each block, forward and backward (memory
   stays linear in T); with ``broadcast_dropout`` one mask for every example and head. The masks
