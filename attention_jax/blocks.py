@@ -18,7 +18,7 @@ from jax import lax
 #: The kinds of block a block mask records (no pair may attend, some may, all may).
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
-# The largest query and key blocks by default: causal or windowed attention wants short key
+# The largest query and key blocks by default: causal attention, or segment ids, want short key
 # blocks, so that whole blocks are skipped (docs/performance.md, "Where the defaults come from").
 DEFAULT_BLOCK_Q = 1024
 DEFAULT_BLOCK_K = 4096

@@ -646,8 +646,9 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   """Memory-efficient attention, blockwise in both directions; validated arguments as
   ``dot_product_attention``'s (``empty_rows`` defaults to "zero" here). Blocks of ``block_q``
   queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most
-  blocks.DEFAULT_BLOCK_Q and blocks.DEFAULT_BLOCK_K or DEFAULT_BLOCK_K_CAUSAL; under a window,
-  square ones of about half its width, ``blocks.Geometry.create``; a ``block_mask``'s own). Dropout on the weights, ``dropout_rate`` > 0 with ``dropout_rng``: each
+  blocks.DEFAULT_BLOCK_Q and blocks.DEFAULT_BLOCK_K, or DEFAULT_BLOCK_K_CAUSAL under a causal
+  mask or with segment ids; under a window, square ones of about half its width,
+  ``blocks.Geometry.create``; a ``block_mask``'s own). Dropout on the weights, ``dropout_rate`` > 0 with ``dropout_rng``: each
   weight kept with probability 1 - rate and divided by it, by a counter-based mask regenerated
   from (key, example, head, query, key position) in each block, forward and backward (memory
   stays linear in T); with ``broadcast_dropout`` one mask for every example and head. The masks
@@ -668,7 +669,8 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                            logits_soft_cap=logits_soft_cap, block_q=block_q, block_k=block_k,
                            score_mod=score, mask_mod=allow, normalizer=normalizer,
                            sigmoid_bias=mods_lib.sigmoid_bias(sigmoid_bias, key.shape[-3]),
-                           dropout=dropout_rate > 0.0)
+                           dropout=dropout_rate > 0.0,
+                           segment_ids=query_segment_ids is not None)
   if return_max_scores:
     pattern = dataclasses.replace(pattern, max_scores=True)
   if dropout_rate > 0.0:
@@ -722,11 +724,13 @@ def _has_key(lse, query):
 
 def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap=None,
          block_q=None, block_k=None, narrow_keys=False, score_mod=None, mask_mod=None,
-         normalizer="softmax", sigmoid_bias=0.0, dropout=False) -> tuple[Pattern, Blocks]:
+         normalizer="softmax", sigmoid_bias=0.0, dropout=False,
+         segment_ids=False) -> tuple[Pattern, Blocks]:
   """The static pattern and block geometry for query [..., T, N, H] and key [..., S, K, H]
   (``narrow_keys``: the default key blocks of causal attention, for a caller that masks by
   positions; otherwise a window's blocks follow its width, ``Blocks.create``'s ``band``;
-  ``score_mod`` and ``mask_mod``: traced ``mods.Mod`` or None)."""
+  ``segment_ids``: given, so that whole blocks of other documents are skipped, the causal key
+  blocks too; ``score_mod`` and ``mask_mod``: traced ``mods.Mod`` or None)."""
   pattern = Pattern(bool(is_causal), _checks.local_window(local_window_size),
                     _checks.soft_cap(logits_soft_cap),
                     None if score_mod is None else score_mod.fn,
@@ -735,7 +739,7 @@ def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap
   if pattern.window is not None and not narrow_keys:  # blocks skipped by index: small ones
     left, right = pattern.window
     band = left + (min(right, 0) if pattern.is_causal else right) + 1
-  narrow_keys = narrow_keys or pattern.is_causal or pattern.window is not None
+  narrow_keys = narrow_keys or pattern.is_causal or pattern.window is not None or segment_ids
   return pattern, Blocks.create(query.shape[-3], key.shape[-3], block_q, block_k, narrow_keys,
                                dropout, band)
 

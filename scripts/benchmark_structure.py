@@ -2,7 +2,7 @@
 
   python scripts/benchmark_structure.py [--rounds 5] [--length 8192] [--window 128]
       [--heads 8] [--group 8] [--structure-length 4096] [--window-widths 64 256 1024]
-      [--parts window gqa structure window-blocks] [--json FILE]
+      [--documents 1 4 16] [--parts window gqa structure blocks] [--json FILE]
 
 1. Local window: chunked attention with ``local_window_size=(w, w)`` skips the key blocks outside
    the band; the same band passed as a dense boolean mask makes it visit every block, and full
@@ -17,9 +17,10 @@
    timing), forward+backward at ``structure-length``: what one translation of the structure
    into mods, which the fused GPU kernel uses, would cost the blockwise kernel.
 
-4. Window blocks: the blockwise kernel under windows of ``window-widths`` keys on each side (and
-   causal ones, (w, 0)), forward+backward at ``structure-length``, with the blocks it picks by
-   default against square blocks of 128, 256, 512 and 1024.
+4. Blocks: the blockwise kernel under windows of ``window-widths`` keys on each side (and causal
+   ones, (w, 0)) and with ``documents`` equal documents (segment ids), forward+backward at
+   ``structure-length``, with the blocks it picks by default against square blocks of 128 to
+   1024 and the blocks of full attention (1024 x 4096).
 
 Each round runs every method once, in an order shuffled per round; medians over rounds.
 """
@@ -151,24 +152,31 @@ def structure_rows(length, heads, rounds):
   return rows
 
 
-def window_block_rows(length, heads, widths, rounds):
+def block_rows(length, heads, widths, documents, rounds):
   rng = np.random.default_rng(3)
   q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
              for _ in range(3))
-  rows = []
+  cases = {}  # name: the structure's arguments
   for width in widths:
-    for window in ((width, width), (width, 0)):
-      chosen = aj.chunked.plan(q, k, local_window_size=window)[1]
-      blocks = {"default": (None, None)} | {f"{b}x{b}": (b, b) for b in (128, 256, 512, 1024)}
-      methods = {name: lambda q, k, v, b=b: aj.chunked.chunked_attention(
-          q, k, v, scale=0.125, local_window_size=window, block_q=b[0], block_k=b[1])
-          for name, b in blocks.items()}
-      runs = {name: compiled(fn, (q, k, v), True)[0] for name, fn in methods.items()}
-      times = median_times(runs, rounds)
-      for name, seconds in times.items():
-        rows.append({"part": f"window blocks: {window}", "pass": "fwd+bwd", "method": name
-                     if name != "default" else f"default ({chosen.block_q}x{chosen.block_k})",
-                     "ms": 1e3 * seconds, "vs default": seconds / times["default"]})
+    cases[f"window ({width}, {width})"] = dict(local_window_size=(width, width))
+    cases[f"window ({width}, 0)"] = dict(local_window_size=(width, 0))
+  for count in documents:
+    segments = jnp.repeat(jnp.arange(count), -(-length // count))[None, :length]  # [1, T]
+    cases[f"{count} documents"] = dict(query_segment_ids=segments, key_segment_ids=segments)
+  rows = []
+  for name, arguments in cases.items():
+    chosen = aj.chunked.plan(q, k, local_window_size=arguments.get("local_window_size"),
+                             segment_ids="query_segment_ids" in arguments)[1]
+    blocks = {"default": (None, None)} | {f"{b}x{b}": (b, b) for b in (128, 256, 512, 1024)}
+    blocks["1024x4096"] = (1024, 4096)
+    methods = {method: lambda q, k, v, b=b, a=arguments: aj.chunked.chunked_attention(
+        q, k, v, scale=0.125, block_q=b[0], block_k=b[1], **a) for method, b in blocks.items()}
+    runs = {method: compiled(fn, (q, k, v), True)[0] for method, fn in methods.items()}
+    times = median_times(runs, rounds)
+    for method, seconds in times.items():
+      rows.append({"part": f"blocks: {name}", "pass": "fwd+bwd", "method": method
+                   if method != "default" else f"default ({chosen.block_q}x{chosen.block_k})",
+                   "ms": 1e3 * seconds, "vs default": seconds / times["default"]})
   return rows
 
 
@@ -183,9 +191,11 @@ def main():
   parser.add_argument("--structure-length", type=int, default=4096,
                       help="T = S of the structure rows")
   parser.add_argument("--window-widths", nargs="+", type=int, default=[64, 256, 1024],
-                      help="keys on each side of the window-blocks rows")
+                      help="keys on each side of the windows of the blocks rows")
+  parser.add_argument("--documents", nargs="+", type=int, default=[1, 4, 16],
+                      help="documents per sequence of the blocks rows")
   parser.add_argument("--parts", nargs="+", default=["window", "gqa", "structure"],
-                      choices=["window", "gqa", "structure", "window-blocks"])
+                      choices=["window", "gqa", "structure", "blocks"])
   parser.add_argument("--json", help="write the rows to this file")
   args = parser.parse_args()
   if args.heads % args.group:
@@ -199,8 +209,9 @@ def main():
     rows += gqa_rows(args.gqa_length, args.heads, args.group, args.rounds)
   if "structure" in args.parts:
     rows += structure_rows(args.structure_length, args.heads, args.rounds)
-  if "window-blocks" in args.parts:
-    rows += window_block_rows(args.structure_length, args.heads, args.window_widths, args.rounds)
+  if "blocks" in args.parts:
+    rows += block_rows(args.structure_length, args.heads, args.window_widths, args.documents,
+                       args.rounds)
   for row in rows:
     cells = [f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
              for key, value in row.items() if value is not None]
