@@ -133,7 +133,8 @@ def structure_rows(length, heads, rounds):
     # the block mask at its default blocks (128), and at the blocks the kernel takes for the
     # arguments (so that only the translation differs)
     geometry = aj.chunked.plan(q, k, is_causal=arguments.get("is_causal", False),
-                               local_window_size=arguments.get("local_window_size"))[1]
+                               local_window_size=arguments.get("local_window_size"),
+                               segment_ids="query_segment_ids" in arguments)[1]
     kernel_blocks = (geometry.block_q, geometry.block_k)
     block_masks = {"mask_mod + block mask": aj.block_masks.make_block_mask(
                        mask_mod, None, None, length, length),
