@@ -421,8 +421,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
 
   Returns:
     [..., T, N, H_v] in the dtype of ``query``, followed by the weights, the logits, the residual
-    and the maximum scores, those asked for (a tuple then). Malformed shapes or dtypes, or an implementation that cannot serve
-    the call, raise ValueError at trace time.
+    and the maximum scores, those asked for (a tuple then). Malformed shapes or dtypes, or an
+    implementation that cannot serve the call, raise ValueError at trace time.
 
   Example:
     >>> q = k = v = jnp.ones((2, 16, 4, 8))  # (B, T, N, H)

@@ -105,8 +105,9 @@ class Geometry:
     >>> Geometry.create(4096, 4096, band=513).block_k  # a window of 256 on each side
     256
     """
-    default_q, default_k = DEFAULT_BLOCK_Q, (DEFAULT_BLOCK_K_CAUSAL if narrow_keys else
-                                             DEFAULT_BLOCK_K_DROPOUT if dropout else DEFAULT_BLOCK_K)
+    default_q = DEFAULT_BLOCK_Q
+    default_k = (DEFAULT_BLOCK_K_CAUSAL if narrow_keys else
+                 DEFAULT_BLOCK_K_DROPOUT if dropout else DEFAULT_BLOCK_K)
     if band is not None and band < kv_len:  # a power of two, MIN_ to MAX_BLOCK_WINDOW
       half = 1 << (max(band // 2, 1).bit_length() - 1)
       default_q = default_k = min(max(half, MIN_BLOCK_WINDOW), MAX_BLOCK_WINDOW)

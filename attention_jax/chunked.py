@@ -648,11 +648,12 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most
   blocks.DEFAULT_BLOCK_Q and blocks.DEFAULT_BLOCK_K, or DEFAULT_BLOCK_K_CAUSAL under a causal
   mask or with segment ids; under a window, square ones of about half its width,
-  ``blocks.Geometry.create``; a ``block_mask``'s own). Dropout on the weights, ``dropout_rate`` > 0 with ``dropout_rng``: each
-  weight kept with probability 1 - rate and divided by it, by a counter-based mask regenerated
-  from (key, example, head, query, key position) in each block, forward and backward (memory
-  stays linear in T); with ``broadcast_dropout`` one mask for every example and head. The masks
-  differ from flax's (``bernoulli(rng, 1 - rate, shape)``), which the reference path draws.
+  ``blocks.Geometry.create``; a ``block_mask``'s own). Dropout on the weights, ``dropout_rate``
+  > 0 with ``dropout_rng``: each weight kept with probability 1 - rate and divided by it, by a
+  counter-based mask regenerated from (key, example, head, query, key position) in each block,
+  forward and backward (memory stays linear in T); with ``broadcast_dropout`` one mask for every
+  example and head. The masks differ from flax's (``bernoulli(rng, 1 - rate, shape)``), which
+  the reference path draws.
 
   >>> q = k = v = jnp.ones((2, 512, 4, 64))  # [B, T, N, H]
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256).shape
