@@ -30,8 +30,8 @@ from attention_jax.products import dense_dot_general
 
 POOLINGS = ("cls", "mean")
 
-#: Deprecated for one release: EncoderConfig's (and the run config's) old fields for MoH's and
-#: overlapping heads' options, and the key of head_variant_options each became.
+#: The old EncoderConfig fields (and run-config keys) of MoH's and overlapping heads' options,
+#: deprecated for one release, each with the key of head_variant_options it became.
 DEPRECATED_OPTIONS = {"moh_shared_heads": "shared_heads", "moh_routed_heads": "routed_heads",
                       "overlap_schedule": "schedule"}
 
