@@ -2,7 +2,8 @@
 
   python scripts/benchmark_structure.py [--rounds 5] [--length 8192] [--window 128]
       [--heads 8] [--group 8] [--structure-length 4096] [--window-widths 64 256 1024]
-      [--documents 1 4 16] [--parts window gqa structure blocks] [--json FILE]
+      [--documents 1 4 16] [--dense-length 2048] [--parts window gqa structure blocks dense]
+      [--json FILE]
 
 1. Local window: chunked attention with ``local_window_size=(w, w)`` skips the key blocks outside
    the band; the same band passed as a dense boolean mask makes it visit every block, and full
@@ -21,6 +22,10 @@
    ones, (w, 0)) and with ``documents`` equal documents (segment ids), forward+backward at
    ``structure-length``, with the blocks it picks by default against square blocks of 128 to
    1024 and the blocks of full attention (1024 x 4096).
+5. Dense: the reference path with the structure as arguments or as a mask_mod at
+   ``dense-length``, forward+backward: time, XLA's temporary memory, and the mask the dense
+   kernels receive (a mask_mod is evaluated on every index, [B, N, T, S]; the arguments keep the
+   shapes they broadcast from).
 
 Each round runs every method once, in an order shuffled per round; medians over rounds.
 """
@@ -115,21 +120,25 @@ def gqa_rows(length, heads, group, rounds):
   return rows
 
 
-def structure_rows(length, heads, rounds):
-  rng = np.random.default_rng(2)
-  q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
-             for _ in range(3))
+def structures(length):
+  """{name: (dot_product_attention's arguments, the same structure as a mask_mod)}."""
   window, documents, kept = 256, 4, 3 * length // 4
   segments = jnp.repeat(jnp.arange(documents), length // documents)[None]  # [1, T]
-  structures = {  # name: (arguments, the same as a mask_mod)
+  return {
       "causal": (dict(is_causal=True), lambda b, h, i, j: j <= i),
       "window": (dict(local_window_size=window), lambda b, h, i, j: abs(i - j) <= window),
       "4 documents": (dict(query_segment_ids=segments, key_segment_ids=segments),
                       lambda b, h, i, j: segments[0, i] == segments[0, j]),
       "key lengths": (dict(key_value_seq_lengths=jnp.array([kept])), lambda b, h, i, j: j < kept),
   }
+
+
+def structure_rows(length, heads, rounds):
+  rng = np.random.default_rng(2)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
+             for _ in range(3))
   rows = []
-  for name, (arguments, mask_mod) in structures.items():
+  for name, (arguments, mask_mod) in structures(length).items():
     # the block mask at its default blocks (128), and at the blocks the kernel takes for the
     # arguments (so that only the translation differs)
     geometry = aj.chunked.plan(q, k, is_causal=arguments.get("is_causal", False),
@@ -150,6 +159,36 @@ def structure_rows(length, heads, rounds):
     for method, seconds in times.items():
       rows.append({"part": f"structure: {name}", "pass": "fwd+bwd", "method": method,
                    "ms": 1e3 * seconds, "vs arguments": seconds / times["arguments"]})
+  return rows
+
+
+def dense_rows(length, heads, rounds):
+  """The dense reference path with each structure as arguments or as a mask_mod: time and XLA's
+  temporary memory, and the size of the mask that the dense kernels receive either way."""
+  rng = np.random.default_rng(4)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
+             for _ in range(3))
+  rows = []
+  for name, (arguments, mask_mod) in structures(length).items():
+    methods = {"arguments": lambda q, k, v, a=arguments: aj.dot_product_attention(
+                   q, k, v, implementation="reference", **a),
+               "mask_mod": lambda q, k, v, m=mask_mod: aj.dot_product_attention(
+                   q, k, v, implementation="reference", mask_mod=m)}
+    built = {method: compiled(fn, (q, k, v), True) for method, fn in methods.items()}
+    times = median_times({method: run for method, (run, _) in built.items()}, rounds)
+    structure = {field: value for field, value in arguments.items()
+                 if field not in ("is_causal", "local_window_size")}  # lengths, segment ids
+    masks = {"arguments": aj.attention.structure_mask(
+                 None, length, length, local_window_size=arguments.get("local_window_size"),
+                 **structure),
+             "mask_mod": aj.mods.dense(None, mask_mod, q.dtype, (1,), heads, length, length)[1]}
+    for method, (_, temp) in built.items():
+      mask = masks[method]
+      rows.append({"part": f"dense: {name}", "pass": "fwd+bwd", "method": method,
+                   "ms": 1e3 * times[method], "temp MiB": None if temp is None else temp / 2 ** 20,
+                   "mask shape": None if mask is None else str(tuple(mask.shape)),
+                   "mask KiB": 0.0 if mask is None else mask.size * mask.dtype.itemsize / 2 ** 10,
+                   "vs arguments": times[method] / times["arguments"]})
   return rows
 
 
@@ -191,12 +230,13 @@ def main():
   parser.add_argument("--gqa-length", type=int, default=2048, help="T = S of the GQA rows")
   parser.add_argument("--structure-length", type=int, default=4096,
                       help="T = S of the structure rows")
+  parser.add_argument("--dense-length", type=int, default=2048, help="T = S of the dense rows")
   parser.add_argument("--window-widths", nargs="+", type=int, default=[64, 256, 1024],
                       help="keys on each side of the windows of the blocks rows")
   parser.add_argument("--documents", nargs="+", type=int, default=[1, 4, 16],
                       help="documents per sequence of the blocks rows")
   parser.add_argument("--parts", nargs="+", default=["window", "gqa", "structure"],
-                      choices=["window", "gqa", "structure", "blocks"])
+                      choices=["window", "gqa", "structure", "blocks", "dense"])
   parser.add_argument("--json", help="write the rows to this file")
   args = parser.parse_args()
   if args.heads % args.group:
@@ -210,6 +250,8 @@ def main():
     rows += gqa_rows(args.gqa_length, args.heads, args.group, args.rounds)
   if "structure" in args.parts:
     rows += structure_rows(args.structure_length, args.heads, args.rounds)
+  if "dense" in args.parts:
+    rows += dense_rows(args.dense_length, args.heads, args.rounds)
   if "blocks" in args.parts:
     rows += block_rows(args.structure_length, args.heads, args.window_widths, args.documents,
                        args.rounds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -71,7 +72,14 @@ class Ended:
 
   @property
   def last_line(self) -> str:
-    return (self.stderr.strip().splitlines() or [""])[-1]
+    """The last line the process itself wrote to stderr: the JAX runtime's own log lines (glog's
+    "W1127 13:59:53.446134 16774 preemption_notifier.cc:90] SIGTERM caught ...", which a second
+    signal can print after the program's last words) are not the program's."""
+    lines = [line for line in self.stderr.strip().splitlines() if not _RUNTIME_LOG.match(line)]
+    return (lines or [""])[-1]
+
+
+_RUNTIME_LOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [\w.]+:\d+\] ")
 
 
 def start(argv: list[str], num_processes: int = 2, devices: int = 2, timeout: float = 120,

@@ -62,14 +62,21 @@ def test_benchmark_structure_times_windows_and_measures_gqa_memory(tmp_path):
   output = tmp_path / "structure.json"
   result = subprocess.run([sys.executable, "scripts/benchmark_structure.py", "--rounds", "1",
                            "--length", "64", "--window", "4", "--gqa-length", "32", "--heads",
-                           "4", "--group", "2", "--json", str(output)], cwd=ROOT,
-                          capture_output=True, text=True)
+                           "4", "--group", "2", "--structure-length", "256", "--window-widths",
+                           "8", "--documents", "1", "4", "--dense-length", "64", "--parts",
+                           "window", "gqa", "structure", "blocks", "dense", "--json",
+                           str(output)], cwd=ROOT, capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   rows = json.loads(output.read_text())
   methods = {(row["part"], row["pass"], row["method"]) for row in rows}
   assert ("window", "fwd+bwd", "window (blocks skipped)") in methods
   assert {("gqa chunked", "fwd+bwd", name) for name in ("grouped queries",
                                                         "copied keys/values")} <= methods
+  assert ("blocks: window (8, 8)", "fwd+bwd", "default (128x128)") in methods  # W = 17
+  assert ("blocks: 4 documents", "fwd+bwd", "default (256x256)") in methods  # T = 256
+  dense = {row["method"]: row for row in rows if row["part"] == "dense: key lengths"}
+  assert dense["arguments"]["mask shape"] == "(1, 1, 1, 64)"  # [B, 1, 1, S]
+  assert dense["mask_mod"]["mask shape"] == "(1, 4, 64, 64)"  # every index: [B, N, T, S]
   assert all(row["ms"] > 0 for row in rows)
 
 
