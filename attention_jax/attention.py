@@ -255,8 +255,8 @@ def select_implementation(query, key, value, *args, backend: str | None = None,
   """
   if kwargs.get("dropout_rate") and kwargs.get("dropout_rng") is None:
     kwargs["dropout_rng"] = jax.random.key(0)  # a stand-in: only its being there matters
-  containers = lambda x: not isinstance(x, (tuple, list, dict))  # noqa: E731
-  leaves, tree = jax.tree.flatten((query, key, value, args, kwargs), is_leaf=containers)
+  is_leaf = lambda x: not isinstance(x, (tuple, list, dict))  # noqa: E731 (modules, functions)
+  leaves, tree = jax.tree.flatten((query, key, value, args, kwargs), is_leaf=is_leaf)
   traced = [i for i, leaf in enumerate(leaves)
             if isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct, np.ndarray))]
 

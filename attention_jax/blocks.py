@@ -99,8 +99,9 @@ class Geometry:
   def create(cls, q_len, kv_len, block_q=None, block_k=None, narrow_keys=False, dropout=False,
              band: int | None = None):
     """Blocks of ``block_q`` and ``block_k`` (``block_size``), else the defaults; ``narrow_keys``:
-    the shorter key blocks of causal or windowed attention; ``dropout``: of attention dropout;
-    ``band``: the keys a query's window spans (left + right + 1), for blocks of about half that.
+    the shorter key blocks of causal attention (or segment ids, or masking by positions);
+    ``dropout``: of attention dropout; ``band``: the keys a query's window spans (left + right
+    + 1), for blocks of about half that.
 
     >>> Geometry.create(4096, 4096, band=513).block_k  # a window of 256 on each side
     256

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -28,12 +29,19 @@ class ConfigWarning(UserWarning):
   """A config value that runs but does not do what its name promises; the message names the fix."""
 
 
-def default_config():
+@functools.cache
+def _default_module():
+  """configs/default.py, read once per process."""
   path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "default.py")
   spec = importlib.util.spec_from_file_location("default_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module
+
+
+def default_config():
+  """A fresh copy of configs/default.py's config (the caller may change it)."""
+  return _default_module().get_config()
 
 
 def _check_fields(config, reference, prefix=""):

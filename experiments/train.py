@@ -109,11 +109,11 @@ def train(config, workdir: str, replicas: list[dict], *, extra_evals: dict | Non
 
   Returns lists over replicas: "name", "seed", the hyperparameters, eval_loss and eval_accuracy
   (eval_nmse for real targets; and <name>_loss/_accuracy for each of ``extra_evals``, name ->
-  task-option overrides of an extra test set), with ``probes`` the probe summaries at initialisation ("init_*") and at the end
-  ("final_*"), "diverged_at" (the step whose loss or gradient was not finite, 0 if none: such a
-  replica is frozen there, its evaluations are NaN, and the others train on; the run stops only
-  when every replica has diverged), "parameters" (the model's count) and "seconds", the wall time
-  of the whole run.
+  task-option overrides of an extra test set), with ``probes`` the probe summaries at initialisation
+  ("init_*") and at the end ("final_*"), "diverged_at" (the step whose loss or gradient was not
+  finite, 0 if none: such a replica is frozen there, its evaluations are NaN, and the others train
+  on; the run stops only when every replica has diverged), "parameters" (the model's count) and
+  "seconds", the wall time of the whole run.
   """
   started = time.perf_counter()
   mesh = hosts.agree(replicas_lib.checked_mesh, config, len(replicas))
