@@ -49,28 +49,24 @@ def check_qkv(query, key, value, *, folded: bool = False) -> None:
         f"and key {key.shape}.")
 
 
-def check_broadcastable(name: str, shape: Sequence[int],
-                        target: Sequence[int]) -> None:
-  """Raises unless an array of ``shape`` broadcasts to exactly ``target``."""
-  fits = len(shape) <= len(target) and all(
-      dim in (1, want) for dim, want in zip(shape[::-1], target[::-1]))
-  if not fits:
-    raise ValueError(
-        f"{name} of shape {tuple(shape)} does not broadcast to "
-        f"[..., heads, q_len, kv_len] = {tuple(target)}.")
-
-
 def check_mask_and_bias(mask, bias, target: Sequence[int]) -> None:
-  if mask is not None:
-    if mask.dtype != jnp.bool_:
+  """Raises unless ``mask`` is boolean and ``bias`` floating, each (where given) broadcasting
+  to exactly ``target``."""
+  for name, array in (("mask", mask), ("bias", bias)):
+    if array is None:
+      continue
+    if name == "mask" and array.dtype != jnp.bool_:
       raise ValueError(
-          f"mask must be boolean (True = attend), got dtype {mask.dtype}; "
+          f"mask must be boolean (True = attend), got dtype {array.dtype}; "
           "pass an additive mask as bias instead.")
-    check_broadcastable("mask", mask.shape, target)
-  if bias is not None:
-    if not jnp.issubdtype(bias.dtype, jnp.floating):
-      raise ValueError(f"bias must be a floating dtype, got {bias.dtype}.")
-    check_broadcastable("bias", bias.shape, target)
+    if name == "bias" and not jnp.issubdtype(array.dtype, jnp.floating):
+      raise ValueError(f"bias must be a floating dtype, got {array.dtype}.")
+    fits = len(array.shape) <= len(target) and all(
+        dim in (1, want) for dim, want in zip(array.shape[::-1], target[::-1]))
+    if not fits:
+      raise ValueError(
+          f"{name} of shape {tuple(array.shape)} does not broadcast to "
+          f"[..., heads, q_len, kv_len] = {tuple(target)}.")
 
 
 #: The jax.nn arguments that describe which keys each query sees, as arrays.

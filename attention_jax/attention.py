@@ -480,25 +480,25 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   return (output, *extras) if extras else output
 
 
-def _pallas_gpu(query, key, value, r: Request):  # the structure as mods, in the kernel
-  return pallas_gpu.pallas_gpu_attention(
-      query, key, value, r.mask, scale=r.scale, is_causal=r.is_causal,
-      local_window_size=r.window, logits_soft_cap=r.logits_soft_cap,
-      return_residual=r.return_residual, empty_rows=r.empty_rows, score_mod=r.score_mod,
-      mask_mod=r.mask_mod, block_mask=r.block_mask, return_max_scores=r.return_max_scores,
+def _blockwise(r: Request) -> dict:
+  """The options that the two blockwise kernels, ``_pallas_gpu`` and ``_chunked``, share."""
+  return dict(
+      scale=r.scale, is_causal=r.is_causal, local_window_size=r.window,
+      logits_soft_cap=r.logits_soft_cap, return_residual=r.return_residual,
+      empty_rows=r.empty_rows, score_mod=r.score_mod, mask_mod=r.mask_mod,
+      block_mask=r.block_mask, return_max_scores=r.return_max_scores,
       dropout_rate=r.dropout_rate, dropout_rng=r.dropout_rng,
       broadcast_dropout=r.broadcast_dropout, **r.structure)
 
 
+def _pallas_gpu(query, key, value, r: Request):  # the structure as mods, in the kernel
+  return pallas_gpu.pallas_gpu_attention(query, key, value, r.mask, **_blockwise(r))
+
+
 def _chunked(query, key, value, r: Request):  # the structure implicit: whole blocks are skipped
   return chunked.chunked_attention(
-      query, key, value, r.bias, r.mask, scale=r.scale, is_causal=r.is_causal,
-      local_window_size=r.window, logits_soft_cap=r.logits_soft_cap,
-      return_residual=r.return_residual, empty_rows=r.empty_rows, score_mod=r.score_mod,
-      mask_mod=r.mask_mod, block_mask=r.block_mask, sinks=r.sinks, normalizer=r.normalizer,
-      sigmoid_bias=r.sigmoid_bias, dropout_rate=r.dropout_rate, dropout_rng=r.dropout_rng,
-      broadcast_dropout=r.broadcast_dropout, return_max_scores=r.return_max_scores,
-      **r.structure)
+      query, key, value, r.bias, r.mask, sinks=r.sinks, normalizer=r.normalizer,
+      sigmoid_bias=r.sigmoid_bias, **_blockwise(r))
 
 
 def _reference(query, key, value, bias, mask, score_mod, r: Request):

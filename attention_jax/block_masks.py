@@ -23,6 +23,7 @@ DEFAULT_BLOCK_SIZE = 128
 _GLYPHS = {blocks.EMPTY: " ", blocks.PARTIAL: "░", blocks.FULL: "█"}  # as torch draws them
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class BlockMask:
   """Which blocks of queries and keys a mask_mod leaves empty, partial or full: a pytree whose
@@ -145,13 +146,13 @@ class BlockMask:
     if isinstance(self.kinds, jax.core.Tracer):
       return "(the blocks are traced: print the block mask outside jit)"
     kinds = np.asarray(self.kinds)
+    num_rows, num_columns = min(grid_size[0], kinds.shape[2]), min(grid_size[1], kinds.shape[3])
     pictures = []
     for b, h in list(np.ndindex(*kinds.shape[:2]))[:limit]:
-      rows = [_cells(row, grid_size[1]) for row in np.array_split(kinds[b, h],
-                                                                  min(grid_size[0],
-                                                                      kinds.shape[2]))]
+      rows = ("|" + "".join(map(_glyph, np.array_split(row, num_columns, axis=1))) + "|"
+              for row in np.array_split(kinds[b, h], num_rows))
       label = f"batch {b}, head {h}" if kinds.shape[:2] != (1, 1) else "every batch and head"
-      pictures.append(label + "\n" + "\n".join("|" + "".join(row) + "|" for row in rows))
+      pictures.append(label + "\n" + "\n".join(rows))
     if kinds.shape[0] * kinds.shape[1] > limit:
       pictures.append(f"... {kinds.shape[0] * kinds.shape[1] - limit} more")
     return "\n".join(pictures)
@@ -163,19 +164,10 @@ class BlockMask:
             f"{sparsity},\n{self.to_string()}\n)")
 
 
-def _cells(block_rows: np.ndarray, columns: int) -> list[str]:
-  """One character per group of columns of ``block_rows`` [rows, K]."""
-  groups = np.array_split(np.arange(block_rows.shape[1]), min(columns, block_rows.shape[1]))
-  cells = []
-  for group in groups:
-    kinds = np.unique(block_rows[:, group])
-    cells.append(_GLYPHS[int(kinds[0])] if len(kinds) == 1 else _GLYPHS[blocks.PARTIAL])
-  return cells
-
-
-jax.tree_util.register_dataclass(BlockMask, data_fields=["kinds"],
-                                 meta_fields=["q_len", "kv_len", "block_q", "block_k",
-                                              "mask_mod"])
+def _glyph(cell: np.ndarray) -> str:
+  """The character of a group of blocks: their kind where they share one, else partial."""
+  kinds = np.unique(cell)
+  return _GLYPHS[int(kinds[0]) if len(kinds) == 1 else blocks.PARTIAL]
 
 
 def make_block_mask(mask_mod, batch: int | None, heads: int | None, q_len: int, kv_len: int,

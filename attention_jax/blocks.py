@@ -170,8 +170,7 @@ def dropout_bits(key_data, q_idx, kv_idx):
 
 def dropout_keep(key_data, q_idx, kv_idx, rate: float):
   """Inverted dropout's mask per entry, True where kept: where ``dropout_bits`` >= rate * 2^32,
-  so with probability 1 - rate (to 2^-32). The kernels apply it with ``jnp.where`` and scale by
-  1 / (1 - rate) once, on the output and on dO, rather than per entry."""
+  so with probability 1 - rate (to 2^-32)."""
   threshold = jnp.uint32(min(round(rate * 2.0 ** 32), 2 ** 32 - 1))
   return dropout_bits(key_data, q_idx.astype(jnp.uint32), kv_idx.astype(jnp.uint32)) >= threshold
 

@@ -50,6 +50,15 @@ class Pattern:
   dropout_rate: float = 0.0
   max_scores: bool = False  # the forward also returns each row's largest logit
 
+  @property
+  def reach(self) -> tuple[int | None, int | None]:
+    """How far before and after its own position a query's keys may lie (None: unbounded): the
+    window's, ``after`` at most 0 under the causal mask."""
+    before, after = (None, None) if self.window is None else self.window
+    if self.is_causal:
+      after = 0 if after is None else min(after, 0)
+    return before, after
+
 
 class _Extras(NamedTuple):
   """Per example of the flattened batch, or None: segment ids and positions [B or 1, Lp] (the
@@ -103,20 +112,11 @@ def _occupied(kinds, lo, hi):
 
 def varying_zeros(shape, dtype, *like):
   """Zeros that vary over the shard_map axes of the arrays ``like`` (check_vma's loop carries)."""
-  zeros = jnp.zeros(shape, dtype)
-  for array in jax.tree_util.tree_leaves(like):
-    zeros = zeros + jnp.zeros_like(array, dtype, shape=())
-  return zeros
+  return mods_lib.anchor_of(*like, shape=shape, dtype=dtype)
 
 
 class Blocks(blocks.Geometry):
   """The block geometry with the kernel's rules: which blocks can attend, and their masks."""
-
-  @staticmethod
-  def _last(block, size, length, dynamic_length):
-    """The last real index of ``block``; below its first when the block is empty."""
-    last = jnp.minimum((block + 1) * size, length) - 1
-    return last if dynamic_length is None else jnp.minimum(last, dynamic_length - 1)
 
   def span(self, fixed, pattern: Pattern, head: _Head, *, row: bool):
     """Blocks [lo, hi) of the other axis that block ``fixed`` may meet (``row``: the key blocks
@@ -124,16 +124,13 @@ class Blocks(blocks.Geometry):
     size, other, length, own_length, other_length, num = (
         (self.block_q, self.block_k, self.q_len, head.q_length, head.kv_length, self.num_k) if row
         else (self.block_k, self.block_q, self.kv_len, head.kv_length, head.q_length, self.num_q))
-    first, last = fixed * size, self._last(fixed, size, length, own_length)
+    first = fixed * size
+    last = jnp.minimum((fixed + 1) * size, length) - 1  # the last real index: < first if empty
+    last = last if own_length is None else jnp.minimum(last, own_length - 1)
     lo, hi = 0, num
     if head.q_positions is None:  # explicit positions: blocks are skipped one by one
       # the other axis's reach before and after this block's positions (None: unbounded)
-      before, after = (None, None) if pattern.window is None else (
-          pattern.window if row else pattern.window[::-1])
-      if pattern.is_causal and row:
-        after = 0 if after is None else min(after, 0)
-      elif pattern.is_causal:
-        before = 0 if before is None else min(before, 0)
+      before, after = pattern.reach if row else pattern.reach[::-1]
       if before is not None:
         lo = jnp.maximum(lo, (first - before) // other)
       if after is not None:
@@ -159,10 +156,8 @@ class Blocks(blocks.Geometry):
     (``full``: the block mask says the mask_mod allows them all)."""
     query_index = (i * self.block_q + jnp.arange(self.block_q))[:, None]  # [bq, 1]
     key_index = (j * self.block_k + jnp.arange(self.block_k))[None, :]  # [1, bk]
-    query_position, key_position = query_index, key_index
-    if head.q_positions is not None:
-      query_position, key_position = self.block_ids(head.q_positions, head.kv_positions, i, j)
-      query_position, key_position = query_position[:, None], key_position[None, :]
+    query_position, key_position = (
+        (query_index, key_index) if head.q_positions is None else self.mod_indices(i, j, head))
     parts = [self.cut(head.mask, i, j)]
     if self.kv_len % self.block_k:
       parts.append(key_index < self.kv_len)  # padded keys never
@@ -194,13 +189,12 @@ class Blocks(blocks.Geometry):
     if head.q_segments is not None:
       q_ids, kv_ids = self.block_ids(head.q_segments, head.kv_segments, i, j)
       could_attend.append((jnp.min(q_ids) <= jnp.max(kv_ids)) & (jnp.min(kv_ids) <= jnp.max(q_ids)))
-    if head.q_positions is not None and (pattern.is_causal or pattern.window is not None):
+    before, after = pattern.reach
+    if head.q_positions is not None and after is not None:  # causal or windowed
       q_pos, kv_pos = self.block_ids(head.q_positions, head.kv_positions, i, j)
-      right = min(([0] if pattern.is_causal else [])
-                  + ([pattern.window[1]] if pattern.window is not None else []))
-      could_attend.append(jnp.min(kv_pos) <= jnp.max(q_pos) + right)
-      if pattern.window is not None:
-        could_attend.append(jnp.max(kv_pos) >= jnp.min(q_pos) - pattern.window[0])
+      could_attend.append(jnp.min(kv_pos) <= jnp.max(q_pos) + after)
+      if before is not None:
+        could_attend.append(jnp.max(kv_pos) >= jnp.min(q_pos) - before)
     if not could_attend:
       return step(carry, False)
     go = functools.reduce(jnp.logical_and, could_attend)
@@ -219,7 +213,7 @@ class Blocks(blocks.Geometry):
     lo, hi = self.span(fixed, pattern, head, row=row)
     pair = (lambda other: (fixed, other)) if row else (lambda other: (other, fixed))
     by_ids = head.q_segments is not None or (
-        head.q_positions is not None and (pattern.is_causal or pattern.window is not None))
+        head.q_positions is not None and pattern.reach[1] is not None)
     if head.block_kinds is None or pattern.mask_mod is None or by_ids:
       return lax.fori_loop(lo, hi, lambda other, c: self.unless_skipped(
           lambda c, full: step(c, other, full), c, *pair(other), pattern, head), carry)
@@ -232,25 +226,6 @@ class Blocks(blocks.Geometry):
     carry = lax.fori_loop(0, num_full, lambda t, c: step(c, order[t], True), carry)
     return lax.fori_loop(num_full, num_full + num_partial,
                          lambda t, c: step(c, order[t], False), carry)
-
-
-def _score_mod(pattern: Pattern, head: _Head, geometry: Blocks, i, j, transposed):
-  """(score, trainable constants) of the score_mod on block (i, j) (logits [bq, bk], or [bk, bq]
-  ``transposed``), or None; ``score(logits, trainable)``."""
-  if pattern.score_mod is None:
-    return None
-  q_idx, kv_idx = geometry.mod_indices(i, j, head)  # [bq, 1], [1, bk]
-  if transposed:
-    q_idx, kv_idx = q_idx.T, kv_idx.T
-  consts = head.score_consts
-  trainable = [mods_lib.is_trainable(c) for c in consts]
-
-  def score(logits, trained):
-    trained = iter(trained)
-    merged = [next(trained) if t else c for c, t in zip(consts, trainable)]
-    return mods_lib.pointwise(pattern.score_mod, merged, logits, head.batch, head.head, q_idx,
-                              kv_idx, anchor=head.anchor)
-  return score, tuple(c for c, t in zip(consts, trainable) if t)
 
 
 def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: Blocks, dtype,
@@ -266,13 +241,19 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: Blo
     logits = pattern.soft_cap * squashed
   bias = turn(geometry.cut(head.bias, i, j))
   logits = logits if bias is None else logits + bias
-  score_mod, vjp = _score_mod(pattern, head, geometry, i, j, transposed), None
-  if score_mod is not None:
-    score, trained = score_mod
-    if pullback:
-      logits, vjp = jax.vjp(score, logits, trained)
-    else:
-      logits = score(logits, trained)
+  vjp = None
+  if pattern.score_mod is not None:  # a function of the logits and the trainable constants
+    q_idx, kv_idx = map(turn, geometry.mod_indices(i, j, head))  # [bq, 1], [1, bk] (turned)
+    consts = head.score_consts
+    trainable = [mods_lib.is_trainable(c) for c in consts]
+
+    def score(logits, trained):
+      trained = iter(trained)
+      merged = [next(trained) if t else c for c, t in zip(consts, trainable)]
+      return mods_lib.pointwise(pattern.score_mod, merged, logits, head.batch, head.head, q_idx,
+                                kv_idx, anchor=head.anchor)
+    trained = tuple(c for c, t in zip(consts, trainable) if t)
+    logits, vjp = jax.vjp(score, logits, trained) if pullback else (score(logits, trained), None)
   allowed = turn(geometry.allowed(i, j, pattern, head, full))
   masked = reference.masked_logit(logits.dtype)  # finite: jax.debug_infs stays quiet
   logits = logits if allowed is None else jnp.where(allowed, logits, masked)
@@ -280,11 +261,8 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: Blo
 
 
 def _kept(pattern: Pattern, head: _Head, g: Blocks, i, j, transposed=False):
-  """Inverted dropout's mask on block (i, j), True where kept, [bq, bk] ([bk, bq]
-  ``transposed``), or None without dropout. Counter-based: entry (t, s) is kept where
-  ``dropout_bits`` of (t, s) under the key of (example, head) is >= rate * 2^32, so any block
-  of any shape regenerates the same entries, forward and backward, and no mask is stored. The
-  1 / (1 - rate) scaling is applied once (``blocks.dropout_scale``), not per entry."""
+  """``blocks.dropout_keep`` on block (i, j) under this head's key: True where kept, [bq, bk]
+  ([bk, bq] ``transposed``); None without dropout."""
   if not pattern.dropout_rate:
     return None
   q_idx = (i * g.block_q + jnp.arange(g.block_q))[:, None]  # [bq, 1]
@@ -562,8 +540,7 @@ def mods_cotangent(mods: Mods, d_mod, d_sinks=None) -> Mods:
   d_score_consts = tuple(_cotangent_like(next(d_mod), c) if mods_lib.is_trainable(c) else None
                          for c in mods.score_consts)
   return Mods(d_score_consts, (None,) * len(mods.mask_consts),
-              None if d_sinks is None else _cotangent_like(d_sinks, mods.sinks), None, None,
-              None)
+              None if d_sinks is None else _cotangent_like(d_sinks, mods.sinks))
 
 
 def _put_bias(d_bias, slot, b, n):
@@ -608,8 +585,7 @@ def _attention_fwd(q, k, v, bias, mask, extras, mods, pattern, geometry):
   # q is in the compute dtype (prepare), so out is too: the backward's rowsum(dO * O) reads O
   # unrounded, and finish() casts it to the caller's dtype.
   outputs = forward(q, k, v, bias, mask, extras, mods, pattern, geometry)
-  out, lse = outputs[:2]
-  return outputs, (q, k, v, bias, mask, extras, mods, out, lse)
+  return outputs, (q, k, v, bias, mask, extras, mods, *outputs[:2])
 
 
 def _attention_bwd(pattern, geometry, residuals, cotangents):
@@ -738,8 +714,8 @@ def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap
                     None if mask_mod is None else mask_mod.fn, normalizer, sigmoid_bias)
   band = None
   if pattern.window is not None and not narrow_keys:  # blocks skipped by index: small ones
-    left, right = pattern.window
-    band = left + (min(right, 0) if pattern.is_causal else right) + 1
+    before, after = pattern.reach
+    band = before + after + 1
   narrow_keys = narrow_keys or pattern.is_causal or pattern.window is not None or segment_ids
   return pattern, Blocks.create(query.shape[-3], key.shape[-3], block_q, block_k, narrow_keys,
                                dropout, band)
@@ -779,15 +755,8 @@ def prepare(query, key, value, bias=None, mask=None, *, scale, geometry: Blocks,
     return blocks.pad_axis(blocks.pad_axis(x, 2, padded_q), 3, padded_k)
 
   def per_example(x, length=None):  # [...] or [..., L] -> [B or 1] or [B or 1, L_padded]
-    if x is None:
-      return None
-    x = jnp.asarray(x, jnp.int32)
-    tail = x.shape[-1:] if length is not None else ()
-    x = jnp.reshape(x, (1,) * (len(batch_shape) + len(tail) - x.ndim) + x.shape)
-    if all(dim == 1 for dim in x.shape[:len(batch_shape)]):  # shared by every example
-      x = jnp.reshape(x, (1,) + tail)
-    else:
-      x = jnp.reshape(jnp.broadcast_to(x, batch_shape + tail), (-1,) + tail)
+    x = None if x is None else jnp.asarray(x, jnp.int32)
+    x = masks_lib.flatten_batch(x, batch_shape, core=0 if length is None else 1)
     return x if length is None else blocks.pad_axis(x, 1, length, mode="edge", broadcasts=False)
 
   extras = _Extras(per_example(segment_ids[0], padded_q), per_example(segment_ids[1], padded_k),

@@ -135,9 +135,9 @@ def _ring(q, k, v, extras, mods, pattern, geometry, axis_name):
 
 
 def _ring_fwd(q, k, v, extras, mods, pattern, geometry, axis_name):
-  """q [B, N, Tp, H], k and v [B, K, Sp, H] (this device's shards) -> out [B, N, Tp, H_v],
-  lse [B, N, Tp] (``reference.least_row_max`` on a row with no key, the kernel's convention).
-  ``mods``: the score_mod's and mask_mod's constants (chunked.Mods), the same on every step."""
+  """``chunked.forward``'s (out, lse) for this device's shards of q, k and v, over the keys of
+  every shard in turn. ``mods``: the score_mod's and mask_mod's constants (chunked.Mods), the
+  same on every step."""
 
   def attend(passing):  # -> out, lse (-inf on an empty row)
     k_step, v_step, extras_step = _arriving(extras, passing)
@@ -192,15 +192,6 @@ def _ring_bwd(pattern, geometry, axis_name, residuals, cotangents):
 _ring.defvjp(_ring_fwd, _ring_bwd)
 
 
-def _segments_with_lengths(segment_ids, seq_lengths, positions, past_length):
-  """Segment ids [..., L] (0 when None) with ``past_length`` where position >= length."""
-  if seq_lengths is None:
-    return segment_ids
-  ids = jnp.zeros(positions.shape, jnp.int32) if segment_ids is None else segment_ids
-  past = positions >= jnp.asarray(seq_lengths)[..., None]
-  return jnp.where(past, past_length, ids)
-
-
 def context_parallel_attention_shard(
     query, key, value, bias=None, mask=None, *, axis_name, strategy: str = "ring",
     layout: str = "contiguous", is_causal: bool = False, scale: float | None = None,
@@ -243,16 +234,19 @@ def context_parallel_attention_shard(
   positions = shard_positions(query.shape[-3], axis_name, layout)  # [T/P]
   batch_shape = query.shape[:-3]
   q_positions = kv_positions = jnp.broadcast_to(positions, batch_shape + positions.shape)
-  q_segments = _segments_with_lengths(query_segment_ids, query_seq_lengths, q_positions,
-                                      _PAST_QUERY_LENGTH)
-  kv_segments = _segments_with_lengths(key_segment_ids, key_value_seq_lengths, kv_positions,
-                                       _PAST_KEY_LENGTH)
-  if key_mask is not None:
-    kv_segments = jnp.where(key_mask, 0 if kv_segments is None else kv_segments, _PAST_KEY_LENGTH)
-  if (q_segments is None) != (kv_segments is None):  # lengths or a key mask on one side only
-    zeros = jnp.zeros(q_positions.shape, jnp.int32)
-    q_segments = zeros if q_segments is None else q_segments
-    kv_segments = zeros if kv_segments is None else kv_segments
+
+  def segments(ids, lengths, valid, past):  # ids [..., L] (0 if None), ``past`` where not valid
+    ids = jnp.zeros(q_positions.shape, jnp.int32) if ids is None else ids
+    if lengths is not None:
+      below = q_positions < jnp.asarray(lengths)[..., None]
+      valid = below if valid is None else jnp.logical_and(valid, below)
+    return ids if valid is None else jnp.where(valid, ids, past)
+
+  q_segments = kv_segments = None  # segment ids (in pairs), and past the lengths or key mask
+  if any(x is not None for x in (query_segment_ids, query_seq_lengths, key_value_seq_lengths,
+                                 key_mask)):
+    q_segments = segments(query_segment_ids, query_seq_lengths, None, _PAST_QUERY_LENGTH)
+    kv_segments = segments(key_segment_ids, key_value_seq_lengths, key_mask, _PAST_KEY_LENGTH)
 
   def gather(x, axis):  # the whole sequence on every device
     return None if x is None else lax.all_gather(x, axis_name, axis=x.ndim + axis, tiled=True)
@@ -318,11 +312,11 @@ def context_parallel_attention(
   zigzag = load_balance and (is_causal or local_window_size is not None) and size > 1
   length, chunks = query.shape[-3], 2 * size if zigzag else size
   along = lambda x: None if x is None else jnp.asarray(x)
-  query_segment_ids, key_segment_ids = along(query_segment_ids), along(key_segment_ids)
-  bias, mask = along(bias), along(mask)
+  (bias, mask, query_seq_lengths, key_value_seq_lengths, query_segment_ids,
+   key_segment_ids) = map(along, (bias, mask, query_seq_lengths, key_value_seq_lengths,
+                                  query_segment_ids, key_segment_ids))
   general_mask = None if mask is None or _is_key_mask(mask) else mask
   _check_request(query, key, bias, general_mask, strategy)
-  key_value_seq_lengths = along(key_value_seq_lengths)
   padding = -length % chunks
   if padding:  # to whole chunks; the padded keys are past every sequence length
     if key_value_seq_lengths is None:
@@ -339,25 +333,21 @@ def context_parallel_attention(
                                           for x in (query_segment_ids, key_segment_ids))
     bias, mask = (None if x is None else _permute_logits(x, size) for x in (bias, mask))
 
-  def spec(x, sequence_axis):  # shard the sequence axis, leave the rest to the compiler
-    if x is None:
-      return None
+  def spec(x, sequence_axis):  # shard the sequence axis (if any), leave the rest to the compiler
+    if sequence_axis is None:
+      return PartitionSpec()
     axes = [None] * x.ndim
     if x.shape[sequence_axis] != 1:
       axes[sequence_axis] = axis_name
     return PartitionSpec(*axes)
 
-  sequence_axis = {"query": -3, "key": -3, "value": -3, "bias": -2,
-                   "mask": -1 if mask is not None and _is_key_mask(mask) else -2,
-                   "query_segment_ids": -1, "key_segment_ids": -1}
-  arrays = {"query": query, "key": key, "value": value, "bias": bias, "mask": mask,
-            "query_seq_lengths": along(query_seq_lengths),
-            "key_value_seq_lengths": along(key_value_seq_lengths),
-            "query_segment_ids": query_segment_ids, "key_segment_ids": key_segment_ids}
-  arrays = {name: _onto(x, spec(x, sequence_axis[name]) if name in sequence_axis else None, mesh)
-            for name, x in arrays.items() if x is not None}
-  specs = {name: spec(x, sequence_axis[name]) if name in sequence_axis else PartitionSpec()
-           for name, x in arrays.items()}
+  arrays = {"query": (query, -3), "key": (key, -3), "value": (value, -3), "bias": (bias, -2),
+            "mask": (mask, -1 if mask is not None and _is_key_mask(mask) else -2),
+            "query_seq_lengths": (query_seq_lengths, None),
+            "key_value_seq_lengths": (key_value_seq_lengths, None),
+            "query_segment_ids": (query_segment_ids, -1), "key_segment_ids": (key_segment_ids, -1)}
+  specs = {name: spec(x, axis) for name, (x, axis) in arrays.items() if x is not None}
+  arrays = {name: _onto(arrays[name][0], specs[name], mesh) for name in specs}
   per_device = functools.partial(
       context_parallel_attention_shard, axis_name=axis_name, strategy=strategy,
       layout="zigzag" if zigzag else "contiguous", is_causal=is_causal, scale=scale,

@@ -62,13 +62,11 @@ def logit_variance(logits, valid):
   >>> logit_variance(jnp.array([[[[1.0, -1.0]]]]), jnp.ones((1, 1, 1, 2), bool))
   Array([1.], dtype=float32)
   """
-  weight = jnp.broadcast_to(valid, logits.shape).astype(jnp.float32)
-  axes = tuple(a for a in range(logits.ndim) if a != logits.ndim - 3)
-  count = jnp.maximum(jnp.sum(weight, axis=axes), 1.0)
-  logits = jnp.where(weight > 0, logits, 0.0)
-  mean = jnp.sum(logits * weight, axis=axes) / count
-  centered = logits - jnp.expand_dims(mean, (-2, -1))
-  return jnp.sum(centered ** 2 * weight, axis=axes) / count
+  pairs = logits.shape[:-2] + (-1,)  # [..., N, T * S]: each (query, key) pair a "query"
+  valid = jnp.reshape(jnp.broadcast_to(valid, logits.shape), pairs)
+  logits = jnp.where(valid, jnp.reshape(logits, pairs), 0.0)  # masked (-inf) ones: 0
+  mean = per_head_mean(logits, valid)  # [N]
+  return per_head_mean((logits - mean[:, None]) ** 2, valid)
 
 
 def negative_weight(weights):
@@ -108,7 +106,6 @@ def head_statistics(logits, weights, valid):
   (4,)
   """
   query_valid = jnp.any(valid, axis=-1)  # [..., 1|N, T]
-  square = logits.shape[-1] == logits.shape[-2]
   stats = {
       "logit_variance": logit_variance(logits, valid),
       "entropy": per_head_mean(entropy(weights), query_valid),
@@ -117,7 +114,7 @@ def head_statistics(logits, weights, valid):
       "negative_weight": per_head_mean(negative_weight(weights), query_valid),
       "first_token_weight": per_head_mean(weights[..., 0], query_valid),
   }
-  if square:
+  if logits.shape[-1] == logits.shape[-2]:  # square: each query has a key of its own index
     stats["diagonal_max"] = per_head_mean(
         diagonal_is_max(logits, valid).astype(jnp.float32), query_valid)
   return stats

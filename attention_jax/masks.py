@@ -119,19 +119,21 @@ def combine_masks(*masks):
   return functools.reduce(jnp.logical_and, masks)
 
 
-def flatten_batch(array, batch_shape):
-  """[..., N', T', S'] broadcastable to ``[*batch_shape, N, T, S]`` -> [B or 1, N', T', S'].
+def flatten_batch(array, batch_shape, core: int = 3):
+  """[..., N', T', S'] broadcastable to ``[*batch_shape, N, T, S]`` -> [B or 1, N', T', S'] (or
+  any ``core`` trailing axes in place of those three).
 
   Flattens the batch dims into one, as kernels with a single batch axis want; a mask or bias that
   is shared across the batch stays shared (no copy per example). None stays None.
   """
   if array is None:
     return None
-  array = jnp.reshape(array, (1,) * (len(batch_shape) + 3 - array.ndim) + array.shape)
-  if all(dim == 1 for dim in array.shape[:-3]):
-    return jnp.reshape(array, (1,) + array.shape[-3:])
-  array = jnp.broadcast_to(array, tuple(batch_shape) + array.shape[-3:])
-  return jnp.reshape(array, (-1,) + array.shape[-3:])
+  array = jnp.reshape(array, (1,) * (len(batch_shape) + core - array.ndim) + array.shape)
+  batch, tail = array.shape[:array.ndim - core], array.shape[array.ndim - core:]
+  if all(dim == 1 for dim in batch):
+    return jnp.reshape(array, (1,) + tail)
+  array = jnp.broadcast_to(array, tuple(batch_shape) + tail)
+  return jnp.reshape(array, (-1,) + tail)
 
 
 def fold_infinite_bias(bias, mask):

@@ -75,12 +75,11 @@ def vary_like(array, anchor):
   return array if anchor is None else jnp.where(anchor == 0, array, array)
 
 
-def anchor_of(*arrays):
-  """An int32 zero that varies over every shard_map axis any of ``arrays`` (None skipped)
-  varies over."""
+def anchor_of(*arrays, shape=(), dtype=jnp.int32):
+  """Zeros of ``shape`` and ``dtype`` (by default an int32 scalar) that vary over every shard_map
+  axis any of ``arrays`` (None skipped) varies over."""
   leaves = jax.tree_util.tree_leaves(arrays)
-  return sum((jnp.zeros_like(leaf, jnp.int32, shape=()) for leaf in leaves),
-             jnp.zeros((), jnp.int32))
+  return sum((jnp.zeros_like(leaf, dtype, shape=()) for leaf in leaves), jnp.zeros(shape, dtype))
 
 
 def is_trainable(const) -> bool:
@@ -88,10 +87,18 @@ def is_trainable(const) -> bool:
   return jnp.issubdtype(jnp.result_type(const), jnp.floating)
 
 
-def _trace(mod, name, examples, want, anchor):
-  """``mod`` traced at scalar ``examples`` into a Mod; ``want`` checks its output's dtype."""
+def _trace(mod, name, anchor, score_dtype=None):
+  """The score_mod or mask_mod (``name``) ``mod`` as a Mod (None stays None), traced on scalars
+  that vary like ``anchor``: for a score_mod a score of ``score_dtype``, then four int32 indices;
+  its output checked to be one floating score, or one bool."""
+  if mod is None:
+    return None
   if not callable(mod):
     raise ValueError(f"{name} must be a function, got {mod!r}.")
+  index = vary_like(jnp.zeros((), jnp.int32), anchor)
+  is_score = name == "score_mod"
+  score = (vary_like(jnp.zeros((), score_dtype), anchor),) if is_score else ()
+  examples = score + (index,) * 4
   try:
     closed = jax.make_jaxpr(mod)(*examples)
   except jax.errors.JAXTypeError as error:  # a Python if, int() or numpy call on an index
@@ -103,7 +110,9 @@ def _trace(mod, name, examples, want, anchor):
     raise ValueError(f"{name} must take {len(examples)} arguments ({_SIGNATURES[name]}): "
                      f"{error}") from None
   (out,) = closed.out_avals if len(closed.out_avals) == 1 else (None,)
-  if out is None or out.shape != () or not want(out.dtype):
+  wanted = out is not None and out.shape == () and (
+      jnp.issubdtype(out.dtype, jnp.floating) if is_score else out.dtype == jnp.bool_)
+  if not wanted:
     got = "several outputs" if out is None else f"{out.dtype}{list(out.shape)}"
     raise ValueError(f"{name} must return {_RETURNS[name]} for scalar arguments "
                      f"({_SIGNATURES[name]}), got {got}.")
@@ -123,20 +132,12 @@ _RETURNS = {"score_mod": "one floating score (a scalar like its score)",
 def trace_score_mod(score_mod, dtype=jnp.float32, anchor=None) -> Mod | None:
   """score_mod(score, batch, head, q_idx, kv_idx) -> score as a Mod (None stays None), traced
   on scalars that vary like ``anchor`` (``anchor_of`` the call's inputs)."""
-  if score_mod is None:
-    return None
-  index = vary_like(jnp.zeros((), jnp.int32), anchor)
-  examples = (vary_like(jnp.zeros((), dtype), anchor),) + (index,) * 4
-  return _trace(score_mod, "score_mod", examples, lambda d: jnp.issubdtype(d, jnp.floating),
-                anchor)
+  return _trace(score_mod, "score_mod", anchor, dtype)
 
 
 def trace_mask_mod(mask_mod, anchor=None) -> Mod | None:
   """mask_mod(batch, head, q_idx, kv_idx) -> bool as a Mod (None stays None)."""
-  if mask_mod is None:
-    return None
-  index = vary_like(jnp.zeros((), jnp.int32), anchor)
-  return _trace(mask_mod, "mask_mod", (index,) * 4, lambda d: d == jnp.bool_, anchor)
+  return _trace(mask_mod, "mask_mod", anchor)
 
 
 def dense_indices(batch_shape, num_heads, q_len, kv_len):
@@ -224,11 +225,9 @@ def create_mask(mod, batch: int | None, heads: int | None, q_len: int, kv_len: i
     raise ValueError(f"create_mask takes a mask_mod ({_SIGNATURES['mask_mod']}) or a score_mod "
                      f"({_SIGNATURES['score_mod']}), got a function of {arity} positional "
                      "arguments.")
-  indices = dense_indices((batch or 1,), heads or 1, q_len, kv_len)
-  if arity == 4:
-    return trace_mask_mod(mod)(*indices)
-  scores = trace_score_mod(mod)(jnp.zeros((), jnp.float32), *indices)
-  return scores > -jnp.inf
+  score_mod, mask_mod = (None, mod) if arity == 4 else (mod, None)
+  score, allow = dense(score_mod, mask_mod, jnp.float32, (batch or 1,), heads or 1, q_len, kv_len)
+  return allow if score is None else score(jnp.zeros((), jnp.float32)) > -jnp.inf
 
 
 def _positional_arity(fn) -> int | None:

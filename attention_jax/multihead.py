@@ -112,11 +112,9 @@ def key_value_inputs(inputs_q, inputs_k=None, inputs_v=None):
 def project_out(params, heads, *, dtype=None, precision=None):
   """Concat(head_1..head_N) W_O: [..., T, N, H] -> [..., T, D_out]."""
   out = params["out"]
-  dtype = dtype or jnp.result_type(heads, *out.values())
-  kernel = out["kernel"].astype(dtype)  # [N, H, D_out]
-  heads = jnp.reshape(heads, heads.shape[:-2] + (-1,)).astype(dtype)  # [..., T, N * H]
-  output = dense_product(heads, jnp.reshape(kernel, (-1, kernel.shape[-1])), precision=precision)
-  return output + out["bias"].astype(dtype) if "bias" in out else output
+  concat = jnp.reshape(heads, heads.shape[:-2] + (-1,))  # [..., T, N * H]
+  kernel = jnp.reshape(out["kernel"], (-1, out["kernel"].shape[-1]))  # [N * H, D_out]
+  return _project(concat, {**out, "kernel": kernel}, dtype=dtype, precision=precision)
 
 
 def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
@@ -297,7 +295,8 @@ def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask
     inputs_k: [..., S, D_k]; None for self-attention (inputs_q).
     inputs_v: [..., S, D_v]; None: inputs_k.
     mask, bias, is_causal: as in ``dot_product_attention``, broadcastable to [..., N, T, S].
-    scale: a number or "inv_sqrt" (1/sqrt(H)), "none" (1), "inv" (1/H), "learned".
+    scale: a number or "inv_sqrt" (1/sqrt(H)), "none" (1), "inv" (1/H), "learned" (a per-head
+      temperature params["temperature"] [N], starting at 1/sqrt(H)).
     qk_transform: optional (query, key) -> (query, key) on [..., T|S, N, H], e.g. RoPE.
     dropout_rate, dropout_rng, broadcast_dropout, implementation, return_weights: as in
       ``dot_product_attention``.
@@ -545,14 +544,12 @@ class MultiHeadDotProductAttention(nn.Module):
 
   Attributes:
     num_kv_heads: K key/value heads (grouped-query attention; N a multiple of K); default N.
-    scale: a number or "inv_sqrt" | "none" | "inv" | "learned" (per-head temperature, starting at
-      1/sqrt(H)).
+    scale: as in ``multi_head_attention``.
     implementation: passed to ``dot_product_attention``.
     fused_qkv: one [D_in, 3, N, H] kernel for W_Q, W_K, W_V (self-attention only).
-    qk_transform: optional (query, key) -> (query, key) hook, e.g. rotary encodings; while
-      decoding it is called with ``positions=`` [T], the new tokens' positions.
-    head_variant: a ``variants.Variant`` (``variants.get(name)``) or None (plain multi-head
-      attention); its parameters sit under params[variant.name].
+    qk_transform: as in ``multi_head_attention``; while decoding it is called with
+      ``positions=`` [T], the new tokens' positions.
+    head_variant: as in ``multi_head_attention``.
     empty_rows: what a query row with no key gives, "mean" (flax's) or "zero".
 
   ``attention_fn`` may be flax's functions, ``ContextParallel(mesh, axis_name)`` or yours
@@ -630,12 +627,9 @@ class MultiHeadDotProductAttention(nn.Module):
                **attention_args):
     """inputs_q [..., T, D_in], inputs_k [..., S, D_k] (None: inputs_q), inputs_v [..., S, D_v]
     (None: inputs_k) -> [..., T, D_out]; ``attention_args``: ``multi_head_attention``'s."""
-    _checks.refuse_unserved(qkv_dot_general=self.qkv_dot_general,
-                            out_dot_general=self.out_dot_general,
-                            qkv_dot_general_cls=self.qkv_dot_general_cls,
-                            out_dot_general_cls=self.out_dot_general_cls,
-                            qk_attn_weights_einsum_cls=self.qk_attn_weights_einsum_cls,
-                            attn_weights_value_einsum_cls=self.attn_weights_value_einsum_cls)
+    _checks.refuse_unserved(**{name: getattr(self, name) for name in (
+        "qkv_dot_general", "out_dot_general", "qkv_dot_general_cls", "out_dot_general_cls",
+        "qk_attn_weights_einsum_cls", "attn_weights_value_einsum_cls")})
     if inputs_kv is not None:
       if inputs_k is not None or inputs_v is not None:
         raise ValueError("pass either inputs_kv or inputs_k/inputs_v, not both (inputs_kv is "

@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable
 
+import flax
 from flax import nnx
+from flax import traverse_util
 from flax.nnx.nn import dtypes as nnx_dtypes
 import jax
 import jax.numpy as jnp
@@ -27,9 +29,6 @@ from attention_jax import _checks
 from attention_jax import kv_cache
 from attention_jax import multihead
 from attention_jax import variants
-
-
-_FLAX_PROMOTE_DTYPE = nnx_dtypes.promote_dtype  # the *_promote_dtype arguments' default
 
 
 class Losses(nnx.Variable):
@@ -111,13 +110,11 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
                head_variant=None, empty_rows: str = "mean",
                query_kernel_init: Callable | None = None):
     arguments = locals()
-    _checks.refuse_unserved(qkv_dot_general=qkv_dot_general, out_dot_general=out_dot_general,
-                            qkv_dot_general_cls=qkv_dot_general_cls,
-                            out_dot_general_cls=out_dot_general_cls,
-                            **{name: None if fn in (None, _FLAX_PROMOTE_DTYPE) else fn
-                               for name, fn in (("qkv_promote_dtype", qkv_promote_dtype),
-                                                ("out_promote_dtype", out_promote_dtype),
-                                                ("ln_promote_dtype", ln_promote_dtype))})
+    _checks.refuse_unserved(  # flax's default *_promote_dtype counts as unset
+        **{name: arguments[name] for name in ("qkv_dot_general", "out_dot_general",
+                                              "qkv_dot_general_cls", "out_dot_general_cls")},
+        **{name: None if arguments[name] is nnx_dtypes.promote_dtype else arguments[name]
+           for name in ("qkv_promote_dtype", "out_promote_dtype", "ln_promote_dtype")})
     for name in multihead.SETTINGS + ("in_features", "deterministic", "decode"):
       setattr(self, name, arguments[name])  # the settings, as the Linen module's attributes
     in_kv_features = in_features if in_kv_features is None else in_kv_features
@@ -224,21 +221,6 @@ def linen_params(module: nnx.Module) -> dict:
   return nnx.to_pure_dict(nnx.state(module, nnx.Param))
 
 
-def _plain(tree):
-  """Nested mappings (dicts, FrozenDicts) of arrays -> nested dicts of jax arrays."""
-  if isinstance(tree, Mapping):
-    return {key: _plain(value) for key, value in tree.items()}
-  return jnp.asarray(tree)
-
-
-def _shapes(tree, prefix=()):
-  """{"a/b/kernel": shape} for the leaves of nested dicts."""
-  if not isinstance(tree, dict):
-    return {"/".join(map(str, prefix)): jnp.shape(tree)}
-  return {path: shape for key, value in tree.items()
-          for path, shape in _shapes(value, prefix + (key,)).items()}
-
-
 def load_linen_params(module: nnx.Module, params) -> nnx.Module:
   """Sets the parameters of ``module`` in place to the Linen twin's ``variables["params"]`` (or
   its variables); returns the module. A different tree raises ValueError.
@@ -251,11 +233,14 @@ def load_linen_params(module: nnx.Module, params) -> nnx.Module:
   >>> bool(jnp.allclose(layer(x), linen_layer.apply(variables, x), atol=1e-6))
   True
   """
-  params = _plain(params)
+  params = jax.tree.map(jnp.asarray, flax.core.unfreeze(params))  # nested dicts of jax arrays
   if set(params) == {"params"}:
     params = params["params"]
   state = nnx.state(module, nnx.Param)
-  want, got = _shapes(nnx.to_pure_dict(state)), _shapes(params)
+  # {"a/b/kernel": shape} of each tree (map(str, ...): nnx.List's keys are ints)
+  want, got = ({"/".join(map(str, path)): jnp.shape(leaf)
+                for path, leaf in traverse_util.flatten_dict(tree).items()}
+               for tree in (nnx.to_pure_dict(state), params))
   if want != got:
     reshaped = [f"{path} {want[path]} != {got[path]}" for path in sorted(want.keys() & got.keys())
                 if want[path] != got[path]]

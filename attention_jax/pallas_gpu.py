@@ -310,15 +310,22 @@ class _Plan:
       return None
     index = 2 * (b * self.num_heads + h) if keys.shape[0] > 2 else 0  # [B * N * 2] or [2]
     key_data = (keys[index], keys[index + 1])
-    q_idx = q_start + lax.broadcasted_iota(jnp.int32, (self.block_q, 1), 0)  # [bq, 1]
-    kv_idx = k_start + lax.broadcasted_iota(jnp.int32, (1, self.block_k), 1)  # [1, bk]
+    q_idx, kv_idx = self.indices(q_start, k_start)  # [bq, 1], [1, bk]
     return blocks_lib.dropout_keep(key_data, q_idx, kv_idx, self.dropout_rate)
 
-  def row(self, b, h, i, transpose: bool = False):
-    """Where block row ``i`` of (example b, head h) starts in a ``_block_order`` list."""
+  def loop(self, order_ref, i, b, h, step, init, transpose: bool = False):
+    """``carry = step(start, full, carry)`` from ``init`` over the non-empty blocks of block row
+    ``i`` of (example b, head h), in ``order_ref``'s ``_block_order`` list: ``start``, the
+    block's first key (first query with ``transpose``), ``full``: the block is full."""
     rows, cols = (self.num_k, self.num_q) if transpose else (self.num_q, self.num_k)
+    block = self.block_q if transpose else self.block_k
     mb, mn = self.mask_shape
-    return (((b % mb) * mn + h % mn) * rows + i) * (1 + cols)
+    row = (((b % mb) * mn + h % mn) * rows + i) * (1 + cols)  # where the row's list starts
+
+    def body(t, carry):
+      entry = order_ref[row + 1 + t]
+      return step(entry // 2 * block, entry % 2 == 1, carry)
+    return lax.fori_loop(0, order_ref[row], body, init)
 
   def tables(self, refs):
     """The mods' tables (``_Table`` objects over the first refs), the dropout keys' ref (or
@@ -437,15 +444,12 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
   tables, keys, (out_ref, lse_ref, *max_ref) = plan.tables(refs)
   i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   q = q_ref[...]  # [bq, H]
-  start = plan.row(b, h, i)
 
-  def step(t, carry):
+  def step(k_start, full, carry):
     acc, m, l = carry  # [bq, H_v], [bq], [bq]
-    entry = order_ref[start + 1 + t]
-    k_start = entry // 2 * plan.block_k
     k = k_ref[pl.ds(k_start, plan.block_k), :]  # [bk, H]
     v = v_ref[pl.ds(k_start, plan.block_k), :]  # [bk, H_v]
-    s, _, _ = plan.logits(q, k, tables, b, h, i * plan.block_q, k_start, entry % 2 == 1)
+    s, _, _ = plan.logits(q, k, tables, b, h, i * plan.block_q, k_start, full)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
     p = jnp.exp(s - m_safe[:, None])
@@ -459,7 +463,7 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
   init = (jnp.zeros((plan.block_q, v_ref.shape[-1]), jnp.float32),
           jnp.full((plan.block_q,), -jnp.inf, jnp.float32),
           jnp.zeros((plan.block_q,), jnp.float32))
-  acc, m, l = lax.fori_loop(0, order_ref[start], step, init)
+  acc, m, l = plan.loop(order_ref, i, b, h, step, init)
   empty = l == 0.0
   scale = blocks_lib.dropout_scale(plan.dropout_rate)
   out_ref[...] = (acc * (scale / jnp.where(empty, 1.0, l))[:, None]).astype(out_ref.dtype)
@@ -492,7 +496,6 @@ def _dq_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs
   tables, keys, (dq_ref, *slots_ref) = plan.tables(refs)
   i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
-  start = plan.row(b, h, i)
 
   def gradients(k_start, full):
     k = k_ref[pl.ds(k_start, plan.block_k), :]
@@ -501,10 +504,9 @@ def _dq_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs
                                      i * plan.block_q, k_start, full)
     return jnp.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32), reads
 
-  def step(t, carry):
+  def step(k_start, full, carry):
     dq, slots, held = carry
-    entry = order_ref[start + 1 + t]
-    d_q, reads = gradients(entry // 2 * plan.block_k, entry % 2 == 1)
+    d_q, reads = gradients(k_start, full)
     for read in reads:  # varying along queries and keys: added block by block
       if _varies(read) == (True, True):
         slots = _add_by_range(slots, *read)
@@ -515,12 +517,12 @@ def _dq_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs
   shapes = _held(plan.read_shapes(), False) if plan.trained else []  # summed over key blocks
   held = [(jnp.zeros(flat.shape, jnp.int32), jnp.zeros(flat.shape, jnp.float32))
           for _, flat, _ in shapes]
-  dq, slots, held = lax.fori_loop(0, order_ref[start], step,
-                                  (jnp.zeros(q.shape, jnp.float32), slots, held))
+  dq, slots, held = plan.loop(order_ref, i, b, h, step,
+                              (jnp.zeros(q.shape, jnp.float32), slots, held))
   dq_ref[...] = (dq * plan.scale).astype(dq_ref.dtype)
   if plan.trained:
-    for (start_, _, _), (flat, total) in zip(shapes, held):
-      slots = _add_by_entry(slots, start_, flat, total)
+    for (start, _, _), (flat, total) in zip(shapes, held):
+      slots = _add_by_entry(slots, start, flat, total)
     slots_ref[0][...] = slots
 
 
@@ -530,17 +532,14 @@ def _dkv_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *ref
   tables, keys, (dk_ref, dv_ref, *slots_ref) = plan.tables(refs)
   j, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   k, v = k_ref[...], v_ref[...]  # [bk, H], [bk, H_v]
-  start = plan.row(b, h, j, transpose=True)
   shapes = _held(plan.read_shapes(), True) if plan.trained else []
 
-  def step(t, carry):
+  def step(q_start, full, carry):
     dk, dv, held = carry
-    entry = order_ref[start + 1 + t]
-    q_start = entry // 2 * plan.block_q
     rows = pl.ds(q_start, plan.block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
     p, ds, reads = _weights_gradient(plan, q, k, v, do, lse_ref[rows], delta_ref[rows], tables,
-                                     keys, b, h, q_start, j * plan.block_k, entry % 2 == 1)
+                                     keys, b, h, q_start, j * plan.block_k, full)
     held = [(flat, total + c) for (_, total), (_, flat, c) in zip(held, _held(reads, True))]
     dv = dv + jnp.dot(p.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
     dk = dk + jnp.dot(ds.T.astype(q.dtype), q, preferred_element_type=jnp.float32)
@@ -549,13 +548,13 @@ def _dkv_kernel(order_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *ref
   held = [(jnp.zeros(flat.shape, jnp.int32), jnp.zeros(flat.shape, jnp.float32))
           for _, flat, _ in shapes]
   init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32), held)
-  dk, dv, held = lax.fori_loop(0, order_ref[start], step, init)
+  dk, dv, held = plan.loop(order_ref, j, b, h, step, init, transpose=True)
   dk_ref[...] = (dk * plan.scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
   if plan.trained:
     slots = jnp.zeros((plan.trained_slots[1],), jnp.float32)
-    for (start_, _, _), (flat, total) in zip(shapes, held):
-      slots = _add_by_entry(slots, start_, flat, total)
+    for (start, _, _), (flat, total) in zip(shapes, held):
+      slots = _add_by_entry(slots, start, flat, total)
     slots_ref[0][...] = slots
 
 
@@ -580,10 +579,9 @@ def _triton():
   return triton
 
 
-def missing_backend(query=None, key=None, value=None, request=None) -> str | None:
+def missing_backend() -> str | None:
   """Why the kernel cannot be compiled in this jax (its Pallas Triton backend is gone), or
-  None; an attention.Kernel check (the arguments are unused)."""
-  del query, key, value, request
+  None."""
   try:
     _triton()
   except ImportError as error:
@@ -609,16 +607,22 @@ def refusal(query, key, value, request) -> str | None:
 
 
 def _specs(plan, head_dim, value_dim):
-  """BlockSpecs of [B, L, N or K, H] arrays and [B, N, T] statistics, for grid (rows, B, N)."""
-  kv_head = lambda h: h // plan.group
+  """BlockSpecs of [B, L, N or K, H] arrays and [B, N, T] statistics, for grid (rows, B, N):
+  program i's block row, or (``_all``) every row; a row of queries (q, o, stat) or keys (k, v,
+  dk, dv)."""
+  def spec(rows, dim, kv=False, whole=False):  # kv: K heads, query head h reads h // group
+    return pl.BlockSpec((None, rows, None, dim),
+                        lambda i, b, h: (b, 0 if whole else i, h // plan.group if kv else h, 0))
+  q_pad, kv_pad = plan.num_q * plan.block_q, plan.num_k * plan.block_k
   return dict(
-      q=pl.BlockSpec((None, plan.block_q, None, head_dim), lambda i, b, h: (b, i, h, 0)),
-      k_all=pl.BlockSpec((None, plan.num_k * plan.block_k, None, head_dim),
-                         lambda i, b, h: (b, 0, kv_head(h), 0)),
-      v_all=pl.BlockSpec((None, plan.num_k * plan.block_k, None, value_dim),
-                         lambda i, b, h: (b, 0, kv_head(h), 0)),
-      o=pl.BlockSpec((None, plan.block_q, None, value_dim), lambda i, b, h: (b, i, h, 0)),
-      stat=pl.BlockSpec((None, None, plan.block_q), lambda i, b, h: (b, h, i)))
+      q=spec(plan.block_q, head_dim), o=spec(plan.block_q, value_dim),
+      q_all=spec(q_pad, head_dim, whole=True), do_all=spec(q_pad, value_dim, whole=True),
+      k=spec(plan.block_k, head_dim, kv=True), v=spec(plan.block_k, value_dim, kv=True),
+      k_all=spec(kv_pad, head_dim, kv=True, whole=True),
+      v_all=spec(kv_pad, value_dim, kv=True, whole=True),
+      dk=spec(plan.block_k, head_dim), dv=spec(plan.block_k, value_dim),  # per query head
+      stat=pl.BlockSpec((None, None, plan.block_q), lambda i, b, h: (b, h, i)),
+      stat_all=pl.BlockSpec((None, None, q_pad), lambda i, b, h: (b, h, 0)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -671,13 +675,6 @@ def _attention_bwd(plan, residuals, cotangents):
     scale = blocks_lib.dropout_scale(plan.dropout_rate)
     d_out = (d_out.astype(jnp.float32) * scale).astype(d_out.dtype)
   specs = _specs(plan, head_dim, value_dim)
-  q_all = pl.BlockSpec((None, q_pad, None, head_dim), lambda j, b, h: (b, 0, h, 0))
-  do_all = pl.BlockSpec((None, q_pad, None, value_dim), lambda j, b, h: (b, 0, h, 0))
-  stat_all = pl.BlockSpec((None, None, q_pad), lambda j, b, h: (b, h, 0))
-  k_block = pl.BlockSpec((None, plan.block_k, None, head_dim),
-                         lambda j, b, h: (b, j, h // plan.group, 0))
-  v_block = pl.BlockSpec((None, plan.block_k, None, value_dim),
-                         lambda j, b, h: (b, j, h // plan.group, 0))
   width = plan.trained_slots[1]  # each program's share of the trained tables' gradients
   slots_shape = lambda rows: (jax.ShapeDtypeStruct(  # noqa: E731
       (rows, batch, num_heads, width), jnp.float32),) * bool(plan.trained)
@@ -693,12 +690,10 @@ def _attention_bwd(plan, residuals, cotangents):
   dk, dv, *key_slots = _call(
       _dkv_kernel, plan, (plan.num_k, batch, num_heads),
       (orders[1], q, k, v, d_out, lse, delta, tables),
-      [q_all, k_block, v_block, do_all, stat_all, stat_all],
+      [specs[name] for name in ("q_all", "k", "v", "do_all", "stat_all", "stat_all")],
       (per_head(head_dim, jnp.float32), per_head(value_dim, jnp.float32)) + slots_shape(
           plan.num_k),
-      (pl.BlockSpec((None, plan.block_k, None, head_dim), lambda j, b, h: (b, j, h, 0)),
-       pl.BlockSpec((None, plan.block_k, None, value_dim), lambda j, b, h: (b, j, h, 0)))
-      + slots_spec)
+      (specs["dk"], specs["dv"]) + slots_spec)
   d_tables = [None] * len(tables)
   if plan.trained:  # every program's share, summed in a fixed order
     summed = jnp.sum(slots[0], axis=(0, 1, 2)) + jnp.sum(key_slots[0], axis=(0, 1, 2))

@@ -110,12 +110,8 @@ def mask_logits(logits, mask=None, *, is_causal: bool = False):
 
 
 def masked_softmax(logits, mask=None):
-  """Softmax over the last axis in float32 (or wider), with the row max subtracted.
-
-  Entries where ``mask`` is False (or the logit is -inf) get weight exactly 0; a row with no entry
-  left gets all-zero weights instead of NaN, and finite gradients.
-  """
-  return _softmax(mask_logits(logits, mask))
+  """Equals ``logits_to_weights(logits, mask)``: the masked softmax over the last axis."""
+  return logits_to_weights(logits, mask)
 
 
 def attention_weights(query, key, bias=None, mask=None, *, scale: float,
@@ -128,8 +124,7 @@ def attention_weights(query, key, bias=None, mask=None, *, scale: float,
   (2, 4, 5, 7)
   """
   logits = attention_logits(query, key, scale=scale, logits_soft_cap=logits_soft_cap)
-  if bias is not None:
-    logits = logits + bias
+  logits = logits if bias is None else logits + bias
   return logits_to_weights(logits, mask, is_causal=is_causal)
 
 

@@ -140,9 +140,9 @@ class Variant:
     None when the variant forms no maps."""
     if not self.forms_maps:
       return None
-    logits, normalize, weights = (functools.partial(getattr(self, hook), state)
-                                  for hook in MAP_HOOKS)
-    return reference.Hooks(logits, normalize, weights, self.dropout_shares_queries)
+    return reference.Hooks(**{hook: functools.partial(getattr(self, hook), state)
+                              for hook in MAP_HOOKS},
+                           dropout_shares_queries=self.dropout_shares_queries)
 
   def heads(self, state, heads):
     del state

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from attention_jax import reference
 from attention_jax.variants import base
-from attention_jax.variants.talking_heads import mix_heads
+from attention_jax.variants.talking_heads import TalkingHeads, mix_heads
 
 PARTS = ("pre_query", "pre_key", "post_query", "post_key")  # the code's order of its 4 splits
 RMS_NORM_EPSILON = 1e-6  # flax.linen.RMSNorm's default, as DCFormer's dw1_norm uses it
@@ -96,8 +96,7 @@ class Dcmha(base.Variant):
   """DCMHA: dw1 [D, C, 4N], qkw [C, 4N, 2I, N], dd [D, C, N], pre_static and post_static
   [N, N] under params["dcmha"] (DCFormer's DynamicWeightProjection and CrossHeadProjection)."""
   name = "dcmha"
-  decoding = ("mixes every head's weights at each (query, key) pair, which decoding with a "
-              "key/value cache does not keep; decode with another variant.")
+  decoding = TalkingHeads.decoding  # the same reason: it mixes heads at each (query, key) pair
 
   def check(self, *, num_heads, head_dim):
     if num_heads < 2:

@@ -79,8 +79,7 @@ class Differential(base.Variant):
   def query_key_dim(self, head_dim):
     return head_dim // 2
 
-  def scale_dim(self, head_dim):
-    return head_dim // 2
+  scale_dim = query_key_dim  # the scale is that of a half head
 
   def prepare(self, params, inputs_q, inputs_kv, *, num_heads):
     term = lambda a, b: jnp.exp(jnp.sum(params[a] * params[b]).astype(jnp.float32))

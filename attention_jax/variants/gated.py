@@ -29,12 +29,10 @@ class Gated(base.Variant):
   (8, 4, 2)
   """
   name = "gated"
-
-  def gate_shape(self, num_heads: int, head_dim: int) -> tuple[int, ...]:
-    return (num_heads, head_dim)
+  headwise = False  # one gate per head, W_g [D, N], instead of one per feature
 
   def params(self, *, in_features, num_heads, head_dim):
-    shape = (in_features,) + self.gate_shape(num_heads, head_dim)
+    shape = (in_features, num_heads) + (() if self.headwise else (head_dim,))
     return {"gate": (shape, jax.nn.initializers.normal(0.02))}
 
   def prepare(self, params, inputs_q, inputs_kv, *, num_heads):
@@ -51,9 +49,7 @@ class Gated(base.Variant):
 class GatedHeadwise(Gated):
   """Headwise output gate: params["gated_headwise"]["gate"] [D, N]."""
   name = "gated_headwise"
-
-  def gate_shape(self, num_heads, head_dim):
-    return (num_heads,)
+  headwise = True
 
 
 @base.register
