@@ -52,8 +52,8 @@ class Pattern:
 
   @property
   def reach(self) -> tuple[int | None, int | None]:
-    """How far before and after its own position a query's keys may lie (None: unbounded): the
-    window's, ``after`` at most 0 under the causal mask."""
+    """(before, after), how far before and after its own position a query's keys may lie, None
+    where unbounded; the window's, with ``after`` at most 0 under the causal mask."""
     before, after = (None, None) if self.window is None else self.window
     if self.is_causal:
       after = 0 if after is None else min(after, 0)
