@@ -65,7 +65,13 @@ def resolve_scale(scale: float | str, head_dim: int) -> float:
 
 
 def variant_of(head_variant) -> variants.base.Variant:
-  """The variant a layer runs: ``head_variant`` (a ``variants.Variant``), or plain MHA for None."""
+  """The variant a layer runs: ``head_variant`` (a ``variants.Variant``, or a name that
+  ``variants.get`` takes, with the variant's default options), or plain MHA for None."""
+  if isinstance(head_variant, str):
+    return variants.get(head_variant)
+  if not isinstance(head_variant, (variants.Variant, type(None))):
+    raise TypeError(f"head_variant must be a variants.Variant, its name or None, got "
+                    f"{head_variant!r}; e.g. variants.get('gated').")
   return variants.Variant() if head_variant is None else head_variant
 
 
@@ -307,8 +313,8 @@ def multi_head_attention(params, inputs_q, inputs_k=None, inputs_v=None, *, mask
       parameters), e.g. bfloat16 over float32 parameters, as flax's ``dtype``.
     precision: of the matrix products (a ``jax.lax.Precision`` or its name), as flax's.
     head_variant: a ``variants.Variant`` (``variants.get(name)``: talking heads, DCMHA, MoH,
-      overlapping heads, gated, differential, yours) or None (plain multi-head attention); its
-      parameters are in ``params[variant.name]``.
+      overlapping heads, gated, differential, yours), its name (default options) or None (plain
+      multi-head attention); its parameters are in ``params[variant.name]``.
     **attention_args: the other keyword arguments of ``dot_product_attention``
       (query_seq_lengths, key_value_seq_lengths, local_window_size, logits_soft_cap,
       query_segment_ids, key_segment_ids, return_residual, empty_rows).

@@ -303,6 +303,21 @@ def test_linen_and_nnx_hold_the_same_tree_and_compute_the_same(name):
   assert_close(model(tokens), linen.apply(variables, tokens), rtol=1e-5)
 
 
+def test_a_layer_takes_a_variant_by_name_and_refuses_what_is_not_one():
+  x = _x()
+  by_name = aj.MultiHeadAttention(num_heads=HEADS, head_variant="gated")
+  by_object = aj.MultiHeadAttention(num_heads=HEADS, head_variant=variants.get("gated"))
+  params = by_object.init(jax.random.key(0), x)
+  assert jax.tree.structure(by_name.init(jax.random.key(0), x)) == jax.tree.structure(params)
+  assert_close(by_name.apply(params, x), by_object.apply(params, x), rtol=0)
+  twin = ajnnx.MultiHeadAttention(HEADS, D_IN, head_variant="gated", rngs=nnx.Rngs(0))
+  assert_close(ajnnx.load_linen_params(twin, params)(x), by_object.apply(params, x), rtol=1e-6)
+  with pytest.raises(ValueError, match="unknown head variant 'gate'"):
+    aj.MultiHeadAttention(num_heads=HEADS, head_variant="gate").init(jax.random.key(0), x)
+  with pytest.raises(TypeError, match="head_variant must be a variants.Variant, its name or None"):
+    aj.MultiHeadAttention(num_heads=HEADS, head_variant=variants.variant_class("gated")).init(jax.random.key(0), x)
+
+
 def test_mixing_variants_choose_an_implementation_that_forms_every_heads_logits():
   layer, params = _params(VARIANTS["talking_heads"])
   long = _x(shape=(1, 260, D_IN))  # on CPU dot_product_attention picks "chunked" from 256 on
