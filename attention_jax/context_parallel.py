@@ -367,7 +367,7 @@ def _onto(x, spec, mesh):
   its other explicit axes are replicated, so automatic axes keep the batch sharded."""
   if not any(str(kind).endswith("Explicit") for kind in getattr(mesh, "axis_types", ())):
     return x
-  return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, spec or PartitionSpec()))
+  return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, spec))
 
 
 def _check_request(query, key, bias, mask, strategy):

@@ -9,8 +9,8 @@ every gradient (found on an H100, jax 0.11.2; a classifier's CLS token makes T o
 
 This wrapper pads an odd length by one (an extra query row, dropped from the output, and an extra
 key that nothing attends to), broadcasts mask and bias to full length and hands them to
-``xla.xla_attention``, which holds jax.nn to the contract (cuDNN, too, averages the values on a
-row with nothing to attend to).
+``xla.xla_attention``, which returns zeros on a row with nothing to attend to (cuDNN, like
+jax.nn's XLA path, averages the values there), for ``empty_rows`` to decide.
 """
 
 from __future__ import annotations
