@@ -1,9 +1,6 @@
-"""The command line: ``main`` of ``python -m experiments.train`` (its usage: experiments/train.py),
-and how every command ends.
-
-``run_command`` turns the expected failures of a command (this one and experiments.sweep) into
-one line and an exit status. --distributed and its coordinator flags come from
-experiments/hosts.py.
+"""How every command ends: ``run_command`` turns the expected failures of a command
+(experiments.train's and experiments.sweep's ``main``) into one line and an exit status.
+--distributed and its coordinator flags come from experiments/hosts.py.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import jax
 from experiments import config_check
 from experiments import hosts
 from experiments import interrupts
-from experiments import train
+from experiments import steps as steps_lib
 from experiments import workdir as workdir_lib
 
 
@@ -54,28 +51,10 @@ def _ending(error: Exception) -> tuple[str | None, int]:
     return f"stopped by {error}", 128 + error.signum
   prefixes = ((config_check.ConfigError, "config error: "),
               (workdir_lib.WorkdirError, "workdir error: "),
-              (train.NonFiniteError, "training stopped: "), (hosts.CoordinatorError, ""),
+              (steps_lib.NonFiniteError, "training stopped: "), (hosts.CoordinatorError, ""),
               (hosts.ProcessFailed, "stopped: "))
   for kind, prefix in prefixes:
     if isinstance(error, kind):
       return prefix + str(error), 1
   return None, 1
 
-
-def main():
-  from absl import flags, logging
-  from ml_collections import config_flags
-
-  config_flags.DEFINE_config_file("config", "configs/default.py", "Path to a config file.",
-                                  lock_config=True)
-  flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and figures.",
-                      required=True)
-  hosts.define_flags(flags)
-
-  def run(argv):
-    del argv
-    logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-    run_command(lambda: (hosts.initialize_from(flags.FLAGS),
-                         train.train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)))
-
-  config_check.run_app(run)

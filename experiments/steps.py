@@ -36,6 +36,10 @@ class TrainState:
   diverged_at: jax.Array
 
 
+class NonFiniteError(RuntimeError):
+  """Every replica's loss or gradient norm was non-finite: the run stopped."""
+
+
 def cast(params, dtype):
   return jax.tree.map(lambda p: p.astype(dtype), params)
 

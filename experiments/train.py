@@ -3,7 +3,7 @@ step.
 
   python -m experiments.train --config=configs/default.py --workdir=/tmp/run [--config.seed=1]
 
-runs experiments/cli.py's main. ``train_and_evaluate(config, workdir)`` trains one replica (Colab
+runs ``main``. ``train_and_evaluate(config, workdir)`` trains one replica (Colab
 calls it directly); ``train(config, workdir, replicas)`` trains several at once, as a sweep
 variant does. The state has a leading replica axis in every mode; replicas and batch shard
 over all devices (experiments/replicas.py). The workdir's layout is described in
@@ -37,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import attention_jax as aj
 from experiments import checkpoints as checkpoints_lib
+from experiments import cli
 from experiments import config_check
 from experiments import hosts
 from experiments import input_pipeline
@@ -49,10 +50,6 @@ from experiments import replicas as replicas_lib
 from experiments import steps as steps_lib
 from experiments import tasks
 from experiments import workdir as workdir_lib
-
-
-class NonFiniteError(RuntimeError):
-  """A non-finite loss or gradient norm stopped the run."""
 
 
 def setup(config, replicas: list[dict], mesh: Mesh | None = None):
@@ -278,7 +275,7 @@ def _check_diverged(state, replicas, reported, last_saved, say) -> set:
   bad = _diverged(state, replicas)
   advice = "Try a lower learning_rate, grad_clip_norm > 0, or compute_dtype='float32'."
   if len(bad) == len(replicas):
-    raise NonFiniteError(
+    raise steps_lib.NonFiniteError(
         f"non-finite loss or gradient norm at step {min(bad.values())} (replicas "
         f"{sorted(bad)}); the last good checkpoint is step {last_saved}. {advice}")
   for name in sorted(set(bad) - reported):
@@ -317,6 +314,25 @@ def parameter_count(params) -> int:
   return sum(math.prod(leaf.shape[1:]) for leaf in jax.tree.leaves(params))
 
 
+def main():
+  """The command line (see the top of this file); how it ends: experiments/cli.py."""
+  from absl import flags, logging
+  from ml_collections import config_flags
+
+  config_flags.DEFINE_config_file("config", "configs/default.py", "Path to a config file.",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and figures.",
+                      required=True)
+  hosts.define_flags(flags)
+
+  def run(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+    cli.run_command(lambda: (hosts.initialize_from(flags.FLAGS),
+                             train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)))
+
+  config_check.run_app(run)
+
+
 if __name__ == "__main__":
-  from experiments import cli
-  cli.main()
+  main()

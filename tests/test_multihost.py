@@ -226,7 +226,7 @@ def test_a_busy_workdir_is_refused_by_every_process_and_nothing_changes(data_dir
 # Process 1 alone sees a full disk once checkpoint 20 exists.
 FULL_ON_ONE = r"""
 import os, shutil, sys
-from experiments import checkpoints, cli
+from experiments import checkpoints, train
 real = shutil.disk_usage
 def full_after_step_20(path):
   usage = real(path)
@@ -235,7 +235,7 @@ def full_after_step_20(path):
 if os.environ["JAX_PROCESS_ID"] == "1":
   checkpoints.shutil.disk_usage = full_after_step_20
 sys.argv = ["experiments.train"] + sys.argv[1:]
-cli.main()
+train.main()
 """
 
 

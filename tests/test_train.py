@@ -129,7 +129,7 @@ def test_a_workdir_that_is_a_file_or_too_few_examples_is_a_config_error(data_dir
 def test_non_finite_loss_stops_with_step_and_advice(data_dir, tmp_path):
   config = tiny_config(data_dir, learning_rate=1e30, grad_clip_norm=0.0, schedule="constant",
                        num_train_steps=50)
-  with pytest.raises(train.NonFiniteError,
+  with pytest.raises(steps.NonFiniteError,
                      match=r"at step \d+ \(replicas \['seed_0'\]\); the last good checkpoint"):
     train.train_and_evaluate(config, str(tmp_path))
 
