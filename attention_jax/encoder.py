@@ -80,8 +80,8 @@ class EncoderConfig:
   # The self-attention module class; None = MultiHeadAttention. Another class must take the same
   # constructor fields (num_heads, scale, dropout_rate, implementation, qk_transform) and call
   # signature (x, mask=, bias=, deterministic=), e.g. a wrapper of flax's attention; it also gets
-  # qkv_features= (N * head_dim) when that is not d_model, normalize_qk=True when set, and
-  # query_kernel_init when query_init_scale is not 1.
+  # qkv_features= (N * head_dim) when that is not d_model, normalize_qk=True when set,
+  # query_kernel_init when query_init_scale is not 1, and head_variant= when it is not plain MHA.
   attention_module: Any = None
   # Replaces dot_product_attention in every layer (same signature), e.g.
   # context_parallel.ContextParallel(mesh, "sequence") for a sequence sharded over devices.
@@ -257,7 +257,10 @@ class EncoderBlock(nn.Module):
                    cfg.query_init_scale ** 2, "fan_in", "truncated_normal")}
                   if cfg.query_init_scale != 1.0 else {}),
                **({"attention_fn": cfg.attention_fn} if cfg.attention_fn else {}),
-               **({"head_variant": variant} if variant.name != "mha" else {})}
+               # every variant, plain MHA included; a module of your own only gets one that
+               # is not plain MHA (flax's take none)
+               **({"head_variant": variant} if cfg.attention_module is None
+                  or variant != variants.Variant() else {})}
     attention = attention_module(
         num_heads=cfg.num_heads, scale=cfg.attention_scale,
         dropout_rate=cfg.attention_dropout_rate, implementation=cfg.attention_impl,

@@ -181,17 +181,15 @@ def normalize(logits, *, sinks=None, normalizer: str = "softmax", sigmoid_bias: 
 
 class Hooks(NamedTuple):
   """A head variant's hooks on the maps, bound to one call (``Variant.hooks(state)``): ``logits``
-  [..., N', T, S] -> same, before the bias; ``normalize(logits, mask, *, is_causal, sinks,
-  normalizer, sigmoid_bias)`` -> weights; ``weights`` [..., N', T, S] -> [..., N, T, S] (masked
-  again after it; N' = N * r sub-heads, consecutive ones reading one head's mask, fold into N).
-  None is the identity (``normalize``: the masked softmax or sigmoid)."""
+  [..., N', T, S] -> same, before the bias; ``weights`` [..., N', T, S] -> [..., N, T, S]
+  (masked again after it; N' = N * r sub-heads, consecutive ones reading one head's mask, fold
+  into N). None is the identity."""
   logits: Callable | None = None
-  normalize: Callable | None = None
   weights: Callable | None = None
   dropout_shares_queries: bool = False  # one dropout mask [..., N, 1, S] for every query
 
   def __repr__(self):
-    return "Hooks(a head variant's logits, normalize and weights)"
+    return "Hooks(a head variant's logits and weights)"
 
 
 def allowed_entries(mask, shape, *, is_causal: bool = False):
@@ -232,9 +230,8 @@ def reference_attention(query, key, value, bias=None, mask=None, *, scale: float
   logits = logits if bias is None else logits + bias
   logits = logits if score_mod is None else score_mod(logits)
   masked = mask_logits(logits, mask, is_causal=is_causal)
-  custom = dict(sinks=sinks, normalizer=normalizer, sigmoid_bias=sigmoid_bias)
-  weights = (normalize(masked, **custom) if hooks.normalize is None else
-             hooks.normalize(logits, mask, is_causal=is_causal, **custom))  # [..., N', T, S]
+  weights = normalize(masked, sinks=sinks, normalizer=normalizer,
+                      sigmoid_bias=sigmoid_bias)  # [..., N', T, S]
   if hooks.weights is not None:  # mixed or folded, then masked again
     weights = hooks.weights(weights)  # [..., N, T, S]
     weights = jnp.where(allowed_entries(mask, weights.shape, is_causal=is_causal), weights, 0.0)

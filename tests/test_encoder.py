@@ -130,6 +130,25 @@ def test_the_attention_module_can_be_swapped():
   np.testing.assert_allclose(out[0, 0], out[0, 1], atol=1e-6)
 
 
+def test_every_block_hands_its_layer_the_variant_it_was_given():
+  """Plain MHA included: the layer runs the config's variant, never a default it guesses."""
+  import flax.linen as nn
+  handed = []
+
+  def record(call, args, kwargs, context):
+    if isinstance(context.module, aj.MultiHeadAttention) and context.method_name == "__call__":
+      handed.append(context.module.head_variant)
+    return call(*args, **kwargs)
+
+  for name in ("mha", "gated"):
+    handed.clear()
+    config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, num_layers=2,
+                              head_variant=name)
+    with nn.intercept_methods(record):
+      aj.TransformerEncoder(config).init(jax.random.key(0), TOKENS)
+    assert handed == [aj.variants.get(name)] * 2
+
+
 def test_token_classifier_reads_every_position_through_one_dense_layer():
   config = aj.EncoderConfig(vocab_size=16, d_model=32, num_heads=4, num_layers=2, mlp_dim=64,
                             max_length=LENGTH, num_classes=5)

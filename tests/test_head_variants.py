@@ -469,3 +469,26 @@ def test_benchmark_train_times_the_head_variants_beside_mha():
   assert steps["attention_jax+dcmha"].parameters > steps["attention_jax"].parameters
   times = benchmark.measure(steps, rounds=1, seconds=0.01)
   assert set(times) == set(steps) and all(min(t) > 0 for t in times.values())
+
+
+def test_a_variant_class_needs_its_own_name_and_a_registered_name_is_not_overwritten():
+  with pytest.raises(TypeError, match="no name of its own") as error:
+    class Nameless(variants.Variant):  # noqa: F841 (refused as it is defined)
+      def heads(self, state, heads):
+        return -heads
+  assert "\n" not in str(error.value)
+
+  class Named(variants.Variant):
+    name = "mha"  # its own, but registered to plain MHA already
+  for cls in (Named, type("Twin", (variants.Variant,), {"name": "gated"})):
+    with pytest.raises(ValueError, match=f"name '{cls.name}' is registered already") as error:
+      variants.register(cls)
+    assert "\n" not in str(error.value)
+  assert variants.REGISTRY["mha"] is variants.Variant and variants.get("gated").name == "gated"
+  assert variants.register(variants.REGISTRY["gated"]) is variants.REGISTRY["gated"]  # again: kept
+
+
+def test_no_variant_has_a_normalize_hook():
+  """The softmax belongs to the attention call (sinks, sigmoid); no variant replaced it."""
+  assert "normalize" not in variants.base.MAP_HOOKS
+  assert not any(hasattr(cls, "normalize") for cls in variants.REGISTRY.values())

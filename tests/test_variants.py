@@ -505,13 +505,17 @@ def test_sigmoid_attention_with_a_fixed_bias_decodes_as_it_attends():
 
 
 def test_forms_maps_follows_from_the_hooks_a_variant_overrides():
-  """No flag to forget: overriding logits, normalize or weights makes a variant form its maps."""
+  """No flag to forget: overriding logits or weights makes a variant form its maps."""
 
   class Mixed(variants.Variant):
+    name = "mixed"
+
     def weights(self, state, weights):
       return weights * 2.0
 
   class Gated(variants.Variant):
+    name = "gated_here"
+
     def heads(self, state, heads):
       return heads
 

@@ -13,8 +13,6 @@ key/value heads, H head dim, D input width)::
                                              {"normalizer": "sigmoid"}), served by every kernel
                                              that serves those arguments
   logits(state, logits)                      [..., N, T, S] before the bias and the mask
-  normalize(state, logits, mask, is_causal,  logits -> weights (softmax, with the call's sinks or
-            **custom)                        normaliser)
   weights(state, weights)                    weights -> the weights applied (then masked again)
   heads(state, heads)                        each head's output [..., T, N, H] before W_O
   records(state)                             {collection: {name: value}} recorded in
@@ -22,7 +20,7 @@ key/value heads, H head dim, D input width)::
                                              losses' mean)
   identity(params)                           (variant, params) at which it is plain MHA (tests)
 
-A variant that overrides the logits, normalize or weights hook forms its own maps
+A variant that overrides the logits or weights hook forms its own maps
 (``forms_maps``, set from the overrides): the step hands those hooks (``hooks(state)``) to
 ``dot_product_attention``, which runs them on the "reference" implementation, the one that forms
 every head's [T, S] map. Plain multi-head attention is ``Variant()``.
@@ -41,14 +39,19 @@ import jax.numpy as jnp
 from attention_jax import reference
 
 #: The hooks on the maps [..., N, T, S]; a variant that overrides one forms its own maps.
-MAP_HOOKS = ("logits", "normalize", "weights")
+MAP_HOOKS = ("logits", "weights")
 LOSSES = "losses"  # the collection (Linen) or variable type (NNX) of auxiliary losses
 #: name -> Variant subclass; ``register`` adds one.
 REGISTRY: dict[str, type[Variant]] = {}
 
 
 def register(cls):
-  """Class decorator: makes ``cls`` available by its ``name`` to modules, encoders and configs."""
+  """Class decorator: makes ``cls`` available by its ``name`` to modules, encoders and configs;
+  a name already registered to another class is refused in one line."""
+  if REGISTRY.get(cls.name, cls) is not cls:
+    raise ValueError(f"head variant name {cls.name!r} is registered already (to "
+                     f"{REGISTRY[cls.name].__module__}.{REGISTRY[cls.name].__qualname__}); give "
+                     f"{cls.__qualname__} a name of its own.")
   REGISTRY[cls.name] = cls
   return cls
 
@@ -58,7 +61,8 @@ def register(cls):
 class Variant:
   """Plain multi-head attention: every hook at its identity. Subclass it (a frozen dataclass,
   so that a layer's variant is hashable and static under jit), override the hooks that change,
-  and ``register`` the class.
+  give it a ``name`` of its own (its parameters are held under params[name]) and ``register``
+  the class (or name it by import path).
 
   >>> Variant().heads(None, jnp.ones((3, 4, 8))).shape  # [T, N, H]
   (3, 4, 8)
@@ -75,6 +79,9 @@ class Variant:
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
+    if "name" not in cls.__dict__:
+      raise TypeError(f"head variant class {cls.__qualname__} has no name of its own (it would "
+                      f"inherit {cls.name!r}); set name = \"...\" in its body.")
     cls.forms_maps = any(getattr(cls, hook) is not getattr(Variant, hook) for hook in MAP_HOOKS)
 
   @classmethod
@@ -122,14 +129,6 @@ class Variant:
   def logits(self, state, logits):
     del state
     return logits
-
-  def normalize(self, state, logits, mask, *, is_causal: bool, sinks=None,
-                normalizer: str = "softmax", sigmoid_bias: float = 0.0):
-    """Logits [..., N, T, S] -> weights: the masked softmax, with ``sinks`` [N] in each row's
-    denominator, or ``normalizer="sigmoid"`` (as ``dot_product_attention`` takes them)."""
-    del state
-    return reference.normalize(reference.mask_logits(logits, mask, is_causal=is_causal),
-                               sinks=sinks, normalizer=normalizer, sigmoid_bias=sigmoid_bias)
 
   def weights(self, state, weights):
     del state
