@@ -41,7 +41,7 @@ class ProcessFailed(RuntimeError):
 
 
 class CoordinatorError(RuntimeError):
-  """--distributed found no coordinator to join."""
+  """--distributed found no coordinator to join, or no key-value store to watch its peers by."""
 
 
 def define_flags(flags) -> None:
@@ -166,16 +166,26 @@ class Watchdog(threading.Thread):
         pass
 
 
+#: The JAX releases whose private jax._src.distributed.global_state.client _key_value_store reads.
+KEY_VALUE_STORE_CHECKED = "jax 0.10.2 (Python 3.11) to 0.12.0.1 (Python 3.12)"
+
+
 def _key_value_store():
   """The coordination service's key-value store: the client of JAX's distributed runtime
-  (key_value_set, key_value_dir_get).
-
-  Private JAX, kept to this one function: no public API reaches the store (in jax 0.10.2 and
-  0.12.0.1, jax.distributed has initialize, is_initialized and shutdown; multihost_utils's
-  process_allgather, broadcast_one_to_all, sync_global_devices and live_devices each wait for
-  the other processes, so they would hang on a silent one, the case the watchdog is for)."""
-  from jax._src import distributed
-  return distributed.global_state.client
+  (key_value_set, key_value_dir_get)."""
+  # Private JAX, kept to this one function: no public API reaches the store (jax.distributed has
+  # initialize, is_initialized and shutdown; multihost_utils's process_allgather,
+  # broadcast_one_to_all, sync_global_devices and live_devices each wait for the other
+  # processes, so they would hang on a silent one, the case the watchdog is for).
+  try:
+    from jax._src import distributed
+    return distributed.global_state.client
+  except (ImportError, AttributeError):
+    raise CoordinatorError(
+        f"jax {jax.__version__} has no jax._src.distributed.global_state.client, the "
+        "coordination service's key-value store that --distributed watches its processes "
+        f"through (checked with {KEY_VALUE_STORE_CHECKED}); install a jax in that range, as "
+        "requirements.txt pins.") from None
 
 
 def _wait_for_coordinator(address: str, timeout: float) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -186,6 +187,7 @@ def test_sigterm_to_one_then_to_both_then_sigkill_then_the_rerun_ends_as_uninter
 # argv[1] kills itself, and process 0 stays out of collectives for argv[2] seconds; the others end.
 SILENT = r"""
 import os, sys, time
+import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from experiments import hosts
@@ -313,3 +315,20 @@ def test_a_job_that_does_not_assemble_ends_in_one_line(tmp_path):
                          "within 3 s (")
   assert line.endswith("or raise --initialization_timeout.") and "\n" not in line
   assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("missing", ["global_state", "the module"])
+def test_a_jax_without_the_private_key_value_store_is_one_line_naming_the_checked_range(
+    missing, monkeypatch):
+  from jax._src import distributed
+  assert hosts._key_value_store() is distributed.global_state.client  # the pinned jax has it
+  if missing == "global_state":
+    monkeypatch.delattr(distributed, "global_state")
+  else:
+    monkeypatch.delattr(sys.modules["jax._src"], "distributed")
+    monkeypatch.setitem(sys.modules, "jax._src.distributed", None)  # import raises ImportError
+  with pytest.raises(hosts.CoordinatorError) as raised:
+    hosts._key_value_store()
+  line = str(raised.value)
+  assert "\n" not in line and hosts.KEY_VALUE_STORE_CHECKED in line
+  assert line.startswith(f"jax {jax.__version__} has no jax._src.distributed.global_state.client")
