@@ -109,11 +109,6 @@ def mask_logits(logits, mask=None, *, is_causal: bool = False):
   return logits if mask is None else jnp.where(mask, logits, masked_logit(logits.dtype))
 
 
-def masked_softmax(logits, mask=None):
-  """Equals ``logits_to_weights(logits, mask)``: the masked softmax over the last axis."""
-  return logits_to_weights(logits, mask)
-
-
 def attention_weights(query, key, bias=None, mask=None, *, scale: float,
                       is_causal: bool = False, logits_soft_cap: float | None = None):
   """softmax(Q K^T * scale + bias) with masking: query [..., T, N, H], key [..., S, K, H] ->

@@ -40,7 +40,7 @@ def logit_statistics(samples: int) -> dict:
     row = {}
     for name, scale in (("unscaled", 1.0), ("scaled", head_dim ** -0.5)):
       logits = reference.attention_logits(query, key, scale=scale)  # [B, 1, T, S]
-      weights = reference.masked_softmax(logits)
+      weights = reference.logits_to_weights(logits)
       row[f"var_{name}"] = float(jnp.var(logits))
       row[f"max_weight_{name}"] = float(jnp.mean(jnp.max(weights, -1)))
       row[f"entropy_{name}"] = float(jnp.mean(diagnostics.entropy(weights))) / np.log(KEYS)
