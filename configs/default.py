@@ -27,7 +27,8 @@ def get_config():
   config.model.head_dim = 0                # d_k; 0 = d_model / num_heads (the paper)
   config.model.normalize_qk = False        # LayerNorm on each head's queries and keys (QK-norm)
   config.model.query_init_scale = 1.0      # W_Q's initial values x this (1: lecun normal)
-  # "" = automatic; or reference | xla | chunked | cudnn (GPU only) | pallas_tpu (TPU only)
+  # "" = automatic (attention_jax.select_implementation); or a name in
+  # attention_jax.attention.IMPLEMENTATIONS (its KERNELS say what each serves and on which backend)
   config.model.attention_impl = ""
   config.model.dropout_rate = 0.0          # residual and feed-forward dropout
   config.model.attention_dropout_rate = 0.0  # dropout on attention weights
