@@ -106,7 +106,8 @@ html_theme_options = {
     "navbar_persistent": [],  # one search field (the sidebar's), not a second in the header
 }
 html_static_path = ["_static"]
-html_css_files = ["custom.css"]  # wrap long code lines and table cells: nothing clipped
+html_css_files = ["custom.css"]  # code scrolls, never wraps mid-token; tables fit the column
+html_js_files = ["figures.js"]  # a linked figure opens full size instead of downloading
 suppress_warnings = ["mystnb.unknown_mime_type"]
 
 # Linen modules are dataclasses: their signatures end in Flax's own fields (parent, name), which

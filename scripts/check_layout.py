@@ -5,8 +5,9 @@
 For each HTML page under SITE_DIR (sphinx-build's output), a copy with a small script is loaded
 in headless Chromium; after layout the script lists the tables, code blocks, notes and images of
 the article that are wider than their box (a table's last columns behind a scroll bar, a command
-cut at a note's edge), the words of headers split across lines other than at a hyphen or a slash
-("defa|ult"), and pages without a title. Mathematics is left out (MathJax's glyphs
+cut at a note's edge), code that wraps (a code block rendered on more lines than its text has: it
+should scroll sideways; a token of inline code split across lines), the words of headers split
+across lines other than at a hyphen or a slash ("defa|ult"), and pages without a title. Mathematics is left out (MathJax's glyphs
 overhang their boxes by a few pixels, visibly nothing). Exit status 1 if any page has one.
 """
 
@@ -25,7 +26,7 @@ PROBE = """
 window.addEventListener('load', () => {
   const found = [];
   const article = document.querySelector('article') || document.body;
-  article.querySelectorAll('table, pre, div.admonition, img').forEach(element => {
+  article.querySelectorAll('table, div.admonition, img').forEach(element => {
     const parent = element.parentElement;
     const box = parent && parent.classList.contains('pst-scrollable-table-container')
         ? parent : element;
@@ -39,13 +40,39 @@ window.addEventListener('load', () => {
   article.querySelectorAll('th, h1, h2, h3').forEach(header => {
     const walker = document.createTreeWalker(header, NodeFilter.SHOW_TEXT);
     for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-      for (const word of node.data.matchAll(/[^\s\-\/]+/g)) {
+      for (const word of node.data.matchAll(/[^\\s\\-\\/]+/g)) {
         const range = document.createRange();
         range.setStart(node, word.index);
         range.setEnd(node, word.index + word[0].length);
         const lines = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
                                 .map(r => Math.round(r.top)));
         if (lines.size > 1) found.push(`${header.tagName.toLowerCase()} breaks "${word[0]}"`);
+      }
+    }
+  });
+  // Code must never wrap: a block scrolls sideways instead, and inline code breaks only between
+  // words. A block wraps when it renders more lines than its text has; a token of inline code is
+  // broken when its letters lie on more than one line.
+  const lineCount = range => new Set(Array.from(range.getClientRects()).filter(r => r.width > 0)
+                                       .map(r => Math.round(r.top / 4))).size;
+  article.querySelectorAll('pre').forEach(block => {
+    const range = document.createRange();
+    range.selectNodeContents(block);
+    const lines = block.textContent.replace(/\\n$/, '').split('\\n').length;
+    const shown = lineCount(range);
+    if (shown > lines) {
+      found.push(`code block wraps (${lines} lines shown on ${shown}): `
+                 + block.textContent.replace(/\\s+/g, ' ').slice(0, 60));
+    }
+  });
+  article.querySelectorAll(':not(pre) > code').forEach(code => {
+    const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const token of node.data.matchAll(/\\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, token.index);
+        range.setEnd(node, token.index + token[0].length);
+        if (lineCount(range) > 1) found.push(`code breaks "${token[0]}"`);
       }
     }
   });
