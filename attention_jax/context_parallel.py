@@ -370,15 +370,58 @@ def _onto(x, spec, mesh):
   return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, spec))
 
 
-def _check_request(query, key, bias, mask, strategy):
-  """One-line ValueErrors for what neither strategy can do with these arguments (``mask`` is
-  what is left after a key mask has been taken out)."""
+#: The kernel every device runs, which ``implementation=`` may name.
+IMPLEMENTATION = "chunked"
+
+
+def check_request(*, strategy: str = "ring", implementation: str | None = None,
+                  per_row: bool = False, dropout_rate: float = 0.0, returns=(), custom=(),
+                  empty_rows: str = "zero") -> None:
+  """Raises ValueError, in one line, for what context-parallel attention does not serve; every
+  refusal of ``ContextParallel`` and ``context_parallel_attention`` is stated here (a run
+  config's check calls it too).
+
+  ``per_row``: a bias or a mask over query rows ([..., T, S], not only over keys); ``returns``:
+  the names of what is asked back beside the output (``"return_residual"``, ...); ``custom``:
+  the names of the custom arguments set (``"sinks"``, ``"hooks"``, ...).
+
+  >>> check_request(strategy="all_gather", per_row=True)  # served: None
+  >>> check_request(implementation="xla")
+  Traceback (most recent call last):
+  ...
+  ValueError: context-parallel attention runs the chunked kernel on every device; ...
+  """
   if strategy not in STRATEGIES:
     raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}.")
-  if strategy == "ring" and (bias is not None or mask is not None):
+  if implementation not in (None, IMPLEMENTATION):
+    raise ValueError(f"context-parallel attention runs the {IMPLEMENTATION} kernel on every "
+                     f"device; implementation={implementation!r} is not served, use "
+                     f"implementation=None or {IMPLEMENTATION!r}.")
+  if empty_rows != "zero":
+    raise ValueError(f"context-parallel attention gives zeros on a query row with no key; "
+                     f"empty_rows={empty_rows!r} is not served, use empty_rows='zero'.")
+  if custom:
+    raise ValueError(f"context-parallel attention does not serve {', '.join(custom)}; pass a "
+                     "mask as a mask_mod (the ring evaluates it on every block), or call "
+                     "dot_product_attention on one device.")
+  if dropout_rate:
+    raise ValueError("context-parallel attention has no attention dropout; set the attention "
+                     "dropout rate to 0.")
+  if returns:
+    raise ValueError(f"context-parallel attention returns neither weights nor the log-sum-exp "
+                     f"nor row maxima ({', '.join(returns)} asked); take the maps "
+                     "(attention_maps) or the rows' statistics from dot_product_attention on "
+                     "one device.")
+  if strategy == "ring" and per_row:
     raise ValueError("strategy='ring' takes no bias, and a mask only over keys ([..., 1, 1, S]): "
                      "each device would need its [T/P, S] rows; use sequence lengths or segment "
                      "ids, or strategy='all_gather'.")
+
+
+def _check_request(query, key, bias, mask, strategy):
+  """``check_request`` for the arrays of a call (``mask``: what is left after a key mask has
+  been taken out), and self-attention's one length."""
+  check_request(strategy=strategy, per_row=bias is not None or mask is not None)
   if query.shape[-3] != key.shape[-3]:
     raise ValueError(f"context-parallel attention is self-attention over one sharded sequence: "
                      f"query and key shards must have one length, got {query.shape} and "
@@ -402,8 +445,10 @@ def _permute_logits(x, size):
 class ContextParallel:
   """``dot_product_attention``'s signature, run by ``context_parallel_attention`` over
   ``axis_name`` of ``mesh``: an ``attention_fn`` for MultiHeadAttention (and EncoderConfig).
-  Refused: attention dropout, returned weights or log-sum-exp, block masks, sinks and sigmoid
-  attention; a row with no key gives zeros (``empty_rows="zero"``).
+  ``implementation``: None or "chunked", the kernel every device runs. Refused in one line
+  (``check_request``): another implementation, attention dropout, returned weights, logits,
+  log-sum-exp or row maxima, block masks, sinks, hooks and sigmoid attention; a row with no key
+  gives zeros (``empty_rows="zero"``).
 
   >>> from attention_jax import MultiHeadAttention
   >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",))
@@ -418,27 +463,19 @@ class ContextParallel:
   load_balance: bool = True
 
   def __call__(self, query, key, value, bias=None, mask=None, *, dropout_rate=0.0,
-               dropout_rng=None, return_weights=False, return_residual=False,
-               implementation=None, dtype=None, precision=None, empty_rows="zero", **options):
-    del dropout_rng, implementation, precision  # the chunked kernel runs on every device
-    if empty_rows != "zero":
-      raise ValueError(f"context-parallel attention gives zeros on a query row with no key; "
-                       f"empty_rows={empty_rows!r} is not served, use empty_rows='zero'.")
-    if dtype is not None:
-      query, key, value = (x.astype(dtype) for x in (query, key, value))
+               dropout_rng=None, implementation=None, dtype=None, precision=None,
+               empty_rows="zero", **options):
+    del dropout_rng, precision  # the chunked kernel runs on every device
+    returns = [name for name in ("return_weights", "return_logits", "return_residual",
+                                 "return_max_scores") if options.pop(name, False)]
     custom = [name for name in ("block_mask", "sinks", "hooks")
               if options.pop(name, None) is not None]
     custom += ["normalizer"] * (options.pop("normalizer", "softmax") != "softmax")
     options.pop("sigmoid_bias", None)
-    if custom:
-      raise ValueError(f"context-parallel attention does not serve {', '.join(custom)}; pass "
-                       "the mask as a mask_mod (the ring evaluates it on every block), or call "
-                       "dot_product_attention on one device.")
-    if dropout_rate or return_weights or return_residual or options.pop("return_logits", False):
-      raise ValueError("context-parallel attention has no attention dropout and returns neither "
-                       "weights nor the log-sum-exp; set the attention dropout rate to 0 and take "
-                       "the maps (attention_maps) or the residual from dot_product_attention on "
-                       "one device.")
+    check_request(strategy=self.strategy, implementation=implementation, dropout_rate=dropout_rate,
+                  returns=returns, custom=custom, empty_rows=empty_rows)
+    if dtype is not None:
+      query, key, value = (x.astype(dtype) for x in (query, key, value))
     return context_parallel_attention(query, key, value, bias, mask, mesh=self.mesh,
                                       axis_name=self.axis_name, strategy=self.strategy,
                                       load_balance=self.load_balance, **options)

@@ -135,32 +135,35 @@ def validate(config) -> None:
   if config.mesh.sequence < 1 or config.mesh.data < 0:
     raise ConfigError(f"mesh.sequence must be >= 1 and mesh.data >= 0 (0: every device left), "
                       f"got sequence={config.mesh.sequence}, data={config.mesh.data}.")
-  if config.mesh.strategy not in aj.context_parallel.STRATEGIES:
-    raise ConfigError(f"mesh.strategy must be one of {list(aj.context_parallel.STRATEGIES)}, got "
-                      f"{config.mesh.strategy!r}.")
-  _check_head_variant(config)
-  if config.mesh.sequence > 1:
-    if model.attention_dropout_rate:
-      raise ConfigError("mesh.sequence > 1 (context-parallel attention) has no attention dropout; "
-                        "set model.attention_dropout_rate=0.")
-    if model.positional_encoding == "alibi" and config.mesh.strategy == "ring":
-      raise ConfigError("ALiBi's bias needs mesh.strategy='all_gather' when mesh.sequence > 1.")
+  _check_context_parallel(config)
 
 
-def _check_head_variant(config) -> None:
-  """What a variant asks of the experiment: its own attention, or arguments (sinks, a
-  normaliser) that context-parallel attention does not serve, need mesh.sequence=1."""
-  model = config.model
-  if config.mesh.sequence == 1:
+def _check_context_parallel(config) -> None:
+  """mesh.strategy, and with mesh.sequence > 1 what the run asks of context-parallel attention
+  (the implementation, attention dropout, ALiBi's bias, a head variant's own attention or
+  arguments), refused by the library's own check (``context_parallel.check_request``)."""
+  model, mesh = config.model, config.mesh
+  try:
+    aj.context_parallel.check_request(strategy=mesh.strategy)
+  except ValueError as error:
+    raise ConfigError(f"mesh.{error}") from None
+  if mesh.sequence == 1:
     return
   variant = encoder_config(config).head_variant_of(0)
-  if variant.forms_maps:
-    raise ConfigError(f"model.head_variant={model.head_variant!r} runs its own attention, not "
-                      "context-parallel; set mesh.sequence=1.")
   custom = sorted(set(variant.attention_arguments(None)) & {"sinks", "normalizer"})
-  if custom:
-    raise ConfigError(f"model.head_variant={model.head_variant!r} sets {', '.join(custom)}, which "
-                      "context-parallel attention does not serve; set mesh.sequence=1.")
+  try:
+    aj.context_parallel.check_request(
+        strategy=mesh.strategy, implementation=model.attention_impl or None,
+        per_row=model.positional_encoding == "alibi",  # a bias [N, T, S]
+        dropout_rate=model.attention_dropout_rate,
+        custom=["hooks"] * variant.forms_maps + custom)
+  except ValueError as error:
+    raise ConfigError(f"mesh.sequence={mesh.sequence} runs attention context-parallel "
+                      f"(model.head_variant={model.head_variant!r}, model.attention_impl="
+                      f"{model.attention_impl!r}, model.positional_encoding="
+                      f"{model.positional_encoding!r}, model.attention_dropout_rate="
+                      f"{model.attention_dropout_rate}): {error} Or set mesh.sequence=1."
+                      ) from None
 
 
 def encoder_config(config, task: tasks.Task | None = None, mesh=None, *,

@@ -199,3 +199,42 @@ def test_the_guide_example_runs_on_eight_devices_at_a_shorter_length():
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **EIGHT_CPU_DEVICES})
   assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_drop_in_serves_the_chunked_kernel_by_name_and_refuses_the_rest_in_one_line():
+  import jax
+  import jax.numpy as jnp
+  attention_fn = aj.ContextParallel(jax.make_mesh((1,), ("seq",)), "seq")
+  q = k = v = jax.random.normal(jax.random.key(0), (2, 16, 4, 8))
+  want = aj.dot_product_attention(q, k, v, is_causal=True)
+  for implementation in (None, "chunked"):
+    np.testing.assert_allclose(attention_fn(q, k, v, is_causal=True,
+                                            implementation=implementation), want, atol=1e-6)
+  for options, words in (({"implementation": "pallas_gpu"}, "implementation='pallas_gpu' is not"),
+                         ({"implementation": "xla"}, "implementation='xla' is not served"),
+                         ({"return_max_scores": True}, "return_max_scores asked"),
+                         ({"return_logits": True}, "return_logits asked"),
+                         ({"dropout_rate": 0.1}, "has no attention dropout")):
+    with pytest.raises(ValueError, match=words) as error:
+      attention_fn(q, k, v, **options)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("setting, words", [
+    ({"model.attention_impl": "xla"}, "implementation='xla' is not served"),
+    ({"model.attention_dropout_rate": 0.1}, "has no attention dropout"),
+    ({"model.positional_encoding": "alibi"}, "strategy='ring' takes no bias"),
+    ({"model.head_variant": "talking_heads"}, "does not serve hooks"),
+    ({"mesh.strategy": "ulysses"}, "mesh.strategy must be one of"),
+])
+def test_a_run_config_is_refused_by_the_librarys_own_check(setting, words):
+  from configs import default
+  from experiments import config_check
+  config = default.get_config()
+  config.mesh.sequence = 2
+  for name, value in setting.items():
+    section, field = name.split(".")
+    config[section][field] = value
+  with pytest.raises(config_check.ConfigError, match=words) as error:
+    config_check.validate(config)
+  assert "\n" not in str(error.value)
