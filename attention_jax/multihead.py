@@ -270,7 +270,8 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
       weights, logits, *extras = extras
       maps, extras = (logits, weights), [weights] * return_weights + extras
     elif return_maps:  # the same dense path on the same arguments, beside a fused kernel
-      options = {k: v for k, v in attention_args.items() if k != "return_residual"}
+      options = {k: v for k, v in attention_args.items()  # the maps only: no row statistics
+                 if k not in ("return_residual", "return_max_scores")}
       _, weights, logits = attention_lib.dot_product_attention(
           query, key, value, bias, mask, scale=scale, is_causal=is_causal,
           implementation="reference", return_weights=True, return_logits=True, **options)
@@ -367,7 +368,6 @@ def attention_maps(params, inputs_q, inputs_k=None, **options):
   >>> weights.shape
   (2, 4, 6, 6)
   """
-  options.pop("return_residual", None)  # the maps are the same either way
   maps = multi_head_attention_step(params, inputs_q, inputs_k, return_maps=True,
                                    **options).records["intermediates"]
   return maps["attention_logits"], maps["attention_weights"]

@@ -198,3 +198,21 @@ def test_pure_function_composes_with_jit_vmap_grad():
   assert_close(fn(x), aj.multi_head_attention(params, x, is_causal=True), 1e-6)
   grads = jax.grad(lambda p: jnp.sum(aj.multi_head_attention(p, x[0]) ** 2))(params)
   assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize("head_variant", [None, "gated"])
+def test_maps_are_sown_beside_the_row_maxima_the_call_returns(head_variant):
+  """Sowing the maps and returning each row's largest logit together: the maps are the call's,
+  and the maxima are the maps' own row maxima (a variant that forms its maps refuses them)."""
+  x = jax.random.normal(jax.random.key(0), (2, 6, 16))
+  mask = jnp.arange(6)[None, None, None, :] < jnp.array([6, 4])[:, None, None, None]
+  layer = aj.MultiHeadAttention(num_heads=4, head_variant=head_variant)
+  params = layer.init(jax.random.key(1), x)["params"]
+  (y, largest), state = layer.apply({"params": params}, x, mask=mask, sow_weights=True,
+                                    return_max_scores=True, mutable="intermediates")
+  assert_close(y, layer.apply({"params": params}, x, mask=mask), rtol=1e-6)
+  logits, weights = aj.attention_maps(params, x, mask=mask, return_max_scores=True,
+                                      head_variant=layer.head_variant)
+  assert_close(state["intermediates"]["attention_weights"][0], weights, rtol=1e-6)
+  row_max = jnp.max(jnp.where(mask, logits, -jnp.inf), axis=-1)  # [B, N, T]
+  assert_close(largest, jnp.swapaxes(row_max, -1, -2), rtol=1e-5)

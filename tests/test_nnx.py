@@ -333,3 +333,14 @@ def test_the_package_imports_the_nnx_shells_only_when_asked():
   result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, check=True)
   assert result.stdout.split() == ["False", "True"]
+
+
+def test_the_nnx_layer_sows_its_maps_beside_the_row_maxima_it_returns():
+  x = jax.random.normal(jax.random.key(0), (2, 6, 16))
+  layer = ajnnx.MultiHeadAttention(4, 16, rngs=nnx.Rngs(0))
+  y, largest = layer(x, sow_weights=True, return_max_scores=True)
+  weights = layer.attention_weights[0]
+  logits, want = aj.attention_maps(ajnnx.linen_params(layer), x)
+  assert_close(weights, want, rtol=1e-6)
+  assert_close(y, layer(x), rtol=1e-6)
+  assert_close(largest, jnp.swapaxes(jnp.max(logits, axis=-1), -1, -2), rtol=1e-5)
