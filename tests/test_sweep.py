@@ -226,6 +226,21 @@ def test_ablation_configs_are_valid(name, mode):
     assert sweep.variant_config(config, overrides).model.num_heads > 0
 
 
+STUDY_CONFIGS = sorted(name[:-3] for name in os.listdir(os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "ablations"))
+                       if name.endswith(".py") and name != "__init__.py")
+
+
+@pytest.mark.parametrize("name", STUDY_CONFIGS)
+def test_every_study_config_refuses_a_misspelt_mode_in_one_line(name):
+  """A misspelt mode (``heads.py:quik``) must not start the full sweep: one line naming the
+  modes the config has."""
+  module = importlib.import_module(f"configs.ablations.{name}")
+  with pytest.raises(ValueError, match=r"mode must be .*got 'quik'\.$") as error:
+    module.get_config("quik")
+  assert "\n" not in str(error.value)
+
+
 def test_quick_sweep_from_the_command_line(data_dir, tmp_path):
   shrink = {f"train.{k}": v for k, v in TINY.items()}
   shrink.update({"train.data_dir": data_dir, "train.model.max_length": 64,

@@ -22,7 +22,7 @@ results, with their runtime and provenance: docs/results/heads.md.
 import ml_collections
 
 from configs import mqar
-from configs.ablations import sweep_config
+from configs.ablations import check_mode, sweep_config
 
 # 64 heads (d_k = 1) is not among them: RoPE, the encoding this task learns with (configs/mqar.py),
 # rotates pairs of dimensions, so d_k = 2 is the narrowest head it allows; the config check
@@ -37,6 +37,7 @@ NUM_SEEDS = 10
 
 
 def get_config(mode=None):
+  check_mode(mode, ("quick",))
   sweep = sweep_config(mode, steps=1000, eval_every=100, warmup=100, base=mqar,
                        baseline=f"heads_{HEADS[0]}", test="time_to_solve", variants=(
                            (f"heads_{n}", {"model": {"num_heads": n}}) for n in HEADS))

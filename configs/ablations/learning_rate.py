@@ -13,12 +13,13 @@ that each variant is compared at its own best learning rate rather than at one s
 
 import ml_collections
 
-from configs.ablations import sweep_config
+from configs.ablations import check_mode, sweep_config
 
 LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 
 
 def get_config(mode=None):
+  check_mode(mode, ("quick",))
   sweep = sweep_config(mode, steps=600, eval_every=100, warmup=100,
                        variants=(("default", {}),), baseline="default")
   sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
