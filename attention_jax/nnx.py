@@ -6,8 +6,9 @@ Dropout: ``deterministic`` is set in the constructor, by ``model.train()`` / ``m
 ``nnx.capture(..., nnx.Intermediate)`` each MultiHeadAttention sows what the Linen module sows
 in "intermediates", and inside ``nnx.capture(..., Losses)`` what it sows in "losses".
 
-The NNX twins of the encoder, its classifiers and the positional encodings are an example built
-on these: ``examples/nnx_encoder.py``.
+The positional encodings (``positional_encoding(name, ...)``) are the twins of
+``attention_jax.positional``'s. The NNX twins of the encoder and its classifiers are an example
+built on these: ``examples/nnx_encoder.py``.
 
 Shape letters: B batch, T tokens, S keys, D d_model, N heads, H head dim.
 """
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 from attention_jax import _checks
 from attention_jax import kv_cache
 from attention_jax import multihead
+from attention_jax import positional
 from attention_jax import variants
 
 
@@ -252,3 +254,148 @@ def load_linen_params(module: nnx.Module, params) -> nnx.Module:
   nnx.replace_by_pure_dict(state, params)
   nnx.update(module, state)
   return module
+
+
+# Positional encodings: the twins of attention_jax.positional's Linen modules (described there),
+# the same three methods over the same pure tables and rotations, the same parameter ("table");
+# ``rotate`` is static, so that a block can take it from the config alone.
+
+class NoPositionalEncoding(nnx.Module):
+  """``positional.NoPositionalEncoding`` in NNX: embed, rotate and attention_bias leave
+  everything as it is.
+
+  >>> encoding = positional_encoding("none", max_length=64, d_model=32, num_heads=4,
+  ...                                rngs=nnx.Rngs(0))
+  """
+
+  def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs):
+    del max_length, d_model, rngs
+    self.num_heads = num_heads
+
+  def embed(self, x, deterministic: bool | None = None):  # [B, T, D] -> [B, T, D]
+    del deterministic
+    return x
+
+  @staticmethod
+  def rotate(query, key, positions=None):  # [B, T, N, H], [B, S, N, H] -> same
+    return query, key
+
+  def attention_bias(self, q_len: int, kv_len: int):  # None, or a logit bias [N, T, S]
+    return None
+
+
+class SinusoidalEncoding(NoPositionalEncoding):
+  """``positional.SinusoidalEncoding`` in NNX.
+
+  >>> encoding = positional_encoding("sinusoidal", max_length=64, d_model=32, num_heads=4,
+  ...                                rngs=nnx.Rngs(0))
+  >>> encoding.embed(jnp.zeros((2, 10, 32))).shape  # [B, T, D]
+  (2, 10, 32)
+  """
+
+  def embed(self, x, deterministic: bool | None = None):
+    del deterministic
+    return x + positional.sinusoidal_encoding(x.shape[-2], x.shape[-1]).astype(x.dtype)
+
+
+class LearnedEncoding(NoPositionalEncoding):
+  """``positional.LearnedEncoding`` in NNX: its "table" [max_length, D].
+
+  >>> encoding = positional_encoding("learned", max_length=64, d_model=32, num_heads=4,
+  ...                                rngs=nnx.Rngs(0))
+  >>> encoding.table.shape
+  (64, 32)
+  """
+
+  def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs):
+    super().__init__(max_length=max_length, d_model=d_model, num_heads=num_heads, rngs=rngs)
+    self.table = nnx.Param(positional.learned_table_init(rngs.params(), (max_length, d_model)))
+
+  def embed(self, x, deterministic: bool | None = None):
+    del deterministic
+    return positional.add_learned_table(x, self.table[...])
+
+
+class RandomizedEncoding(NoPositionalEncoding):
+  """``positional.RandomizedEncoding`` in NNX: its draws from the "dropout" stream of ``rngs``.
+
+  >>> encoding = positional_encoding("randomized", max_length=64, d_model=32, num_heads=4,
+  ...                                rngs=nnx.Rngs(0))
+  >>> encoding.embed(jnp.zeros((2, 10, 32)), deterministic=False).shape  # [B, T, D]
+  (2, 10, 32)
+  """
+
+  def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs,
+               deterministic: bool = True):
+    super().__init__(max_length=max_length, d_model=d_model, num_heads=num_heads, rngs=rngs)
+    self.max_length, self.deterministic = max_length, deterministic
+    self.rngs = rngs["dropout"].fork()
+
+  def embed(self, x, deterministic: bool | None = None):
+    deterministic = self.deterministic if deterministic is None else deterministic
+    key = None if deterministic else self.rngs()
+    return positional.add_randomized_sinusoidal(x, key, self.max_length)
+
+
+class RotaryEncoding(NoPositionalEncoding):
+  """``positional.RotaryEncoding`` in NNX.
+
+  >>> query = key = jnp.ones((2, 10, 4, 8))  # [B, T, N, H]
+  >>> query, key = RotaryEncoding.rotate(query, key)
+  >>> query.shape
+  (2, 10, 4, 8)
+  """
+
+  @staticmethod
+  def rotate(query, key, positions=None):
+    return positional.rope_transform(query, key, positions)
+
+
+class ALiBiEncoding(NoPositionalEncoding):
+  """``positional.ALiBiEncoding`` in NNX.
+
+  >>> positional_encoding("alibi", max_length=64, d_model=32, num_heads=4,
+  ...                     rngs=nnx.Rngs(0)).attention_bias(10, 10).shape
+  (4, 10, 10)
+  """
+
+  def attention_bias(self, q_len: int, kv_len: int):
+    return positional.alibi_bias(self.num_heads, q_len, kv_len)
+
+
+#: The positional encodings by name, as NNX modules.
+POSITIONAL_ENCODINGS = {
+    "none": NoPositionalEncoding,
+    "sinusoidal": SinusoidalEncoding,
+    "learned": LearnedEncoding,
+    "randomized": RandomizedEncoding,
+    "rope": RotaryEncoding,
+    "alibi": ALiBiEncoding,
+}
+
+
+def positional_encoding(name: str, /, *, max_length: int, d_model: int, num_heads: int,
+                        rngs: nnx.Rngs):
+  """The NNX positional encoding registered under ``name`` (the names of the Linen registry).
+
+  >>> encoding = positional_encoding("rope", max_length=512, d_model=128, num_heads=8,
+  ...                                rngs=nnx.Rngs(0))
+  """
+  if name not in POSITIONAL_ENCODINGS:
+    raise ValueError(
+        f"unknown positional encoding {name!r}; known: {sorted(POSITIONAL_ENCODINGS)}.")
+  return POSITIONAL_ENCODINGS[name](max_length=max_length, d_model=d_model, num_heads=num_heads,
+                                    rngs=rngs)
+
+
+#: Names that moved out of this module -> where they live now.
+MOVED = dict.fromkeys(("FeedForward", "EncoderBlock", "TransformerEncoder", "SequenceClassifier",
+                       "TokenClassifier"), "examples/nnx_encoder.py")
+
+
+def __getattr__(name):
+  """A name that moved raises AttributeError in one line naming its new home."""
+  if name in MOVED:
+    raise AttributeError(f"attention_jax.nnx.{name} moved to {MOVED[name]} (an example on the "
+                         f"library: copy it, or import it from there).")
+  raise AttributeError(f"module 'attention_jax.nnx' has no attribute {name!r}")

@@ -1,5 +1,5 @@
-"""The Transformer encoder, its classifiers and the positional encodings in Flax NNX, built on
-attention_jax: the twins of the Linen modules in attention_jax.encoder and attention_jax.positional
+"""The Transformer encoder and its classifiers in Flax NNX, built on attention_jax (its NNX
+attention and positional encodings): the twins of the Linen modules in attention_jax.encoder
 (the same parameter trees, so weights move both ways with attention_jax.nnx.linen_params and
 load_linen_params, and the same outputs), over the same pure functions. An example of an NNX
 model on the library, to read and copy; needs only `pip install .` (jax, flax, chex, numpy).
@@ -20,9 +20,10 @@ import jax.numpy as jnp
 
 from attention_jax import encoder as encoder_lib
 from attention_jax import masks as masks_lib
-from attention_jax import positional
+from attention_jax.nnx import POSITIONAL_ENCODINGS
 from attention_jax.nnx import MultiHeadAttention
 from attention_jax.nnx import linen_params
+from attention_jax.nnx import positional_encoding
 from attention_jax.products import dense_dot_general
 
 
@@ -36,137 +37,6 @@ class _Dropping(nnx.Module):
 
   def _deterministic(self, deterministic: bool | None) -> bool:
     return self.deterministic if deterministic is None else deterministic
-
-
-# Positional encodings: the Linen ones' methods over the same functions; ``rotate`` is static, so
-# that a block can take it from the config alone.
-
-class NoPositionalEncoding(nnx.Module):
-  """No position information: embed, rotate and attention_bias leave everything as it is.
-
-  >>> encoding = positional_encoding("none", max_length=64, d_model=32, num_heads=4,
-  ...                                rngs=nnx.Rngs(0))
-  """
-
-  def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs):
-    del max_length, d_model, rngs
-    self.num_heads = num_heads
-
-  def embed(self, x, deterministic: bool | None = None):  # [B, T, D] -> [B, T, D]
-    del deterministic
-    return x
-
-  @staticmethod
-  def rotate(query, key, positions=None):  # [B, T, N, H], [B, S, N, H] -> same
-    return query, key
-
-  def attention_bias(self, q_len: int, kv_len: int):  # None, or a logit bias [N, T, S]
-    return None
-
-
-class SinusoidalEncoding(NoPositionalEncoding):
-  """Adds the fixed sinusoidal table to the embeddings; any length.
-
-  >>> encoding = positional_encoding("sinusoidal", max_length=64, d_model=32, num_heads=4,
-  ...                                rngs=nnx.Rngs(0))
-  >>> encoding.embed(jnp.zeros((2, 10, 32))).shape  # [B, T, D]
-  (2, 10, 32)
-  """
-
-  def embed(self, x, deterministic: bool | None = None):
-    del deterministic
-    return x + positional.sinusoidal_encoding(x.shape[-2], x.shape[-1]).astype(x.dtype)
-
-
-class LearnedEncoding(NoPositionalEncoding):
-  """Adds a learned table [max_length, D] ("table", as the Linen one).
-
-  >>> encoding = positional_encoding("learned", max_length=64, d_model=32, num_heads=4,
-  ...                                rngs=nnx.Rngs(0))
-  >>> encoding.table.shape
-  (64, 32)
-  """
-
-  def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs):
-    super().__init__(max_length=max_length, d_model=d_model, num_heads=num_heads, rngs=rngs)
-    self.table = nnx.Param(positional.learned_table_init(rngs.params(), (max_length, d_model)))
-
-  def embed(self, x, deterministic: bool | None = None):
-    del deterministic
-    return positional.add_learned_table(x, self.table[...])
-
-
-class RandomizedEncoding(NoPositionalEncoding):
-  """Adds the sinusoidal table at sorted random positions from 0..max_length-1 (Ruoss et al.
-  2023): a new draw from the "dropout" stream when training, a fixed one when deterministic.
-
-  >>> encoding = positional_encoding("randomized", max_length=64, d_model=32, num_heads=4,
-  ...                                rngs=nnx.Rngs(0))
-  >>> encoding.embed(jnp.zeros((2, 10, 32)), deterministic=False).shape  # [B, T, D]
-  (2, 10, 32)
-  """
-
-  def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs,
-               deterministic: bool = True):
-    super().__init__(max_length=max_length, d_model=d_model, num_heads=num_heads, rngs=rngs)
-    self.max_length, self.deterministic = max_length, deterministic
-    self.rngs = rngs["dropout"].fork()
-
-  def embed(self, x, deterministic: bool | None = None):
-    deterministic = self.deterministic if deterministic is None else deterministic
-    key = None if deterministic else self.rngs()
-    return positional.add_randomized_sinusoidal(x, key, self.max_length)
-
-
-class RotaryEncoding(NoPositionalEncoding):
-  """Rotates queries and keys by their positions (RoPE).
-
-  >>> query = key = jnp.ones((2, 10, 4, 8))  # [B, T, N, H]
-  >>> query, key = RotaryEncoding.rotate(query, key)
-  >>> query.shape
-  (2, 10, 4, 8)
-  """
-
-  @staticmethod
-  def rotate(query, key, positions=None):
-    return positional.rope_transform(query, key, positions)
-
-
-class ALiBiEncoding(NoPositionalEncoding):
-  """Adds ``-slope_n * |t - s|`` to the logits of head n (ALiBi).
-
-  >>> positional_encoding("alibi", max_length=64, d_model=32, num_heads=4,
-  ...                     rngs=nnx.Rngs(0)).attention_bias(10, 10).shape
-  (4, 10, 10)
-  """
-
-  def attention_bias(self, q_len: int, kv_len: int):
-    return positional.alibi_bias(self.num_heads, q_len, kv_len)
-
-
-#: The positional encodings by name, as NNX modules.
-POSITIONAL_ENCODINGS = {
-    "none": NoPositionalEncoding,
-    "sinusoidal": SinusoidalEncoding,
-    "learned": LearnedEncoding,
-    "randomized": RandomizedEncoding,
-    "rope": RotaryEncoding,
-    "alibi": ALiBiEncoding,
-}
-
-
-def positional_encoding(name: str, /, *, max_length: int, d_model: int, num_heads: int,
-                        rngs: nnx.Rngs):
-  """The NNX positional encoding registered under ``name`` (the names of the Linen registry).
-
-  >>> encoding = positional_encoding("rope", max_length=512, d_model=128, num_heads=8,
-  ...                                rngs=nnx.Rngs(0))
-  """
-  if name not in POSITIONAL_ENCODINGS:
-    raise ValueError(
-        f"unknown positional encoding {name!r}; known: {sorted(POSITIONAL_ENCODINGS)}.")
-  return POSITIONAL_ENCODINGS[name](max_length=max_length, d_model=d_model, num_heads=num_heads,
-                                    rngs=rngs)
 
 
 def _check_attention_module(config: encoder_lib.EncoderConfig):

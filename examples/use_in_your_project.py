@@ -3,7 +3,7 @@
   python examples/use_in_your_project.py
 
 0. an NNX model of your own with attention_jax.nnx's MultiHeadAttention and a positional encoding
-   chosen by name (from nnx_encoder.py, beside this file), its attention maps captured, and an NNX
+   chosen by name (attention_jax.nnx's), its attention maps captured, and an NNX
    classifier's weights moved to the Linen twin;
 1. dot_product_attention inside your own jit and vmap (and grad);
 2. MultiHeadAttention dropped into your own Flax Linen model, the positional encoding by name;
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 import attention_jax as aj
 from attention_jax import nnx as ajnnx
-import nnx_encoder  # examples/nnx_encoder.py: the NNX encoder and positional encodings
+import nnx_encoder  # examples/nnx_encoder.py: the NNX encoder and classifiers
 
 
 # 0. Flax NNX: your own module holding attention_jax's NNX attention.
@@ -27,7 +27,7 @@ class NnxTagger(nnx.Module):
   def __init__(self, *, vocab_size=100, d_model=64, num_heads=4, num_classes=5, max_length=32,
                encoding="rope", rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab_size, d_model, rngs=rngs)
-    self.position = nnx_encoder.positional_encoding(
+    self.position = ajnnx.positional_encoding(
         encoding, max_length=max_length, d_model=d_model, num_heads=num_heads, rngs=rngs)
     self.attention = ajnnx.MultiHeadAttention(num_heads, d_model,
                                               qk_transform=self.position.rotate, rngs=rngs)

@@ -92,7 +92,7 @@ def test_classifiers_hold_the_linen_parameter_tree_and_compute_the_same_logits(o
 
 
 def test_every_positional_encoding_has_an_nnx_twin_and_is_compared_above():
-  assert nnx_encoder.POSITIONAL_ENCODINGS.keys() == aj.POSITIONAL_ENCODINGS.keys()
+  assert ajnnx.POSITIONAL_ENCODINGS.keys() == aj.POSITIONAL_ENCODINGS.keys()
   assert {o["positional_encoding"] for o in CONFIGS} == set(aj.POSITIONAL_ENCODINGS)
 
 

@@ -132,3 +132,46 @@ def test_randomized_encoding_draws_anew_when_training_and_is_fixed_when_evaluati
   assert rows(embed(True, 0)) == rows(embed(True, 1))  # evaluation: one fixed draw
   assert rows(embed(False, 0)) != rows(embed(False, 1))  # training: a draw per key
   assert rows(embed(False, 0)) == sorted(set(rows(embed(False, 0))))
+
+
+@pytest.mark.parametrize("name", sorted(aj.POSITIONAL_ENCODINGS))
+def test_each_nnx_encoding_equals_its_linen_twin_on_the_same_parameters(name):
+  """attention_jax.nnx holds an NNX shell of every encoding: on the Linen one's parameters (a
+  learned table) it embeds, rotates and biases as the Linen one does, training draws included."""
+  from flax import nnx
+  from attention_jax import nnx as ajnnx
+  x = jax.random.normal(jax.random.key(0), (2, 10, 16))  # [B, T, D]
+  query = key = jax.random.normal(jax.random.key(1), (2, 10, 4, 8))  # [B, T, N, H]
+  linen = aj.positional_encoding(name, max_length=32, num_heads=4)
+  variables = linen.init(jax.random.key(2), x, method="embed")
+  twin = ajnnx.positional_encoding(name, max_length=32, d_model=16, num_heads=4,
+                                   rngs=nnx.Rngs(params=3, dropout=4))
+  if name == "learned":
+    assert twin.table.shape == variables["params"]["table"].shape
+    twin.table[...] = variables["params"]["table"]
+  assert_close = np.testing.assert_allclose
+  assert_close(twin.embed(x), linen.apply(variables, x, method="embed"), rtol=1e-6)
+  if name == "randomized":  # training: the shared draw at the key of each one's own stream
+    twin.rngs = lambda: jax.random.key(5)
+    assert_close(twin.embed(x, deterministic=False),
+                 positional.add_randomized_sinusoidal(x, jax.random.key(5), 32), rtol=1e-6)
+  else:
+    assert_close(twin.embed(x, deterministic=False),
+                 linen.apply(variables, x, False, method="embed"), rtol=1e-6)
+  for got, want in zip(twin.rotate(query, key), linen.apply(variables, query, key,
+                                                           method="rotate")):
+    assert_close(got, want, rtol=1e-6)
+  bias, want = twin.attention_bias(10, 12), linen.apply(variables, 10, 12,
+                                                        method="attention_bias")
+  assert (bias is None) == (want is None) and (bias is None or np.allclose(bias, want))
+
+
+def test_a_name_that_moved_out_of_the_nnx_module_says_where_in_one_line():
+  from attention_jax import nnx as ajnnx
+  assert ajnnx.SinusoidalEncoding is ajnnx.POSITIONAL_ENCODINGS["sinusoidal"]  # back in place
+  with pytest.raises(AttributeError, match="TransformerEncoder moved to examples/nnx_encoder.py"
+                     ) as error:
+    ajnnx.TransformerEncoder  # noqa: B018
+  assert "\n" not in str(error.value)
+  with pytest.raises(AttributeError, match="has no attribute 'Nothing'"):
+    ajnnx.Nothing  # noqa: B018
