@@ -61,11 +61,11 @@ myst_heading_anchors = 3
 # build machine's CPU, about a minute), so the site shows it with the outputs of this checkout.
 # The notebook finds this checkout (a parent of docs/notebooks/) and installs nothing in quick mode.
 os.environ.setdefault("ATTENTION_JAX_QUICK", "1")
-# A relative workdir (inside the checkout, under the ignored runs/), so the page shows no path of
-# the build machine; emptied first, so the page shows a run rather than "already finished".
+# The notebook's own quick-mode workdir (relative, inside the checkout, under the ignored runs/),
+# so the page shows the folder its code names and no path of the build machine; emptied first,
+# so that the page shows a run rather than "already finished".
 if "ATTENTION_JAX_WORKDIR" not in os.environ:
-  os.environ["ATTENTION_JAX_WORKDIR"] = os.path.join("runs", "docs-notebook")
-  shutil.rmtree(os.path.join(ROOT, "runs", "docs-notebook"), ignore_errors=True)
+  shutil.rmtree(os.path.join(ROOT, "runs", "colab_quick"), ignore_errors=True)
 nb_execution_mode = "force"
 nb_execution_timeout = 600
 nb_execution_raise_on_error = True

@@ -115,6 +115,18 @@ def _stacked(source, featurize, max_length: int) -> Split:
                np.stack([targets for _, targets in records]))
 
 
+def _shown(path: str) -> str:
+  """``path`` as a message shows it: under the home folder as ``~/...``, so that a page built from
+  a run's output does not print the build machine's home.
+
+  >>> _shown(os.path.join(os.path.expanduser("~"), "tensorflow_datasets", "order"))
+  '~/tensorflow_datasets/order'
+  """
+  home = os.path.expanduser("~")
+  inside = os.path.commonpath([home, os.path.abspath(path)]) == home
+  return os.path.join("~", os.path.relpath(path, home)) if inside else path
+
+
 @contextlib.contextmanager
 def _quietly():
   """TFDS's own warnings and progress bars off while a built-in task is generated: they speak of
@@ -155,7 +167,8 @@ def load_task(name: str, options: dict | None = None, data_dir: str | None = Non
                             data_dir=data_dir, file_format="array_record")
     if not builder.is_prepared():
       print(f"generating the task {name!r} on this machine ({options['num_train']} training and "
-            f"{options['num_test']} test examples) under {builder.data_dir}", file=sys.stderr)
+            f"{options['num_test']} test examples) under {_shown(builder.data_dir)}",
+            file=sys.stderr)
       started = time.perf_counter()
       with contextlib.redirect_stdout(io.StringIO()):  # TFDS's "Downloading and preparing"
         builder.download_and_prepare()
