@@ -64,9 +64,11 @@ def check_mask_and_bias(mask, bias, target: Sequence[int]) -> None:
     fits = len(array.shape) <= len(target) and all(
         dim in (1, want) for dim, want in zip(array.shape[::-1], target[::-1]))
     if not fits:
+      hint = ("; a per-token padding mask [..., S] becomes one with aj.padding_mask(valid), or pass "
+              "the lengths as key_value_seq_lengths" if name == "mask" else "")
       raise ValueError(
           f"{name} of shape {tuple(array.shape)} does not broadcast to "
-          f"[..., heads, q_len, kv_len] = {tuple(target)}.")
+          f"[..., heads, q_len, kv_len] = {tuple(target)}{hint}.")
 
 
 #: The jax.nn arguments that describe which keys each query sees, as arrays.

@@ -35,6 +35,8 @@ MALFORMED = {
                             value=KV.astype(jnp.int32)), "floating dtype"),
     "mask_not_broadcastable": (dict(mask=jnp.ones((2, 4, 4, 5), bool)), "mask of shape"),
     "mask_too_many_dims": (dict(mask=jnp.ones((1, 2, 4, 4, 6), bool)), "mask of shape"),
+    "mask_per_token": (dict(mask=jnp.ones((2, 6), bool)),
+                       r"aj\.padding_mask\(valid\), or pass the lengths as key_value_seq_lengths"),
     "bias_not_broadcastable": (dict(bias=jnp.zeros((3, 4, 6))), "bias of shape"),
     "unknown_implementation": (dict(implementation="flash"), "implementation must be one of"),
     "xla_cannot_drop_out": (dict(implementation="xla", dropout_rate=0.1,
