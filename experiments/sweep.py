@@ -12,7 +12,9 @@ e.g. longer sequences), and the study's design: ``baseline``, ``contrasts``, ``t
 ``primary`` (experiments/verdicts.py), ``bracket`` and ``budget_minutes`` (``bracket`` below). A
 variant's replicas are its seeds times the grid; with vmap_replicas they train as one compiled,
 vmapped program (experiments/train.py), else one after the other. Before training, the sweep
-prints whether its seeds can reach p < 0.05 after Holm with its test.
+prints whether its seeds can reach p < 0.05 after Holm with its test, and refuses, in one line
+naming the seeds it needs, a study that declares ``alpha`` (every full study does; a quick smoke
+test does not) and cannot reach it.
 
 Each variant trains in <workdir>/variants/<name>/ and leaves result.json there; a second run of
 the same command skips the variants that finished and resumes the one that was interrupted from
@@ -155,6 +157,9 @@ def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
                         for name, overrides in selected])
   design = verdicts.Design.of_sweep(sweep, "accuracy")
   say(f"[sweep] {verdicts.power_note(design, sweep.num_seeds)}")
+  refusal = design.refusal(sweep.num_seeds)
+  if refusal:
+    raise config_check.ConfigError(f"the study's design is underpowered: {refusal}")
   spent = [0.0]  # seconds of training so far, against sweep.budget_minutes
   with workdir_lib.owned(workdir):
     return [_run_variant(sweep, name, overrides, os.path.join(workdir, "variants", name), spent)

@@ -42,13 +42,15 @@ class Design:
   """What a study compares, declared before it runs: ``comparisons`` (arm, reference) pairs,
   the ``test`` (statistics.TESTS) on the ``primary`` metric, a seed "solves" the task at
   ``solved_at`` (an accuracy at least, an NMSE at most), and a seed that never does is censored
-  at step ``censored_at`` (one evaluation past the last)."""
+  at step ``censored_at`` (one evaluation past the last). ``alpha``: the level its family of
+  comparisons is tested at after Holm; None for a smoke test, which claims nothing."""
   baseline: str
   comparisons: tuple[tuple[str, str], ...]
   test: str
   primary: str
   solved_at: float
   censored_at: float
+  alpha: float | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
     if self.test not in statistics.TESTS:
@@ -67,7 +69,37 @@ class Design:
                test=sweep.get("test") or "paired_permutation",
                primary=sweep.get("primary") or f"eval_{measure}",
                solved_at=REACHED[measure],
-               censored_at=float(train.num_train_steps + train.eval_every_steps))
+               censored_at=float(train.num_train_steps + train.eval_every_steps),
+               alpha=sweep.get("alpha"))
+
+  def smallest_p(self, seeds: int) -> float:
+    """The smallest Holm-adjusted p this design's test can give with ``seeds`` seeds per arm
+    over its family (statistics.smallest_p)."""
+    return statistics.smallest_p(self.test, seeds, len(self.comparisons))
+
+  def seeds_needed(self, most: int = 64) -> int | None:
+    """The fewest seeds per arm whose smallest adjusted p is below ``alpha`` (None: more than
+    ``most``)."""
+    return next((n for n in range(1, most + 1) if self.smallest_p(n) < self.alpha), None)
+
+  def refusal(self, seeds: int) -> str | None:
+    """One line saying why this design cannot reach ``alpha`` with ``seeds`` seeds per arm and
+    how many it needs; None when it can (or declares no alpha, or no comparisons).
+
+    >>> design = Design("a", (("b", "a"),) * 7, "paired_permutation", "eval_nmse", 0.1, 1.0, 0.05)
+    >>> design.refusal(8)
+    'with 8 seeds per arm the paired_permutation test over 7 comparisons cannot reach p < 0.05 after Holm (smallest possible adjusted p 0.055); declare num_seeds = 9 or more, or fewer comparisons.'
+    >>> design.refusal(9) is None
+    True
+    """
+    if self.alpha is None or not self.comparisons or self.smallest_p(seeds) < self.alpha:
+      return None
+    needed = self.seeds_needed()
+    more = (f"declare num_seeds = {needed} or more" if needed else
+            "no seed count up to 64 can; declare another test")
+    return (f"with {seeds} seeds per arm the {self.test} test over {len(self.comparisons)} "
+            f"comparisons cannot reach p < {self.alpha:g} after Holm (smallest possible "
+            f"adjusted p {self.smallest_p(seeds):.2g}); {more}, or fewer comparisons.")
 
   def columns(self, variant: str) -> dict:
     """This design's COLUMNS for the rows of ``variant``."""

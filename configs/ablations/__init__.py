@@ -16,6 +16,12 @@ from configs import default
 VALIDATION = {"validation": {"seed": 1, "num_train": 1}}
 
 
+#: The level a study's family of comparisons is tested at, after Holm. A study declares it and
+#: the sweep refuses, before training, a design whose test and seeds cannot reach it; a quick
+#: smoke test declares none (it claims nothing).
+ALPHA = 0.05
+
+
 def check_mode(mode, valid=("quick", "accelerator")) -> None:
   """Refuses a config mode other than None or ``valid``, naming the valid ones."""
   if mode not in (None, *valid):
@@ -30,7 +36,8 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, ba
   dataset (2 seeds, two evaluations). Every sweep evaluates a validation stream (VALIDATION),
   which chooses each variant's learning rate; ``baseline`` and ``contrasts``: the module's
   docstring. ``test``: how each comparison is tested (experiments/statistics.py TESTS), on
-  ``primary`` (a metric; default the test set's accuracy or NMSE). ``bracket``: how many
+  ``primary`` (a metric; default the test set's accuracy or NMSE), at level ``alpha`` (ALPHA;
+  None in mode "quick"). ``bracket``: how many
   learning rates the sweep may add past an edge of the grid where a variant's optimum sits
   there (experiments/sweep.py, bracket), within ``budget_minutes`` (30) of training.
 
@@ -58,6 +65,7 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, ba
   sweep.contrasts = tuple(tuple(pair) for pair in contrasts)
   sweep.test = test
   sweep.primary = primary
+  sweep.alpha = None if quick else ALPHA
   sweep.bracket = 0 if quick else bracket
   sweep.budget_minutes = 30
   return sweep

@@ -105,3 +105,59 @@ def get_config(mode=None):
   rates = LEARNING_RATES[1:3] if mode == "quick" else LEARNING_RATES
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep
+
+
+def predictions(mode=None) -> dict:
+  """The predictions, fixed before the sweeps ran (python -m experiments.findings), paired by
+  seed.
+
+  ``controls``: the steps until a seed first reaches test accuracy 0.9 (a seed that never does
+  counted one evaluation past the last), each arm at its rate chosen on the validation stream.
+
+  - C1 (the map count, not the subtraction): differential attention with num_heads=4 (8
+    softmax maps of width 8) solves the task no sooner than plain attention with 8 heads.
+  - C2: differential attention with 2 heads (4 maps of 16, as plain attention's 4 heads) solves
+    it no sooner than plain attention with 4 heads.
+  - C3 (the gate's start): the paper's gate, which starts at 0.5, solves it later than the same
+    gate started open (2 sigmoid(X W), 1 at the start).
+  - C4: the gate started open matches plain attention: within one evaluation interval (100
+    steps), by TOST.
+
+  ``accelerator`` (the papers' claims): the test error (1 - accuracy) at a fixed rate or at each
+  arm's chosen rate, and the attention weight on the first token at the end of training.
+
+  - V1 (Qiu et al. 2025): gating widens the range of learning rates that train: at 1e-2 both
+    gates err less than plain attention and than plain attention with as many parameters.
+  - V2 (Dehghani et al. 2023, Wortsman et al. 2023): at 3e-2 QK-norm errs less than plain
+    attention.
+  - V3 (Ramapuram et al. 2024): sigmoid attention with b = -log S matches softmax: within 0.05
+    of plain attention's error at the chosen rates, by TOST.
+  - V4 (Ye et al. 2025; Qiu et al. 2025): differential attention and the feature-wise gate put
+    less weight on the first token than plain attention, at the chosen rates.
+  """
+  if mode == "controls":
+    return {
+        "setting": "compared",
+        "measures": {"primary": {"column": "steps_to_threshold", "read": "steps",
+                                 "censored_at": STEPS + STEPS // 8}},
+        "predictions": (
+            ("C1", "8 maps of width 8 each", (("not_above", "mha_8", "differential"),)),
+            ("C2", "4 maps of width 16 each", (("not_above", "mha", "differential_2"),)),
+            ("C3", "the gate's start", (("above", "gated", "gated_open"),)),
+            ("C4", "the open gate", (("within", "gated_open", "mha", STEPS // 8),)),
+        )}
+  error = {"column": "eval_accuracy", "read": "error"}
+  at_1e2, at_3e2 = {"measure": "at_1e-2"}, {"measure": "at_3e-2"}
+  return {
+      "setting": "learning rate",
+      "measures": {"primary": error, "at_1e-2": {**error, "rate": 1e-2},
+                   "at_3e-2": {**error, "rate": 3e-2},
+                   "first_token": {"column": "final_first_token_weight"}},
+      "predictions": (
+          ("V1", "1e-2", tuple(("above", base, gate, at_1e2) for gate in ("gated", "gated_headwise")
+                               for base in ("mha", "mha_matched"))),
+          ("V2", "3e-2", (("above", "mha", "qk_norm", at_3e2),)),
+          ("V3", "chosen", (("within", "sigmoid", "mha", 0.05),)),
+          ("V4", "chosen", tuple(("above", "mha", name, {"measure": "first_token"})
+                                 for name in ("differential", "gated"))),
+      )}

@@ -110,3 +110,72 @@ def accelerator_config(task: str):
   sweep.num_seeds = seeds
   sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
   return sweep
+
+
+def predictions(mode=None) -> dict:
+  """The predictions, fixed before the sweeps ran (python -m experiments.findings): the test
+  NMSE of each arm at its rate chosen on the validation stream, paired by seed. The CPU study
+  (modes multi_retrieval and farthest_point, one table over both sweeps' results):
+
+  1. multi_retrieval: 1 and 2 heads err more than 4, 2 more than 8 and 16, and along the split
+     arm the largest fall of the mean is from 2 to 4 heads (h = D).
+  2. With the head size fixed, 2 heads err more than 4, the largest fall again at 2 -> 4.
+  3. Beyond D nothing changes: 8 and 16 heads within 0.05 of 4, by TOST.
+  4. Talking heads do not rescue h = 2: they err more than 4 heads and recover less than half
+     of the gap from 2 to 4 heads.
+  5. A second layer of 2 heads recovers at least half of that gap, and 2 heads of one layer err
+     no more than one head in two layers.
+  6. farthest_point: the standard split errs more at 16 and at 4 heads than at 1.
+  7. A fixed head size errs no more than one head at any count.
+  8. Talking heads and DCMHA at 16 heads recover at least half of the gap from 16 heads to 1.
+  9. A second layer of 16 split heads recovers less than half of it.
+
+  ``multi_retrieval_accelerator`` (D = 8 maxima at d_model 64: the step moves to h = D = 8):
+
+  - A1: 1, 2 and 4 heads err more than 8, and the largest fall along the split arm is 4 -> 8.
+  - A2: with the head size fixed, 2 and 4 heads err more than 8 split heads.
+  - A3: 16 and 32 heads within 0.05 of 8, by TOST.
+  """
+  margin = 0.05
+  if mode == "multi_retrieval_accelerator":
+    heads = ACCELERATOR["multi_retrieval"][2]
+    task = "multi_retrieval, D = 8"
+    return {
+        "setting": "task",
+        "figure": "nmse_by_heads_accelerator",
+        "measures": {"primary": {"column": "eval_nmse"}},
+        "predictions": (
+            ("A1", task, tuple(("above", f"split_{h}", "split_8") for h in (1, 2, 4))
+             + (("largest_drop", tuple(f"split_{h}" for h in heads), 2),)),
+            ("A2", task, (("above", "fixed_2", "split_8"), ("above", "fixed_4", "split_8"))),
+            ("A3", task, (("within", "split_16", "split_8", margin),
+                          ("within", "split_32", "split_8", margin))),
+        )}
+  mr, fp = {"measure": "multi_retrieval"}, {"measure": "farthest_point"}
+  split = tuple(f"split_{h}" for h in HEADS)
+  fixed = ("split_1",) + tuple(f"fixed_{h}" for h in HEADS[1:])
+  return {
+      "setting": "task",
+      "figure": "nmse_by_heads",
+      "measures": {task: {"column": "eval_nmse", "source": task} for task in BASES},
+      "predictions": (
+          (1, "multi_retrieval", (("above", "split_1", "split_4", mr),
+                                  ("above", "split_2", "split_4", mr),
+                                  ("above", "split_2", "split_8", mr),
+                                  ("above", "split_2", "split_16", mr),
+                                  ("largest_drop", split, 1, mr))),
+          (2, "multi_retrieval", (("above", "fixed_2", "fixed_4", mr),
+                                  ("largest_drop", fixed, 1, mr))),
+          (3, "multi_retrieval", (("within", "split_8", "split_4", margin, mr),
+                                  ("within", "split_16", "split_4", margin, mr))),
+          (4, "multi_retrieval", (("above", "talking_heads_2", "split_4", mr),
+                                  ("short_of_half", "talking_heads_2", "split_2", "split_4", mr))),
+          (5, "multi_retrieval", (("recovers_half", "layers2_2", "split_2", "split_4", mr),
+                                  ("not_above", "split_2", "layers2_1", mr))),
+          (6, "farthest_point", (("above", "split_16", "split_1", fp),
+                                 ("above", "split_4", "split_1", fp))),
+          (7, "farthest_point", tuple(("not_above", v, "split_1", fp) for v in fixed[1:])),
+          (8, "farthest_point", (("recovers_half", "talking_heads_16", "split_16", "split_1", fp),
+                                 ("recovers_half", "dcmha_16", "split_16", "split_1", fp))),
+          (9, "farthest_point", (("short_of_half", "layers2_16", "split_16", "split_1", fp),)),
+      )}

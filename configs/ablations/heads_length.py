@@ -86,3 +86,43 @@ def get_config(mode=None):
   sweep.grid = ml_collections.ConfigDict(
       {"learning_rate": LEARNING_RATES[1:] if quick else LEARNING_RATES})
   return sweep
+
+
+MARGIN = 0.05  # NMSE: 5% of the target's variance unexplained counts as "near zero"
+
+
+def predictions(mode=None) -> dict:
+  """The predictions, fixed before the sweep ran (python -m experiments.findings): the measure
+  is the test NMSE of each arm h<heads>_T<length> at its rate chosen on the validation stream,
+  every comparison unpaired (the permutation test of the difference of means, as the sweep's
+  report). From Yu et al. (2025, arXiv 2510.06662): one attention layer retrieving D maxima
+  needs h >= D heads; below D, the parameters it needs grow with the sequence length T.
+
+  - L1 (below D the error rises with T): for h = 1, 2, 3 the NMSE at the longest T is above
+    that at the shortest.
+  - L2 (from h = D it stays near zero): at every T, h = D = 4 has a mean NMSE below MARGIN, the
+    upper end of its 95% interval included (an interval, not a test: 6 seeds cannot pass a sign
+    test after Holm).
+  - L3 (a step at D, not a decline in proportion to the heads missing): at every T, three heads
+    leave an NMSE above that of four, and along h = 1, 2, 3, 4 at the longest T the largest
+    fall of the mean NMSE is the last one, 3 -> 4.
+  - L4 (which head retrieves which maximum): checked by the probe (scripts/heads_length_probe.py).
+
+  Written after two timing trials of the arm h4_T64, run to size the sweep.
+  """
+  heads, lengths = (ACCELERATOR[:2] if mode == "accelerator" else (HEADS, LENGTHS))
+  shortest, longest = lengths[0], lengths[-1]
+  unpaired = {"paired": False}
+  return {
+      "setting": "arms",
+      "figure": "nmse_by_heads_and_length",
+      "measures": {"primary": {"column": "eval_nmse"}},
+      "predictions": (
+          ("L1", f"h < {D}, T {shortest} against {longest}",
+           tuple(("above", name(h, longest), name(h, shortest), unpaired)
+                 for h in heads if h < D)),
+          ("L2", f"h = {D}", tuple(("below", name(D, t), MARGIN) for t in lengths)),
+          ("L3", f"h = {D - 1} against {D}",
+           tuple(("above", name(D - 1, t), name(D, t), unpaired) for t in lengths)
+           + (("largest_drop", tuple(name(h, longest) for h in range(1, D + 1)), D - 2),)),
+      )}

@@ -86,3 +86,54 @@ def get_config(mode=None):
     sweep.num_seeds = seeds
     sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep
+
+
+CHANCE = 0.6  # accuracy "near chance" (chance is 0.5 on both tasks), its interval's upper end
+
+
+def error_measures(test_lengths) -> dict:
+  """The predictions' measures: per (low, high) of ``test_lengths``, the error (1 - accuracy)
+  on that test set, and its accuracy ("<low>-<high> accuracy"), at each arm's chosen rate."""
+  column = "length_{}_{}_accuracy".format
+  return {**{f"{low}-{high}": {"column": column(low, high), "read": "error"}
+             for low, high in test_lengths},
+          **{f"{low}-{high} accuracy": {"column": column(low, high)} for low, high in test_lengths}}
+
+
+def predictions(mode=None) -> dict:
+  """The predictions of ``:accelerator``, fixed before the sweep ran (python -m
+  experiments.findings): trained on lengths up to 64, the error (1 - accuracy) on each longer
+  test set at each arm's rate chosen on the validation stream, paired by seed; "near chance":
+  accuracy at most CHANCE, the upper end of its 95% interval included.
+
+  - P1 (Press et al. 2022): on `order` ALiBi extrapolates: at 4x and 8x the training length it
+    errs less than the sinusoidal and the learned encoding.
+  - P2: on `order` at 8x ALiBi also errs less than RoPE (its distance penalty keeps attention
+    local, RoPE's rotation angles at unseen distances are new).
+  - P3 (this study on the CPU, Ruoss et al. 2023): on `even_pairs` at 2x RoPE errs less than
+    the sinusoidal and the learned encoding.
+  - P4 (Ruoss et al. 2023): on `even_pairs` no encoding generalises to 8x: each is near chance.
+  - P5 (Ruoss et al. 2023, added with the randomized arm before the preset ever ran): randomized
+    positions err less than the sinusoidal encoding at 4x and 8x on both tasks.
+  """
+  check_mode(mode, ("accelerator",))
+  tasks, _, test_lengths = ACCELERATOR[:3]
+  x2, x4, x8 = (f"{low}-{high}" for low, high in test_lengths)
+  return {
+      "setting": "test lengths",
+      "measures": error_measures(test_lengths),
+      "predictions": (
+          ("P1", f"order, {x4} and {x8}",
+           tuple(("above", f"order-{other}", "order-alibi", {"measure": x})
+                 for x in (x4, x8) for other in ("sinusoidal", "learned"))),
+          ("P2", f"order, {x8}", (("above", "order-rope", "order-alibi", {"measure": x8}),)),
+          ("P3", f"even_pairs, {x2}",
+           tuple(("above", f"even_pairs-{other}", "even_pairs-rope", {"measure": x2})
+                 for other in ("sinusoidal", "learned"))),
+          ("P4", f"even_pairs, {x8}",
+           tuple(("near_chance", f"even_pairs-{name}", CHANCE, {"measure": f"{x8} accuracy"})
+                 for name in ENCODINGS)),
+          ("P5", f"both tasks, {x4} and {x8}",
+           tuple(("above", f"{task}-sinusoidal", f"{task}-randomized", {"measure": x})
+                 for task in tasks for x in (x4, x8))),
+      )}

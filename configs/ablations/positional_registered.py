@@ -36,7 +36,7 @@ what they do at longer lengths changes once they fit the training lengths.
 import ml_collections
 
 from configs.ablations import check_mode
-from configs.ablations.positional import length_sweep
+from configs.ablations.positional import CHANCE, error_measures, length_sweep
 
 TASKS = ("even_pairs", "order")
 ENCODINGS = ("sinusoidal", "learned", "randomized", "rope", "alibi")
@@ -84,3 +84,58 @@ def longer():
   sweep.bracket = 0
   sweep.baseline, sweep.contrasts = LONGER[1], ((LONGER[0], LONGER[1]),)  # descriptive only
   return sweep
+
+
+LEARNED = 0.95  # the accuracy on the training lengths every seed of every arm must reach
+STANDARD = ("sinusoidal", "learned", "rope", "alibi")
+
+
+def predictions(mode=None) -> dict:
+  """The predictions, fixed before the sweep ran (python -m experiments.findings): trained on
+  lengths up to 10, the error (1 - accuracy) on each longer test set (2x: 11-20, 4x: 21-40, 8x:
+  41-80) at each arm's rate chosen on the validation stream, paired by seed; "near chance":
+  accuracy at most 0.6, the upper end of the 95% interval included. P1-P5 are the accelerator
+  preset's of configs/ablations/positional.py at these lengths.
+
+  - D (the design, not a prediction): every arm learns its task on the training lengths (test
+    accuracy at least 0.95 in every seed at its chosen rate), so that what it does at longer
+    lengths is extrapolation, not underfitting; and every chosen rate lies inside the rates
+    tried.
+  - P1 (Press et al. 2022): on `order` ALiBi extrapolates: at 4x and 8x it errs less than the
+    sinusoidal and the learned encoding.
+  - P2: on `order` at 8x ALiBi also errs less than RoPE.
+  - P3 (the first positional study, Ruoss et al. 2023): on `even_pairs` at 2x RoPE errs less
+    than the sinusoidal and the learned encoding.
+  - P4 (Ruoss et al. 2023): on `even_pairs` no standard encoding generalises to 8x: the
+    sinusoidal, learned, RoPE and ALiBi encodings are each near chance.
+  - P5 (Ruoss et al. 2023, randomized): trained at positions spread over the whole range, the
+    randomized encoding errs less than the sinusoidal one at 4x and 8x on both tasks.
+  """
+  check_mode(mode, valid=("quick",))
+  x2, x4, x8 = (f"{low}-{high}" for low, high in TEST_LENGTHS)
+
+  def errs_more(a, b, x):
+    return ("above", a, b, {"measure": x, "at": x})
+
+  return {
+      "setting": "test lengths",
+      "figure": "accuracy_at_chosen_rates",
+      "measures": {"primary": {"column": "eval_accuracy"}, **error_measures(TEST_LENGTHS)},
+      "predictions": (
+          ("D", "training lengths",
+           tuple(("reaches", f"{task}-{encoding}", LEARNED, {"rate_in_text": True})
+                 for task in TASKS for encoding in ENCODINGS) + (("rates_inside",),)),
+          ("P1", f"order, {x4} and {x8}",
+           tuple(errs_more(f"order-{other}", "order-alibi", x) for x in (x4, x8)
+                 for other in ("sinusoidal", "learned"))),
+          ("P2", f"order, {x8}", (errs_more("order-rope", "order-alibi", x8),)),
+          ("P3", f"even_pairs, {x2}",
+           tuple(errs_more(f"even_pairs-{other}", "even_pairs-rope", x2)
+                 for other in ("sinusoidal", "learned"))),
+          ("P4", f"even_pairs, {x8}",
+           tuple(("near_chance", f"even_pairs-{name}", CHANCE, {"measure": f"{x8} accuracy"})
+                 for name in STANDARD)),
+          ("P5", f"both tasks, {x4} and {x8}",
+           tuple(errs_more(f"{task}-sinusoidal", f"{task}-randomized", x) for task in TASKS
+                 for x in (x4, x8))),
+      )}

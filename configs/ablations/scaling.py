@@ -63,3 +63,37 @@ def get_config(mode=None):
   rates = LEARNING_RATES[1::3] if mode == "quick" else LEARNING_RATES  # quick: 1e-3 and 1e-1
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep
+
+
+def predictions(mode=None) -> dict:
+  """The predictions of ``:accelerator``, fixed before the sweep ran (python -m
+  experiments.findings): the test error, 1 - accuracy, at each arm's rate chosen on the
+  validation stream or at the grid's largest, paired by seed.
+
+  - S1 (Vaswani et al. 2017, footnote 4): without the 1/sqrt(d_k) the logits' variance grows
+    with d_k, the softmax saturates and learning suffers: at d_k 256 and 1024 no scaling errs
+    more than 1/sqrt(d_k).
+  - S2: that penalty grows with d_k: (none - 1/sqrt(d_k)) at d_k 1024 above the same at d_k 64.
+  - S3 (Wortsman et al. 2023): at the largest learning rate QK-norm errs less than 1/sqrt(d_k)
+    alone, at every d_k.
+  - S4: QK-norm costs nothing once the learning rate is tuned: within 0.05 of 1/sqrt(d_k) at
+    every d_k, by TOST.
+  """
+  check_mode(mode, ("accelerator",))
+  dims = ACCELERATOR_HEAD_DIMS
+  error = {"column": "eval_accuracy", "read": "error"}
+  largest = {"measure": "largest"}
+  return {
+      "setting": "learning rate",
+      "measures": {"primary": {**error, "differences": {f"gap_{d}": (f"dk{d}_none",
+                                                                     f"dk{d}_inv_sqrt")
+                                                        for d in dims}},
+                   "largest": {**error, "rate": max(LEARNING_RATES)}},
+      "predictions": (
+          ("S1", "chosen", tuple(("above", f"dk{d}_none", f"dk{d}_inv_sqrt") for d in dims[1:])),
+          ("S2", "chosen", (("above", f"gap_{dims[-1]}", f"gap_{dims[0]}"),)),
+          ("S3", "largest", tuple(("above", f"dk{d}_inv_sqrt", f"dk{d}_qk_norm", largest)
+                                  for d in dims)),
+          ("S4", "chosen", tuple(("within", f"dk{d}_qk_norm", f"dk{d}_inv_sqrt", 0.05)
+                                 for d in dims)),
+      )}

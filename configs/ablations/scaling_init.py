@@ -75,3 +75,55 @@ def get_config(mode=None):
   sweep.grid = ml_collections.ConfigDict(
       {"learning_rate": LEARNING_RATES[1:] if mode == "quick" else LEARNING_RATES})
   return sweep
+
+
+SOLVED = 0.95  # the accuracy 1/sqrt(d_k) must reach in every seed (the design)
+
+
+def predictions(mode=None) -> dict:
+  """The predictions, fixed before the sweep ran (python -m experiments.findings): the measure
+  is the steps a seed takes to reach 0.9 test accuracy (a seed that never does counted at the
+  horizon, one evaluation past the end), each arm at its rate chosen on the validation stream,
+  paired by seed; "above" means more steps.
+
+  - D (the design, not a prediction): at every d_k the paper's 1/sqrt(d_k) reaches at least
+    0.95 test accuracy in every seed at its chosen rate, and every arm's chosen rate lies inside
+    the rates it tried (the grid, extended past an edge where the choice sat on it).
+  - T1 (Vaswani et al. 2017, footnote 4): without the 1/sqrt(d_k) the logits' variance grows
+    with d_k and the softmax saturates: at the largest d_k ``none`` takes more steps than
+    ``inv_sqrt``.
+  - T2: that penalty grows with d_k: none - inv_sqrt at the largest d_k above the same at the
+    smallest.
+  - T3 (part of it is the saturation at initialisation): at the largest d_k ``none`` takes more
+    steps than ``none_init``, which starts from inv_sqrt's logits.
+  - T4 (part of it is the dynamics: none_init is inv_sqrt with W_Q's learning rate x sqrt(d_k)
+    under Adam): at the largest d_k ``none_init`` takes more steps than ``inv_sqrt``.
+  - T5 (a bound that does not grow with d_k has to be learned: with QK-norm and 1/d_k a logit is
+    at most the product of the LayerNorms' gains, 1 at initialisation, too flat for a sharp
+    lookup among 8 tokens until the gains grow): ``qk_norm_inv`` takes more steps than
+    ``inv_sqrt`` at the smallest and the largest d_k.
+
+  Written after trial runs of inv_sqrt alone and before any run of the other arms.
+  """
+  head_dims = ACCELERATOR_HEAD_DIMS if mode == "accelerator" else HEAD_DIMS
+  steps = ACCELERATOR_STEPS if mode == "accelerator" else STEPS
+  small, large = head_dims[0], head_dims[-1]
+  gap = {d: f"gap_{d}" for d in (small, large)}
+  return {
+      "setting": "arms",
+      "measures": {
+          "primary": {"column": "steps_to_threshold", "read": "steps",
+                      "censored_at": steps + EVAL_EVERY,
+                      "differences": {gap[d]: (name("none", d), name("inv_sqrt", d))
+                                      for d in (small, large)}},
+          "accuracy": {"column": "eval_accuracy"}},
+      "predictions": (
+          ("D", "design", tuple(("reaches", name("inv_sqrt", d), SOLVED, {"measure": "accuracy"})
+                                for d in head_dims) + (("rates_inside",),)),
+          ("T1", f"d_k {large}", (("above", name("none", large), name("inv_sqrt", large)),)),
+          ("T2", f"d_k {large} against {small}", (("above", gap[large], gap[small]),)),
+          ("T3", f"d_k {large}", (("above", name("none", large), name("none_init", large)),)),
+          ("T4", f"d_k {large}", (("above", name("none_init", large), name("inv_sqrt", large)),)),
+          ("T5", f"d_k {small} and {large}",
+           tuple(("above", name("qk_norm_inv", d), name("inv_sqrt", d)) for d in (small, large))),
+      )}

@@ -1,0 +1,333 @@
+"""A study's predictions, declared as data in its config, evaluated on its results.
+
+  python -m experiments.findings --config=configs/ablations/scaling_init.py \
+      --results=docs/results/scaling_init/results.csv \
+      --out=docs/results/scaling_init/predictions.md
+  python -m experiments.findings --config=configs/ablations/heads_binding.py:multi_retrieval \
+      --results=multi_retrieval=docs/results/heads_binding/multi_retrieval/results.csv \
+      --results=farthest_point=docs/results/heads_binding/farthest_point/results.csv \
+      --out=docs/results/heads_binding/predictions.md
+
+A config module declares ``predictions(mode)``: a dict of plain data, fixed before the study
+runs,
+
+- ``setting``: the words of the table's second column (what each prediction's setting is);
+- ``measures``: name -> how {arm: {seed: value}} is read from the records (``Measure``'s
+  fields: the column, read as a value, an error 1 - value, or steps censored at a horizon; at
+  each arm's learning rate chosen on the validation stream or at a fixed ``rate``; from which
+  results file; with ``differences``, arms that are per-seed differences of two arms);
+- ``predictions``: (name, setting, checks) triples; a check is (kind, *arguments, options) with
+  the kind one of ``KINDS`` and options (a dict, may be left out) such as ``measure``, ``paired``
+  (False: arms that saw different data) or ``at`` (words after the check's name);
+- optionally ``alpha`` (0.05) and ``figure`` (a figure of experiments/study_figures.py).
+
+The tested checks of one declaration are its family: their p values are corrected together
+(Holm) before any is called held, and a prediction holds when all its checks do. The kinds:
+
+- "above" a b: a's value above b's, the exact sign-flip test's (unpaired: the permutation
+  test's) Holm-adjusted p < alpha; "not_above" a b: not that;
+- "within" a b margin: a within ``margin`` of b, shown by two one-sided tests (TOST);
+- "recovers_half" a worse better: a's mean at most halfway from the worse arm's to the better's
+  (untestable unless worse is above better at raw p < alpha); "short_of_half": the opposite;
+- "largest_drop" chain at: the largest fall of the mean along the arms ``chain`` is at ``at``;
+- "below" / "above_level" a level: the 95% interval of a's mean wholly below / above level;
+- "near_chance" a level: the interval of a's mean accuracy at most level;
+- "reaches" a level: a's test accuracy at least ``level`` in every seed at its chosen rate;
+- "rates_inside": every arm's chosen learning rate lies inside the rates it tried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import os
+from typing import Callable
+
+import numpy as np
+
+from experiments import report_tables, statistics, sweep_report, verdicts
+
+RESULTS = "results"  # the name of a study's results file where it has one
+
+
+@dataclasses.dataclass(frozen=True)
+class Measure:
+  """How a check's values are read: ``column`` of the records per seed, ``read`` as "value",
+  "error" (1 - value) or "steps" (NaN and beyond ``censored_at`` counted at ``censored_at``), at
+  the chosen learning rate or at ``rate``, from results file ``source``; ``differences``: arm ->
+  (a, b), an arm whose value per seed is a - b."""
+  column: str
+  read: str = "value"
+  rate: float | None = None
+  censored_at: float = math.inf
+  source: str = RESULTS
+  differences: tuple = ()
+
+  def value(self, x) -> float:
+    x = float(x)
+    if self.read == "error":
+      return 1.0 - x
+    if self.read == "steps":
+      return float(statistics.restricted_times([x], self.censored_at)[0])
+    return x
+
+  def of(self, records) -> dict[str, dict[int, float]]:
+    """{arm: {seed: value}}."""
+    if self.rate is None:
+      values = {c.variant: {int(s): self.value(v) for s, v in zip(c.metrics["seed"],
+                                                                    c.metrics[self.column])}
+                for c in verdicts.choose(records, report_tables.measure_of(records))}
+    else:
+      values = {}
+      for record in records:
+        m = record["metrics"]
+        for s, rate, v in zip(m["seed"], m["learning_rate"], m[self.column]):
+          if float(rate) == self.rate:
+            values.setdefault(record["variant"], {})[int(s)] = self.value(v)
+    for arm, (a, b) in dict(self.differences).items():
+      values[arm] = {s: values[a][s] - values[b][s] for s in values[b] if s in values[a]}
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Tested:
+  """A check decided by its p after Holm over the family: ``held(p_adjusted)``."""
+  name: str
+  text: str
+  p: float
+  held: Callable[[float], bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """What a check reads: the records per source, their chosen arms, the measures, alpha."""
+  records: dict
+  measures: dict
+  alpha: float
+
+  def values(self, options) -> dict[str, dict[int, float]]:
+    measure = self.measures[options.get("measure", "primary")]
+    return measure.of(self.records[measure.source])
+
+  def chosen(self, options) -> list[verdicts.Chosen]:
+    records = self.records[self.measures[options.get("measure", "primary")].source]
+    return verdicts.choose(records, report_tables.measure_of(records))
+
+
+def _pair(values, a, b):
+  seeds = sorted(set(values[a]) & set(values[b]))
+  return [values[a][s] for s in seeds], [values[b][s] for s in seeds]
+
+
+def difference(values, a, b, paired: bool = True) -> statistics.Comparison:
+  """a - b paired by seed (mean, bootstrap interval, exact sign-flip p) or, with ``paired``
+  False, between independent seeds (difference of means, permutation p)."""
+  if paired:
+    return statistics.paired_difference("", a, b, *_pair(values, a, b))
+  return statistics.independent_difference("", a, b, list(values[a].values()),
+                                           list(values[b].values()))
+
+
+def _text(c: statistics.Comparison) -> str:
+  return (f"{c.arm} - {c.baseline} = {c.estimate:+.3g} [{c.low:+.3g}, {c.high:+.3g}], "
+          f"p {c.p:.2g}, {c.n} seeds")
+
+
+def _named(options, name: str) -> str:
+  return f"{name} at {options['at']}" if "at" in options else name
+
+
+def above(study, options, a, b) -> Tested:
+  c = difference(study.values(options), a, b, options.get("paired", True))
+  return Tested(_named(options, f"{a} > {b}"), _text(c), c.p,
+                lambda q: c.estimate > 0 and q < study.alpha)
+
+
+def not_above(study, options, a, b) -> Tested:
+  c = difference(study.values(options), a, b, options.get("paired", True))
+  return Tested(_named(options, f"{a} not above {b}"), _text(c), c.p,
+                lambda q: not (c.estimate > 0 and q < study.alpha))
+
+
+def within(study, options, a, b, margin) -> Tested:
+  values = study.values(options)
+  c = difference(values, a, b)
+  p = statistics.equivalence(*_pair(values, a, b), margin)
+  return Tested(_named(options, f"{a} ~ {b} (within {margin:g})"),
+                _text(c) + f"; TOST p {p:.2g}", p, lambda q: q < study.alpha)
+
+
+def _mean(values, a) -> float:
+  return float(np.nanmean(list(values[a].values())))
+
+
+def largest_drop(study, options, chain, at):
+  values = study.values(options)
+  means = [_mean(values, v) for v in chain]
+  drops = [means[i] - means[i + 1] for i in range(len(chain) - 1)]
+  return (f"largest drop {chain[at]} -> {chain[at + 1]}", int(np.argmax(drops)) == at,
+          "means " + ", ".join(f"{v} {m:.3g}" for v, m in zip(chain, means)))
+
+
+def recovers_half(study, options, a, worse, better):
+  values = study.values(options)
+  gap = _mean(values, worse) - _mean(values, better)
+  recovered = (_mean(values, worse) - _mean(values, a)) / gap if gap else math.nan
+  name = f"{a} recovers half of {worse} -> {better}"
+  gap_test = difference(values, worse, better)
+  if not (gap_test.estimate > 0 and gap_test.p < study.alpha):
+    return name, None, (f"no significant gap: {worse} - {better} = {gap_test.estimate:+.3g}, "
+                        f"p {gap_test.p:.2g}, {gap_test.n} seeds")
+  return (name, recovered >= 0.5,
+          f"recovers {recovered:.0%} of a gap of {gap:.3f} NMSE ({a} {_mean(values, a):.3f}, "
+          f"{worse} {_mean(values, worse):.3f}, {better} {_mean(values, better):.3f})")
+
+
+def short_of_half(study, options, a, worse, better):
+  _, held, text = recovers_half(study, options, a, worse, better)
+  return (f"{a} recovers less than half of {worse} -> {better}",
+          None if held is None else not held, text)
+
+
+def _beyond(study, options, a, level, side):
+  values = list(study.values(options)[a].values())
+  mean, low, high = statistics.mean_interval(values, 0.0)
+  words = f" {options['words']}" if "words" in options else ""
+  return (f"{a} {side} {level:g}", high < level if side == "below" else low > level,
+          f"{a}{words} {mean:.3g} [{low:.3g}, {high:.3g}], {len(values)} seeds")
+
+
+def below(study, options, a, level):
+  return _beyond(study, options, a, level, "below")
+
+
+def above_level(study, options, a, level):
+  return _beyond(study, options, a, level, "above")
+
+
+def near_chance(study, options, a, level):
+  accuracy = list(study.values(options)[a].values())
+  mean, low, high = statistics.mean_interval(accuracy, 0.0, 1.0)
+  return (f"{a} near chance (accuracy <= {level:g})", high <= level,
+          f"{a} accuracy {mean:.3f} [{low:.3f}, {high:.3f}], {len(accuracy)} seeds")
+
+
+def reaches(study, options, a, level):
+  (arm,) = [c for c in study.chosen(options) if c.variant == a]
+  accuracy = arm.metrics["eval_accuracy"]
+  rate = f" at {arm.learning_rate:g}" if options.get("rate_in_text") else ""
+  return (f"{a} >= {level:g} in every seed", min(accuracy) >= level,
+          f"lowest {min(accuracy):.4g} of {len(accuracy)} seeds{rate}")
+
+
+def rates_inside(study, options):
+  choices = study.chosen(options)
+  edges = [f"{c.variant} at {c.learning_rate:g}" for c in choices if c.edge]
+  return ("every chosen rate inside the rates tried", not edges,
+          "; ".join(edges) or f"all {len(choices)} arms")
+
+
+KINDS = {"above": above, "not_above": not_above, "within": within,
+         "largest_drop": largest_drop, "recovers_half": recovers_half,
+         "short_of_half": short_of_half, "below": below, "above_level": above_level,
+         "near_chance": near_chance, "reaches": reaches, "rates_inside": rates_inside}
+
+
+def _check(study, check):
+  kind, *arguments = check
+  options = arguments.pop() if arguments and isinstance(arguments[-1], dict) else {}
+  if kind not in KINDS:
+    raise ValueError(f"a prediction's check must be one of {sorted(KINDS)}, got {kind!r}; "
+                     "fix the config's predictions.")
+  return KINDS[kind](study, options, *arguments)
+
+
+def measures_of(declaration) -> dict[str, Measure]:
+  return {name: Measure(**{k: tuple(v.items()) if k == "differences" else v
+                           for k, v in fields.items()})
+          for name, fields in declaration["measures"].items()}
+
+
+def decide(declaration, records) -> list[tuple]:
+  """(name, setting, [(check, held, measured)]) per prediction of ``declaration`` on
+  ``records`` ({source: records}): every tested check decided after Holm's correction over the
+  family of all of them."""
+  alpha = declaration.get("alpha", statistics.SIGNIFICANT)
+  study = Study(records, measures_of(declaration), alpha)
+  rows = [(name, setting, [_check(study, check) for check in checks])
+          for name, setting, checks in declaration["predictions"]]
+  tested = [check for _, _, checks in rows for check in checks if isinstance(check, Tested)]
+  adjusted = statistics.adjust(statistics.Comparison("", "", "", 0, 0, 0, 0, check.p, "")
+                               for check in tested)
+  holm = {id(check): c.p_adjusted for check, c in zip(tested, adjusted)}
+  decided = []
+  for name, setting, checks in rows:
+    out = []
+    for check in checks:
+      if isinstance(check, Tested):
+        q = holm[id(check)]
+        check = (check.name, None if math.isnan(q) else check.held(q),
+                 f"{check.text}; Holm {q:.2g}")
+      out.append(check)
+    decided.append((name, setting, out))
+  return decided
+
+
+def held(decided) -> dict:
+  """{prediction: whether every one of its checks held}."""
+  return {name: all(check[1] for check in checks) for name, _, checks in decided}
+
+
+def table(decided, setting: str) -> str:
+  """The decided predictions as a markdown table; ``setting`` names the second column."""
+  lines = [f"| prediction | {setting} | check | measured | check holds | prediction held |",
+           "|---|---|---|---|---|---|"]
+  for name, where, checks in decided:
+    held_all = all(check[1] for check in checks)
+    for i, (check, check_held, text) in enumerate(checks):
+      verdict = {True: "yes", False: "no", None: "untestable"}[check_held]
+      lines.append(f"| {name if i == 0 else ''} | {where if i == 0 else ''} | {check} | {text} | "
+                   f"{verdict} | "
+                   f"{('**yes**' if held_all else '**no**') if i == 0 else ''} |")
+  return "\n".join(lines) + "\n"
+
+
+def declaration_of(config: str) -> dict:
+  """The declaration of ``config`` ("configs/ablations/X.py" or "...py:mode")."""
+  path, _, mode = config.partition(":")
+  module = importlib.import_module(os.path.normpath(path).removesuffix(".py").replace(os.sep, "."))
+  if not hasattr(module, "predictions"):
+    raise ValueError(f"{path} declares no predictions(mode); declare them there first.")
+  return module.predictions(mode or None)
+
+
+def main(argv=None) -> None:
+  import argparse
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", required=True, help="the study's config, path[:mode]")
+  parser.add_argument("--results", action="append", required=True,
+                      help="results.csv, or source=results.csv for a study of several sweeps")
+  parser.add_argument("--out", default=None, help="write the table here (markdown), and the "
+                      "study's figure beside it")
+  args = parser.parse_args(argv)
+  try:
+    declaration = declaration_of(args.config)
+    sources = dict(item.split("=", 1) if "=" in item else (RESULTS, item)
+                   for item in args.results)
+    records = {name: sweep_report.records_from_csv(path) for name, path in sources.items()}
+    text = table(decide(declaration, records), declaration["setting"])
+  except (ValueError, KeyError, OSError) as error:
+    parser.exit(1, f"findings: {type(error).__name__}: {error}\n")
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(text)
+    if declaration.get("figure"):
+      from experiments import study_figures  # matplotlib only here
+      study_figures.FIGURES[declaration["figure"]](
+          declaration, records, os.path.dirname(os.path.abspath(args.out)))
+  print(text)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,141 @@
+"""The figures a study's predictions page shows beside its table (python -m
+experiments.findings --out=... draws the one its declaration names, ``figure``), each from the
+records at the chosen learning rates: means with 95% intervals of every arm's seeds.
+"""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from experiments import findings, statistics  # noqa: E402
+
+HEADS = (1, 2, 4, 8, 16)  # heads_binding's head counts on the CPU
+# Words for the extra arms' names in the legend of nmse_by_heads.
+ARM_WORDS = {"layers2": "2 layers", "talking_heads": "talking heads", "dcmha": "DCMHA"}
+
+
+def _nmse(records) -> dict[str, dict[int, float]]:
+  return findings.Measure("eval_nmse").of(records)
+
+
+def heads_binding(by_task: dict, path: str, heads=HEADS) -> None:
+  """Test NMSE against the head count, a panel per task ({task: {variant: {seed: NMSE}}}): the
+  standard split and the fixed head size (h = 1 is split_1 in both; the head counts the sweep
+  ran), and each extra arm as a marker at its head count. Every series is nudged sideways and
+  has its own marker, so that coinciding ones stay visible."""
+  figure, axes = plt.subplots(1, len(by_task), figsize=(5.2 * len(by_task), 4.2), squeeze=False)
+  for axis, (task, nmse) in zip(axes[0], by_task.items()):
+    extra = sorted(set(nmse) - {f"{a}_{h}" for a in ("split", "fixed") for h in heads})
+    series = [(arm, "-o" if arm == "split" else "--s") for arm in ("split", "fixed")]
+    count_series = len(series) + len(extra)
+    for index, (arm, style) in enumerate(series):
+      counts = [1] + [h for h in heads[1:] if f"{arm}_{h}" in nmse]
+      names = ["split_1"] + [f"{arm}_{h}" for h in counts[1:]]
+      cells = [statistics.mean_interval(list(nmse[n].values()), 0.0) for n in names]
+      means = np.array([c[0] for c in cells])
+      errors = np.array([[c[0] - c[1] for c in cells], [c[2] - c[0] for c in cells]])
+      label = "dₖ = d_model / h" if arm == "split" else "dₖ = d_model"
+      nudge = 1.05 ** (index - (count_series - 1) / 2)
+      axis.errorbar(np.array(counts) * nudge, means, yerr=errors, fmt=style, capsize=3,
+                    label=label, markersize=5, alpha=0.9)
+    for index, name in enumerate(extra, start=len(series)):
+      arm, count = name.rsplit("_", 1)
+      mean, low, high = statistics.mean_interval(list(nmse[name].values()), 0.0)
+      nudge = 1.05 ** (index - (count_series - 1) / 2)
+      axis.errorbar([int(count) * nudge], [mean], yerr=[[mean - low], [high - mean]],
+                    fmt="^v<>DP"[(index - len(series)) % 6], capsize=3, markersize=6,
+                    label=f"{ARM_WORDS.get(arm, arm)}, h = {count}")
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(heads, [str(h) for h in heads])
+    axis.set_xlabel("heads h (model width fixed)")
+    axis.set_ylabel("test NMSE (mean, 95% interval)")
+    axis.set_title(task.replace("_", " "))
+    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2,
+                frameon=False)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+
+
+def nmse_by_heads(declaration, records, directory: str) -> None:
+  """heads_binding's CPU study: nmse_by_heads.png, a panel per task."""
+  heads_binding({task: _nmse(records[task]) for task in records},
+                os.path.join(directory, "nmse_by_heads.png"))
+
+
+def nmse_by_heads_accelerator(declaration, records, directory: str) -> None:
+  """heads_binding's accelerator study (D = 8): nmse_by_heads_accelerator.png."""
+  from configs.ablations.heads_binding import ACCELERATOR
+  heads_binding({"multi_retrieval, D = 8": _nmse(records[findings.RESULTS])},
+                os.path.join(directory, "nmse_by_heads_accelerator.png"),
+                ACCELERATOR["multi_retrieval"][2])
+
+
+def nmse_by_heads_and_length(declaration, records, directory: str) -> None:
+  """heads_length: nmse_by_heads.png, test NMSE against h, a line per length, and the
+  proportional decline NMSE(1) (D - h) / (D - 1) of each length dotted."""
+  from configs.ablations.heads_length import D, name
+  nmse = _nmse(records[findings.RESULTS])
+  arms = [tuple(map(int, arm[1:].split("_T"))) for arm in nmse]
+  heads, lengths = sorted({h for h, _ in arms}), sorted({t for _, t in arms})
+  figure, axis = plt.subplots(figsize=(6.0, 3.6), layout="constrained")
+  for k, length in enumerate(lengths):
+    cells = [statistics.mean_interval(list(nmse[name(h, length)].values()), 0.0)
+             for h in heads]
+    means = [c[0] for c in cells]
+    errors = [[c[0] - c[1] for c in cells], [c[2] - c[0] for c in cells]]
+    color = f"C{k}"
+    axis.errorbar([h + 0.05 * (k - 1) for h in heads], means, yerr=errors, color=color,
+                  marker="o", capsize=3, label=f"T = {length}")
+    below = [h for h in heads if h <= D]
+    axis.plot(below, [means[0] * (D - h) / (D - 1) for h in below], color=color,
+              linestyle=":", linewidth=1)
+  axis.set_xticks(heads)
+  axis.set_xlabel(f"heads h (each of d_k 32); D = {D} maxima")
+  axis.set_ylabel("test NMSE")
+  axis.plot([], [], color="gray", linestyle=":", label="NMSE(1) (D - h) / (D - 1)")
+  axis.legend(fontsize=8)
+  figure.savefig(os.path.join(directory, "nmse_by_heads.png"), dpi=110)
+  plt.close(figure)
+
+
+def accuracy_at_chosen_rates(declaration, records, directory: str) -> None:
+  """positional_registered: accuracy_at_chosen_rates.png, each encoding's test accuracy on the
+  training lengths and on each longer test set at its chosen rate, a panel per task."""
+  from configs.ablations import positional_registered as study
+  records = records[findings.RESULTS]
+  sets = [("eval_accuracy", f"1-{study.TRAIN_LENGTH}\n(trained)")] + [
+      (f"length_{low}_{high}_accuracy", f"{low}-{high}\n({high // study.TRAIN_LENGTH}x)")
+      for low, high in study.TEST_LENGTHS]
+  by_set = {column: findings.Measure(column).of(records) for column, _ in sets}
+  fig, axes = plt.subplots(1, len(study.TASKS), figsize=(10, 3.8), sharey=True)
+  for axis, task in zip(axes, study.TASKS):
+    for i, encoding in enumerate(study.ENCODINGS):
+      arm = f"{task}-{encoding}"
+      stats = [statistics.mean_interval(list(by_set[column][arm].values()), 0.0, 1.0)
+               for column, _ in sets]
+      x = [j + 0.05 * (i - 2) for j in range(len(sets))]
+      mean = [m for m, _, _ in stats]
+      axis.errorbar(x, mean, yerr=[[m - low for m, low, _ in stats],
+                                   [high - m for m, _, high in stats]],
+                    marker="os^Dv"[i], capsize=3, label=encoding)
+    axis.axhline(0.5, color="gray", linestyle=":", linewidth=1)
+    axis.set_xticks(range(len(sets)), [label for _, label in sets])
+    axis.set_title(task)
+    axis.set_xlabel("test lengths")
+  axes[0].set_ylabel("test accuracy at the chosen rate")
+  axes[-1].legend(fontsize=8, loc="lower left")
+  fig.tight_layout()
+  fig.savefig(os.path.join(directory, "accuracy_at_chosen_rates.png"), dpi=110)
+  plt.close(fig)
+
+
+FIGURES = {"nmse_by_heads": nmse_by_heads, "nmse_by_heads_accelerator": nmse_by_heads_accelerator,
+           "nmse_by_heads_and_length": nmse_by_heads_and_length,
+           "accuracy_at_chosen_rates": accuracy_at_chosen_rates}

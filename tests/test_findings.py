@@ -1,0 +1,168 @@
+"""The findings engine: every committed predictions table comes back with the same verdicts and
+p values from its results, each kind of check decides as its words say on small synthetic rows,
+and a sweep whose design cannot reach its alpha is refused before it trains, in one line."""
+
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+
+from configs.ablations import heads_binding
+from experiments import cli, findings, sweep, sweep_report, verdicts
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "docs", "results")
+
+# (config, the table, its results files): every committed predictions*.md.
+TABLES = [
+    ("scaling_init.py", "scaling_init/predictions.md", "scaling_init/results.csv"),
+    ("scaling.py:accelerator", "scaling/predictions_accelerator.md",
+     "scaling/accelerator/results.csv"),
+    ("attention_variants.py:controls", "attention_variants/controls/predictions.md",
+     "attention_variants/controls/results.csv"),
+    ("farthest_floor.py", "farthest_floor/predictions.md", "farthest_floor/results.csv"),
+    ("heads_length.py", "heads_length/predictions.md", "heads_length/results.csv"),
+    ("positional_registered.py", "positional_registered/predictions.md",
+     "positional_registered/results.csv"),
+    ("heads_binding.py:multi_retrieval_accelerator", "heads_binding/predictions_accelerator.md",
+     "heads_binding/multi_retrieval_accelerator/results.csv"),
+    ("heads_binding.py:multi_retrieval", "heads_binding/predictions.md",
+     "multi_retrieval=heads_binding/multi_retrieval/results.csv;"
+     "farthest_point=heads_binding/farthest_point/results.csv"),
+]
+
+
+def _verdicts(text: str) -> list[tuple]:
+  """Per row of a predictions table: the check, its p and Holm p as printed, whether it holds
+  and whether its prediction held (intervals and means left out)."""
+  rows = []
+  for line in text.splitlines()[2:]:
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    ps = tuple(re.findall(r"(?:^|[ ;,])((?:TOST )?p [^,;]+|Holm [^,;]+)", cells[3]))
+    rows.append((cells[0], cells[2], ps, cells[4], cells[5]))
+  return rows
+
+
+@pytest.mark.parametrize("config, table, results", TABLES, ids=[t[1] for t in TABLES])
+def test_the_engine_gives_every_committed_table_its_verdicts_and_p_values(config, table,
+                                                                         results):
+  declaration = findings.declaration_of(f"configs/ablations/{config}")
+  sources = dict(item.split("=") if "=" in item else (findings.RESULTS, item)
+                 for item in results.split(";"))
+  records = {name: sweep_report.records_from_csv(os.path.join(RESULTS, path))
+             for name, path in sources.items()}
+  made = findings.table(findings.decide(declaration, records), declaration["setting"])
+  with open(os.path.join(RESULTS, table)) as f:
+    assert _verdicts(made) == _verdicts(f.read())
+
+
+def _records(values: dict, column: str = "eval_nmse") -> list[dict]:
+  """Records of one learning rate whose ``column`` holds values[arm][seed], their NMSE and
+  losses constant."""
+  records = []
+  for arm, by_seed in values.items():
+    seeds = sorted(by_seed)
+    metrics = {"seed": seeds, "learning_rate": [1e-3] * len(seeds),
+               "eval_nmse": [0.5] * len(seeds), "eval_loss": [0.5] * len(seeds)}
+    metrics[column] = [by_seed[s] for s in seeds]
+    records.append({"variant": arm, "status": "ok", "metrics": metrics})
+  return records
+
+
+def _decide(values, *checks, alpha=0.05):
+  declaration = {"setting": "s", "alpha": alpha, "measures": {"primary": {"column": "eval_nmse"}},
+                 "predictions": tuple((f"P{i}", "s", (check,)) for i, check in enumerate(checks))}
+  decided = findings.decide(declaration, {findings.RESULTS: _records(values)})
+  return [checks[0][1] for _, _, checks in decided]
+
+
+SEEDS = 8
+NOISE = np.linspace(-0.01, 0.01, SEEDS)
+
+
+def _arms(**means):
+  return {arm: {s: mean + NOISE[s] * (1 + s % 3) / 3 for s in range(SEEDS)}
+          for arm, mean in means.items()}
+
+
+def test_above_and_not_above_follow_the_sign_and_the_holm_adjusted_p():
+  values = _arms(high=0.5, low=0.1, same=0.1)
+  assert _decide(values, ("above", "high", "low"), ("above", "low", "high"),
+                 ("not_above", "low", "high"), ("not_above", "high", "low")) == [
+                     True, False, True, False]
+  # 8 seeds: raw p 2/256 in each of 8 comparisons, Holm 0.0625: none shown.
+  assert _decide(values, *[("above", "high", "low")] * 8) == [False] * 8
+  # unpaired: the permutation test of 8 against 8 seeds
+  assert _decide(values, ("above", "high", "low", {"paired": False})) == [True]
+
+
+def test_within_needs_the_difference_inside_the_margin_by_tost():
+  values = _arms(a=0.30, b=0.31, far=0.5)
+  assert _decide(values, ("within", "a", "b", 0.05), ("within", "far", "b", 0.05)) == [
+      True, False]
+
+
+def test_recovers_half_reads_the_means_and_is_untestable_without_a_gap():
+  values = _arms(worse=0.6, better=0.2, most=0.3, little=0.55)
+  assert _decide(values, ("recovers_half", "most", "worse", "better"),
+                 ("recovers_half", "little", "worse", "better"),
+                 ("short_of_half", "little", "worse", "better")) == [True, False, True]
+  assert _decide(_arms(worse=0.3, better=0.3, most=0.3),
+                 ("recovers_half", "most", "worse", "better")) == [None]
+
+
+def test_largest_drop_names_the_step_of_the_largest_fall():
+  values = _arms(h1=0.8, h2=0.7, h3=0.6, h4=0.05)
+  chain = ("h1", "h2", "h3", "h4")
+  assert _decide(values, ("largest_drop", chain, 2), ("largest_drop", chain, 0)) == [True, False]
+
+
+def test_interval_checks_need_the_whole_interval_past_the_level():
+  values = _arms(low=0.02, high=0.5, edge=0.1)
+  assert _decide(values, ("below", "low", 0.1), ("below", "edge", 0.1),
+                 ("above_level", "high", 0.1), ("above_level", "edge", 0.1),
+                 ("near_chance", "high", 0.6), ("near_chance", "high", 0.45)) == [
+                     True, False, True, False, True, False]
+
+
+def test_design_checks_read_every_seed_and_the_grid_edges():
+  values = _arms(a=0.1)
+  records = _records(values)
+  for record in records:
+    record["metrics"]["eval_accuracy"] = [0.99] * (SEEDS - 1) + [0.9]
+  declaration = {"setting": "s", "measures": {"primary": {"column": "eval_nmse"}},
+                 "predictions": (("D", "design", (("reaches", "a", 0.95), ("reaches", "a", 0.8),
+                                                  ("rates_inside",))),)}
+  (_, _, checks), = findings.decide(declaration, {findings.RESULTS: records})
+  assert [held for _, held, _ in checks] == [False, True, True]
+
+
+def test_an_unknown_kind_is_refused_naming_the_kinds():
+  with pytest.raises(ValueError, match="must be one of"):
+    _decide(_arms(a=0.1), ("bigger", "a", "a"))
+
+
+def test_the_heads_binding_accelerator_design_is_refused_before_training(tmp_path, capsys):
+  config = heads_binding.get_config("multi_retrieval_accelerator")
+  design = verdicts.Design.of_sweep(config, "nmse")
+  assert (config.num_seeds, len(design.comparisons), design.test) == (
+      8, 7, "paired_permutation")
+  assert math.isclose(design.smallest_p(8), 7 * 2 / 256) and design.seeds_needed() == 9
+  with pytest.raises(SystemExit) as stopped:
+    cli.run_command(sweep.run_sweep, config, str(tmp_path))
+  assert stopped.value.code == 1
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+  assert "smallest possible adjusted p 0.055" in err and "num_seeds = 9" in err, err
+  assert not os.path.exists(tmp_path / "variants")  # nothing trained
+  config.unlock()
+  config.num_seeds = 9
+  assert verdicts.Design.of_sweep(config, "nmse").refusal(9) is None
+
+
+def test_a_quick_smoke_test_declares_no_alpha_and_is_not_refused():
+  config = heads_binding.get_config("multi_retrieval_quick")
+  assert config.alpha is None
+  assert verdicts.Design.of_sweep(config, "nmse").refusal(config.num_seeds) is None
