@@ -64,7 +64,7 @@ class Request:
   return_logits: bool = False
   return_residual: bool = False
   return_max_scores: bool = False
-  empty_rows: str = "zero"
+  empty_rows: str = "mean"  # dot_product_attention's default
   score_mod: Any = None
   mask_mod: Any = None  # its own or the block mask's
   block_mask: Any = None
@@ -190,17 +190,23 @@ def _where(backend: str | None, device_kind: str | None, compute_capability: str
   return dict(backend=backend, device_kind=device_kind, compute_capability=compute_capability)
 
 
-def _choose(query, key, value, request: Request, implementation: str | None) -> Kernel:
+def _choose(query, key, value, request: Request, implementation: str | None,
+            passed_over: dict | None = None) -> Kernel:
   """The kernel that serves ``request``: ``implementation``, or the first of the automatic order
-  that can; a named one that cannot raises ValueError with the reason."""
+  that can (why each one before it could not goes into ``passed_over``, {name: reason}); a named
+  one that cannot raises ValueError with the reason."""
+  passed_over = {} if passed_over is None else passed_over
   if implementation is None:
     arch = architecture(request.backend, request.device_kind, request.compute_capability)
     for name in _automatic_order(query, key, request.backend, arch, request.dropout_rate > 0.0):
       kernel, parts = KERNELS[name], set(request.parts)
       if kernel.chosen_for and not set(kernel.chosen_for) & parts:
-        continue
-      if not set(kernel.named_only) & parts and unsupported_reason(
-          name, query, key, value, request) is None:
+        passed_over[name] = f"chosen automatically only for {', '.join(kernel.chosen_for)}"
+      elif named := set(kernel.named_only) & parts:
+        passed_over[name] = f"serves {', '.join(sorted(named))} only when named"
+      elif (reason := unsupported_reason(name, query, key, value, request)) is not None:
+        passed_over[name] = reason
+      else:
         return kernel
   if implementation not in KERNELS:
     raise ValueError(
@@ -214,8 +220,9 @@ def _choose(query, key, value, request: Request, implementation: str | None) -> 
 
 def select_implementation(query, key, value, *args, backend: str | None = None,
                           device_kind: str | None = None, compute_capability: str | None = None,
-                          **kwargs) -> str:
-  """The name of the implementation ``dot_product_attention`` runs for these arguments.
+                          explain: bool = False, **kwargs) -> str | tuple[str, dict[str, str]]:
+  """The name of the implementation ``dot_product_attention`` runs for these arguments; with
+  ``explain``, (name, {kernel passed over: why}) for the kernels tried before it.
 
   ``args`` and ``kwargs``: the call's other arguments, as ``dot_product_attention`` takes them
   (arrays or ``jax.ShapeDtypeStruct``; with ``dropout_rate`` the ``dropout_rng`` may be left out).
@@ -240,8 +247,9 @@ def select_implementation(query, key, value, *args, backend: str | None = None,
     entries);
   - "reference" when none of these can (returned weights, a head variant's hooks).
 
-  A named implementation that cannot serve raises ``ValueError`` with the reason; nothing falls
-  back silently; an argument ``dot_product_attention`` does not take raises ``TypeError``.
+  A kernel the automatic choice passes over (a mod the fused kernel's interpreter refuses or
+  fails on, ...) is named with its reason by ``explain``. A named implementation that cannot
+  serve raises ``ValueError`` with the reason; nothing falls back silently; an argument ``dot_product_attention`` does not take raises ``TypeError``.
 
   >>> q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
   >>> select_implementation(q, k, v, return_weights=True)
@@ -252,6 +260,9 @@ def select_implementation(query, key, value, *args, backend: str | None = None,
   'xla'
   >>> select_implementation(q, k, v, dropout_rate=0.1, backend="cpu")  # T = 512: linear memory
   'chunked'
+  >>> select_implementation(q, k, v, backend="gpu", device_kind="NVIDIA H200", sinks=jnp.zeros(8),
+  ...                       explain=True)
+  ('chunked', {'cudnn': 'cuDNN flash attention cannot serve sinks', 'pallas_gpu': ...})
   """
   if kwargs.get("dropout_rate") and kwargs.get("dropout_rng") is None:
     kwargs["dropout_rng"] = jax.random.key(0)  # a stand-in: only its being there matters
@@ -271,14 +282,15 @@ def select_implementation(query, key, value, *args, backend: str | None = None,
   try:
     jax.eval_shape(call, *(leaves[i] for i in traced))
   except _Chosen as chosen:
-    return chosen.args[0]
+    return chosen.args if explain else chosen.args[0]
   finally:
     _SELECTING.reset(token)
   raise AssertionError("dot_product_attention returned without choosing")  # unreachable
 
 
 class _Chosen(Exception):
-  """How a call traced by select_implementation stops once it has chosen: _Chosen(name)."""
+  """How a call traced by select_implementation stops once it has chosen: _Chosen(name,
+  {kernel passed over: why})."""
 
 
 #: Where select_implementation asks about (``_where``'s dict) while it traces a call, else None.
@@ -400,7 +412,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       GPUs) or None (``select_implementation``); KERNELS says which
       autodiff modes each supports.
     empty_rows: what a row with no key returns: "mean" (as jax.nn and flax: uniform weights)
-      or "zero". With ``sinks`` or the sigmoid such a row is zeros. Gradients stay finite.
+      or "zero", for every implementation (the kernels give zeros; this call applies "mean").
+      With ``sinks``, the sigmoid or a variant's hooks such a row is zeros. Gradients stay
+      finite.
     score_mod: ``score_mod(score, batch, head, q_idx, kv_idx) -> score`` (FlexAttention's),
       written for scalars, applied after the soft cap and bias, before the masks; arrays it
       closes over receive gradients.
@@ -467,9 +481,10 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
       empty_rows=empty_rows, score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask,
       sinks=sinks, normalizer=normalizer, sigmoid_bias=sigmoid_bias, hooks=hooks,
       **(_SELECTING.get() or _where(None, None, None)))
-  kernel = _choose(query, key, value, request, implementation)
+  passed_over = {}
+  kernel = _choose(query, key, value, request, implementation, passed_over)
   if _SELECTING.get() is not None:
-    raise _Chosen(kernel.name)
+    raise _Chosen(kernel.name, passed_over)
   with default_precision(precision):
     result = kernel.run(query, key, value, request)
   output, *extras = result if isinstance(result, tuple) else (result,)
@@ -480,25 +495,48 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
   return (output, *extras) if extras else output
 
 
-def _blockwise(r: Request) -> dict:
-  """The options that the two blockwise kernels, ``_pallas_gpu`` and ``_chunked``, share."""
-  return dict(
-      scale=r.scale, is_causal=r.is_causal, local_window_size=r.window,
-      logits_soft_cap=r.logits_soft_cap, return_residual=r.return_residual,
-      empty_rows=r.empty_rows, score_mod=r.score_mod, mask_mod=r.mask_mod,
-      block_mask=r.block_mask, return_max_scores=r.return_max_scores,
-      dropout_rate=r.dropout_rate, dropout_rng=r.dropout_rng,
-      broadcast_dropout=r.broadcast_dropout, **r.structure)
+def _blockwise(kernel):
+  """Runs a blockwise kernel (zeros on a row with no key) with the options both share, asking
+  for its residual (-inf on such a row) when ``empty_rows`` needs to know which rows those are."""
+  def run(query, key, value, r: Request):
+    mean = r.empty_rows == "mean"
+    result = kernel(query, key, value, r, dict(
+        scale=r.scale, is_causal=r.is_causal, local_window_size=r.window,
+        logits_soft_cap=r.logits_soft_cap, return_residual=r.return_residual or mean,
+        score_mod=r.score_mod, mask_mod=r.mask_mod, block_mask=r.block_mask,
+        return_max_scores=r.return_max_scores, dropout_rate=r.dropout_rate,
+        dropout_rng=r.dropout_rng, broadcast_dropout=r.broadcast_dropout, **r.structure))
+    if not mean:
+      return result
+    output, residual, *extras = result
+    extras = [residual] * r.return_residual + extras
+    return _mean_rows((output, *extras) if extras else output, jnp.isfinite(residual), value, r)
+  return run
 
 
-def _pallas_gpu(query, key, value, r: Request):  # the structure as mods, in the kernel
-  return pallas_gpu.pallas_gpu_attention(query, key, value, r.mask, **_blockwise(r))
+@_blockwise
+def _pallas_gpu(query, key, value, r: Request, options):  # the structure as mods, in the kernel
+  return pallas_gpu.pallas_gpu_attention(query, key, value, r.mask, **options)
 
 
-def _chunked(query, key, value, r: Request):  # the structure implicit: whole blocks are skipped
+@_blockwise
+def _chunked(query, key, value, r: Request, options):  # whole blocks outside the structure skipped
   return chunked.chunked_attention(
       query, key, value, r.bias, r.mask, sinks=r.sinks, normalizer=r.normalizer,
-      sigmoid_bias=r.sigmoid_bias, **_blockwise(r))
+      sigmoid_bias=r.sigmoid_bias, **options)
+
+
+def _mean_rows(result, has_key, value, r: Request):
+  """``empty_rows="mean"``, for every kernel: a kernel's result (zeros on a row with no key) with
+  jax.nn's answer there, the mean of the values (and uniform weights, if returned); ``has_key``
+  [..., T, N] says which rows have a key. Rows past ``query_seq_lengths`` stay zeros."""
+  output, *extras = result if isinstance(result, tuple) else (result,)
+  lengths = r.structure["query_seq_lengths"]
+  query_valid = None if lengths is None else masks_lib.lengths_to_valid(lengths, output.shape[-3])
+  weights = extras[0] if r.return_weights else None
+  output, weights = masks_lib.uniform_empty_rows(output, has_key, value, weights, query_valid)
+  extras = [weights] + extras[1:] if r.return_weights else extras
+  return (output, *extras) if extras else output
 
 
 def _reference(query, key, value, bias, mask, score_mod, r: Request):
@@ -541,14 +579,8 @@ def _dense(kernel):
     result = kernel(query, key, value, r.bias, mask, score_mod, r)
     if r.empty_rows == "zero":
       return result
-    output, *extras = result if isinstance(result, tuple) else (result,)
     has_key = masks_lib.rows_with_keys(mask, q_len, kv_len, is_causal=r.is_causal)  # [..., T, N]
-    lengths = r.structure["query_seq_lengths"]
-    query_valid = None if lengths is None else masks_lib.lengths_to_valid(lengths, q_len)
-    weights = extras[0] if r.return_weights else None
-    output, weights = masks_lib.uniform_empty_rows(output, has_key, value, weights, query_valid)
-    extras = [weights] + extras[1:] if r.return_weights else extras
-    return (output, *extras) if extras else output
+    return _mean_rows(result, has_key, value, r)
   return run
 
 

@@ -614,13 +614,14 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                       logits_soft_cap: float | None = None, query_segment_ids=None,
                       key_segment_ids=None, query_seq_lengths=None, key_value_seq_lengths=None,
                       return_residual: bool = False, block_q: int | None = None,
-                      block_k: int | None = None, empty_rows: str = "zero", score_mod=None,
+                      block_k: int | None = None, score_mod=None,
                       mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
                       sigmoid_bias: float | None = None, dropout_rate: float = 0.0,
                       dropout_rng=None, broadcast_dropout: bool = True,
                       return_max_scores: bool = False):
   """Memory-efficient attention, blockwise in both directions; validated arguments as
-  ``dot_product_attention``'s (``empty_rows`` defaults to "zero" here). Blocks of ``block_q``
+  ``dot_product_attention``'s; a query row with no key gives zeros (``dot_product_attention``'s
+  ``empty_rows`` decides what it returns there). Blocks of ``block_q``
   queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most
   blocks.DEFAULT_BLOCK_Q and blocks.DEFAULT_BLOCK_K, or DEFAULT_BLOCK_K_CAUSAL under a causal
   mask or with segment ids; under a window, square ones of about half its width,
@@ -667,14 +668,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
     if "forward-mode" in str(error):
       raise ValueError(FORWARD_MODE_ERROR) from None
     raise
-  result = finish(out, lse, query, return_residual, *row_max)
-  if empty_rows == "zero":
-    return result
-  output, *residual = result if isinstance(result, tuple) else (result,)
-  query_valid = None if query_seq_lengths is None else masks_lib.lengths_to_valid(
-      query_seq_lengths, query.shape[-3])
-  output = masks_lib.uniform_empty_rows(output, _has_key(lse, query), value, None, query_valid)[0]
-  return (output, *residual) if residual else output
+  return finish(out, lse, query, return_residual, *row_max)
 
 
 def trace_mods(score_mod, mask_mod, query, *inputs, sinks=None, block_kinds=None):
@@ -689,14 +683,6 @@ def trace_mods(score_mod, mask_mod, query, *inputs, sinks=None, block_kinds=None
   mods = Mods(() if score is None else score.consts, () if allow is None else allow.consts,
                None if sinks is None else jnp.asarray(sinks), block_kinds, anchor)
   return score, allow, mods
-
-
-def _has_key(lse, query):
-  """Which query rows of the kernel's lse [B, N, Tp] attended to some key -> [..., T, N] (a row
-  with none has lse at ``reference.least_row_max``, finite, so jax.debug_infs stays quiet)."""
-  has_key = lse[:, :, :query.shape[-3]] > reference.least_row_max(lse.dtype)  # [B, N, T]
-  return jnp.reshape(jnp.swapaxes(has_key, 1, 2), query.shape[:-3] + has_key.shape[2:] +
-                     has_key.shape[1:2])
 
 
 def plan(query, key, *, is_causal=False, local_window_size=None, logits_soft_cap=None,

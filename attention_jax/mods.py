@@ -23,6 +23,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+# The jaxpr types from their public home, jax.extend.core (as pallas_gpu); jax.core keeps only
+# eval_jaxpr and Tracer, which jax.extend.core does not offer (jax 0.10.2).
+from jax.extend import core as jex_core
 
 from attention_jax import reference
 
@@ -37,7 +40,7 @@ class Mod:
   fn: Callable
   consts: tuple
   anchor: jax.Array | None = None
-  jaxpr: jax.core.Jaxpr | None = None  # fn's, for kernels that evaluate it themselves
+  jaxpr: jex_core.Jaxpr | None = None  # fn's, for kernels that evaluate it themselves
 
   def __call__(self, *arrays):
     """The mod on every entry of broadcast arrays (the score first, for a score_mod; then the

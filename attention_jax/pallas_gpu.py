@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import custom_derivatives
 from jax import lax
-from jax.extend import core as jex_core
+from jax.extend import core as jex_core  # the jaxpr types, as mods (jax.core: Tracer only)
 from jax.experimental import pallas as pl
 
 from attention_jax import _checks
@@ -254,6 +254,10 @@ def check(mod: mods_lib.Mod | None, dtype=jnp.float32, block=(16, 16)) -> str | 
     jax.eval_shape(lambda *b: evaluate(mod.jaxpr, tables, *b), *blocks)
   except Unservable as error:
     return str(error)
+  except Exception as error:  # pylint: disable=broad-except (the interpreter's own failure)
+    first_line = (str(error).splitlines() or [""])[0]
+    return (f"the fused kernel's mod interpreter failed on this mod ({type(error).__name__}: "
+            f"{first_line}); implementation='chunked' serves it")
   return None
 
 
@@ -594,7 +598,7 @@ def missing_backend() -> str | None:
 def refusal(query, key, value, request) -> str | None:
   """Why the kernel cannot serve ``request`` here, or None: no Pallas Triton backend in this
   jax, or a mod it cannot evaluate blockwise (``check``: a traced floating array it closes
-  over, control flow it refuses), so that the automatic choice passes such calls to the
+  over, control flow it refuses, or any failure of its mod interpreter), so that the automatic choice passes such calls to the
   blockwise kernel; an attention.Kernel check."""
   del query, key, value
   if reason := missing_backend():
@@ -913,13 +917,14 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
                          query_seq_lengths=None, key_value_seq_lengths=None,
                          query_segment_ids=None, key_segment_ids=None, score_mod=None,
                          mask_mod=None, block_mask=None, return_residual: bool = False,
-                         empty_rows: str = "mean", interpret: bool = False,
+                         interpret: bool = False,
                          return_max_scores: bool = False, dropout_rate: float = 0.0,
                          dropout_rng=None, broadcast_dropout: bool = True):
   """``dot_product_attention`` through the fused kernel: query [..., T, N, H], key/value
-  [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``).
-  Inputs are assumed validated and servable (attention.KERNELS); ``local_window_size``
-  as (left, right) or None."""
+  [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``);
+  a query row with no key gives zeros (``dot_product_attention``'s ``empty_rows`` decides what
+  it returns there). Inputs are assumed validated and servable (attention.KERNELS);
+  ``local_window_size`` as (left, right) or None."""
   q_len, kv_len = query.shape[-3], key.shape[-3]
   blocks, kinds = _kernel_blocks(block_mask, BLOCK)
   parts = []  # (mask_mod, kinds at blocks or None)
@@ -940,10 +945,5 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
       query, key, value, scale=scale, score_mod=score_mod, mask_mod=mask_mod,
       block_mask=block_mask, interpret=interpret, return_max_scores=return_max_scores,
       dropout_rate=dropout_rate, dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout)
-  if empty_rows == "mean":  # rows past a query length stay zeros
-    query_valid = None if query_seq_lengths is None else masks_lib.lengths_to_valid(
-        query_seq_lengths, q_len)
-    output, _ = masks_lib.uniform_empty_rows(output, jnp.isfinite(lse), value,
-                                             query_valid=query_valid)
   extras = ((lax.stop_gradient(lse),) if return_residual else ()) + tuple(row_max)
   return (output, *extras) if extras else output

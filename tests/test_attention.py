@@ -337,3 +337,54 @@ def test_long_sequences_default_to_chunked_with_several_blocks_and_stay_exact(is
   assert_close(output, expected, 1e-5)
   for grad, expected_grad in zip(grads, numpy_reference.attention_vjp(cache, d_output)):
     assert_close(grad, expected_grad, 1e-5)
+
+
+def test_the_kernels_give_zeros_on_an_empty_row_and_dot_product_attention_its_one_default():
+  """One default (dot_product_attention's "mean", jax.nn's), applied by the dispatch: the blockwise
+  kernels called directly agree (zeros), and every implementation named gives the mean."""
+  from attention_jax import pallas_gpu
+  q, k, v = (jax.random.normal(key, (2, 16, 2, 8)) for key in jax.random.split(jax.random.key(0), 3))
+  mask = jnp.ones((2, 1, 16, 16), bool).at[1, :, 3].set(False)  # example 1, row 3: no key
+  chunked = aj.chunked_attention(q, k, v, None, mask, scale=0.5)
+  fused = pallas_gpu.pallas_gpu_attention(q, k, v, mask, scale=0.5, interpret=True)
+  assert_close(fused, chunked, rtol=1e-5)
+  assert float(jnp.max(jnp.abs(chunked[1, 3]))) == 0.0
+  mean = jnp.mean(v[1], axis=0)  # [K, H]: the row's uniform weights
+  for implementation in ("reference", "xla", "chunked"):
+    out = aj.dot_product_attention(q, k, v, mask=mask, scale=0.5, implementation=implementation)
+    assert_close(out[1, 3], mean, rtol=1e-5)
+    assert_close(out[0], chunked[0], rtol=1e-5)
+    zeros = aj.dot_product_attention(q, k, v, mask=mask, scale=0.5, implementation=implementation,
+                                     empty_rows="zero", return_residual=True)
+    assert_close(zeros[0], chunked, rtol=1e-5)
+    assert not np.isfinite(zeros[1][1, 3]).any()  # the residual says the row is empty
+
+
+def test_a_mod_interpreter_failure_passes_the_automatic_choice_to_chunked_and_says_why():
+  """On a GPU (forced here) an error of the fused kernel's mod interpreter other than Unservable
+  is a reason, not an exception: the automatic choice takes chunked and select_implementation
+  says why; named, the kernel is refused in one line."""
+  from attention_jax import pallas_gpu
+
+  def failing(*args, **kwargs):
+    raise KeyError("an equation the interpreter misreads")
+
+  q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
+  distance = lambda s, b, h, q_idx, kv_idx: s - 0.1 * jnp.abs(q_idx - kv_idx)  # noqa: E731
+  on_hopper = dict(backend="gpu", device_kind="NVIDIA H200", score_mod=distance)
+  name, why = aj.select_implementation(q, k, v, explain=True, **on_hopper)
+  assert name == "pallas_gpu" and "cudnn" in why  # cuDNN serves no score_mod
+  with mock.patch.object(pallas_gpu, "evaluate", failing):
+    name, why = aj.select_implementation(q, k, v, explain=True, **on_hopper)
+    assert name == "chunked" and "misreads" in why["pallas_gpu"], why
+    assert "\n" not in why["pallas_gpu"]
+    assert aj.select_implementation(q, k, v, **on_hopper) == "chunked"
+    with pytest.raises(ValueError, match="'pallas_gpu' cannot serve this call: .*misreads") as error:
+      aj.select_implementation(q, k, v, implementation="pallas_gpu", **on_hopper)
+    assert "\n" not in str(error.value)
+
+
+def test_the_mod_record_annotations_resolve_in_the_pinned_jax():
+  import typing
+  from attention_jax import mods
+  assert "jaxpr" in typing.get_type_hints(mods.Mod)

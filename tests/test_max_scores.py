@@ -34,8 +34,8 @@ def _attend(implementation, q, k, v, **kwargs):
   """dot_product_attention, the blockwise kernel in blocks of 8 (several per row), or the fused
   kernel in Pallas' interpreter (in blocks of 16, its smallest)."""
   if implementation == "pallas_gpu":
-    return pallas_gpu.pallas_gpu_attention(q, k, v, scale=H ** -0.5, empty_rows="zero",
-                                           interpret=True, return_max_scores=True, **kwargs)
+    return pallas_gpu.pallas_gpu_attention(q, k, v, scale=H ** -0.5, interpret=True,
+                                           return_max_scores=True, **kwargs)
   if implementation == "chunked_blocks":
     return aj.chunked_attention(q, k, v, scale=H ** -0.5, block_q=8, block_k=8,
                                 return_max_scores=True, **kwargs)
