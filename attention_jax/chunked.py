@@ -35,6 +35,7 @@ from attention_jax import blocks
 from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
 from attention_jax import reference
+from attention_jax import structure
 
 @dataclasses.dataclass(frozen=True)
 class Pattern:
@@ -52,12 +53,8 @@ class Pattern:
 
   @property
   def reach(self) -> tuple[int | None, int | None]:
-    """(before, after), how far before and after its own position a query's keys may lie, None
-    where unbounded; the window's, with ``after`` at most 0 under the causal mask."""
-    before, after = (None, None) if self.window is None else self.window
-    if self.is_causal:
-      after = 0 if after is None else min(after, 0)
-    return before, after
+    """(before, after) of the causal mask and the window, as ``structure.reach`` gives them."""
+    return structure.reach(self.is_causal, self.window)
 
 
 class _Extras(NamedTuple):
@@ -165,12 +162,7 @@ class Blocks(blocks.Geometry):
       parts.append(key_index < head.kv_length)
     if head.q_length is not None:
       parts.append(query_index < head.q_length)
-    if pattern.is_causal:
-      parts.append(key_position <= query_position)
-    if pattern.window is not None:
-      left, right = pattern.window
-      parts.append((key_position >= query_position - left)
-                   & (key_position <= query_position + right))
+    parts += structure.band(query_position, key_position, pattern.reach)
     if head.q_segments is not None:
       q_ids, kv_ids = self.block_ids(head.q_segments, head.kv_segments, i, j)
       parts.append(q_ids[:, None] == kv_ids[None, :])
@@ -186,15 +178,13 @@ class Blocks(blocks.Geometry):
     kind = None if head.block_kinds is None else head.block_kinds[i, j]
     if kind is not None:
       could_attend.append(kind != blocks.EMPTY)
+    extremes = lambda q, kv: (jnp.min(q), jnp.max(q), jnp.min(kv), jnp.max(kv))
     if head.q_segments is not None:
-      q_ids, kv_ids = self.block_ids(head.q_segments, head.kv_segments, i, j)
-      could_attend.append((jnp.min(q_ids) <= jnp.max(kv_ids)) & (jnp.min(kv_ids) <= jnp.max(q_ids)))
-    before, after = pattern.reach
-    if head.q_positions is not None and after is not None:  # causal or windowed
-      q_pos, kv_pos = self.block_ids(head.q_positions, head.kv_positions, i, j)
-      could_attend.append(jnp.min(kv_pos) <= jnp.max(q_pos) + after)
-      if before is not None:
-        could_attend.append(jnp.max(kv_pos) >= jnp.min(q_pos) - before)
+      could_attend.append(structure.segments_meet(*extremes(*self.block_ids(
+          head.q_segments, head.kv_segments, i, j))))
+    if head.q_positions is not None and pattern.reach[1] is not None:  # causal or windowed
+      could_attend += structure.band_meets(*extremes(*self.block_ids(
+          head.q_positions, head.kv_positions, i, j)), pattern.reach)
     if not could_attend:
       return step(carry, False)
     go = functools.reduce(jnp.logical_and, could_attend)

@@ -40,6 +40,7 @@ from attention_jax import block_masks
 from attention_jax import blocks as blocks_lib
 from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
+from attention_jax import structure
 
 
 BLOCK = 64  # the kernel's default block of queries and keys
@@ -807,111 +808,6 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   return out, per_row(lse)
 
 
-def _band(is_causal: bool, window):
-  """is_causal and the window (left, right) as the band of offsets ``kv_idx - q_idx`` they allow:
-  (lowest, highest), None where unbounded; or None if neither is given."""
-  if not is_causal and window is None:
-    return None
-  left, right = window if window is not None else (None, None)
-  right = 0 if is_causal and right is None else (min(right, 0) if is_causal else right)
-  return None if left is None else -left, right
-
-
-def _band_part(band, q_len: int, kv_len: int, blocks):
-  """The band as (mask_mod, the kinds of the blocks it leaves: int8 [1, 1, T / bq, S / bk]), the
-  kinds from the offsets each block spans (every offset between its least and its greatest)."""
-  lowest, highest = band
-
-  def allowed(b, h, q_idx, kv_idx):
-    ok = kv_idx - q_idx <= highest if highest is not None else q_idx >= 0
-    return ok & (kv_idx - q_idx >= lowest) if lowest is not None else ok
-
-  ranges = lambda length, block: (np.arange(0, length, block),
-                                  np.minimum(np.arange(block, length + block, block), length) - 1)
-  (q_first, q_last), (kv_first, kv_last) = ranges(q_len, blocks[0]), ranges(kv_len, blocks[1])
-  least, greatest = kv_first[None] - q_last[:, None], kv_last[None] - q_first[:, None]
-  low, high = -np.inf if lowest is None else lowest, np.inf if highest is None else highest
-  kinds = blocks_lib.block_kind((least >= low) & (greatest <= high),
-                              (greatest >= low) & (least <= high))
-  return allowed, kinds[None, None]
-
-
-def _prefix_kinds(lengths, size: int, block: int):
-  """The kinds of blocks of ``block`` positions of ``size`` under ``position < lengths[b]``:
-  [B] -> int8 [B, blocks]."""
-  starts = jnp.arange(-(-size // block), dtype=jnp.int32) * block
-  ends, lengths = jnp.minimum(starts + block, size), jnp.asarray(lengths)[:, None]
-  return blocks_lib.block_kind(ends <= lengths, starts < lengths)
-
-
-def _by_block(x, axis: int, block: int):
-  """``x`` with ``axis`` (length L) padded by its last entry to whole blocks and split into
-  [L / block, block] (a block's any, all, min and max are those of its real entries); an axis
-  of size 1 (one that broadcasts) into [1, 1]."""
-  pad, round_up = blocks_lib.pad_axis, blocks_lib.round_up
-  x = pad(x, axis, round_up(x.shape[axis], block), mode="edge")
-  return jnp.reshape(x, x.shape[:axis] + (-1, min(block, x.shape[axis])) + x.shape[axis + 1:])
-
-
-def _array_parts(batch_shape, q_len: int, kv_len: int, blocks, mask, query_seq_lengths,
-                 key_value_seq_lengths, query_segment_ids, key_segment_ids):
-  """The structure given as arrays, as (mask_mod reading them, the kinds of the blocks it
-  leaves: int8 [B or 1, N' or 1, T / bq, S / bk]) pairs; batch: the flattened index, ``blocks``:
-  (bq, bk)."""
-  block_q, block_k = blocks
-  per_example = lambda x, *tail: jnp.reshape(jnp.broadcast_to(x, batch_shape + x.shape[
-      x.ndim - len(tail):]), (-1,) + tail)
-  parts = []
-  if mask is not None:
-    flat_mask = masks_lib.flatten_batch(mask, batch_shape) != 0  # [B or 1, N', T', S']
-    allowed = _by_block(_by_block(flat_mask, 3, block_k), 2, block_q)  # [B', N', nq, bq, nk, bk]
-    # (a T' or S' of 1, which broadcasts, stays one block of one: the mask is never made T x S)
-    kinds = blocks_lib.block_kind(jnp.all(allowed, axis=(3, 5)), jnp.any(allowed, axis=(3, 5)))
-    kinds = jnp.broadcast_to(kinds, kinds.shape[:2] + (-(-q_len // block_q), -(-kv_len // block_k)))
-    flat_mask = flat_mask.astype(jnp.int8)
-    parts.append((lambda b, h, q_idx, kv_idx: flat_mask[b, h, q_idx, kv_idx] != 0, kinds))
-  if key_value_seq_lengths is not None:
-    kv_lengths = per_example(key_value_seq_lengths)  # [B]
-    parts.append((lambda b, h, q_idx, kv_idx: kv_idx < kv_lengths[b],
-                  _prefix_kinds(kv_lengths, kv_len, block_k)[:, None, None, :]))
-  if query_seq_lengths is not None:
-    q_lengths = per_example(query_seq_lengths)
-    parts.append((lambda b, h, q_idx, kv_idx: q_idx < q_lengths[b],
-                  _prefix_kinds(q_lengths, q_len, block_q)[:, None, :, None]))
-  if query_segment_ids is not None:
-    q_ids = per_example(query_segment_ids, query_segment_ids.shape[-1])  # [B, T]
-    kv_ids = per_example(key_segment_ids, key_segment_ids.shape[-1])  # [B, S]
-    q_blocks, kv_blocks = _by_block(q_ids, 1, block_q), _by_block(kv_ids, 1, block_k)
-    q_lo, q_hi = (jnp.min(q_blocks, -1)[:, :, None], jnp.max(q_blocks, -1)[:, :, None])
-    kv_lo, kv_hi = (jnp.min(kv_blocks, -1)[:, None, :], jnp.max(kv_blocks, -1)[:, None, :])
-    same = (q_lo == q_hi) & (kv_lo == kv_hi) & (q_lo == kv_lo)  # [B, nq, nk]: one segment
-    apart = (q_hi < kv_lo) | (kv_hi < q_lo)  # their ranges of ids do not meet
-    parts.append((lambda b, h, q_idx, kv_idx: q_ids[b, q_idx] == kv_ids[b, kv_idx],
-                  blocks_lib.block_kind(same, ~apart)[:, None]))
-  return parts
-
-
-def _all_of(mods):
-  """The mask_mod that allows what every one of ``mods`` allows, or None."""
-  if len(mods) <= 1:
-    return mods[0] if mods else None
-  return lambda *indices: functools.reduce(jnp.logical_and, (mod(*indices) for mod in mods))
-
-
-def _combined(parts, q_len: int, kv_len: int, blocks):
-  """(mask_mod or None, block mask or None) for ``parts``, (mask_mod, kinds or None: not known)
-  pairs: their conjunction, and its kinds where any part's are known: the parts' minimum
-  (EMPTY < PARTIAL < FULL: empty where one is, full only where every one is)."""
-  mask_mod = _all_of([mod for mod, _ in parts])
-  known = [kinds for _, kinds in parts if kinds is not None]
-  if not known:
-    return mask_mod, None
-  kinds = functools.reduce(jnp.minimum, known)
-  if len(known) < len(parts):  # a mask_mod without a block mask: no block is known full
-    kinds = jnp.minimum(kinds, blocks_lib.PARTIAL)
-  return None, block_masks.BlockMask(kinds, q_len, kv_len, *blocks, mask_mod)
-
-
 def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causal: bool = False,
                          local_window_size=None, logits_soft_cap: float | None = None,
                          query_seq_lengths=None, key_value_seq_lengths=None,
@@ -927,16 +823,11 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
   ``local_window_size`` as (left, right) or None."""
   q_len, kv_len = query.shape[-3], key.shape[-3]
   blocks, kinds = _kernel_blocks(block_mask, BLOCK)
-  parts = []  # (mask_mod, kinds at blocks or None)
-  if (band := _band(is_causal, local_window_size)) is not None:
-    parts.append(_band_part(band, q_len, kv_len, blocks))
-  if block_mask is not None:
-    parts.append((block_mask.mask_mod, kinds))
-  elif mask_mod is not None:
-    parts.append((mask_mod, None))
-  parts += _array_parts(query.shape[:-3], q_len, kv_len, blocks, mask, query_seq_lengths,
-                        key_value_seq_lengths, query_segment_ids, key_segment_ids)
-  mask_mod, block_mask = _combined(parts, q_len, kv_len, blocks)
+  mask_mod, block_mask = structure.translate(
+      query.shape[:-3], q_len, kv_len, blocks, is_causal=is_causal, window=local_window_size,
+      mask=mask, lengths=(query_seq_lengths, key_value_seq_lengths),
+      segment_ids=(query_segment_ids, key_segment_ids),
+      mask_mod=mask_mod if block_mask is None else block_mask.mask_mod, block_kinds=kinds)
   if logits_soft_cap is not None:
     inner = score_mod or (lambda score, *indices: score)
     score_mod = lambda score, *indices: inner(

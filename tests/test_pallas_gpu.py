@@ -324,56 +324,6 @@ def test_the_contracts_structure_as_mods_gives_the_reference(options):
       assert_close(got, want, rtol=1e-5, name=f"d{name}")
 
 
-@pytest.mark.parametrize("is_causal, window", [
-    (True, None), (False, (5, 3)), (True, (20, None)), (False, (None, -9)), (True, (3, 7))])
-def test_causal_and_windows_skip_the_blocks_they_empty(is_causal, window):
-  """The band's kinds of blocks (from the offsets each block spans) are make_block_mask's of its
-  mask_mod, at square and oblong blocks; T and S not multiples of them."""
-  band = pallas_gpu._band(is_causal, window)
-  for blocks in [(16, 16), (16, 8)]:
-    mod, kinds = pallas_gpu._band_part(band, T, S, blocks)
-    want = aj.make_block_mask(mod, None, None, T, S, block_size=blocks).kinds
-    np.testing.assert_array_equal(kinds, want, err_msg=str(blocks))
-
-
-def test_the_structure_arrays_skip_the_blocks_they_empty():
-  """Lengths, segment ids and a mask give kinds of blocks (at blocks of 16 here) that are
-  make_block_mask's of their mask_mods: equal for lengths, a mask, and segment ids constant over
-  blocks or sorted (packed); for ids mixed within blocks never wrongly empty or full. Combined:
-  empty where one is empty, full where all are full, never full beside a mask_mod whose kinds
-  are unknown."""
-  rng = np.random.default_rng(7)
-  ids = lambda low, high, length: rng.integers(low, high, (B, length))
-  packed = np.sort(ids(0, 4, T), axis=1), np.sort(ids(0, 4, S), axis=1)
-  permuted = (np.repeat([[3, 1, 2], [0, 2, 1]], 16, axis=1)[:, :T],  # constant over blocks
-              np.repeat([[2, 3, 1], [1, 0, 2]], 16, axis=1)[:, :S])
-  mixed = ids(0, 3, T), ids(0, 3, S)
-  cases = [dict(query_seq_lengths=np.array([40, 17]), key_value_seq_lengths=np.array([30, 5])),
-           dict(mask=rng.random((B, N, T, S)) < 0.97), dict(mask=np.arange(S) < 20),
-           dict(query_segment_ids=packed[0], key_segment_ids=packed[1]),
-           dict(query_segment_ids=permuted[0], key_segment_ids=permuted[1]),
-           dict(query_segment_ids=mixed[0], key_segment_ids=mixed[1])]
-  for case in cases:
-    arrays = {name: None if case.get(name) is None else jnp.asarray(case[name]) for name in (
-        "mask", "query_seq_lengths", "key_value_seq_lengths", "query_segment_ids",
-        "key_segment_ids")}
-    parts = pallas_gpu._array_parts((B,), T, S, (16, 16), **arrays)
-    for mod, kinds in parts:
-      want = np.asarray(aj.make_block_mask(mod, B, N, T, S, block_size=16).kinds)
-      got = np.broadcast_to(np.asarray(kinds), want.shape)
-      if case is cases[-1]:  # ids mixed within blocks: sound
-        assert np.all((got == 0) <= (want == 0)) and np.all((got == 2) <= (want == 2))
-      else:
-        np.testing.assert_array_equal(got, want, err_msg=str(sorted(case)))
-  lengths = {name: jnp.asarray(value) for name, value in cases[0].items()}
-  parts = pallas_gpu._array_parts((B,), T, S, (16, 16), **{**dict.fromkeys(arrays), **lengths})
-  _, block_mask = pallas_gpu._combined(parts, T, S, (16, 16))
-  want = aj.make_block_mask(block_mask.mask_mod, B, None, T, S, block_size=16).kinds
-  np.testing.assert_array_equal(block_mask.kinds, want)
-  mask_mod, block_mask = pallas_gpu._combined(parts + [(late_start, None)], T, S, (16, 16))
-  assert mask_mod is None and np.max(block_mask.kinds) == 1 and np.min(block_mask.kinds) == 0
-
-
 def test_it_is_chosen_by_name_on_a_gpu_and_refuses_what_it_cannot_serve():
   q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
   select = lambda **kw: aj.select_implementation(q, k, v, backend="gpu",
