@@ -105,6 +105,9 @@ html_theme_options = {
     "show_toc_level": 2,
     "navbar_persistent": [],  # one search field (the sidebar's), not a second in the header
 }
+# The theme's colour mode: "auto" follows the reader's system (left empty, the theme logs "Got
+# invalid theme mode" on every page and then picks auto itself).
+html_context = {"default_mode": "auto"}
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]  # code scrolls, never wraps mid-token; tables fit the column
 html_js_files = ["figures.js"]  # a linked figure opens full size instead of downloading
