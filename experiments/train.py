@@ -21,6 +21,7 @@ if __name__ == "__main__":  # before jax is imported; experiments/launch.py says
   from experiments import launch
   launch.with_huge_pages()
 
+import dataclasses
 import functools
 import json
 import math
@@ -134,130 +135,198 @@ def _claim(config, workdir, replicas, allowed) -> None:
 
 
 def _loop(config, workdir, replicas, mesh, extra_evals, probes, started) -> dict:
-  task, model, tx, init = setup(config, replicas, mesh)
-  extra_tests = {}
-  for name, overrides in extra_evals.items():
-    extra = hosts.one_first(tasks.load_task, config.task,
-                            {**dict(config.task_options), **dict(overrides)}, config.data_dir)
-    if extra.max_length > model.config.max_length:
-      raise config_check.ConfigError(
-          f"the '{name}' evaluation has sequences of length {extra.max_length} but the model "
-          f"supports {model.config.max_length}; set model.max_length >= {extra.max_length}.")
-    extra_tests[name] = extra.test
-  by_replica = NamedSharding(mesh, PartitionSpec("replica"))
-  by_data = NamedSharding(mesh, PartitionSpec("data"))
-  by_both = NamedSharding(mesh, PartitionSpec("replica", "data"))
-  state = init(by_replica)
-  probe = _prober(model, task, config) if probes else None
-  init_probes = probe("init", state.params) if probes else {}  # recomputed after a resume
-  checkpoints = checkpoints_lib.Checkpoints(workdir, config.keep_checkpoints)
-  restored = checkpoints.restore(state)
-  state = state if restored is None else restored
-  start_step = int(state.step[0])
-  if start_step >= config.num_train_steps and hosts.writer():
-    print(f"{workdir} already finished its {config.num_train_steps} steps; evaluating its last "
-          "checkpoint (another --workdir, or a larger num_train_steps, trains again)")
+  """Builds the run, trains it on from its newest checkpoint, and returns train's result."""
+  run = _Run.build(config, workdir, replicas, mesh, extra_evals)
+  probe = _prober(run.model, run.task, config) if probes else lambda prefix, params: {}
+  init_probes = probe("init", run.initial.params)  # recomputed after a resume
+  state, eval_metrics = _train_steps(run)
+  return _finish(run, state, eval_metrics, init_probes, probe, started)
 
-  compute_dtype = jnp.dtype(config.compute_dtype)
-  step_fn = train_step_fn(config, model, tx, task.num_classes, by_replica)
-  everywhere = NamedSharding(mesh, PartitionSpec())  # sums every process reads whole
-  eval_fn = jax.jit(replicas_lib.over_replicas(functools.partial(
-      steps_lib.eval_step, model=model, compute_dtype=compute_dtype,
-      num_classes=task.num_classes), in_axes=(0, None)), out_shardings=everywhere)
-  max_logit_fn = jax.jit(replicas_lib.over_replicas(
-      functools.partial(probes_lib.max_attention_logit, model)), out_shardings=by_replica)
-  sources = {seed: input_pipeline.TrainBatches(task.train, config.batch_size, seed)
-             for seed in sorted({replica["seed"] for replica in replicas})}
 
-  def next_batch(step):  # {"tokens": [R, B, T], "labels": [R, B(, T)]}, replica r's from its seed
-    by_seed = {seed: source.batch(step) for seed, source in sources.items()}
-    stacked = {name: np.stack([by_seed[replica["seed"]][name] for replica in replicas])
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """What one run trains and evaluates with, built once (``build``): its task and model, the
+  step-0 state ``initial`` [R, ...], the compiled functions, and each seed's training batches."""
+  config: object
+  workdir: str
+  replicas: list[dict]
+  mesh: Mesh
+  task: tasks.Task
+  model: object
+  initial: steps_lib.TrainState
+  step_fn: object
+  eval_fn: object
+  max_logit_fn: object
+  sources: dict  # {seed: input_pipeline.TrainBatches}
+  extra_tests: dict  # {name: the test split of an extra evaluation}
+
+  @classmethod
+  def build(cls, config, workdir, replicas, mesh, extra_evals) -> _Run:
+    task, model, tx, init = setup(config, replicas, mesh)
+    extra_tests = {name: _extra_test(config, model, name, overrides)
+                   for name, overrides in extra_evals.items()}
+    by_replica = NamedSharding(mesh, PartitionSpec("replica"))
+    everywhere = NamedSharding(mesh, PartitionSpec())  # sums every process reads whole
+    eval_fn = jax.jit(replicas_lib.over_replicas(functools.partial(
+        steps_lib.eval_step, model=model, compute_dtype=jnp.dtype(config.compute_dtype),
+        num_classes=task.num_classes), in_axes=(0, None)), out_shardings=everywhere)
+    max_logit_fn = jax.jit(replicas_lib.over_replicas(
+        functools.partial(probes_lib.max_attention_logit, model)), out_shardings=by_replica)
+    sources = {seed: input_pipeline.TrainBatches(task.train, config.batch_size, seed)
+               for seed in sorted({replica["seed"] for replica in replicas})}
+    return cls(config, workdir, replicas, mesh, task, model, init(by_replica),
+               train_step_fn(config, model, tx, task.num_classes, by_replica), eval_fn,
+               max_logit_fn, sources, extra_tests)
+
+  def next_batch(self, step: int) -> dict:
+    """{"tokens": [R, B, T], "labels": [R, B(, T)]}: replica r's batch from its seed."""
+    by_seed = {seed: source.batch(step) for seed, source in self.sources.items()}
+    stacked = {name: np.stack([by_seed[replica["seed"]][name] for replica in self.replicas])
                for name in ("tokens", "labels")}
-    return input_pipeline.shard(stacked, by_both)
+    return input_pipeline.shard(stacked, NamedSharding(self.mesh, PartitionSpec("replica",
+                                                                                "data")))
 
-  def evaluate(state):  # NaN for a diverged replica
+  def evaluate(self, state) -> dict:
+    """{prefix_measure: a list over replicas} on the test split and the extra ones; NaN for a
+    diverged replica."""
     metrics, diverged = {}, hosts.fetch(state.diverged_at) > 0
-    for prefix, split in {"eval": task.test, **extra_tests}.items():
+    by_data = NamedSharding(self.mesh, PartitionSpec("data"))
+    for prefix, split in {"eval": self.task.test, **self.extra_tests}.items():
       batches = (input_pipeline.shard(batch, by_data)
-                 for batch in input_pipeline.eval_batches(split, config.batch_size))
-      metrics.update(steps_lib.evaluate(eval_fn, state.params, batches, prefix))
+                 for batch in input_pipeline.eval_batches(split, self.config.batch_size))
+      metrics.update(steps_lib.evaluate(self.eval_fn, state.params, batches, prefix))
     return {name: np.where(diverged, np.nan, values).tolist() for name, values in metrics.items()}
 
-  logs = [logbook.Logbook(workdir_lib.replica_dir(workdir, replica["name"]), start_step)
-          for replica in replicas] if hosts.writer() else []
-  def log(step, metrics, extra=None):
-    for index, replica_log in enumerate(logs):
-      replica_log.write(step, {name: float(values[index]) for name, values in metrics.items()},
-                        extra)
 
-  tokens_per_step = len(replicas) * config.batch_size * task.max_length
-  # The bar starts after the first step, which compiles the program, so that its rate and ETA
-  # count compiled steps only (a first ETA of an hour was the compilation).
-  progress = None
-  say = (lambda line: progress.write(line) if progress else print(line, flush=True)
-         ) if hosts.writer() else (lambda line: None)
-  if start_step < config.num_train_steps:
-    say(f"compiling the training step ({len(replicas)} replica(s)); the progress bar starts when "
-        "it runs")
+def _extra_test(config, model, name: str, overrides):
+  """The test split of the task with ``overrides`` of its options, refused when its sequences
+  outgrow the model."""
+  extra = hosts.one_first(tasks.load_task, config.task,
+                          {**dict(config.task_options), **dict(overrides)}, config.data_dir)
+  if extra.max_length > model.config.max_length:
+    raise config_check.ConfigError(
+        f"the '{name}' evaluation has sequences of length {extra.max_length} but the model "
+        f"supports {model.config.max_length}; set model.max_length >= {extra.max_length}.")
+  return extra.test
+
+
+def _train_steps(run: _Run) -> tuple[steps_lib.TrainState, dict]:
+  """Trains from the newest readable checkpoint (or step 0) to config.num_train_steps, logging,
+  evaluating and checkpointing on the config's cadence. Returns the last state and the last
+  evaluation."""
+  config, replicas = run.config, run.replicas
+  checkpoints = checkpoints_lib.Checkpoints(run.workdir, config.keep_checkpoints)
+  restored = checkpoints.restore(run.initial)
+  state = run.initial if restored is None else restored
+  reports = _Reports(run, start_step=int(state.step[0]))
   eval_metrics = {}
   reported = set(_diverged(state, replicas))  # diverged before a resume: already said
-  clock = time.perf_counter()
   try:
     with interrupts.stop_requests() as received:
-      for step in range(start_step + 1, config.num_train_steps + 1):
+      for step in range(reports.start_step + 1, config.num_train_steps + 1):
         # Nothing here waits for the device except at log, eval and checkpoint steps: the host
         # prepares the next batch while the step runs.
-        batch = next_batch(step - 1)
-        state, metrics = step_fn(state, batch)
-        if progress is None:
-          progress = tqdm.tqdm(total=config.num_train_steps, initial=step, mininterval=2.0,
-                               desc=os.path.basename(os.path.normpath(workdir)),
-                               file=sys.stdout, disable=not hosts.writer())
-        else:
-          progress.update(1)
+        batch = run.next_batch(step - 1)
+        state, metrics = run.step_fn(state, batch)
+        reports.stepped(step)
         log_now, eval_now, save_now = steps_lib.due(step, config)
         stop = received[0] if received else signal.SIGTERM if hosts.preempted(step) else None
         if log_now or eval_now or save_now or stop:
           reported |= hosts.agree(_check_diverged, state, replicas, reported,
-                                  checkpoints.latest_step(), say)
+                                  checkpoints.latest_step(), reports.say)
         if log_now:
-          metrics = hosts.fetch({"max_attention_logit": max_logit_fn(state.params,
-                                                                     batch["tokens"]), **metrics})
-          throughput = tokens_per_step * (step - start_step) / (time.perf_counter() - clock)
-          log(step, metrics, {"tokens_per_second": throughput})
-          progress.set_postfix(refresh=False, tok_s=f"{throughput:.0f}", **{
-              name: f"{np.mean(metrics[name]):.3f}" for name in ("loss", "accuracy", "nmse")
-              if name in metrics})
+          reports.trained(step, hosts.fetch({
+              "max_attention_logit": run.max_logit_fn(state.params, batch["tokens"]),
+              **metrics}))
         if eval_now:
-          eval_metrics = evaluate(state)
-          log(step, eval_metrics)
-          say(f"step {step}: " + ", ".join(
-              f"{name} {np.nanmean(value):.4f}" for name, value in eval_metrics.items()))
+          eval_metrics = run.evaluate(state)
+          reports.evaluated(step, eval_metrics)
         if save_now or stop:
           checkpoints.save(step, state)
         if stop:
           raise interrupts.Interrupted(stop, step)
   finally:
-    if progress is not None:
-      progress.close()
+    reports.close()
     checkpoints.close()
-    for replica_log in logs:
+  return state, eval_metrics or run.evaluate(state)  # none: resumed a finished run
+
+
+class _Reports:
+  """What the loop tells (the writing process only): each replica's logbook, a progress bar and
+  lines above it. The bar starts after the first step, which compiles the program, so that its
+  rate and ETA count compiled steps only (a first ETA of an hour was the compilation)."""
+
+  def __init__(self, run: _Run, start_step: int):
+    self.run, self.start_step, self.clock, self.progress = run, start_step, None, None
+    self.logs = [logbook.Logbook(workdir_lib.replica_dir(run.workdir, replica["name"]),
+                                 start_step) for replica in run.replicas] if hosts.writer() else []
+    total = run.config.num_train_steps
+    if start_step >= total:
+      self.say(f"{run.workdir} already finished its {total} steps; evaluating its last "
+               "checkpoint (another --workdir, or a larger num_train_steps, trains again)")
+    else:
+      self.say(f"compiling the training step ({len(run.replicas)} replica(s)); the progress bar "
+               "starts when it runs")
+    self.clock = time.perf_counter()
+
+  def say(self, line: str) -> None:
+    if hosts.writer() and self.progress:
+      self.progress.write(line)
+    elif hosts.writer():
+      print(line, flush=True)
+
+  def stepped(self, step: int) -> None:
+    if self.progress is None:
+      self.progress = tqdm.tqdm(total=self.run.config.num_train_steps, initial=step,
+                                mininterval=2.0, file=sys.stdout, disable=not hosts.writer(),
+                                desc=os.path.basename(os.path.normpath(self.run.workdir)))
+    else:
+      self.progress.update(1)
+
+  def log(self, step: int, metrics: dict, extra: dict | None = None) -> None:
+    for index, replica_log in enumerate(self.logs):
+      replica_log.write(step, {name: float(values[index]) for name, values in metrics.items()},
+                        extra)
+
+  def trained(self, step: int, metrics: dict) -> None:
+    """Logs a training step's metrics [R] with the throughput so far, shown on the bar."""
+    tokens = (len(self.run.replicas) * self.run.config.batch_size * self.run.task.max_length
+              * (step - self.start_step))
+    throughput = tokens / (time.perf_counter() - self.clock)
+    self.log(step, metrics, {"tokens_per_second": throughput})
+    self.progress.set_postfix(refresh=False, tok_s=f"{throughput:.0f}", **{
+        name: f"{np.mean(metrics[name]):.3f}" for name in ("loss", "accuracy", "nmse")
+        if name in metrics})
+
+  def evaluated(self, step: int, metrics: dict) -> None:
+    self.log(step, metrics)
+    self.say(f"step {step}: " + ", ".join(
+        f"{name} {np.nanmean(value):.4f}" for name, value in metrics.items()))
+
+  def close(self) -> None:
+    if self.progress is not None:
+      self.progress.close()
+    for replica_log in self.logs:
       replica_log.close()
-  if not eval_metrics:  # resumed a finished run
-    eval_metrics = evaluate(state)
+
+
+def _finish(run: _Run, state, eval_metrics: dict, init_probes: dict, probe, started: float
+            ) -> dict:
+  """Draws the attention maps the config asks for and returns train's result."""
+  config, replicas = run.config, run.replicas
   if config.attention_maps:
     params = hosts.fetch(state.params)
     if hosts.writer():
       from experiments import attention_maps  # matplotlib only when maps are asked for
       for index, replica in enumerate(replicas):
-        attention_maps.write(model, jax.tree.map(lambda leaf: leaf[index], params), task,
+        attention_maps.write(run.model, jax.tree.map(lambda leaf: leaf[index], params), run.task,
                              config.attention_maps, os.path.join(workdir_lib.replica_dir(
-                                 workdir, replica["name"]), "attention_maps"))
-  final_probes = probe("final", state.params) if probes else {}
+                                 run.workdir, replica["name"]), "attention_maps"))
+  final_probes = probe("final", state.params)
   columns = {key: [replica[key] for replica in replicas] for key in replicas[0]}
   diverged_at = hosts.fetch(state.diverged_at).tolist()
   return {**columns, **eval_metrics, **init_probes, **final_probes, "diverged_at": diverged_at,
-          "num_classes": [task.num_classes] * len(replicas),
+          "num_classes": [run.task.num_classes] * len(replicas),
           "parameters": [parameter_count(state.params)] * len(replicas),
           "seconds": [time.perf_counter() - started] * len(replicas)}
 
