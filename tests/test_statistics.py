@@ -35,6 +35,9 @@ def test_the_paired_test_is_the_exact_sign_flip_test(a, b):
   assert c.p == pytest.approx(_sign_flip_by_enumeration(differences)
                               if np.any(differences != 0) else 1.0)
   assert c.low <= c.estimate + 1e-12 and c.estimate - 1e-12 <= c.high
+  if np.ptp(differences) > 0:  # the t interval of the differences
+    _, low, high = statistics.mean_interval(differences)
+    assert (c.low, c.high) == pytest.approx((low, high))
 
 
 def test_wilson_interval_matches_its_formula():
@@ -126,8 +129,71 @@ def test_equivalence_needs_the_seeds_to_show_it():
   base = rng.uniform(0.9, 1.0, 12)
   close = base + rng.normal(0, 0.005, 12)
   assert statistics.equivalence(close, base, margin=0.05) < 0.01
-  assert statistics.equivalence(close[:3], base[:3], margin=0.05) >= 0.05  # 3 seeds cannot
+  assert statistics.equivalence(close[:4], base[:4], margin=0.05) >= 0.05  # 4 seeds cannot
+  assert statistics.equivalence(close[:5], base[:5], margin=0.05) == 1 / 32  # 5 can
   assert statistics.equivalence(base + 0.2, base, margin=0.05) > 0.5
+  unpaired = statistics.equivalence(close[:6], base[6:], margin=0.2, paired=False)
+  assert unpaired == pytest.approx(1 / math.comb(12, 6), rel=0.2)  # every split inside
+
+
+def _one_sided_by_enumeration(differences):
+  """p that the mean of the differences exceeds 0: the share of sign patterns at least as high."""
+  means = [np.mean(np.array(signs) * differences)
+           for signs in itertools.product((1, -1), repeat=len(differences))]
+  return np.mean(np.array(means) >= np.mean(differences) - 1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.floats(-1, 1, allow_nan=False), min_size=5, max_size=8),
+       st.floats(0.05, 1.0), st.booleans())
+def test_tost_is_two_one_sided_tests_and_its_90_interval_lies_inside_the_margin_iff_it_passes(
+    differences, margin, paired):
+  differences = np.array(differences)
+  a, b = differences, np.zeros_like(differences) if paired else -differences[::-1] / 2
+  c = statistics.equivalence_test("m", "x", "y", a, b, margin, paired=paired)
+  assert c.margin == margin and c.level == pytest.approx(0.9) and c.is_equivalence
+  if paired:
+    assert c.test == "tost_paired" and c.p == pytest.approx(max(
+        _one_sided_by_enumeration(differences + margin),
+        _one_sided_by_enumeration(margin - differences)))
+  assert c.low <= c.estimate + 1e-9 and c.estimate - 1e-9 <= c.high
+  inside = -margin < c.low and c.high < margin
+  boundary = min(abs(c.low + margin), abs(c.high - margin)) < 1e-9
+  assert boundary or inside == (c.p < statistics.SIGNIFICANT)
+
+
+def test_tost_on_steps_counts_a_never_solved_seed_at_the_horizon():
+  solved = [200.0, 300.0, 200.0, 200.0, 300.0, 200.0]
+  same = statistics.equivalence_test("steps", "x", "y", solved, solved[::-1], 150,
+                                     horizon=1000)
+  assert same.p == pytest.approx(1 / 64) and -150 < same.low <= same.high < 150
+  stuck = statistics.equivalence_test("steps", "x", "y", solved[:5] + [math.nan], solved, 150,
+                                      horizon=1000)
+  assert stuck.estimate == pytest.approx(800 / 6) and stuck.p >= 0.05 and stuck.high > 150
+
+
+def test_welch_interval_by_its_formula():
+  from scipy import stats
+  a, b = np.array([0.2, 0.5, 0.4, 0.9]), np.array([0.1, 0.15, 0.12, 0.1, 0.2])
+  va, vb = a.var(ddof=1) / 4, b.var(ddof=1) / 5
+  df = (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 4)
+  half = stats.t.ppf(0.975, df) * math.sqrt(va + vb)
+  estimate, low, high = statistics.difference_interval(a, b)
+  assert (low, high) == pytest.approx((estimate - half, estimate + half))
+  c = statistics.independent_difference("m", "x", "y", a, b)
+  assert (c.low, c.high) == pytest.approx((low, high))
+  cut = statistics.independent_difference("eval_accuracy", "x", "y", a, b, lower=0, upper=1)
+  assert cut.high == pytest.approx(high) and cut.low >= -1
+
+
+def test_a_comparisons_row_reads_back_old_and_new():
+  new = statistics.Comparison("m", "a", "b", 5, 0.1, 0.0, 0.2, 0.03, "tost_paired", 0.06, 0.1,
+                              statistics.MATCHED)
+  row = {name: str(getattr(new, name)) for name in statistics.Comparison.FIELDS}
+  assert statistics.Comparison.of_row(row) == new
+  old = {k: v for k, v in row.items() if k not in ("margin", "rate")}
+  read = statistics.Comparison.of_row(old)
+  assert read.rate == statistics.CHOSEN and math.isnan(read.margin)
 
 
 def test_first_step_reaching_either_way():

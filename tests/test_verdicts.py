@@ -113,7 +113,7 @@ def test_results_csv_carries_the_design_and_provenance(tmp_path):
   paths = sweep_report.write_from_csv(str(path))
   with open(paths["comparisons"]) as f:
     header, row = f.read().splitlines()
-  assert header == "metric,arm,baseline,n,estimate,low,high,p,p_adjusted,test"
+  assert header == "metric,arm,baseline,n,estimate,low,high,p,p_adjusted,test,margin,rate"
   assert row.startswith("solved,x,base,3,0.0,")
   report = open(paths["markdown"]).read()
   assert "commit abc1234" in report and "cannot reach p < 0.05" in report
