@@ -290,7 +290,7 @@ def test_the_three_kernels_lower_to_triton_in_bfloat16(dropout_rate, trained):
 @pytest.mark.parametrize("options", [
     dict(is_causal=True), dict(local_window_size=(3, 2)), dict(is_causal=True, local_window_size=(
         6, 4), logits_soft_cap=1.5, score_mod=alibi), dict(mask_mod=late_start),
-    dict(mask_mod=late_start, empty_rows="zero", return_residual=True),
+    dict(mask_mod=late_start, return_residual=True),
     dict(query_seq_lengths=np.array([40, 17]), key_value_seq_lengths=np.array([30, 5]),
          is_causal=True),
     dict(query_segment_ids=np.repeat([[0, 1], [2, 3]], 20, axis=1),
@@ -302,9 +302,11 @@ def test_the_three_kernels_lower_to_triton_in_bfloat16(dropout_rate, trained):
          query_segment_ids=np.repeat([[0, 1], [2, 3]], 20, axis=1),
          key_segment_ids=np.repeat([[0, 1], [3, 2]], 18, axis=1))])
 def test_the_contracts_structure_as_mods_gives_the_reference(options):
-  """is_causal, windows, lengths, segment ids, masks, the soft cap, empty rows and the residual,
-  as dot_product_attention gives them (the fused call is what implementation="pallas_gpu" runs
-  on a GPU); the structure arrays are traced (jit), as in a model."""
+  """is_causal, windows, lengths, segment ids, masks, the soft cap, empty rows (zeros: what
+  dot_product_attention makes of them, its empty_rows, is tested for every kernel in
+  test_attention) and the residual, as dot_product_attention gives them (the fused call is what
+  implementation="pallas_gpu" runs on a GPU); the structure arrays are traced (jit), as in a
+  model."""
   q, k, v, cotangent = _inputs(4)
   options = {"scale": 0.3, **options}
   window = _checks.local_window(options.pop("local_window_size", None))
@@ -313,7 +315,8 @@ def test_the_contracts_structure_as_mods_gives_the_reference(options):
   fused = lambda q, k, v, arrays: pallas_gpu.pallas_gpu_attention(
       q, k, v, local_window_size=window, interpret=True, **arrays, **options)
   dense = lambda q, k, v, arrays: aj.dot_product_attention(
-      q, k, v, local_window_size=window, implementation="reference", **arrays, **options)
+      q, k, v, local_window_size=window, implementation="reference", empty_rows="zero",
+      **arrays, **options)
   for got, want in zip(*(x if isinstance(x, tuple) else (x,) for x in (
       jax.jit(fused)(q, k, v, arrays), dense(q, k, v, arrays)))):
     assert_close(np.nan_to_num(got, neginf=0.0), np.nan_to_num(want, neginf=0.0), rtol=1e-5)
