@@ -38,7 +38,6 @@ from jax.experimental import pallas as pl
 from attention_jax import _checks
 from attention_jax import block_masks
 from attention_jax import blocks as blocks_lib
-from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
 from attention_jax import structure
 
