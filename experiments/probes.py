@@ -1,6 +1,7 @@
-"""Looking inside a classifier: attention statistics per head, gradients reaching W_Q and W_K, and
+"""Looking inside a classifier: attention statistics per head, gradients reaching W_Q and W_K,
 head importance (the accuracy lost, or the NMSE gained, when one head is switched off at
-evaluation).
+evaluation), and what the heads of the farthest-point and multi-retrieval models find
+(experiments/probe_reports.py runs these over a trained sweep).
 
 The statistics are those the arguments about attention are made of: the variance of the logits
 the softmax sees, the softmax entropy and largest weight, the mean attention distance, how
@@ -14,10 +15,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy import optimize
 
 import attention_jax as aj
 from experiments import input_pipeline
 from experiments import steps as steps_lib
+from experiments.tasks import farthest_point, multi_retrieval
 
 STATISTICS = ("logit_variance", "entropy", "max_weight", "distance", "negative_weight",
               "diagonal_max", "first_token_weight")
@@ -104,3 +107,73 @@ def head_importance(model, params, split, config, num_classes) -> np.ndarray:
   return np.array([[baseline - accuracy(without_head(params, layer, head))
                     for head in range(model.config.num_heads)]
                    for layer in range(model.config.num_layers)])
+
+
+def essential_heads(importance, threshold: float) -> int:
+  """How many heads (over all layers) cost at least ``threshold`` when switched off alone."""
+  return int(np.sum(np.asarray(importance) >= threshold))
+
+
+def top_share(importance, top: int) -> float:
+  """The share of the total positive importance held by the ``top`` most important heads."""
+  positive = np.sort(np.clip(np.asarray(importance).ravel(), 0.0, None))[::-1]
+  total = positive.sum()
+  return float(positive[:top].sum() / total) if total > 0 else float("nan")
+
+
+def farthest_point_found(run, num_examples: int) -> dict[str, float]:
+  """What the one head of a one-layer farthest_point model does on the first ``num_examples``
+  test examples of ``run`` (an experiments.trained.Trained): ``found``, the share of tokens whose
+  most-attended point is their farthest one (farthest_point.farthest); ``weight``, the mean
+  attention weight on it; ``readable``, the NMSE of the best linear read-out of the target from
+  the stream right after the attention (stream_after_attention; least squares over these
+  examples): how much of the answer the stream carries at all."""
+  x = np.asarray(run.task.test.tokens[:num_examples])  # [B, T, d]
+  target = np.asarray(run.task.test.labels[:num_examples], np.float64)  # [B, T, d]
+  _, weights, _ = capture(run.model, run.params, x)
+  attention = np.asarray(weights[0])[:, 0]  # the one head of the one layer: [B, T, T]
+  far = farthest_point.farthest(x)  # [B, T]
+  on_far = np.take_along_axis(attention, far[..., None], axis=-1)[..., 0]  # [B, T]
+  stream = np.asarray(stream_after_attention(run.model, run.params, x), np.float64)  # [B, T, D]
+  features = np.concatenate([stream, np.ones(stream.shape[:-1] + (1,))], -1).reshape(
+      -1, stream.shape[-1] + 1)
+  flat = target.reshape(-1, target.shape[-1])
+  fitted, *_ = np.linalg.lstsq(features, flat, rcond=None)
+  readable = np.mean((features @ fitted - flat) ** 2) / np.mean(np.var(flat, axis=0))
+  return {"found": float(np.mean(attention.argmax(-1) == far)), "weight": float(np.mean(on_far)),
+          "readable": float(readable)}
+
+
+def stream_after_attention(model, params, x):
+  """x [B, T, d] -> the first block's input plus its attention output (the residual stream right
+  after the attention, before its LayerNorm), [B, T, D]."""
+  _, state = model.apply({"params": params}, x, mutable="intermediates",
+                         capture_intermediates=lambda module, _: module.name in (
+                             "embed", "attention"))
+  encoder = state["intermediates"]["encoder"]
+  return encoder["embed"]["__call__"][0] + encoder["block_0"]["attention"]["__call__"][0]
+
+
+def max_shares(run, num_examples: int) -> np.ndarray:
+  """share[j, i] of a multi_retrieval model (``run``: an experiments.trained.Trained): how often
+  head j's read-out query (the CLS token) attends most to the token that attains maximum i,
+  argmax_s <w_i, x_s>, on the first ``num_examples`` test examples; [N, D]."""
+  x = np.asarray(run.task.test.tokens[:num_examples])  # [B, T, F]
+  _, weights, _ = capture(run.model, run.params, x)
+  read_out = np.asarray(weights[0])[:, :, 0, 1:]  # the CLS query over the T vectors: [B, N, T]
+  attended = read_out.argmax(-1)  # [B, N]
+  options = run.config.task_options
+  w, _, _ = multi_retrieval.function(options.get("directions_seed", 0), options.num_retrievals,
+                                     options.length, options.features)
+  argmax = np.einsum("btf,df->btd", x, w).argmax(1)  # [B, D]
+  return (attended[:, :, None] == argmax[:, None, :]).mean(0)  # [N, D]
+
+
+def matched(share: np.ndarray) -> np.ndarray:
+  """Each maximum's share [N, D] under the assignment of distinct heads that maximises their sum
+  (scipy.optimize.linear_sum_assignment): [D], 0 for a maximum left without a head when there
+  are fewer heads than maxima."""
+  heads, maxima = optimize.linear_sum_assignment(share, maximize=True)
+  out = np.zeros(share.shape[1])
+  out[maxima] = share[heads, maxima]
+  return out

@@ -69,24 +69,3 @@ def test_the_accelerator_preset_doubles_d_and_keeps_every_role_and_prediction():
       _nmse(width.get, size=farthest_floor.ACCELERATOR)))
   assert all(held.values())
 
-
-def test_the_probe_sees_the_oracle_find_every_farthest_point_and_carry_the_answer(data_dir):
-  import types
-
-  import jax
-
-  from experiments import oracles, train
-  from experiments import replicas as replicas_lib
-  from training_helpers import tiny_config
-  probe = load_script("farthest_floor_probe")
-  config = tiny_config(data_dir, task="farthest_point", **{
-      "model.d_model": 48, "model.num_heads": 1, "model.num_layers": 1,
-      "model.positional_encoding": "none"})
-  config.task_options = {"num_train": 1, "num_test": 256}
-  task, model, _, _ = train.setup(config, replicas_lib.replicas_of(config))
-  params = model.init(jax.random.key(0), task.test.tokens[:1])["params"]
-  solved = probe.measures(types.SimpleNamespace(task=task, model=model,
-                                                params=oracles.farthest_point(model, params)))
-  assert solved["found"] > 0.99 and solved["weight"] > 0.99 and solved["readable"] < 0.01
-  untrained = probe.measures(types.SimpleNamespace(task=task, model=model, params=params))
-  assert untrained["found"] < 0.3 and untrained["readable"] > 0.5

@@ -12,15 +12,6 @@ from experiments import report_tables, sweep, sweep_report, verdicts
 from scripts import predictions as predictions_lib
 
 
-def test_essential_heads_and_the_top_share():
-  script = load_script("head_importance")
-  importance = np.array([[0.5, 0.3, 0.01, -0.02], [0.2, 0.0, 0.0, 0.0]])  # [L, N]
-  assert script.essential_heads(importance, 0.05) == 3
-  assert script.top_share(importance, 1) == pytest.approx(0.5 / 1.01)  # negatives count as 0
-  assert script.top_share(importance, 3) == pytest.approx(1.0 / 1.01)
-  assert np.isnan(script.top_share(-importance.clip(0), 2))  # no head matters: no share
-
-
 @pytest.mark.parametrize("mode", ["multi_retrieval", "farthest_point", "multi_retrieval_quick",
                                   "farthest_point_quick"])
 def test_configs_are_valid_with_both_arms_at_one_width(mode):
@@ -128,15 +119,16 @@ def test_a_tiny_regression_sweep_writes_its_report(data_dir, tmp_path):
   assert {"curves", "learning_rates", "chosen", "final", "comparisons"} <= set(paths)
   assert "lengths" not in paths  # its only extra test set is the validation stream
   # Head importance of every seed at the learning rate the report chose: one value per head.
-  script = load_script("head_importance")
-  rates = script.chosen_rates(records)
-  importances = script.variant_importances(str(tmp_path / "variants" / "fixed_2"),
-                                           rates["fixed_2"])
+  from experiments import probe_reports
+  rates = probe_reports.chosen_rates(records)
+  importances = probe_reports.variant_importances(str(tmp_path / "variants" / "fixed_2"),
+                                                  rates["fixed_2"])
   assert len(importances) == config.num_seeds
   assert all(i.shape == (1, 2) and np.all(np.isfinite(i)) for i in importances)
-  text = script.table({"fixed_2": importances}, 0.05, 1)
+  text = probe_reports.importance_table({"fixed_2": importances}, 0.05, 1)
   assert text.splitlines()[2].startswith("| fixed_2 | 2 | 2 |")
-  script.plot({"fixed_2": importances}, str(tmp_path / "importance.png"), "NMSE added")
+  probe_reports.importance_plot({"fixed_2": importances}, str(tmp_path / "importance.png"),
+                                "NMSE added")
   assert os.path.getsize(tmp_path / "importance.png") > 5000
 
 

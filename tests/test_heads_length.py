@@ -1,6 +1,6 @@
-"""The heads-and-length sweep: valid arms at every length, predictions that hold on what the
-theory predicts and fail on its alternatives, and a probe that finds Yu et al.'s construction
-(head i retrieves maximum i) in the hand-set oracle."""
+"""The heads-and-length sweep: valid arms at every length, and predictions that hold on what the
+theory predicts and fail on its alternatives (the probe that finds Yu et al.'s construction in
+the hand-set oracle: tests/test_probe_reports.py)."""
 
 import types
 
@@ -62,26 +62,3 @@ def test_the_predictions_hold_for_a_step_at_d_growing_with_length_and_fail_other
   short = _study(lambda h, t: (0.3 if t == 64 else 0.002) if h >= 4 else 0.6 * (1 + t / 64))
   assert not predictions_lib.held(script.predictions_of(short))["L2"]
 
-
-def test_the_probe_finds_a_head_per_maximum_in_the_oracle(data_dir):
-  script = load_script("heads_length_probe")
-  config = sweep.variant_config(heads_length.get_config("quick"),
-                                dict(heads_length.get_config().variants)["h4_T8"])
-  config.data_dir = data_dir
-  config.task_options.update(num_train=1, num_test=256)
-  task, model, _, _ = train.setup(config, replicas_lib.replicas_of(config))
-  params = model.init(jax.random.key(0), task.test.tokens[:1])["params"]
-  params = oracles.multi_retrieval(model, params, config.task_options.to_dict())
-  share = script.shares(types.SimpleNamespace(config=config, task=task, model=model,
-                                              params=params))
-  assert share.shape == (4, 4)
-  np.testing.assert_allclose(np.diag(share), 1.0)  # head i attends to the argmax of maximum i
-  np.testing.assert_allclose(script.matched(share[[2, 0, 3, 1]]), 1.0)  # any order of heads
-  np.testing.assert_allclose(script.matched(share[:3]).sum(), 3.0)  # 3 heads: one max left out
-  # L4 holds where every maximum has its head at every length, not where one is shared.
-  lengths = [heads_length.name(4, t) for t in heads_length.LENGTHS]
-  assert script.l4({arm: [share] * 6 for arm in lengths})[0]
-  shared = share[[0, 0, 2, 3]]  # heads 1 and 2 both on maximum 1: maximum 2 has none
-  held, measured = script.l4({**{arm: [share] * 6 for arm in lengths}, lengths[-1]: [shared] * 6})
-  assert not held and "maximum 2 of h4_T64" in measured
-  assert "| h4_T8 | 1.00 [1.00, 1.00] |" in script.table({lengths[0]: [share] * 6})
