@@ -46,7 +46,7 @@ from typing import Callable
 
 import numpy as np
 
-from experiments import report_tables, statistics, sweep_report, verdicts
+from experiments import report_tables, statistics, verdicts
 
 RESULTS = "results"  # the name of a study's results file where it has one
 
@@ -85,13 +85,18 @@ class Measure:
         for s, rate, v in zip(m["seed"], m["learning_rate"], m[self.column]):
           if float(rate) == self.rate:
             values.setdefault(record["variant"], {})[int(s)] = self.value(v)
+    return self.with_differences(values)
+
+  def with_differences(self, values) -> dict[str, dict[int, float]]:
+    """``values`` ({arm: {seed: value}}) and the arms of ``differences``."""
+    values = dict(values)
     for arm, (a, b) in dict(self.differences).items():
       values[arm] = {s: values[a][s] - values[b][s] for s in values[b] if s in values[a]}
     return values
 
 
 @dataclasses.dataclass(frozen=True)
-class Tested:
+class Check:
   """A check decided by its p after Holm over the family: ``held(p_adjusted)``."""
   name: str
   text: str
@@ -101,13 +106,18 @@ class Tested:
 
 @dataclasses.dataclass(frozen=True)
 class Study:
-  """What a check reads: the records per source, their chosen arms, the measures, alpha."""
+  """What a check reads: the records per source, their chosen arms, the measures, alpha;
+  ``given``: {measure: {arm: {seed: value}}} read already, where records are not at hand."""
   records: dict
   measures: dict
   alpha: float
+  given: dict | None = None
 
   def values(self, options) -> dict[str, dict[int, float]]:
-    measure = self.measures[options.get("measure", "primary")]
+    name = options.get("measure", "primary")
+    measure = self.measures[name]
+    if self.given is not None:
+      return measure.with_differences(self.given[name])
     return measure.of(self.records[measure.source])
 
   def chosen(self, options) -> list[verdicts.Chosen]:
@@ -138,23 +148,23 @@ def _named(options, name: str) -> str:
   return f"{name} at {options['at']}" if "at" in options else name
 
 
-def above(study, options, a, b) -> Tested:
+def above(study, options, a, b) -> Check:
   c = difference(study.values(options), a, b, options.get("paired", True))
-  return Tested(_named(options, f"{a} > {b}"), _text(c), c.p,
+  return Check(_named(options, f"{a} > {b}"), _text(c), c.p,
                 lambda q: c.estimate > 0 and q < study.alpha)
 
 
-def not_above(study, options, a, b) -> Tested:
+def not_above(study, options, a, b) -> Check:
   c = difference(study.values(options), a, b, options.get("paired", True))
-  return Tested(_named(options, f"{a} not above {b}"), _text(c), c.p,
+  return Check(_named(options, f"{a} not above {b}"), _text(c), c.p,
                 lambda q: not (c.estimate > 0 and q < study.alpha))
 
 
-def within(study, options, a, b, margin) -> Tested:
+def within(study, options, a, b, margin) -> Check:
   values = study.values(options)
   c = difference(values, a, b)
   p = statistics.equivalence(*_pair(values, a, b), margin)
-  return Tested(_named(options, f"{a} ~ {b} (within {margin:g})"),
+  return Check(_named(options, f"{a} ~ {b} (within {margin:g})"),
                 _text(c) + f"; TOST p {p:.2g}", p, lambda q: q < study.alpha)
 
 
@@ -249,15 +259,25 @@ def measures_of(declaration) -> dict[str, Measure]:
           for name, fields in declaration["measures"].items()}
 
 
-def decide(declaration, records) -> list[tuple]:
+def decide(declaration, records=None, *, values=None) -> list[tuple]:
   """(name, setting, [(check, held, measured)]) per prediction of ``declaration`` on
-  ``records`` ({source: records}): every tested check decided after Holm's correction over the
-  family of all of them."""
+  ``records`` ({source: records}), or on ``values`` ({measure: {arm: {seed: value}}}, read
+  already: the design checks, which read records, cannot be decided on them): every tested
+  check decided after Holm's correction over the family of all of them.
+
+  >>> declaration = {"setting": "arms", "measures": {"primary": {"column": "eval_nmse"}},
+  ...                "predictions": (("P1", "h 1 against 4", (("above", "h1", "h4"),)),)}
+  >>> values = {"h1": {s: 0.5 + 0.01 * s for s in range(6)}, "h4": dict.fromkeys(range(6), 0.1)}
+  >>> print(table(decide(declaration, values={"primary": values}), "arms"), end="")
+  | prediction | arms | check | measured | check holds | prediction held |
+  |---|---|---|---|---|---|
+  | P1 | h 1 against 4 | h1 > h4 | h1 - h4 = +0.425 [...], p 0.031, 6 seeds; Holm 0.031 | yes | **yes** |
+  """
   alpha = declaration.get("alpha", statistics.SIGNIFICANT)
-  study = Study(records, measures_of(declaration), alpha)
+  study = Study(records or {}, measures_of(declaration), alpha, values)
   rows = [(name, setting, [_check(study, check) for check in checks])
           for name, setting, checks in declaration["predictions"]]
-  tested = [check for _, _, checks in rows for check in checks if isinstance(check, Tested)]
+  tested = [check for _, _, checks in rows for check in checks if isinstance(check, Check)]
   adjusted = statistics.adjust(statistics.Comparison("", "", "", 0, 0, 0, 0, check.p, "")
                                for check in tested)
   holm = {id(check): c.p_adjusted for check, c in zip(tested, adjusted)}
@@ -265,7 +285,7 @@ def decide(declaration, records) -> list[tuple]:
   for name, setting, checks in rows:
     out = []
     for check in checks:
-      if isinstance(check, Tested):
+      if isinstance(check, Check):
         q = holm[id(check)]
         check = (check.name, None if math.isnan(q) else check.held(q),
                  f"{check.text}; Holm {q:.2g}")
@@ -293,6 +313,48 @@ def table(decided, setting: str) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _smallest_raw_p(check, seeds: int) -> float | None:
+  """The smallest p a tested check can give with ``seeds`` seeds per arm (None: untested)."""
+  kind, *arguments = check
+  options = arguments[-1] if arguments and isinstance(arguments[-1], dict) else {}
+  if kind in ("above", "not_above"):
+    test = "paired_permutation" if options.get("paired", True) else "permutation"
+    return statistics.smallest_p(test, seeds)
+  if kind == "within":
+    return 0.5 ** seeds  # TOST: both one-sided sign-flip tests at their most extreme
+  return None
+
+
+def smallest_p(declaration, seeds: int) -> float:
+  """The smallest Holm-adjusted p any tested check of ``declaration`` can reach with ``seeds``
+  seeds per arm: every check at its most extreme outcome, corrected over the family.
+
+  >>> declaration = {"predictions": (("P", "", (("above", "a", "b"),) * 7),)}
+  >>> round(smallest_p(declaration, 8), 4), round(smallest_p(declaration, 9), 4)
+  (0.0547, 0.0273)
+  """
+  ps = [p for _, _, checks in declaration["predictions"] for check in checks
+        if (p := _smallest_raw_p(check, seeds)) is not None]
+  if not ps:
+    return 0.0
+  adjusted = statistics.adjust(statistics.Comparison("", "", "", seeds, 0, 0, 0, p, "")
+                               for p in ps)
+  return min(c.p_adjusted for c in adjusted)
+
+
+def refusal(declaration, seeds: int) -> str | None:
+  """One line saying why the predictions of ``declaration`` cannot reach their alpha with
+  ``seeds`` seeds per arm and how many they need; None when they can."""
+  alpha = declaration.get("alpha", statistics.SIGNIFICANT)
+  if smallest_p(declaration, seeds) < alpha:
+    return None
+  needed = next((n for n in range(seeds, 65) if smallest_p(declaration, n) < alpha), None)
+  more = f"declare num_seeds = {needed} or more" if needed else "no seed count up to 64 can"
+  return (f"with {seeds} seeds per arm the predictions' tested checks cannot reach p < "
+          f"{alpha:g} after Holm (smallest possible adjusted p "
+          f"{smallest_p(declaration, seeds):.2g}); {more}, or fewer checks.")
+
+
 def declaration_of(config: str) -> dict:
   """The declaration of ``config`` ("configs/ablations/X.py" or "...py:mode")."""
   path, _, mode = config.partition(":")
@@ -311,6 +373,7 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default=None, help="write the table here (markdown), and the "
                       "study's figure beside it")
   args = parser.parse_args(argv)
+  from experiments import sweep_report  # matplotlib only here
   try:
     declaration = declaration_of(args.config)
     sources = dict(item.split("=", 1) if "=" in item else (RESULTS, item)

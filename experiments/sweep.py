@@ -14,7 +14,9 @@ variant's replicas are its seeds times the grid; with vmap_replicas they train a
 vmapped program (experiments/train.py), else one after the other. Before training, the sweep
 prints whether its seeds can reach p < 0.05 after Holm with its test, and refuses, in one line
 naming the seeds it needs, a study that declares ``alpha`` (every full study does; a quick smoke
-test does not) and cannot reach it.
+test does not) and cannot reach it: neither with its comparisons nor, where the sweep names its
+``predictions`` ("configs/ablations/<study>.py:<mode>", experiments/findings.py), with their
+tested checks.
 
 Each variant trains in <workdir>/variants/<name>/ and leaves result.json there; a second run of
 the same command skips the variants that finished and resumes the one that was interrupted from
@@ -40,6 +42,7 @@ import traceback
 
 from experiments import cli
 from experiments import config_check
+from experiments import findings
 from experiments import hosts
 from experiments import interrupts
 from experiments import provenance
@@ -158,6 +161,8 @@ def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
   design = verdicts.Design.of_sweep(sweep, "accuracy")
   say(f"[sweep] {verdicts.power_note(design, sweep.num_seeds)}")
   refusal = design.refusal(sweep.num_seeds)
+  if refusal is None and sweep.get("alpha") is not None and sweep.get("predictions"):
+    refusal = findings.refusal(findings.declaration_of(sweep.predictions), sweep.num_seeds)
   if refusal:
     raise config_check.ConfigError(f"the study's design is underpowered: {refusal}")
   spent = [0.0]  # seconds of training so far, against sweep.budget_minutes

@@ -1,5 +1,5 @@
-"""The scaling, positional and attention-variant ablations' configs, and the predictions of
-their accelerator studies: they hold on results shaped as the literature says and fail where
+"""The scaling, positional and attention-variant ablations' configs, and the predictions their
+accelerator studies declare: they hold on results shaped as the literature says and fail where
 the effect is absent."""
 
 import csv
@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from configs.ablations import attention_variants, positional, scaling
-from conftest import load_script
-from experiments import sweep, sweep_report
+from experiments import findings, sweep, sweep_report
 
 
 @pytest.mark.parametrize("mode", [None, "quick", "accelerator"])
@@ -87,15 +86,14 @@ def _scaling_results(path, error):
   return _results(path, rows)
 
 
-def _held(rows):
-  """Whether each prediction held, its tested checks decided after Holm over the table."""
-  from scripts import predictions
-  return predictions.held(rows)
+def _held(module, mode, records):
+  """Whether each prediction of ``module``'s declaration held on ``records``, its tested checks
+  decided after Holm over the table."""
+  return findings.held(findings.decide(module.predictions(mode), {findings.RESULTS: records}))
 
 
 def test_scaling_predictions_hold_where_the_literature_says_and_fail_where_scale_is_harmless(
     tmp_path):
-  script = load_script("scaling_predictions")
   noise = lambda d, scale, lr, seed: 0.01 * np.sin(7 * seed + d + 3 * lr)
 
   def literature(d, scale, lr, seed):  # saturation grows with d_k; QK-norm survives lr 0.1
@@ -103,17 +101,16 @@ def test_scaling_predictions_hold_where_the_literature_says_and_fail_where_scale
     return error + (0.4 if lr == 0.1 and scale != "qk_norm" else 0.0)
 
   records = _scaling_results(tmp_path / "literature.csv", literature)
-  rows = script.predictions(records)
-  assert _held(rows) == {"S1": True, "S2": True, "S3": True, "S4": True}
+  assert _held(scaling, "accelerator", records) == {
+      "S1": True, "S2": True, "S3": True, "S4": True}
   harmless = lambda d, scale, lr, seed: 0.1 + noise(d, scale, lr, seed)
   records = _scaling_results(tmp_path / "harmless.csv", harmless)
-  rows = script.predictions(records)
-  assert _held(rows) == {"S1": False, "S2": False, "S3": False, "S4": True}
+  assert _held(scaling, "accelerator", records) == {
+      "S1": False, "S2": False, "S3": False, "S4": True}
 
 
 def test_positional_predictions_hold_where_the_literature_says_and_fail_where_all_extrapolate(
     tmp_path):
-  script = load_script("positional_predictions")
   lengths = [f"length_{low}_{high}" for low, high in positional.ACCELERATOR[2]]
   noise = lambda seed, i: 0.01 * np.sin(5 * seed + i)
 
@@ -134,10 +131,11 @@ def test_positional_predictions_hold_where_the_literature_says_and_fail_where_al
       return 0.9 if encoding == "alibi" else 0.5 + 0.2 / times
     return 0.5 + (0.4 if encoding == "rope" and times == 2 else 0.05 / times)
 
-  rows = script.predictions(results("literature.csv", literature))
-  assert _held(rows) == {"P1": True, "P2": True, "P3": True, "P4": True, "P5": True}
-  rows = script.predictions(results("all.csv", lambda task, encoding, times: 0.95))
-  assert _held(rows) == {"P1": False, "P2": False, "P3": False, "P4": False, "P5": False}
+  assert _held(positional, "accelerator", results("literature.csv", literature)) == {
+      "P1": True, "P2": True, "P3": True, "P4": True, "P5": True}
+  everywhere = results("all.csv", lambda task, encoding, times: 0.95)
+  assert _held(positional, "accelerator", everywhere) == {
+      "P1": False, "P2": False, "P3": False, "P4": False, "P5": False}
 
 
 def test_the_variants_accelerator_preset_trains_the_same_arms_longer_with_more_seeds():
@@ -150,7 +148,6 @@ def test_the_variants_accelerator_preset_trains_the_same_arms_longer_with_more_s
 
 def test_variant_predictions_hold_where_the_papers_say_and_fail_where_no_variant_differs(
     tmp_path):
-  script = load_script("attention_variants_predictions")
   names = [name for name, _ in attention_variants.get_config().variants]
   noise = lambda seed, lr: 0.01 * np.sin(3 * seed + 100 * lr)
 
@@ -167,11 +164,12 @@ def test_variant_predictions_hold_where_the_papers_say_and_fail_where_no_variant
     return 0.99 if lr < 1e-2 or variant in tolerant.get(lr, ()) else 0.5
 
   low_sink = lambda variant: 0.02 if variant in ("differential", "gated") else 0.11
-  rows = script.predictions(results("papers.csv", papers, low_sink))
-  assert _held(rows) == {"V1": True, "V2": True, "V3": True, "V4": True}
-  rows = script.predictions(results("same.csv", lambda variant, lr: 0.99 - 0.1 * (lr > 3e-3),
-                                    lambda variant: 0.11))
-  assert _held(rows) == {"V1": False, "V2": False, "V3": True, "V4": False}
+  papers_csv = results("papers.csv", papers, low_sink)
+  assert _held(attention_variants, "accelerator", papers_csv) == {
+      "V1": True, "V2": True, "V3": True, "V4": True}
+  same = results("same.csv", lambda variant, lr: 0.99 - 0.1 * (lr > 3e-3), lambda variant: 0.11)
+  assert _held(attention_variants, "accelerator", same) == {
+      "V1": False, "V2": False, "V3": True, "V4": False}
 
 
 def test_the_controls_of_the_variants_compare_maps_and_gate_starts_with_enough_seeds():
@@ -188,7 +186,6 @@ def test_the_controls_of_the_variants_compare_maps_and_gate_starts_with_enough_s
 
 def test_control_predictions_hold_where_the_confound_explains_all_and_fail_where_it_does_not(
     tmp_path):
-  script = load_script("attention_variants_controls_predictions")
   noise = lambda seed: 10 * np.sin(3 * seed)
 
   def results(name, steps):  # steps(variant) to accuracy 0.9
@@ -201,12 +198,12 @@ def test_control_predictions_hold_where_the_confound_explains_all_and_fail_where
   def confound(variant):  # maps decide; the closed gate is slow, the open one is plain attention
     return {"mha_8": 400, "differential": 400, "gated": 800}.get(variant, 600)
 
-  assert _held(script.predictions(results("confound.csv", confound))) == {
+  assert _held(attention_variants, "controls", results("confound.csv", confound)) == {
       "C1": True, "C2": True, "C3": True, "C4": True}
 
   def paper(variant):  # the subtraction itself helps; the gate's start does not matter
     return {"differential": 200, "differential_2": 300, "gated": 700,
             "gated_open": 700}.get(variant, 600)
 
-  assert _held(script.predictions(results("paper.csv", paper))) == {
+  assert _held(attention_variants, "controls", results("paper.csv", paper)) == {
       "C1": False, "C2": False, "C3": False, "C4": False}

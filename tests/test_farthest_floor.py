@@ -4,9 +4,7 @@ results shaped as its hypotheses say and fail where every arm ends at the floor.
 import pytest
 
 from configs.ablations import farthest_floor
-from conftest import load_script
-from experiments import sweep
-from scripts import predictions as predictions_lib
+from experiments import findings, sweep
 
 pytestmark = pytest.mark.quick
 
@@ -38,16 +36,23 @@ def _nmse(mean_of, seeds=10, size=farthest_floor.CPU):
           for arm, _ in farthest_floor.arms(size)}
 
 
+def _held(nmse, mode=None):
+  """Whether each prediction held on {arm: {seed: NMSE}} (the design's check D reads records
+  and is left out)."""
+  declaration = farthest_floor.predictions(mode)
+  declaration["predictions"] = [p for p in declaration["predictions"] if p[0] != "D"]
+  return findings.held(findings.decide(declaration, values={"primary": nmse}))
+
+
 def test_the_predictions_hold_where_width_decides_and_fail_where_every_arm_learns():
-  script = load_script("farthest_floor_predictions")
   width = {"full_1": 0.05, "full_1_oracle_0.3": 0.02, "full_1_d16": 0.45,
            "full_1_d16_temperature": 0.4, "rank3_16": 0.7, "short_rank3_16": 0.5,
            "short_rank3_16_layers2": 0.2}
-  held = predictions_lib.held(script.predictions_of(_nmse(width.get)))
+  held = _held(_nmse(width.get))
   assert held == {"W1": True, "W2": True, "W3": True, "O": True, "R": True, "A": True}
-  learned = predictions_lib.held(script.predictions_of(_nmse(lambda arm: 0.02)))
+  learned = _held(_nmse(lambda arm: 0.02))
   assert learned == {"W1": True, "W2": False, "W3": False, "O": True, "R": False, "A": False}
-  floor = predictions_lib.held(script.predictions_of(_nmse(lambda arm: 0.45)))
+  floor = _held(_nmse(lambda arm: 0.45))
   assert floor["W1"] is False and floor["O"] is False
 
 
@@ -61,11 +66,9 @@ def test_the_accelerator_preset_doubles_d_and_keeps_every_role_and_prediction():
   assert arms["full_1"].model.d_model >= 2 * 32 + 1  # the oracle's room
   assert arms[roles["narrow"]].model.d_model == 32
   assert (config.num_seeds, config.train.num_train_steps) == (10, 4000)
-  script = load_script("farthest_floor_predictions")
   width = {roles["full"]: 0.05, roles["oracle"]: 0.02, roles["narrow"]: 0.45,
            roles["narrow_temperature"]: 0.4, roles["low_rank"]: 0.7, roles["short"]: 0.5,
            roles["short_deep"]: 0.2}
-  held = predictions_lib.held(script.predictions_of(
-      _nmse(width.get, size=farthest_floor.ACCELERATOR)))
+  held = _held(_nmse(width.get, size=farthest_floor.ACCELERATOR), "accelerator")
   assert all(held.values())
 

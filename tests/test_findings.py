@@ -166,3 +166,52 @@ def test_a_quick_smoke_test_declares_no_alpha_and_is_not_refused():
   config = heads_binding.get_config("multi_retrieval_quick")
   assert config.alpha is None
   assert verdicts.Design.of_sweep(config, "nmse").refusal(config.num_seeds) is None
+
+
+# Every study that declares predictions, in each mode that names them.
+DECLARED = [("scaling", "accelerator"), ("scaling_init", None), ("scaling_init", "accelerator"),
+            ("attention_variants", "accelerator"), ("attention_variants", "controls"),
+            ("farthest_floor", None), ("farthest_floor", "accelerator"),
+            ("heads_binding", "multi_retrieval"), ("heads_binding", "farthest_point"),
+            ("heads_binding", "multi_retrieval_accelerator"), ("heads_length", None),
+            ("heads_length", "accelerator"), ("positional", "accelerator"),
+            ("positional_registered", None)]
+
+
+def _named_arms(check) -> set[str]:
+  """The arms a check names (its string and tuple-of-string arguments)."""
+  names = set()
+  for argument in check[1:]:
+    if isinstance(argument, str):
+      names.add(argument)
+    elif isinstance(argument, tuple):
+      names.update(argument)
+  return names
+
+
+@pytest.mark.parametrize("study, mode", DECLARED)
+def test_every_arm_a_prediction_names_is_one_the_sweep_trains(study, mode):
+  import importlib
+  module = importlib.import_module(f"configs.ablations.{study}")
+  config = module.get_config(mode)
+  declaration = findings.declaration_of(config.predictions)
+  trained = {name for name, _ in config.variants}
+  if study == "heads_binding" and mode != "multi_retrieval_accelerator":  # two sweeps, one table
+    trained |= {name for name, _ in module.get_config("farthest_point").variants}
+    trained |= {name for name, _ in module.get_config("multi_retrieval").variants}
+  derived = {arm for measure in declaration["measures"].values()
+             for arm in measure.get("differences", {})}
+  named = {arm for _, _, checks in declaration["predictions"] for check in checks
+           for arm in _named_arms(check)}
+  assert named and named <= trained | derived, sorted(named - trained - derived)
+  assert all(check[0] in findings.KINDS for _, _, checks in declaration["predictions"]
+             for check in checks)
+
+
+def test_predictions_that_cannot_reach_alpha_are_refused_naming_the_seeds():
+  declaration = heads_binding.predictions("multi_retrieval")  # 15 tested checks
+  line = findings.refusal(declaration, 5)
+  assert "smallest possible adjusted p 0.47" in line and "num_seeds = 9" in line, line
+  assert findings.refusal(declaration, 9) is None
+  # the accelerator study's eight checks: its two TOSTs reach 7 / 256 at 8 seeds
+  assert findings.refusal(heads_binding.predictions("multi_retrieval_accelerator"), 8) is None

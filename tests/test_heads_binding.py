@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 
 from configs.ablations import heads_binding
-from conftest import load_script
-from experiments import report_tables, sweep, sweep_report, verdicts
-from scripts import predictions as predictions_lib
+from experiments import findings, report_tables, study_figures, sweep, sweep_report, verdicts
 
 
 @pytest.mark.parametrize("mode", ["multi_retrieval", "farthest_point", "multi_retrieval_quick",
@@ -149,51 +147,56 @@ THEORY_FP = {"split_1": 0.2, "split_2": 0.3, "split_4": 0.5, "split_8": 0.7, "sp
              "layers2_16": 0.75, "talking_heads_16": 0.3, "dcmha_16": 0.25}
 
 
+def _decide(mr, fp):
+  return findings.decide(heads_binding.predictions("multi_retrieval"),
+                         values={"multi_retrieval": mr, "farthest_point": fp})
+
+
 def test_the_predictions_hold_on_what_the_theory_predicts_and_fail_on_its_opposite():
-  script = load_script("heads_binding_predictions")
-  rows = script.predictions(_nmse(THEORY_MR), _nmse(THEORY_FP))
-  assert [number for number, _, _ in rows] == list(range(1, 10))
-  assert all(predictions_lib.held(rows).values()), script.table(rows)
+  decided = _decide(_nmse(THEORY_MR), _nmse(THEORY_FP))
+  assert [number for number, _, _ in decided] == list(range(1, 10))
+  assert all(findings.held(decided).values()), findings.table(decided, "task")
   # No effect of the head count anywhere (the flat curves of a task where heads do not bind):
   flat = {variant: 0.3 for variant in THEORY_MR}
-  rows = script.predictions(_nmse(flat), _nmse({variant: 0.3 for variant in THEORY_FP}))
-  assert predictions_lib.held(rows) == {1: False, 2: False, 3: True, 4: False, 5: False,
-                                        6: False, 7: True, 8: False, 9: False}
-  decided = {n: checks for n, _, checks in predictions_lib.decide(rows)}
-  assert [check[1] for check in decided[9]] == [None]  # 8, 9: no gap to recover, untestable
-  table = script.table(script.predictions(_nmse(THEORY_MR), _nmse(THEORY_FP)))
+  decided = _decide(_nmse(flat), _nmse({variant: 0.3 for variant in THEORY_FP}))
+  assert findings.held(decided) == {1: False, 2: False, 3: True, 4: False, 5: False,
+                                    6: False, 7: True, 8: False, 9: False}
+  checks = {n: checks for n, _, checks in decided}
+  assert [check[1] for check in checks[9]] == [None]  # 8, 9: no gap to recover, untestable
+  table = findings.table(_decide(_nmse(THEORY_MR), _nmse(THEORY_FP)), "task")
   assert table.count("**yes**") == 9 and "split_1 - split_4 = +0.55" in table
   # With 5 seeds the exact tests cannot pass Holm: nothing "above" can be shown.
-  rows = script.predictions(_nmse(THEORY_MR, 5), _nmse(THEORY_FP, 5))
-  assert not predictions_lib.held(rows)[1]
+  assert not findings.held(_decide(_nmse(THEORY_MR, 5), _nmse(THEORY_FP, 5)))[1]
 
 
 THEORY_D8 = {"split_1": 0.6, "split_2": 0.5, "split_4": 0.35, "split_8": 0.001,
              "split_16": 0.001, "split_32": 0.002, "fixed_2": 0.45, "fixed_4": 0.3}
 
 
+def _decide_d8(mr):
+  return findings.decide(heads_binding.predictions("multi_retrieval_accelerator"),
+                         values={"primary": mr})
+
+
 def test_the_accelerator_predictions_hold_at_a_step_at_d_and_fail_at_a_step_at_four():
-  script = load_script("heads_binding_predictions")
-  rows = script.accelerator_predictions(_nmse(THEORY_D8))
-  assert [number for number, _, _ in rows] == ["A1", "A2", "A3"]
-  assert all(predictions_lib.held(rows).values()), script.table(rows)
+  decided = _decide_d8(_nmse(THEORY_D8))
+  assert [number for number, _, _ in decided] == ["A1", "A2", "A3"]
+  assert all(findings.held(decided).values()), findings.table(decided, "task")
   # The step of D = 4 (solved from h = 4): A1 and A2 fail, A3 still holds.
   at_four = {**THEORY_D8, "split_4": 0.001, "fixed_4": 0.001}
-  held = predictions_lib.held(script.accelerator_predictions(_nmse(at_four)))
-  assert list(held.values()) == [False, False, True]
+  assert list(findings.held(_decide_d8(_nmse(at_four))).values()) == [False, False, True]
 
 
 def test_the_head_count_plot_draws_both_tasks(tmp_path):
-  script = load_script("heads_binding_predictions")
   path = tmp_path / "nmse_by_heads.png"
-  script.plot({"multi_retrieval": _nmse(THEORY_MR), "farthest_point": _nmse(THEORY_FP)},
-              str(path))
+  study_figures.heads_binding(
+      {"multi_retrieval": _nmse(THEORY_MR), "farthest_point": _nmse(THEORY_FP)}, str(path))
   assert os.path.getsize(path) > 10000
-  script.plot({"D = 8": _nmse(THEORY_D8)}, str(path), script.ACCELERATOR_HEADS)  # fixed: 2 and 4
+  study_figures.heads_binding({"D = 8": _nmse(THEORY_D8)}, str(path),
+                              heads_binding.ACCELERATOR["multi_retrieval"][2])  # fixed: 2 and 4
   assert os.path.getsize(path) > 10000
 
 
 def test_the_predictions_read_each_variant_at_its_chosen_learning_rate():
-  script = load_script("heads_binding_predictions")
   records = [_record("a", {1e-3: (0.10, 0.30), 3e-3: (0.40, 0.20)})]
-  assert script.chosen(records) == {"a": {0: pytest.approx(0.39), 1: pytest.approx(0.41)}}
+  assert findings.Measure("eval_nmse").of(records) == {"a": {0: pytest.approx(0.39), 1: pytest.approx(0.41)}}

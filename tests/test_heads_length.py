@@ -2,17 +2,11 @@
 theory predicts and fail on its alternatives (the probe that finds Yu et al.'s construction in
 the hand-set oracle: tests/test_probe_reports.py)."""
 
-import types
-
-import jax
 import numpy as np
 import pytest
 
 from configs.ablations import heads_length
-from conftest import load_script
-from experiments import oracles, sweep, train
-from experiments import replicas as replicas_lib
-from scripts import predictions as predictions_lib
+from experiments import findings, sweep
 
 pytestmark = pytest.mark.quick
 
@@ -48,17 +42,20 @@ def _study(nmse_of) -> dict:
   return _nmse({heads_length.name(h, t): nmse_of(h, t) for h, t in arms})
 
 
+def decide(nmse):
+  return findings.decide(heads_length.predictions(), values={"primary": nmse})
+
+
 def test_the_predictions_hold_for_a_step_at_d_growing_with_length_and_fail_otherwise():
-  script = load_script("heads_length_predictions")
+  held = lambda nmse: findings.held(decide(nmse))  # noqa: E731
   # Yu et al.: below D the error grows with T; from D it is near zero.
   theory = _study(lambda h, t: 0.002 if h >= 4 else (0.6 - 0.1 * h) * (1 + t / 64))
-  rows = script.predictions_of(theory)
-  assert all(predictions_lib.held(rows).values()), predictions_lib.table(rows)
+  assert all(held(theory).values()), findings.table(decide(theory), "arms")
   # A decline in proportion to the heads missing, independent of T: L1 and L3 fail.
   proportional = _study(lambda h, t: 0.002 if h >= 4 else 0.6 * (4 - h) / 3)
-  assert predictions_lib.held(script.predictions_of(proportional)) == {
+  assert held(proportional) == {
       "L1": False, "L2": True, "L3": False}
   # Four heads that do not suffice at the longest length: L2 fails.
   short = _study(lambda h, t: (0.3 if t == 64 else 0.002) if h >= 4 else 0.6 * (1 + t / 64))
-  assert not predictions_lib.held(script.predictions_of(short))["L2"]
+  assert not held(short)["L2"]
 

@@ -5,9 +5,7 @@ encoding extrapolates alike."""
 import pytest
 
 from configs.ablations import positional_registered as study
-from conftest import load_script
-from experiments import sweep
-from scripts import predictions as predictions_lib
+from experiments import findings, sweep
 from test_accelerator_studies import _accuracy, _results
 
 pytestmark = pytest.mark.quick
@@ -45,8 +43,11 @@ def _records(tmp_path, accuracy):
   return _results(tmp_path / "results.csv", rows)
 
 
+def _decide(records):
+  return findings.decide(study.predictions(), {findings.RESULTS: records})
+
+
 def test_the_predictions_hold_as_the_literature_says_and_fail_where_all_extrapolate(tmp_path):
-  script = load_script("positional_registered_predictions")
 
   def literature(task, encoding, test_set, seed):
     jitter = 0.002 * (seed % 3)
@@ -59,17 +60,17 @@ def test_the_predictions_hold_as_the_literature_says_and_fail_where_all_extrapol
       return 0.9 - jitter
     return (0.85 if encoding == "randomized" else 0.52) - jitter
 
-  held = predictions_lib.held(script.predictions(_records(tmp_path, literature)))
+  held = findings.held(_decide(_records(tmp_path, literature)))
   assert held == {"D": False, "P1": True, "P2": True, "P3": True, "P4": True, "P5": True}
-  alike = predictions_lib.held(script.predictions(
+  alike = findings.held(_decide(
       _records(tmp_path, lambda task, encoding, test_set, seed: 0.9 - 0.002 * (seed % 3))))
   assert alike == {"D": False, "P1": False, "P2": False, "P3": False, "P4": False, "P5": False}
 
 
 def test_the_design_asks_every_arm_to_learn_the_training_lengths(tmp_path):
-  script = load_script("positional_registered_predictions")
   slow = lambda task, encoding, test_set, seed: 0.9 if (encoding, seed) == ("alibi", 4) else 0.99
-  checks = {name: held for name, held, _ in script.design(_records(tmp_path, slow))}
+  design = dict((name, checks) for name, _, checks in _decide(_records(tmp_path, slow)))["D"]
+  checks = {name: held for name, held, _ in design}
   assert checks["even_pairs-alibi >= 0.95 in every seed"] is False
   assert checks["order-rope >= 0.95 in every seed"] is True
   assert checks["every chosen rate inside the rates tried"] is False  # 1e-3 is the grid's top

@@ -5,9 +5,7 @@ import numpy as np
 import pytest
 
 from configs.ablations import scaling_init
-from conftest import load_script
-from experiments import sweep, verdicts
-from scripts import predictions as predictions_lib
+from experiments import findings, sweep, verdicts
 from test_accelerator_studies import _results
 
 pytestmark = pytest.mark.quick
@@ -40,24 +38,36 @@ def _steps(mean_of, seeds=10):
           for d in scaling_init.HEAD_DIMS for arm in scaling_init.ARMS}
 
 
+def _declared(kept):
+  """The declaration with only the predictions ``kept(name)`` keeps."""
+  declaration = scaling_init.predictions()
+  declaration["predictions"] = [p for p in declaration["predictions"] if kept(p[0])]
+  return declaration
+
+
+def _held(steps):
+  """Whether each prediction but the design's (which reads records) held on {arm: {seed:
+  steps}}."""
+  return findings.held(findings.decide(_declared(lambda name: name != "D"),
+                                       values={"primary": steps}))
+
+
 def test_the_predictions_hold_where_init_and_dynamics_both_cost_and_fail_where_scale_is_harmless():
-  script = load_script("scaling_init_predictions")
 
   def hypotheses(arm, d):  # the penalty grows with d_k; half of it is the initial saturation
     return {"inv_sqrt": 300, "none": 300 + 10 * d, "none_init": 300 + 5 * d,
             "qk_norm_inv": 800}[arm]
 
-  held = predictions_lib.held(script.predictions_of(_steps(hypotheses)))
+  held = _held(_steps(hypotheses))
   assert held == {"T1": True, "T2": True, "T3": True, "T4": True, "T5": True}
-  harmless = predictions_lib.held(script.predictions_of(_steps(lambda arm, d: 300)))
+  harmless = _held(_steps(lambda arm, d: 300))
   assert harmless == {"T1": False, "T2": False, "T3": False, "T4": False, "T5": False}
   # All of it is the initialisation: T3 holds and T4 fails.
   init_only = lambda arm, d: {"none": 300 + 10 * d}.get(arm, 300)
-  assert predictions_lib.held(script.predictions_of(_steps(init_only)))["T4"] is False
+  assert _held(_steps(init_only))["T4"] is False
 
 
 def test_the_design_checks_read_the_accuracy_and_the_chosen_rates(tmp_path):
-  script = load_script("scaling_init_predictions")
   rates = scaling_init.LEARNING_RATES
 
   def accuracy(arm, d, lr, seed):  # none is best at the lowest rate: its choice sits on an edge
@@ -70,8 +80,12 @@ def test_the_design_checks_read_the_accuracy_and_the_chosen_rates(tmp_path):
             verdicts.STEPS_TO: 300.0})
           for d in scaling_init.HEAD_DIMS for arm in scaling_init.ARMS for lr in rates
           for seed in range(10)]
-  checks = {name: held for name, held, _ in script.design(_results(tmp_path / "r.csv", rows))}
+  records = _results(tmp_path / "r.csv", rows)
+  ((_, _, design),) = findings.decide(_declared(lambda name: name == "D"),
+                                      {findings.RESULTS: records})
+  checks = {name: held for name, held, _ in design}
   assert checks == {"dk16_inv_sqrt >= 0.95 in every seed": True,
                     "dk64_inv_sqrt >= 0.95 in every seed": False,  # seed 3 at 0.89
                     "every chosen rate inside the rates tried": False}
-  assert np.isfinite(script.steps_to_solve(_results(tmp_path / "r.csv", rows))["dk16_none"][0])
+  steps = findings.measures_of(scaling_init.predictions())["primary"].of(records)
+  assert np.isfinite(steps["dk16_none"][0])

@@ -66,6 +66,7 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, ba
   sweep.test = test
   sweep.primary = primary
   sweep.alpha = None if quick else ALPHA
+  sweep.predictions = ""  # the study's declared predictions, "<config path>:<mode>" (findings)
   sweep.bracket = 0 if quick else bracket
   sweep.budget_minutes = 30
   return sweep

@@ -33,16 +33,16 @@ differential attention with 2 heads (4 maps of 16); the paper's gate starts at s
 halving each head's output, so it is run beside the same gate started open (gated_open,
 2 sigmoid(X W), 1 at the start). 10 seeds x the two rates where plain attention learned (the
 grid extended where a chosen rate sits at its edge), each arm compared by the steps it takes to
-solve the task; its predictions, committed before it ran, are checked by
-scripts/attention_variants_controls_predictions.py.
+solve the task; its predictions, committed before it ran, are ``predictions("controls")`` below
+(python -m experiments.findings).
 
   python -m experiments.sweep --config=configs/ablations/attention_variants.py:controls \
       --workdir=workdir/ablations/attention_variants_controls
 
 `accelerator` is the study sized for one GPU or TPU: the same arms and learning rates, 2000
 steps and 10 seeds (enough for its exact tests to reach p < 0.05 after Holm); its predictions,
-fixed before it ran, are checked by scripts/attention_variants_predictions.py. `quick` is a smoke test of the pipeline (a tenth of
-the steps, 2 seeds, two learning rates).
+fixed before it ran, are ``predictions("accelerator")`` below. `quick` is a smoke test of the
+pipeline (a tenth of the steps, 2 seeds, two learning rates).
 Results, runtime and the comparison with the papers: docs/results/attention_variants.md.
 """
 
@@ -87,6 +87,7 @@ def controls_config():
                        baseline="mha", contrasts=CONTROL_CONTRASTS, test="time_to_solve")
   sweep.num_seeds = CONTROL_SEEDS
   sweep.grid = ml_collections.ConfigDict({"learning_rate": CONTROL_RATES})
+  sweep.predictions = "configs/ablations/attention_variants.py:controls"
   return sweep
 
 
@@ -104,6 +105,8 @@ def get_config(mode=None):
     sweep.num_seeds = ACCELERATOR_SEEDS
   rates = LEARNING_RATES[1:3] if mode == "quick" else LEARNING_RATES
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
+  if accelerator:
+    sweep.predictions = "configs/ablations/attention_variants.py:accelerator"
   return sweep
 
 

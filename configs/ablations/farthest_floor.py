@@ -29,8 +29,8 @@ NMSE 0.064-0.079 at rate 3e-2 in every seed. So the arms separate the width from
 
 Every arm trains NUM_SEEDS seeds x LEARNING_RATES for STEPS steps (the first study: 1600),
 extended by one rate past an edge where the validation stream's choice sits on it. Predictions,
-committed before the run: scripts/farthest_floor_predictions.py. Results, runtime and
-provenance: docs/results/farthest_floor.md.
+committed before the run: ``predictions`` below (python -m experiments.findings). Results,
+runtime and provenance: docs/results/farthest_floor.md.
 
 `:accelerator` is the study sized for one GPU or TPU: d = 32 and 32 points, d_model 96 (the
 oracle needs 65), the first study's width d_model = d = 32, 32 low-rank heads of d_k 3, 4000
@@ -102,6 +102,8 @@ def get_config(mode=None):
     sweep.num_seeds = NUM_SEEDS
   sweep.bracket = 0 if mode == "quick" else 1
   sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
+  if mode != "quick":
+    sweep.predictions = "configs/ablations/farthest_floor.py" + (f":{mode}" if mode else "")
   return sweep
 
 

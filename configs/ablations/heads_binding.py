@@ -94,6 +94,8 @@ def get_config(mode=None):
     sweep.num_seeds = NUM_SEEDS
   rates = LEARNING_RATES[1:] if quick else LEARNING_RATES
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
+  if not quick:  # one table over both tasks' sweeps
+    sweep.predictions = "configs/ablations/heads_binding.py:multi_retrieval"
   return sweep
 
 
@@ -109,6 +111,7 @@ def accelerator_config(task: str):
   sweep.train.batch_size = batch_size
   sweep.num_seeds = seeds
   sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
+  sweep.predictions = f"configs/ablations/heads_binding.py:{task}_accelerator"
   return sweep
 
 

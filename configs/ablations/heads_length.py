@@ -12,8 +12,8 @@ sequence lengths T = 8, 32 and 64, one attention layer.
 Question: Yu et al. (2025, arXiv 2510.06662) prove that a one-layer transformer retrieving D
 maxima max_s <w_i, x_s> needs h >= D heads, and that below D the parameters it needs grow with
 the sequence length (their Fig. 1 sweeps T = 8-128). configs/ablations/heads_binding.py found the
-step at h = D at one length (T = 16); this sweep varies T. Predicted (scripts/
-heads_length_predictions.py, committed before the run): below D the test NMSE rises with T;
+step at h = D at one length (T = 16); this sweep varies T. Predicted (``predictions``
+below, committed before the run): below D the test NMSE rises with T;
 from h = D it stays near zero at every T; h = 3 tells a step at D (three heads as far from
 solving as fewer) from a decline in proportion to the heads missing.
 
@@ -29,7 +29,7 @@ on one. Results, runtime and provenance: docs/results/heads_length.md.
 
 `:accelerator` is the study sized for one GPU or TPU: T up to 128 (Yu et al.'s widest), h = 8
 beside 1-4, 10 seeds, 2000 steps at batch 64 on 2000 test examples per length; the same
-predictions apply (scripts/heads_length_predictions.py reads the lengths and heads it ran).
+predictions apply at the lengths and heads it runs (``predictions("accelerator")``).
 """
 
 import ml_collections
@@ -85,6 +85,8 @@ def get_config(mode=None):
     sweep.train.task_options.num_test = num_test
   sweep.grid = ml_collections.ConfigDict(
       {"learning_rate": LEARNING_RATES[1:] if quick else LEARNING_RATES})
+  if not quick:
+    sweep.predictions = "configs/ablations/heads_length.py" + (f":{mode}" if mode else "")
   return sweep
 
 

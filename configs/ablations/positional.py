@@ -22,7 +22,7 @@ this is an encoder classifier reading a CLS token, which sees both sides of ever
 lengths up to 64 and tested at 2x, 4x and 8x (up to 512), the five encodings and randomized
 positions (drawn from 0..512), 10 seeds x 2 learning rates, 1500
 steps, the learning rate chosen on a validation stream of the training lengths; its
-predictions, fixed before it ran, are checked by scripts/positional_predictions.py.
+predictions, fixed before it ran, are ``predictions`` below (python -m experiments.findings).
 `:quick` (even_pairs only, tested at 61-80) is a smoke test of the pipeline. The results, with
 their runtime and provenance: docs/results/positional.md.
 """
@@ -85,6 +85,8 @@ def get_config(mode=None):
   if mode == "accelerator":
     sweep.num_seeds = seeds
     sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
+  if mode == "accelerator":
+    sweep.predictions = "configs/ablations/positional.py:accelerator"
   return sweep
 
 

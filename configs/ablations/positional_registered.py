@@ -25,8 +25,8 @@ Sized by trial runs of `even_pairs` with the randomized encoding and ALiBi, the 
 Each arm's learning rate is chosen from 3e-4 and 1e-3 on a validation stream of the training
 lengths, extended by one rate past an edge where a choice sits on it; 10 seeds, so that the exact
 paired sign-flip test (smallest p 2/1024) survives Holm over the predictions' 11 tested checks.
-Predictions, committed before the run: scripts/positional_registered_predictions.py. Results,
-runtime and provenance: docs/results/positional_registered.md.
+Predictions, committed before the run: ``predictions`` below (python -m experiments.findings).
+Results, runtime and provenance: docs/results/positional_registered.md.
 
 `:longer`, run after the sweep and outside its tests: the two `even_pairs` arms still learning at
 step 3000 (ALiBi and randomized), at their chosen rate 1e-3 for twice the steps, to see whether
@@ -70,6 +70,8 @@ def get_config(mode=None):
   if not quick:
     sweep.num_seeds = NUM_SEEDS
   sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
+  if not quick:
+    sweep.predictions = "configs/ablations/positional_registered.py"
   return sweep
 
 
@@ -83,6 +85,7 @@ def longer():
   sweep.grid = ml_collections.ConfigDict({"learning_rate": (1e-3,)})
   sweep.bracket = 0
   sweep.baseline, sweep.contrasts = LONGER[1], ((LONGER[0], LONGER[1]),)  # descriptive only
+  sweep.predictions = ""  # a follow-up of two arms, not the study's predictions
   return sweep
 
 

@@ -21,9 +21,9 @@ diverged runs and gives each variant's LR sensitivity.
 
 `:accelerator` is the study sized for one GPU or TPU: d_k 64, 256 and 1024, the paper's scale
 against none and QK-norm, 1000 steps, 6 seeds x 5 learning rates, the learning rate chosen on a
-validation stream; its predictions, fixed before it ran, are checked by
-scripts/scaling_predictions.py. `:quick` is a smoke test of the pipeline. The results, with their runtime and provenance:
-docs/results/scaling.md.
+validation stream; its predictions, fixed before it ran, are ``predictions`` below (python -m
+experiments.findings). `:quick` is a smoke test of the pipeline. The results, with their
+runtime and provenance: docs/results/scaling.md.
 """
 
 import ml_collections
@@ -62,6 +62,8 @@ def get_config(mode=None):
   sweep.num_seeds = {"accelerator": ACCELERATOR_SEEDS, None: NUM_SEEDS}.get(mode, sweep.num_seeds)
   rates = LEARNING_RATES[1::3] if mode == "quick" else LEARNING_RATES  # quick: 1e-3 and 1e-1
   sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
+  if mode == "accelerator":
+    sweep.predictions = "configs/ablations/scaling.py:accelerator"
   return sweep
 
 

@@ -29,8 +29,8 @@ never does counted one evaluation past the end), each arm at its learning rate c
 validation stream, paired by seed. The grid 3e-4, 1e-3, 3e-3 is extended by up to two rates past
 an edge where a choice sits on it (the unscaled arms are expected to want lower rates). 10 seeds:
 the exact paired test's smallest p is 2/1024, which survives Holm over the 6 comparisons.
-Predictions, committed before the run: scripts/scaling_init_predictions.py. Results, runtime and
-provenance: docs/results/scaling_init.md.
+Predictions, committed before the run: ``predictions`` below (python -m experiments.findings).
+Results, runtime and provenance: docs/results/scaling_init.md.
 
 `:accelerator` is the study sized for one GPU or TPU: d_k 64, 256 and 1024, 2000 steps, the same
 arms, seeds and rates.
@@ -74,6 +74,8 @@ def get_config(mode=None):
     sweep.num_seeds = NUM_SEEDS
   sweep.grid = ml_collections.ConfigDict(
       {"learning_rate": LEARNING_RATES[1:] if mode == "quick" else LEARNING_RATES})
+  if mode != "quick":
+    sweep.predictions = "configs/ablations/scaling_init.py" + (f":{mode}" if mode else "")
   return sweep
 
 
