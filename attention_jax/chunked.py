@@ -162,7 +162,8 @@ class Blocks(blocks.Geometry):
       parts.append(key_index < head.kv_length)
     if head.q_length is not None:
       parts.append(query_index < head.q_length)
-    parts += structure.band(query_position, key_position, pattern.reach)
+    parts += structure.band_meets(query_position, query_position, key_position, key_position,
+                                  pattern.reach)
     if head.q_segments is not None:
       q_ids, kv_ids = self.block_ids(head.q_segments, head.kv_segments, i, j)
       parts.append(q_ids[:, None] == kv_ids[None, :])

@@ -1,21 +1,16 @@
-"""The structure of attention, said once: which (query, key) pairs the causal mask, a local window,
-lengths, segment ids, a boolean mask and a mask_mod allow, pair by pair and block by block.
+"""The structure of attention, said once: which (query, key) pairs the causal mask, a window,
+lengths, segment ids, a mask and a mask_mod allow, by pairs and by blocks. ``chunked`` asks it
+block by block as it walks (context parallelism changes the key positions at each ring step);
+``pallas_gpu`` takes the whole of it as one mask_mod and block mask (``translate``).
 
-Both blockwise kernels read it. ``chunked`` asks the pair predicates inside each block and the
-block predicates of each block's least and greatest positions or ids as it walks (context
-parallelism changes the key positions at every ring step). ``pallas_gpu`` turns the whole
-structure into one mask_mod and one block mask before its kernel runs (``translate``).
-
-A block predicate ``meets(q_lo, q_hi, kv_lo, kv_hi)`` takes the least and greatest position (or
-id) of a query block and of a key block and is true where some pair of the two may attend; at
-the far corners, ``meets(q_hi, q_lo, kv_hi, kv_lo)``, it is true where every pair may
-(``kinds``).
+A block predicate ``meets(q_lo, q_hi, kv_lo, kv_hi)`` of the least and greatest positions (or
+ids) of a query block and a key block is true where some pair may attend; at the far corners,
+``meets(q_hi, q_lo, kv_hi, kv_lo)``, where every pair may (``kinds``); a pair is a block of one.
 """
 
 from __future__ import annotations
 
 import functools
-import operator
 
 import jax.numpy as jnp
 import numpy as np
@@ -38,28 +33,17 @@ def reach(is_causal: bool, window) -> tuple[int | None, int | None]:
   return before, after
 
 
-def band(query, key, reach_):
-  """The boolean parts (to be and-ed) that keep query and key positions (broadcastable) within
-  ``reach_``, (before, after) as ``reach`` gives it; none when unbounded.
+def band_meets(q_lo, q_hi, kv_lo, kv_hi, reach_):
+  """The block predicate of keys within ``reach_`` (before, after) of the query, as parts to be
+  and-ed (none when unbounded); of one pair, ``band_meets(q, q, kv, kv, reach_)``.
 
-  >>> [part.tolist() for part in band(np.array([5]), np.array([2, 5, 6]), (2, 0))]
+  >>> [part.tolist() for part in band_meets(5, 5, np.array([2, 5, 6]), np.array([2, 5, 6]), (2, 0))]
   [[True, True, False], [False, True, True]]
   """
   before, after = reach_
   parts = []
   if after is not None:
-    parts.append(key <= (query if after == 0 else query + after))
-  if before is not None:
-    parts.append(key >= query - before)
-  return parts
-
-
-def band_meets(q_lo, q_hi, kv_lo, kv_hi, reach_):
-  """The block predicate of ``band`` (see the module's docstring), as parts to be and-ed."""
-  before, after = reach_
-  parts = []
-  if after is not None:
-    parts.append(kv_lo <= q_hi + after)
+    parts.append(kv_lo <= (q_hi if after == 0 else q_hi + after))
   if before is not None:
     parts.append(kv_hi >= q_lo - before)
   return parts
@@ -69,11 +53,6 @@ def segments_meet(q_lo, q_hi, kv_lo, kv_hi):
   """The block predicate of equal segment ids: the blocks' ranges of ids overlap (all ids equal
   at the far corners)."""
   return (q_lo <= kv_hi) & (kv_lo <= q_hi)
-
-
-def all_of(parts):
-  """The conjunction of boolean ``parts`` (arrays or predicates' values), or None if none."""
-  return functools.reduce(operator.and_, parts) if parts else None
 
 
 def kinds(meets, q, kv):
@@ -87,12 +66,6 @@ def kinds(meets, q, kv):
   return blocks_lib.block_kind(meets(q[1], q[0], kv[1], kv[0]), meets(q[0], q[1], kv[0], kv[1]))
 
 
-def _index_ranges(length: int, block: int):
-  """The first and last index of each block of ``block`` indices of ``length``: ([blocks],) * 2."""
-  first = np.arange(0, length, block)
-  return first, np.minimum(first + block, length) - 1
-
-
 def _by_block(x, axis: int, block: int):
   """``x`` with ``axis`` (length L) padded by its last entry to whole blocks and split into
   [L / block, block] (a block's any, all, min and max are those of its real entries); an axis
@@ -101,26 +74,47 @@ def _by_block(x, axis: int, block: int):
   return jnp.reshape(x, x.shape[:axis] + (-1, min(block, x.shape[axis])) + x.shape[axis + 1:])
 
 
-def _id_ranges(ids, block: int):
-  """Segment ids [B, L] -> their least and greatest per block, ([B, L / block],) * 2."""
+def _index_ranges(length: int, block: int, keys: bool = False):
+  """The first and last index of each block, shaped as ``_ranges`` shapes them (numpy)."""
+  first, shape = np.arange(0, length, block), (1, 1, -1) if keys else (1, -1, 1)
+  return np.reshape(first, shape), np.reshape(np.minimum(first + block, length) - 1, shape)
+
+
+def _ranges(ids, block: int, keys: bool = False):
+  """Ids or positions [B, L] -> their least and greatest per block, ([B, L / block, 1],) * 2,
+  or ``keys`` ([B, 1, L / block],) * 2."""
   ids = _by_block(ids, 1, block)
-  return jnp.min(ids, -1), jnp.max(ids, -1)
+  return tuple(jnp.expand_dims(reduce(ids, -1), 1 if keys else 2) for reduce in (jnp.min, jnp.max))
 
 
-def _parts(batch_shape, q_len, kv_len, blocks, *, is_causal, window, mask, lengths, segment_ids,
-           mask_mod, block_kinds):
-  """Each structure given as (mask_mod, kinds int8 [B or 1, N' or 1, T / bq or 1, S / bk or 1]
-  or None where unknown)."""
+def translate(batch_shape, q_len: int, kv_len: int, blocks, *, is_causal: bool = False,
+              window=None, mask=None, lengths=(None, None), segment_ids=(None, None),
+              mask_mod=None, block_kinds=None):
+  """The structure of one call as (mask_mod, None), every structure's mask_mod and-ed, or where
+  any one's kinds at ``blocks`` (bq, bk) are known (all but a ``mask_mod`` without
+  ``block_kinds``) as (None, their block mask): empty where one is, full where all are, never
+  full beside unknown kinds. ``batch_shape``: the query's leading dims (mods see the flattened
+  example); ``lengths`` and ``segment_ids``: (for the queries, for the keys).
+
+  >>> mask_mod, block_mask = translate((1,), 64, 64, (16, 16), is_causal=True)
+  >>> print(block_mask.to_string())
+  every batch and head
+  |░   |
+  |█░  |
+  |██░ |
+  |███░|
+  """
   block_q, block_k = blocks
   per_example = lambda x, *tail: jnp.reshape(jnp.broadcast_to(x, batch_shape + x.shape[
       x.ndim - len(tail):]), (-1,) + tail)
-  q_first, q_last = _index_ranges(q_len, block_q)
-  kv_first, kv_last = _index_ranges(kv_len, block_k)
-  parts = []
+  q_range = _index_ranges(q_len, block_q)  # ([1, T / bq, 1],) * 2
+  kv_range = _index_ranges(kv_len, block_k, keys=True)  # ([1, 1, S / bk],) * 2
+  parts = []  # (mask_mod, kinds [B or 1, N' or 1, T / bq or 1, S / bk or 1] or None)
   if (extent := reach(is_causal, window)) != (None, None):
-    parts.append((lambda b, h, q_idx, kv_idx: all_of(band(q_idx, kv_idx, extent)),
-                  kinds(lambda *ranges: all_of(band_meets(*ranges, extent)),
-                        (q_first[:, None], q_last[:, None]), (kv_first, kv_last))[None, None]))
+    parts.append((lambda b, h, q_idx, kv_idx: masks_lib.combine_masks(
+                      *band_meets(q_idx, q_idx, kv_idx, kv_idx, extent)),
+                  kinds(lambda *ranges: masks_lib.combine_masks(*band_meets(*ranges, extent)),
+                        q_range, kv_range)[None]))
   if mask_mod is not None:
     parts.append((mask_mod, block_kinds))
   if mask is not None:
@@ -132,48 +126,22 @@ def _parts(batch_shape, q_len, kv_len, blocks, *, is_causal, window, mask, lengt
                   blocks_lib.block_kind(jnp.all(allowed, axis=(3, 5)),
                                         jnp.any(allowed, axis=(3, 5)))))
   q_lengths, kv_lengths = (None if x is None else per_example(x) for x in lengths)  # [B]
-  if kv_lengths is not None:
+  if kv_lengths is not None:  # kinds [B, 1, 1, S / bk]
     parts.append((lambda b, h, q_idx, kv_idx: kv_idx < kv_lengths[b],
-                  kinds(lambda q_lo, q_hi, kv_lo, kv_hi: kv_lo < kv_lengths[:, None],
-                        (None, None), (kv_first, kv_last))[:, None, None, :]))
-  if q_lengths is not None:
+                  kinds(lambda *ranges: ranges[2] < kv_lengths[:, None, None], q_range,
+                        kv_range)[:, None]))
+  if q_lengths is not None:  # kinds [B, 1, T / bq, 1]
     parts.append((lambda b, h, q_idx, kv_idx: q_idx < q_lengths[b],
-                  kinds(lambda q_lo, q_hi, kv_lo, kv_hi: q_lo < q_lengths[:, None],
-                        (q_first, q_last), (None, None))[:, None, :, None]))
+                  kinds(lambda *ranges: ranges[0] < q_lengths[:, None, None], q_range,
+                        kv_range)[:, None]))
   if segment_ids[0] is not None:
     q_ids, kv_ids = (per_example(x, x.shape[-1]) for x in segment_ids)  # [B, T], [B, S]
-    (q_lo, q_hi), (kv_lo, kv_hi) = _id_ranges(q_ids, block_q), _id_ranges(kv_ids, block_k)
     parts.append((lambda b, h, q_idx, kv_idx: q_ids[b, q_idx] == kv_ids[b, kv_idx],
-                  kinds(segments_meet, (q_lo[:, :, None], q_hi[:, :, None]),
-                        (kv_lo[:, None], kv_hi[:, None]))[:, None]))
-  return parts
-
-
-def translate(batch_shape, q_len: int, kv_len: int, blocks, *, is_causal: bool = False,
-              window=None, mask=None, lengths=(None, None), segment_ids=(None, None),
-              mask_mod=None, block_kinds=None):
-  """The structure of one call as (mask_mod or None, block mask or None): every structure's
-  mask_mod and-ed, in the kernel's ``blocks`` (bq, bk); and where any one's kinds are known (all
-  but a mask_mod without ``block_kinds``), their block mask, the mask_mod in it (then the first
-  is None): empty where one is empty, full where every one is full, never full beside a mask_mod
-  of unknown kinds. ``batch_shape``: the query's leading dims (mods see the flattened example);
-  ``window``: validated, (left, right) or None; ``lengths`` and ``segment_ids``: (for the
-  queries, for the keys), as ``dot_product_attention`` takes them.
-
-  >>> mask_mod, block_mask = translate((1,), 64, 64, (16, 16), is_causal=True)
-  >>> print(block_mask.to_string())
-  every batch and head
-  |░   |
-  |█░  |
-  |██░ |
-  |███░|
-  """
-  parts = _parts(batch_shape, q_len, kv_len, blocks, is_causal=is_causal, window=window,
-                 mask=mask, lengths=lengths, segment_ids=segment_ids, mask_mod=mask_mod,
-                 block_kinds=block_kinds)
+                  kinds(segments_meet, _ranges(q_ids, block_q),
+                        _ranges(kv_ids, block_k, keys=True))[:, None]))
   mods = [mod for mod, _ in parts]
   combined = None if not mods else mods[0] if len(mods) == 1 else (
-      lambda *indices: all_of([mod(*indices) for mod in mods]))
+      lambda *indices: masks_lib.combine_masks(*(mod(*indices) for mod in mods)))
   known = [part_kinds for _, part_kinds in parts if part_kinds is not None]
   if not known:
     return combined, None

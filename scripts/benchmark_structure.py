@@ -13,10 +13,10 @@
    (this project groups the queries) against the same call on keys and values copied to every
    query head with jnp.repeat (what GQA costs when a kernel needs equal head counts).
 3. Structure as arguments or as a mask_mod: the blockwise kernel with the causal mask, a window,
-   four documents (segment ids) and key lengths given as ``dot_product_attention``'s arguments,
-   against the same structure written as a mask_mod with its block mask (made once, outside the
-   timing), forward+backward at ``structure-length``: what one translation of the structure
-   into mods, which the fused GPU kernel uses, would cost the blockwise kernel.
+   both, four documents (segment ids) and key lengths given as ``dot_product_attention``'s
+   arguments, against the same structure written as a mask_mod with its block mask (made once,
+   outside the timing), forward+backward at ``structure-length``: what one translation of the
+   structure into mods, which the fused GPU kernel uses, would cost the blockwise kernel.
 
 4. Blocks: the blockwise kernel under windows of ``window-widths`` keys on each side (and causal
    ones, (w, 0)) and with ``documents`` equal documents (segment ids), forward+backward at
@@ -127,6 +127,8 @@ def structures(length):
   return {
       "causal": (dict(is_causal=True), lambda b, h, i, j: j <= i),
       "window": (dict(local_window_size=window), lambda b, h, i, j: abs(i - j) <= window),
+      "causal window": (dict(is_causal=True, local_window_size=window),
+                        lambda b, h, i, j: (j <= i) & (i - j <= window)),
       "4 documents": (dict(query_segment_ids=segments, key_segment_ids=segments),
                       lambda b, h, i, j: segments[0, i] == segments[0, j]),
       "key lengths": (dict(key_value_seq_lengths=jnp.array([kept])), lambda b, h, i, j: j < kept),
