@@ -249,7 +249,8 @@ def select_implementation(query, key, value, *args, backend: str | None = None,
 
   A kernel the automatic choice passes over (a mod the fused kernel's interpreter refuses or
   fails on, ...) is named with its reason by ``explain``. A named implementation that cannot
-  serve raises ``ValueError`` with the reason; nothing falls back silently; an argument ``dot_product_attention`` does not take raises ``TypeError``.
+  serve raises ``ValueError`` with the reason; nothing falls back silently; an argument
+  ``dot_product_attention`` does not take raises ``TypeError``.
 
   >>> q = k = v = jax.ShapeDtypeStruct((2, 512, 8, 64), jnp.bfloat16)
   >>> select_implementation(q, k, v, return_weights=True)

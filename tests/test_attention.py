@@ -343,7 +343,8 @@ def test_the_kernels_give_zeros_on_an_empty_row_and_dot_product_attention_its_on
   """One default (dot_product_attention's "mean", jax.nn's), applied by the dispatch: the blockwise
   kernels called directly agree (zeros), and every implementation named gives the mean."""
   from attention_jax import pallas_gpu
-  q, k, v = (jax.random.normal(key, (2, 16, 2, 8)) for key in jax.random.split(jax.random.key(0), 3))
+  keys = jax.random.split(jax.random.key(0), 3)
+  q, k, v = (jax.random.normal(key, (2, 16, 2, 8)) for key in keys)
   mask = jnp.ones((2, 1, 16, 16), bool).at[1, :, 3].set(False)  # example 1, row 3: no key
   chunked = aj.chunked_attention(q, k, v, None, mask, scale=0.5)
   fused = pallas_gpu.pallas_gpu_attention(q, k, v, mask, scale=0.5, interpret=True)
@@ -379,7 +380,8 @@ def test_a_mod_interpreter_failure_passes_the_automatic_choice_to_chunked_and_sa
     assert name == "chunked" and "misreads" in why["pallas_gpu"], why
     assert "\n" not in why["pallas_gpu"]
     assert aj.select_implementation(q, k, v, **on_hopper) == "chunked"
-    with pytest.raises(ValueError, match="'pallas_gpu' cannot serve this call: .*misreads") as error:
+    with pytest.raises(ValueError, match="'pallas_gpu' cannot serve this call: .*misreads"
+                       ) as error:
       aj.select_implementation(q, k, v, implementation="pallas_gpu", **on_hopper)
     assert "\n" not in str(error.value)
 
