@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import findings, statistics  # noqa: E402
+from experiments import measures, statistics  # noqa: E402
 
 HEADS = (1, 2, 4, 8, 16)  # heads_binding's head counts on the CPU
 # Words for the extra arms' names in the legend of nmse_by_heads.
@@ -21,7 +21,7 @@ ARM_WORDS = {"layers2": "2 layers", "talking_heads": "talking heads", "dcmha": "
 
 
 def _nmse(records) -> dict[str, dict[int, float]]:
-  return findings.Measure("eval_nmse").of(records)
+  return measures.Measure("eval_nmse").of(records)
 
 
 def heads_binding(by_task: dict, path: str, heads=HEADS) -> None:
@@ -72,7 +72,7 @@ def nmse_by_heads(declaration, records, directory: str) -> None:
 def nmse_by_heads_accelerator(declaration, records, directory: str) -> None:
   """heads_binding's accelerator study (D = 8): nmse_by_heads_accelerator.png."""
   from configs.ablations.heads_binding import ACCELERATOR
-  heads_binding({"multi_retrieval, D = 8": _nmse(records[findings.RESULTS])},
+  heads_binding({"multi_retrieval, D = 8": _nmse(records[measures.RESULTS])},
                 os.path.join(directory, "nmse_by_heads_accelerator.png"),
                 ACCELERATOR["multi_retrieval"][2])
 
@@ -81,7 +81,7 @@ def nmse_by_heads_and_length(declaration, records, directory: str) -> None:
   """heads_length: nmse_by_heads.png, test NMSE against h, a line per length, and the
   proportional decline NMSE(1) (D - h) / (D - 1) of each length dotted."""
   from configs.ablations.heads_length import D, name
-  nmse = _nmse(records[findings.RESULTS])
+  nmse = _nmse(records[measures.RESULTS])
   arms = [tuple(map(int, arm[1:].split("_T"))) for arm in nmse]
   heads, lengths = sorted({h for h, _ in arms}), sorted({t for _, t in arms})
   figure, axis = plt.subplots(figsize=(6.0, 3.6), layout="constrained")
@@ -109,11 +109,11 @@ def accuracy_at_chosen_rates(declaration, records, directory: str) -> None:
   """positional_registered: accuracy_at_chosen_rates.png, each encoding's test accuracy on the
   training lengths and on each longer test set at its chosen rate, a panel per task."""
   from configs.ablations import positional_registered as study
-  records = records[findings.RESULTS]
+  records = records[measures.RESULTS]
   sets = [("eval_accuracy", f"1-{study.TRAIN_LENGTH}\n(trained)")] + [
       (f"length_{low}_{high}_accuracy", f"{low}-{high}\n({high // study.TRAIN_LENGTH}x)")
       for low, high in study.TEST_LENGTHS]
-  by_set = {column: findings.Measure(column).of(records) for column, _ in sets}
+  by_set = {column: measures.Measure(column).of(records) for column, _ in sets}
   fig, axes = plt.subplots(1, len(study.TASKS), figsize=(10, 3.8), sharey=True)
   for axis, task in zip(axes, study.TASKS):
     for i, encoding in enumerate(study.ENCODINGS):
