@@ -1,7 +1,8 @@
 """The tables of a sweep's results.md: the design and provenance, the comparisons (from the same
 rows as comparisons.csv), each variant at its chosen learning rate, every arm, and, from the
-run's logs, attention-logit maxima and probes. Every interval is a 95% interval inside the
-measure's range: Wilson for a share of seeds, percentile bootstrap for a mean (or a difference);
+run's logs, attention-logit maxima and probes. Every interval is a 95% interval cut at the
+measure's range: Wilson for a share of seeds, Student's t for a mean or a paired difference,
+Welch's for an unpaired one (experiments/statistics.py); an equivalence row's is 90%;
 numbers carry three significant digits, so that a small nonzero difference shows as one.
 """
 
@@ -30,7 +31,7 @@ READABLE = {"eval_accuracy": "Test accuracy", "eval_nmse": "Test NMSE (MSE / tar
             "eval": "test (training lengths)", MAX_LOGIT: "Largest attention logit",
             "learning_rate": "lr", "validation": "validation stream",
             verdicts.STEPS_TO: "steps to the threshold", "solved": "share of seeds solved"}
-INTERVAL_NOTE = "95% bootstrap interval over seeds"
+INTERVAL_NOTE = "95% t interval over seeds"
 
 
 def readable(name: str) -> str:
@@ -59,14 +60,7 @@ def readable_arm(label: str) -> str:
   return re.sub(r"\b(\w+)=", lambda m: READABLE.get(m.group(1), m.group(1)) + "=", label)
 
 
-def metric_range(name: str) -> tuple[float, float]:
-  """The values a measure can take: an accuracy [0, 1], a loss or an NMSE [0, inf), else
-  unbounded."""
-  if name.endswith("accuracy"):
-    return 0.0, 1.0
-  if name.endswith(("loss", "nmse")):
-    return 0.0, math.inf
-  return -math.inf, math.inf
+metric_range = statistics.measure_range
 
 
 def number(x: float) -> str:
@@ -166,11 +160,18 @@ def design_lines(design: verdicts.Design, chosen, seeds: int, one_rate: bool) ->
                            f"{design.censored_at:g}), paired by seed, exact sign-flip test "
                            "(log-rank where seeds or data differ)"}[design.test]
   on = chosen[0].chosen_on if chosen else verdicts.VALIDATION
+  timed = bool(chosen) and chosen[0].chosen_for == verdicts.TIME_TO_THRESHOLD
   if one_rate:
     rates = "one learning rate for every variant, so none was chosen"
   elif on == verdicts.VALIDATION:
     rates = ("each variant's learning rate chosen on the validation stream (a test split of "
-             "another data seed), reported on the test set")
+             "another data seed) for "
+             + ("its censored time-to-threshold" if timed else f"its final {design.primary}")
+             + ", reported on the test set; every comparison also at a matched rate, the "
+             "reference's")
+    if design.test == "time_to_solve" and not timed:
+      rates += (" (these records have no validation time-to-threshold, so the rates were "
+                "chosen for the final measure, not for the outcome compared)")
   else:
     rates = ("each variant's learning rate chosen **on the test set** (these records have no "
              "validation stream), which flatters the chosen arms")
@@ -178,13 +179,21 @@ def design_lines(design: verdicts.Design, chosen, seeds: int, one_rate: bool) ->
           f"correction over the family. {verdicts.power_note(design, seeds)}", ""]
 
 
+def rate_cell(c: statistics.Comparison) -> str:
+  """Which learning rates a row compares at: each arm's chosen one, or the reference's."""
+  return "each its chosen" if c.rate == statistics.CHOSEN else "the reference's (matched)"
+
+
 def comparison_lines(comparisons, design) -> list[str]:
-  lines = ["| arm | reference | measure | seeds | difference [95% interval] | p | p (Holm) | "
-           "verdict |", "|---|---|---|---|---|---|---|---|"]
+  """The comparisons table: every row with the rates it uses; an equivalence row (TOST) shows
+  its margin and its 90% interval."""
+  lines = ["| arm | reference | measure | seeds | difference [interval] | p | p (Holm) | "
+           "verdict | learning rates |", "|---|---|---|---|---|---|---|---|---|"]
   for c in comparisons:
-    lines.append(f"| {c.arm} | {c.baseline} | {readable(c.metric)} | {c.n} | "
+    test = f"; TOST ±{c.margin:g}, 90%" if c.is_equivalence else ""
+    lines.append(f"| {c.arm} | {c.baseline} | {readable(c.metric)}{test} | {c.n} | "
                  f"{interval_cell(c.estimate, c.low, c.high)} | {p_cell(c.p)} | "
-                 f"{p_cell(c.p_adjusted)} | {verdicts.verdict(c, design)} |")
+                 f"{p_cell(c.p_adjusted)} | {verdicts.verdict(c, design)} | {rate_cell(c)} |")
   return lines
 
 
@@ -242,8 +251,11 @@ def markdown(title, records, design: verdicts.Design, comparisons, chosen,
   seeds = max((len(metrics["seed"]) for _, metrics, _ in armed), default=0)
   lines = [f"## {title}", "", *provenance_lines(records),
            *design_lines(design, chosen, seeds, not varies_learning_rate(records))]
-  lines += ["### Comparisons", "", "Arm minus reference at their chosen learning rates "
-            f"({INTERVAL_NOTE}; for a share of seeds, Newcombe's interval).", "",
+  lines += ["### Comparisons", "", "Arm minus reference, each at its chosen learning rate "
+            "(the Holm family), then the arm at the reference's chosen rate where its grid has it "
+            "(matched: outside the family, p unadjusted) "
+            f"({INTERVAL_NOTE}, Welch's unpaired; for a share of seeds, Newcombe's interval).",
+            "",
             *comparison_lines(comparisons, design)]
   edges = [c.variant for c in chosen if c.edge]
   lines += ["", "### Each variant at its chosen learning rate", "",

@@ -1,6 +1,7 @@
 """A sweep's results: results.csv (one row per variant and replica: seed, hyperparameters,
 every measure, the study's design and the run's provenance), comparisons.csv (one row per
-declared comparison: metric, arm, baseline, n, estimate, low, high, p, p_adjusted, test),
+declared comparison at the chosen rates, then again at matched rates: statistics.Comparison.FIELDS;
+read back by :func:`read_comparisons`, old files without margin and rate too),
 results.md (experiments/report_tables.py) and the figures (experiments/report_plots.py).
 
 Everything but the learning curves and logit plots is made again from a committed CSV, without
@@ -48,7 +49,8 @@ def write_csv(records, path, design: verdicts.Design | None = None):
   settings = sorted({k for record in records for k in workdir_lib.flatten(record["overrides"])})
   columns = (["variant", "seed", *HYPERPARAMETERS, "status", "diverged_at"] + settings
              + report_tables.metric_names(records) + ["num_classes", "parameters", "error"]
-             + [c for c in (verdicts.STEPS_TO, FINAL_LOGIT, PEAK_LOGIT)
+             + [c for c in (verdicts.STEPS_TO, verdicts.VALIDATION_STEPS_TO, FINAL_LOGIT,
+                            PEAK_LOGIT)
                 if any(c in r.get("metrics", {}) for r in records)]
              + list(verdicts.COLUMNS) * (design is not None) + list(provenance.FIELDS))
   with open(path, "w", newline="") as f:
@@ -63,6 +65,13 @@ def write_comparisons(comparisons, path):
     writer.writerow(statistics.Comparison.FIELDS)
     for c in comparisons:
       writer.writerow([getattr(c, name) for name in statistics.Comparison.FIELDS])
+
+
+def read_comparisons(path) -> list[statistics.Comparison]:
+  """The rows of a comparisons.csv, from before the margin and rate columns (every row then
+  "chosen") or after."""
+  with open(path, newline="") as f:
+    return [statistics.Comparison.of_row(row) for row in csv.DictReader(f)]
 
 
 def _number(text: str):
@@ -104,7 +113,7 @@ def read_csv(path) -> tuple[list[dict], verdicts.Design | None]:
       if column in (*NOT_MEASURES, *settings):
         continue
       value = row[column]
-      if value == "" and column != verdicts.STEPS_TO:
+      if value == "" and column not in (verdicts.STEPS_TO, verdicts.VALIDATION_STEPS_TO):
         continue
       metrics.setdefault(column, []).append(math.nan if value == "" else _number(value))
   return list(records.values()), verdicts.Design.of_rows(table)
@@ -117,8 +126,9 @@ def records_from_csv(path) -> list[dict]:
 
 def from_logs(records, workdir, design) -> list[dict]:
   """The records (copies) with what their replicas' metrics.jsonl adds per replica: the first
-  evaluation at the design's threshold (NaN where never) and, where logged, the largest
-  attention logit at the end and at its peak."""
+  evaluation at the design's threshold (NaN where never), on the test set and, where logged, on
+  the validation stream (which chooses a time-to-threshold study's rates), and, where logged, the
+  largest attention logit at the end and at its peak."""
   sign = 1.0 if design.higher_is_better else -1.0
   added = []
   for record in records:
@@ -128,6 +138,12 @@ def from_logs(records, workdir, design) -> list[dict]:
       extra[verdicts.STEPS_TO] = [
           statistics.first_step_reaching(steps, sign * row, sign * design.solved_at)
           for row in values]
+      validation = f"{verdicts.VALIDATION}_{design.primary.rsplit('_', 1)[-1]}"
+      if _has(workdir, record, validation):
+        steps, values = logbook.curves(workdir, record, names, validation)
+        extra[verdicts.VALIDATION_STEPS_TO] = [
+            statistics.first_step_reaching(steps, sign * row, sign * design.solved_at)
+            for row in values]
       if _has(workdir, record, MAX_LOGIT):
         _, logits = logbook.curves(workdir, record, names, MAX_LOGIT)
         extra[FINAL_LOGIT], extra[PEAK_LOGIT] = list(logits[:, -1]), list(logits.max(axis=1))
@@ -149,8 +165,8 @@ def report(records, design, directory, title, evaluations=(), workdir=None) -> d
   finished = [r for r in records if r["status"] == "ok"]
   evaluations = tuple(e for e in evaluations if e != verdicts.VALIDATION)
   measure = measure_of(records)
-  chosen = verdicts.choose(records, measure)
-  comparisons = verdicts.compare(chosen, design) if finished else []
+  chosen = verdicts.choose(records, measure, design)
+  comparisons = verdicts.compare_both(chosen, design) if finished else []
   paths = {"comparisons": os.path.join(directory, "comparisons.csv"),
            "markdown": os.path.join(directory, "results.md")}
   write_comparisons(comparisons, paths["comparisons"])

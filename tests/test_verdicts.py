@@ -112,9 +112,10 @@ def test_results_csv_carries_the_design_and_provenance(tmp_path):
   assert again[0]["provenance"]["commit"] == "abc1234"
   paths = sweep_report.write_from_csv(str(path))
   with open(paths["comparisons"]) as f:
-    header, row = f.read().splitlines()
+    header, row, matched = f.read().splitlines()
   assert header == "metric,arm,baseline,n,estimate,low,high,p,p_adjusted,test,margin,rate"
-  assert row.startswith("solved,x,base,3,0.0,")
+  assert row.startswith("solved,x,base,3,0.0,") and row.endswith(",nan,chosen")
+  assert matched.startswith("solved,x,base,3,0.0,") and matched.endswith(",nan,solve_rate,nan,matched")
   report = open(paths["markdown"]).read()
   assert "commit abc1234" in report and "cannot reach p < 0.05" in report
   assert "no difference detected (3 seeds)" in report
@@ -151,3 +152,72 @@ def test_exchangeable_arms_of_a_committed_study_rarely_give_a_false_positive(tes
   assert share <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / trials), share
   # The raw tests are alive, not stuck at p = 1: their p values spread over [0, 1].
   assert 0.01 < np.mean(np.array(raw) < 0.05) < 0.1
+
+
+def _steps_study(solve_at):
+  """Two arms over rates 1e-3 and 3e-3, 10 seeds; solve_at(variant, rate) -> (test steps,
+  validation steps, final validation accuracy)."""
+  records = []
+  for name in ("base", "wide"):
+    record = _record(name, lambda rate, seed, n=name: (0.95, solve_at(n, rate)[2]), seeds=10,
+                     steps=lambda rate, seed, n=name: solve_at(n, rate)[0] + 10 * seed)
+    record["metrics"][verdicts.VALIDATION_STEPS_TO] = [
+        solve_at(name, rate)[1] + 10 * seed for rate, seed in zip(
+            record["metrics"]["learning_rate"], record["metrics"]["seed"])]
+    records.append(record)
+  return records
+
+
+def test_a_time_to_threshold_study_chooses_rates_for_time_and_reports_a_matched_rate():
+  # base: 1e-3 solves sooner on validation (200 against 500 steps) though 3e-3 ends more
+  # accurate; wide: 3e-3 sooner. The final accuracy would choose 3e-3 for both.
+  table = {("base", 1e-3): (200, 200, 0.95), ("base", 3e-3): (500, 500, 0.99),
+           ("wide", 1e-3): (400, 400, 0.95), ("wide", 3e-3): (100, 100, 0.99)}
+  records = _steps_study(lambda name, rate: table[name, rate])
+  design = dataclasses.replace(_design(["base", "wide"]), test="time_to_solve")
+  by_accuracy = {c.variant: c.learning_rate for c in verdicts.choose(records, "accuracy")}
+  assert by_accuracy == {"base": 3e-3, "wide": 3e-3}
+  chosen = verdicts.choose(records, "accuracy", design)
+  assert {c.variant: c.learning_rate for c in chosen} == {"base": 1e-3, "wide": 3e-3}
+  assert chosen[0].chosen_for == verdicts.TIME_TO_THRESHOLD
+  rows = verdicts.compare_both(chosen, design)
+  assert [(c.rate, c.estimate) for c in rows] == [("chosen", -100.0), ("matched", 200.0)]
+  assert math.isfinite(rows[0].p_adjusted) and math.isnan(rows[1].p_adjusted)
+  assert verdicts.verdict(rows[0], design) == "better"
+  assert verdicts.verdict(rows[1], design) == "worse (p unadjusted)"
+  # records from before the validation column: chosen for the final measure, and said so
+  old = [{**r, "metrics": {k: v for k, v in r["metrics"].items()
+                           if k != verdicts.VALIDATION_STEPS_TO}} for r in records]
+  assert {c.learning_rate for c in verdicts.choose(old, "accuracy", design)} == {3e-3}
+
+
+def test_a_matched_row_needs_the_reference_s_rate_in_the_arm_s_grid():
+  base = _record("base", lambda rate, seed: (0.7 + 0.01 * seed, 0.7), rates=(1e-3,))
+  other = _record("x", lambda rate, seed: (0.8 + 0.01 * seed, 0.8), rates=(3e-3,))
+  chosen = verdicts.choose([base, other], "accuracy")
+  assert verdicts.compare_matched(chosen, _design(["base", "x"])) == []
+
+
+def test_verdict_words_are_never_stronger_than_their_test():
+  design = _design(["base", "x"])
+  row = lambda **kw: statistics.Comparison(**{**dict(  # noqa: E731
+      metric="eval_accuracy", arm="x", baseline="base", n=8, estimate=0.01, low=-0.02,
+      high=0.03, p=0.01, test="paired_permutation", p_adjusted=0.2), **kw})
+  assert verdicts.verdict(row(), design) == "no difference detected (8 seeds)"
+  assert verdicts.verdict(row(p_adjusted=0.01), design) == "better"
+  equivalent = row(test="tost_paired", margin=0.05, p=0.01, p_adjusted=0.03)
+  assert verdicts.verdict(equivalent, design) == "same (within ±0.05)"
+  assert verdicts.verdict(row(test="tost_paired", margin=0.05, p=0.01, p_adjusted=0.07),
+                          design) == "equivalence not shown (8 seeds)"
+  assert "same" not in verdicts.verdict(row(p=0.9, p_adjusted=0.9), design)
+
+
+@pytest.mark.parametrize("study", sorted(
+    name for name in os.listdir(RESULTS) if os.path.exists(os.path.join(RESULTS, name,
+                                                                        "comparisons.csv"))))
+def test_committed_comparisons_read_back_as_chosen_rows(study):
+  rows = sweep_report.read_comparisons(os.path.join(RESULTS, study, "comparisons.csv"))
+  assert rows and all(c.rate in (statistics.CHOSEN, statistics.MATCHED) for c in rows)
+  records, design = sweep_report.read_csv(os.path.join(RESULTS, study, "results.csv"))
+  if design is not None and records:
+    assert all(verdicts.verdict(c, design) for c in rows)
