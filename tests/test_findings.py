@@ -149,17 +149,21 @@ def test_the_heads_binding_accelerator_design_is_refused_before_training(tmp_pat
   design = verdicts.Design.of_sweep(config, "nmse")
   assert (config.num_seeds, len(design.comparisons), design.test) == (
       8, 7, "paired_permutation")
-  assert math.isclose(design.smallest_p(8), 7 * 2 / 256) and design.seeds_needed() == 9
+  assert math.isclose(design.plan(8).smallest_p, 7 * 2 / 256)
+  assert design.plan(8).seeds_to_reach == 9
   with pytest.raises(SystemExit) as stopped:
     cli.run_command(sweep.run_sweep, config, str(tmp_path))
   assert stopped.value.code == 1
   err = capsys.readouterr().err.strip()
   assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-  assert "smallest possible adjusted p 0.055" in err and "num_seeds = 9" in err, err
+  assert "smallest adjusted p 0.055" in err and "needs 9 seeds per arm" in err, err
   assert not os.path.exists(tmp_path / "variants")  # nothing trained
   config.unlock()
   config.num_seeds = 9
   assert verdicts.Design.of_sweep(config, "nmse").refusal(9) is None
+  # A declared effect is checked by simulation: 0.1 NMSE at a spread of 0.3 needs more seeds.
+  config.effect, config.spread = 0.1, 0.3
+  assert "has power" in verdicts.Design.of_sweep(config, "nmse").refusal(9)
 
 
 def test_a_quick_smoke_test_declares_no_alpha_and_is_not_refused():

@@ -66,6 +66,8 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, ba
   sweep.test = test
   sweep.primary = primary
   sweep.alpha = None if quick else ALPHA
+  sweep.effect = None  # the smallest effect a study must be able to show (experiments/verdicts.py)
+  sweep.spread = 0.0  # the sd of a seed's difference it assumes for that effect
   sweep.predictions = ""  # the study's declared predictions, "<config path>:<mode>" (findings)
   sweep.bracket = 0 if quick else bracket
   sweep.budget_minutes = 30
