@@ -1,6 +1,8 @@
 """A study's verdicts from its records: each variant at the learning rate its validation stream
-chose, compared with the declared reference by the declared test, the family corrected by Holm
-(experiments/statistics.py). What the comparisons are is fixed by the sweep config before the run
+chose for the outcome measured (:func:`choose`), compared with the declared reference by the
+declared test, the family corrected by Holm (experiments/statistics.py, :func:`compare`), and
+every comparison again at a matched rate, the reference's (:func:`compare_matched`, outside the
+family). What the comparisons are is fixed by the sweep config before the run
 (configs/ablations/__init__.py) and written into every row of results.csv, so that a report made
 from the CSV alone makes the same comparisons.
 """
@@ -19,6 +21,8 @@ from experiments.steps import MEASURES
 VALIDATION = "validation"  # the extra test set that chooses learning rates
 REACHED = {"accuracy": 0.9, "nmse": 0.1}  # "solved": this accuracy, or down to this NMSE
 STEPS_TO = "steps_to_threshold"  # per replica: the first evaluation at the threshold (NaN: never)
+# per replica: the same on the validation stream, which chooses a time-to-threshold study's rates
+VALIDATION_STEPS_TO = f"{VALIDATION}_{STEPS_TO}"
 # The columns of results.csv that say what the study compares (the same in every row, but
 # compared_with, which is the row's variant's references joined by ";").
 COLUMNS = ("baseline", "compared_with", "test", "primary", "solved_at", "censored_at")
@@ -124,13 +128,27 @@ class Design:
 @dataclasses.dataclass(frozen=True)
 class Chosen:
   """A variant at its chosen learning rate: the metrics of that arm (lists over its seeds), the
-  rate, where it sits in the grid ("lowest", "highest" or "" inside it) and the set that chose."""
+  rate, where it sits in the grid ("lowest", "highest" or "" inside it), the set that chose and
+  what it was chosen for: the measure's final value, or TIME_TO_THRESHOLD (the validation
+  stream's censored time-to-threshold)."""
   variant: str
   learning_rate: float
   metrics: dict
   edge: str
   chosen_on: str
   record: dict
+  chosen_for: str = ""
+
+  def at(self, rate: float) -> "Chosen | None":
+    """This variant at another ``rate`` of its grid (None where the grid lacks it)."""
+    indices = _by_rate(self.record).get(float(rate))
+    if indices is None:
+      return None
+    metrics = {name: [values[i] for i in indices] for name, values in self.record["metrics"].items()}
+    return dataclasses.replace(self, learning_rate=float(rate), metrics=metrics, edge="")
+
+
+TIME_TO_THRESHOLD = "time to threshold"
 
 
 def chosen_on(records) -> str:
@@ -157,10 +175,28 @@ def _score(metrics, prefix: str, measure: str) -> tuple[float, float]:
   return sign * float(np.nanmean(values)), -float(np.nanmean(losses))
 
 
-def choose(records, measure: str) -> list[Chosen]:
-  """Each finished variant at the learning rate of its grid with the best mean ``measure`` on
-  the validation stream (the test set only for records that have none, and then said so)."""
+def _time_score(metrics, design: "Design") -> float:
+  """Higher is better: minus the mean validation time-to-threshold, a seed that never reached it
+  counted at the design's censoring step."""
+  return -float(np.mean(statistics.restricted_times(metrics[VALIDATION_STEPS_TO],
+                                                    design.censored_at)))
+
+
+def for_time(records, design: "Design | None") -> bool:
+  """Whether rates are chosen on the validation time-to-threshold: the design's test is
+  time_to_solve and every finished record has the column (records from before it: no)."""
+  finished = [r for r in records if r["status"] == "ok"]
+  return (design is not None and design.test == "time_to_solve" and bool(finished)
+          and all(VALIDATION_STEPS_TO in r["metrics"] for r in finished))
+
+
+def choose(records, measure: str, design: "Design | None" = None) -> list[Chosen]:
+  """Each finished variant at the learning rate of its grid that the validation stream scores
+  best (the test set only for records that have none, and then said so): for a ``design`` whose
+  test is time_to_solve, the shortest mean censored time-to-threshold (VALIDATION_STEPS_TO; ties
+  broken by the final measure), else the best mean final ``measure``."""
   prefix, chosen = chosen_on(records), []
+  timed = for_time(records, design) and prefix == VALIDATION
   for record in records:
     if record["status"] != "ok":
       continue
@@ -168,10 +204,13 @@ def choose(records, measure: str) -> list[Chosen]:
     arms = {rate: {name: [values[i] for i in indices]
                    for name, values in record["metrics"].items()}
             for rate, indices in rates.items()}
-    rate = max(arms, key=lambda r: _score(arms[r], prefix, measure))
+    score = ((lambda r: (_time_score(arms[r], design), *_score(arms[r], prefix, measure)))
+             if timed else (lambda r: _score(arms[r], prefix, measure)))
+    rate = max(arms, key=score)
     edge = ("" if len(rates) < 2 else "lowest" if rate == min(rates)
             else "highest" if rate == max(rates) else "")
-    chosen.append(Chosen(record["variant"], rate, arms[rate], edge, prefix, record))
+    chosen.append(Chosen(record["variant"], rate, arms[rate], edge, prefix, record,
+                         TIME_TO_THRESHOLD if timed else measure))
   return chosen
 
 
@@ -199,36 +238,59 @@ def _by_seed(metrics, name) -> dict[int, float]:
   return {int(seed): float(value) for seed, value in zip(metrics["seed"], metrics[name])}
 
 
-def compare(chosen: list[Chosen], design: Design) -> list[statistics.Comparison]:
-  """The design's comparisons between chosen arms, paired by seed where they share all seeds and
-  their data (same_data), with Holm's adjusted p over the family."""
+def _compare(a: Chosen, b: Chosen, design: Design) -> statistics.Comparison:
+  """``a`` against ``b`` by the design's test, paired by seed where they share all seeds and
+  their data (same_data)."""
+  metric = STEPS_TO if design.test == "time_to_solve" else design.primary
+  if metric not in a.metrics or metric not in b.metrics:
+    raise ValueError(f"the test {design.test!r} needs the per-seed column {metric!r}, which "
+                     "these records lack; redo the report from the sweep's workdir.")
+  a_values, b_values = _by_seed(a.metrics, metric), _by_seed(b.metrics, metric)
+  paired = (design.test != "permutation" and a_values.keys() == b_values.keys()
+            and same_data(a, b))
+  seeds = sorted(a_values)
+  x = np.array([a_values[s] for s in seeds])
+  y = np.array([b_values[s] for s in (seeds if paired else sorted(b_values))])
+  if design.test == "solve_rate":
+    return statistics.solve_rate_difference("solved", a.variant, b.variant, solved(x, design),
+                                            solved(y, design))
+  if design.test == "time_to_solve":
+    return statistics.time_to_solve_difference(STEPS_TO, a.variant, b.variant, x, y,
+                                               design.censored_at, paired)
+  lower, upper = statistics.measure_range(metric)
+  test = statistics.paired_difference if paired else statistics.independent_difference
+  return test(metric, a.variant, b.variant, x, y, lower=lower, upper=upper)
+
+
+def _pairs_of(chosen: list[Chosen], design: Design):
   by_name = {c.variant: c for c in chosen}
-  results = []
-  for arm, reference in design.comparisons:
-    if arm not in by_name or reference not in by_name:
-      continue  # a variant that failed: nothing to compare
-    a, b = by_name[arm].metrics, by_name[reference].metrics
-    metric = STEPS_TO if design.test == "time_to_solve" else design.primary
-    if metric not in a:
-      raise ValueError(f"the test {design.test!r} needs the per-seed column {metric!r}, which "
-                       "these records lack; redo the report from the sweep's workdir.")
-    a_values, b_values = _by_seed(a, metric), _by_seed(b, metric)
-    paired = (design.test != "permutation" and a_values.keys() == b_values.keys()
-              and same_data(by_name[arm], by_name[reference]))
-    seeds = sorted(a_values)
-    x = np.array([a_values[s] for s in seeds])
-    y = np.array([b_values[s] for s in (seeds if paired else sorted(b_values))])
-    if design.test == "solve_rate":
-      results.append(statistics.solve_rate_difference(
-          "solved", arm, reference, solved(x, design), solved(y, design)))
-    elif design.test == "time_to_solve":
-      results.append(statistics.time_to_solve_difference(
-          STEPS_TO, arm, reference, x, y, design.censored_at, paired))
-    elif paired:
-      results.append(statistics.paired_difference(metric, arm, reference, x, y))
-    else:
-      results.append(statistics.independent_difference(metric, arm, reference, x, y))
-  return statistics.adjust(results)
+  return [(by_name[arm], by_name[reference]) for arm, reference in design.comparisons
+          if arm in by_name and reference in by_name]  # a variant that failed: nothing to compare
+
+
+def compare(chosen: list[Chosen], design: Design) -> list[statistics.Comparison]:
+  """The design's comparisons between arms each at its chosen rate (``rate`` "chosen"), paired
+  by seed where they share all seeds and their data (same_data), with Holm's adjusted p over
+  this family, the study's primary one."""
+  return statistics.adjust(_compare(a, b, design) for a, b in _pairs_of(chosen, design))
+
+
+def compare_matched(chosen: list[Chosen], design: Design) -> list[statistics.Comparison]:
+  """The design's comparisons again at a matched rate: the arm at the rate its reference chose,
+  where the arm's grid has it (``rate`` "matched"; none where it lacks it). Secondary: outside
+  the Holm family (``p_adjusted`` NaN), so a verdict on one says its p is unadjusted."""
+  rows = []
+  for a, b in _pairs_of(chosen, design):
+    matched = a.at(b.learning_rate)
+    if matched is not None:
+      rows.append(dataclasses.replace(_compare(matched, b, design), rate=statistics.MATCHED))
+  return rows
+
+
+def compare_both(chosen: list[Chosen], design: Design) -> list[statistics.Comparison]:
+  """The rows of comparisons.csv: :func:`compare` (the Holm family), then
+  :func:`compare_matched`."""
+  return compare(chosen, design) + compare_matched(chosen, design)
 
 
 def power_note(design: Design, seeds: int) -> str:
@@ -244,13 +306,24 @@ def power_note(design: Design, seeds: int) -> str:
 
 
 def verdict(comparison: statistics.Comparison, design: Design) -> str:
-  """In words: better, worse, or no difference detected (never "the same")."""
-  if not math.isfinite(comparison.p_adjusted) or comparison.p_adjusted >= statistics.SIGNIFICANT:
+  """In words, never stronger than the row's test: "better" or "worse" only on a p below
+  SIGNIFICANT (Holm's where the row is in the family; a row outside it, p_adjusted NaN, says
+  "(p unadjusted)"), else "no difference detected (n seeds)"; "same (within +-margin)" only on a
+  passing equivalence test, else "equivalence not shown (n seeds)"."""
+  p = comparison.decisive_p
+  shown = math.isfinite(p) and p < statistics.SIGNIFICANT
+  unadjusted = " (p unadjusted)" if not math.isfinite(comparison.p_adjusted) and shown else ""
+  if comparison.is_equivalence:
+    return (f"same (within ±{comparison.margin:g}){unadjusted}" if shown
+            else f"equivalence not shown ({comparison.n} seeds)")
+  if not shown:
     return f"no difference detected ({comparison.n} seeds)"
+  return ("better" if _better(comparison, design) else "worse") + unadjusted
+
+
+def _better(comparison: statistics.Comparison, design: Design) -> bool:
   if comparison.test in ("time_to_solve", "logrank"):
-    better = comparison.estimate < 0  # solved sooner
-  elif comparison.test == "solve_rate":
-    better = comparison.estimate > 0
-  else:
-    better = (comparison.estimate > 0) == design.higher_is_better
-  return "better" if better else "worse"
+    return comparison.estimate < 0  # solved sooner
+  if comparison.test == "solve_rate":
+    return comparison.estimate > 0
+  return (comparison.estimate > 0) == design.higher_is_better
