@@ -144,7 +144,8 @@ class Chosen:
     indices = _by_rate(self.record).get(float(rate))
     if indices is None:
       return None
-    metrics = {name: [values[i] for i in indices] for name, values in self.record["metrics"].items()}
+    metrics = {name: [values[i] for i in indices]
+               for name, values in self.record["metrics"].items()}
     return dataclasses.replace(self, learning_rate=float(rate), metrics=metrics, edge="")
 
 
