@@ -247,20 +247,79 @@ def check_batch_split(batch_size: int, num_devices: int) -> None:
 
 
 def run_app(run) -> None:
-  """absl's app.run(run), with a one-line error when a --config override names a field the
-  config does not have (config_flags raises AttributeError or KeyError while parsing flags)."""
-  from absl import app
-  started = []
+  """absl's app.run(run), with every failure to read the command line in one line naming the
+  fix: a config file that is not there, a config's own error (a misspelt mode), an --config
+  override of a field the config does not have (with its dotted path) or of the wrong type, and
+  absl's own flag errors (a missing --workdir)."""
+  from absl import app, flags
 
-  def tracked(argv):
-    started.append(True)
-    run(argv)
+  def parse(argv):
+    try:
+      arguments = flags.FLAGS(argv)
+      config = flags.FLAGS["config"].value
+      if config is not None:
+        config.get("any")  # a config file that failed to load raises on first use
+      return arguments
+    except Exception as error:  # noqa: BLE001 -- each becomes one line below
+      sys.exit(command_line_error(error, argv))
 
-  try:
-    app.run(tracked)
-  except (AttributeError, KeyError) as error:
-    if started:  # a bug past flag parsing, not a config problem
-      raise
-    detail = " ".join(str(error).encode().decode("unicode_escape").replace("'", "").split())
-    sys.exit(f"config error: an --config override names a field the config does not have: "
-             f"{detail}")
+  app.run(run, flags_parser=parse)
+
+
+def command_line_error(error: Exception, argv) -> str:
+  """The one line for a command line that could not be read (``run_app``).
+
+  >>> command_line_error(AttributeError('num_head Did you mean "num_heads"?'),
+  ...                    ["train", "--config=configs/default.py", "--config.model.num_head=3"])
+  'config error: --config.model.num_head names a field the config does not have; did you
+  mean model.num_heads?'
+  """
+  message = str(error)
+  if isinstance(error, OSError) or "No such file or directory" in message:
+    path = _flag_value(argv, "config").split(":", 1)[0]
+    folder = os.path.dirname(path) if os.path.isdir(os.path.dirname(path) or ".") else "configs"
+    configs = sorted(name for name in os.listdir(folder) if name.endswith(".py")
+                     and name != "__init__.py") if os.path.isdir(folder) else []
+    where = (f"; {folder}/ holds {', '.join(configs)}" if configs else
+             "; run from the repository's root (the folder holding configs/)")
+    return f"config error: no config file {path!r} (--config){where}."
+  if isinstance(error, (AttributeError, KeyError)):  # an override of a field that is not there
+    detail = " ".join(message.encode().decode("unicode_escape").replace("'", "").split())
+    field, _, hint = detail.partition(" ")
+    overrides = [arg.split("=", 1)[0][len("--config."):] for arg in argv
+                 if arg.startswith("--config.")]
+    path = next((o for o in overrides if o.split(".")[-1] == field), field)
+    guess = re.search(r'Did you mean "?([\w.]+)"? instead', hint) or re.search(
+        r'Did you mean "?([\w.]+)"?', hint)
+    suggestion = ""
+    if guess:
+      suggestion = f"; did you mean {path.rsplit('.', 1)[0] + '.' if '.' in path else ''}" \
+                   f"{guess.group(1)}?"
+    return (f"config error: --config.{path} names a field the config does not have"
+            f"{suggestion or '.'}")
+  lines = [line.strip() for line in message.splitlines() if line.strip()]
+  first = lines[0] if lines else type(error).__name__
+  if "Error whilst parsing config file" in message:  # the config's own error, e.g. its mode
+    flag = first.split(": Error whilst", 1)[0].removeprefix("flag ")
+    reason = lines[-1].split(": ", 1)[-1]
+    return f"config error: {flag}: {reason}"
+  first = first.removeprefix("flag ").removesuffix(".")
+  if first.startswith("--config"):
+    return f"config error: {first}."
+  return f"command line error: {first}; python -m {_program(argv)} --helpshort lists the flags."
+
+
+def _flag_value(argv, name: str) -> str:
+  """The value of --name=VALUE or --name VALUE in ``argv`` ("" when absent)."""
+  for index, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      return arg.split("=", 1)[1]
+    if arg == f"--{name}" and index + 1 < len(argv):
+      return argv[index + 1]
+  return ""
+
+
+def _program(argv) -> str:
+  """The module a command line ran (experiments.train or experiments.sweep)."""
+  program = os.path.splitext(os.path.basename(argv[0]))[0] if argv else "train"
+  return f"experiments.{program}"

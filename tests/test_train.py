@@ -65,6 +65,28 @@ def test_bad_config_exits_nonzero_within_seconds_naming_the_field(override, mess
   assert not os.path.exists(tmp_path / "checkpoints")
 
 
+@pytest.mark.parametrize("module, arguments, line", [
+    ("train", ["--config=configs/defaults.py"],
+     "config error: no config file 'configs/defaults.py' (--config); configs/ holds default.py,"),
+    ("sweep", ["--config=configs/ablations/heads.py:quik"],
+     "config error: --config=configs/ablations/heads.py:quik: mode must be 'quick' (or none), "
+     "got 'quik'."),
+    ("train", ["--config=configs/default.py", "--config.model.num_head=3"],
+     "config error: --config.model.num_head names a field the config does not have; did you "
+     "mean model.num_heads?"),
+    ("train", ["--config=configs/default.py", "--config.model.d_model=wide"],
+     "config error: --config.model.d_model=wide: invalid literal for int()"),
+])
+def test_a_command_line_that_cannot_be_read_is_one_line_with_the_fix(module, arguments, line,
+                                                                      tmp_path):
+  result = subprocess.run([sys.executable, "-m", f"experiments.{module}",
+                           f"--workdir={tmp_path}", *arguments], cwd=ROOT, capture_output=True,
+                          text=True)
+  assert result.returncode == 1
+  assert result.stderr.strip().startswith(line) and "\n" not in result.stderr.strip(), \
+      result.stderr[-2000:]
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("task", "sorting", "task must be one of"),
     ("task_options.num_pairs", 4, "not an option of task 'order'"),
