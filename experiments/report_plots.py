@@ -106,7 +106,7 @@ def plot_final(records, path, design=None):
 
 def plot_chosen(records, path, design=None):
   """Each variant at its chosen learning rate: mean (bar), seeds (dots), interval."""
-  chosen = verdicts.choose(records, measure_of(records))
+  chosen = verdicts.choose(records, measure_of(records), design)
   _seed_bars([c.metrics for c in chosen], _shown_columns(records, design),
              [f"{label(c.variant)} (lr {c.learning_rate:g}{', edge' if c.edge else ''})"
               for c in chosen], path,
