@@ -300,6 +300,11 @@ class _Reports:
 
   def evaluated(self, step: int, metrics: dict) -> None:
     self.log(step, metrics)
+    if step >= self.run.config.num_train_steps and self.progress is not None:
+      # the bar's last state once, then the last line under it (writing above a bar redraws it:
+      # a notebook's saved output kept both copies)
+      self.progress.close()
+      self.progress = None
     self.say(f"step {step}: " + ", ".join(
         f"{name} {np.nanmean(value):.4f}" for name, value in metrics.items()))
 
@@ -374,8 +379,18 @@ def train_and_evaluate(config, workdir: str) -> dict:
     print(f"outputs in {workdir}: config.json, checkpoints/, and per replica in replicas/: "
           f"metrics.jsonl, TensorBoard events"
           + (", attention_maps/" if config.attention_maps else "")
-          + f". Look at them with: tensorboard --logdir={workdir}")
+          + f". Look at them with: {_viewer(workdir)}")
   return final
+
+
+def _viewer(workdir: str) -> str:
+  """The command that opens ``workdir``'s TensorBoard events where this runs: the notebook magic
+  in a notebook (Colab, Jupyter), else the tensorboard command requirements.txt installs."""
+  ipython = sys.modules.get("IPython")
+  shell = ipython.get_ipython() if ipython is not None else None
+  if shell is not None and type(shell).__name__ != "TerminalInteractiveShell":
+    return f"%load_ext tensorboard, then %tensorboard --logdir {workdir}"
+  return f"tensorboard --logdir={workdir}"
 
 
 def parameter_count(params) -> int:

@@ -21,6 +21,10 @@ def test_colab_notebook_executes_in_quick_mode(tmp_path, monkeypatch):
   text = "".join(output.get("text", "") for output in outputs)
   assert "JAX runs on the runtime's accelerator: cpu." in text  # the install cell checked it
   assert "implementation=None runs" in text
+  # the notebook's form of the viewer, and each training's finished bar saved once
+  assert "%load_ext tensorboard, then %tensorboard --logdir" in text
+  finished = [line for line in text.splitlines() if "100%|" in line]
+  assert finished and len(finished) == len(set(finished)), finished
   images = [output for output in outputs if "image/png" in output.get("data", {})]
   assert len(images) >= 5  # learning curves, two sweep plots, two attention maps
   markdown = "".join(output["data"].get("text/markdown", "") for output in outputs
