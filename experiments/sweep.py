@@ -197,8 +197,15 @@ def bracket(sweep, config, directory, record, spent) -> dict:
     return record
   declared = grid(sweep)["learning_rate"]
   measure = report_tables.measure_of([record])
+  design = verdicts.Design.of_sweep(sweep, measure)
+  sweep_dir = os.path.dirname(os.path.dirname(directory))  # <workdir>/variants/<name>
   while True:
-    (chosen,) = verdicts.choose([record], measure)
+    # the rate chosen for the outcome the study measures (a time-to-threshold study: the
+    # validation stream's time, from the replicas' logs), as the report will choose it
+    from experiments import sweep_report  # pylint: disable=import-outside-toplevel (matplotlib)
+    scored = sweep_report.from_logs([record], sweep_dir, design) if (
+        design.test == "time_to_solve") else [record]
+    (chosen,) = verdicts.choose(scored, measure, design)
     rates = sorted(set(record["metrics"]["learning_rate"]))
     added = {"lowest": sum(r < min(declared) for r in rates),
              "highest": sum(r > max(declared) for r in rates)}
