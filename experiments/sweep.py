@@ -36,6 +36,7 @@ if __name__ == "__main__":  # before jax is imported; experiments/launch.py says
   launch.with_huge_pages()
 
 import copy
+import dataclasses
 import os
 import sys
 import traceback
@@ -159,7 +160,9 @@ def run_sweep(sweep, workdir: str, only: list[str] | None = None) -> list[dict]:
                                        os.path.join(workdir, "variants", name))
                         for name, overrides in selected])
   design = verdicts.Design.of_sweep(sweep, "accuracy")
-  say(f"[sweep] {verdicts.power_note(design, sweep.num_seeds)}")
+  names = {name for name, _ in selected}  # the comparisons this run's report can make
+  say("[sweep] " + verdicts.power_note(dataclasses.replace(design, comparisons=tuple(
+      pair for pair in design.comparisons if set(pair) <= names)), sweep.num_seeds))
   refusal = design.refusal(sweep.num_seeds)
   if refusal is None and sweep.get("alpha") is not None and sweep.get("predictions"):
     refusal = findings.refusal(findings.declaration_of(sweep.predictions), sweep.num_seeds)
