@@ -161,9 +161,10 @@ def mean_interval(values, lower=-math.inf, upper=math.inf) -> tuple[float, float
   if len(values) == 0:
     return math.nan, math.nan, math.nan
   mean = float(values.mean())
-  if len(values) < 2 or np.ptp(values) == 0:
+  sem = stats.sem(values) if len(values) > 1 else 0.0
+  if not sem > 0:  # one value, values that do not vary, or a spread below float's range
     return mean, mean, mean
-  low, high = stats.t.interval(LEVEL, len(values) - 1, loc=mean, scale=stats.sem(values))
+  low, high = stats.t.interval(LEVEL, len(values) - 1, loc=mean, scale=sem)
   return mean, float(max(low, lower)), float(min(high, upper))
 
 
