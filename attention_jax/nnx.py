@@ -363,15 +363,10 @@ class ALiBiEncoding(NoPositionalEncoding):
     return positional.alibi_bias(self.num_heads, q_len, kv_len)
 
 
-#: The positional encodings by name, as NNX modules.
-POSITIONAL_ENCODINGS = {
-    "none": NoPositionalEncoding,
-    "sinusoidal": SinusoidalEncoding,
-    "learned": LearnedEncoding,
-    "randomized": RandomizedEncoding,
-    "rope": RotaryEncoding,
-    "alibi": ALiBiEncoding,
-}
+#: The positional encodings by name, as NNX modules: the Linen registry's names, each with the
+#: NNX twin of its Linen class.
+POSITIONAL_ENCODINGS = {name: globals()[linen.__name__]
+                        for name, linen in positional.POSITIONAL_ENCODINGS.items()}
 
 
 def positional_encoding(name: str, /, *, max_length: int, d_model: int, num_heads: int,
