@@ -609,7 +609,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                       mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
                       sigmoid_bias: float | None = None, dropout_rate: float = 0.0,
                       dropout_rng=None, broadcast_dropout: bool = True,
-                      return_max_scores: bool = False):
+                      return_max_scores: bool = False, empty_rows: str | None = None):
   """Memory-efficient attention, blockwise in both directions; validated arguments as
   ``dot_product_attention``'s; a query row with no key gives zeros (``dot_product_attention``'s
   ``empty_rows`` decides what it returns there). Blocks of ``block_q``
@@ -627,6 +627,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256).shape
   (2, 512, 4, 64)
   """
+  _checks.zeros_on_empty_rows(empty_rows, "chunked_attention")
   if block_mask is not None:
     block_q, block_k = block_mask.block_q, block_mask.block_k
     mask_mod = block_mask.mask_mod if mask_mod is None else mask_mod

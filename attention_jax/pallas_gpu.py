@@ -814,12 +814,14 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
                          mask_mod=None, block_mask=None, return_residual: bool = False,
                          interpret: bool = False,
                          return_max_scores: bool = False, dropout_rate: float = 0.0,
-                         dropout_rng=None, broadcast_dropout: bool = True):
+                         dropout_rng=None, broadcast_dropout: bool = True,
+                         empty_rows: str | None = None):
   """``dot_product_attention`` through the fused kernel: query [..., T, N, H], key/value
   [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``);
   a query row with no key gives zeros (``dot_product_attention``'s ``empty_rows`` decides what
   it returns there). Inputs are assumed validated and servable (attention.KERNELS);
   ``local_window_size`` as (left, right) or None."""
+  _checks.zeros_on_empty_rows(empty_rows, "pallas_gpu_attention")
   q_len, kv_len = query.shape[-3], key.shape[-3]
   blocks, kinds = _kernel_blocks(block_mask, BLOCK)
   mask_mod, block_mask = structure.translate(

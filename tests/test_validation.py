@@ -1,5 +1,6 @@
 """Malformed calls raise ValueError at trace time, naming the problem."""
 
+import importlib
 import types
 
 import jax
@@ -203,3 +204,19 @@ def test_deprecated_variant_fields_still_work_for_one_release_with_one_line():
   with pytest.warns(DeprecationWarning, match=r"head_variant_options=\{'schedule': 'half_index'\}"):
     model = aj.EncoderConfig(vocab_size=8, head_variant="overlap", overlap_schedule="half_index")
   assert model.head_variant_options == (("schedule", "half_index"),)
+
+
+@pytest.mark.parametrize("name", ["chunked", "pallas_gpu"])
+def test_the_blockwise_kernels_former_empty_rows_names_where_it_lives(name):
+  """The blockwise kernels give zeros on an empty row: their former ``empty_rows="zero"`` still
+  runs, another value is refused in one line naming dot_product_attention's argument."""
+  kernel = getattr(importlib.import_module(f"attention_jax.{name}"), f"{name}_attention")
+  q = jnp.ones((1, 8, 2, 8))
+  mask = jnp.zeros((1, 1, 8, 8), bool)
+  interpret = {"interpret": True} if name == "pallas_gpu" else {}
+  if name == "chunked":
+    out = kernel(q, q, q, mask=mask, scale=0.5, empty_rows="zero")
+    assert not jnp.any(out)
+  with pytest.raises(ValueError, match=r"gives zeros on a query row with no key; for "
+                     r"empty_rows='mean' call dot_product_attention\(\.\.\., implementation="):
+    kernel(q, q, q, mask=mask, scale=0.5, empty_rows="mean", **interpret)
