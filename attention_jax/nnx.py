@@ -363,8 +363,8 @@ class ALiBiEncoding(NoPositionalEncoding):
     return positional.alibi_bias(self.num_heads, q_len, kv_len)
 
 
-#: The positional encodings by name, as NNX modules: the Linen registry's names, each with the
-#: NNX twin of its Linen class.
+#: The positional encodings by name, as NNX modules (the Linen registry's names, each with the
+#: NNX twin of its Linen class).
 POSITIONAL_ENCODINGS = {name: globals()[linen.__name__]
                         for name, linen in positional.POSITIONAL_ENCODINGS.items()}
 
