@@ -301,7 +301,8 @@ def power_note(design: Design, seeds: int) -> str:
     return "The study declares no comparisons."
   smallest = statistics.smallest_p(design.test, seeds, family)
   can = "can" if smallest < statistics.SIGNIFICANT else "cannot"
-  return (f"With {seeds} seeds per arm and {family} comparisons, the {design.test} test {can} "
+  comparisons = "1 comparison" if family == 1 else f"{family} comparisons"
+  return (f"With {seeds} seeds per arm and {comparisons}, the {design.test} test {can} "
           f"reach p < {statistics.SIGNIFICANT:g} after Holm (smallest possible adjusted p "
           f"{smallest:.2g}).")
 
