@@ -289,14 +289,11 @@ def command_line_error(error: Exception, argv) -> str:
     overrides = [arg.split("=", 1)[0][len("--config."):] for arg in argv
                  if arg.startswith("--config.")]
     path = next((o for o in overrides if o.split(".")[-1] == field), field)
-    guess = re.search(r'Did you mean "?([\w.]+)"? instead', hint) or re.search(
-        r'Did you mean "?([\w.]+)"?', hint)
-    suggestion = ""
-    if guess:
-      suggestion = f"; did you mean {path.rsplit('.', 1)[0] + '.' if '.' in path else ''}" \
-                   f"{guess.group(1)}?"
-    return (f"config error: --config.{path} names a field the config does not have"
-            f"{suggestion or '.'}")
+    guess = re.search(r'Did you mean "?([\w.]+)"?', hint)
+    prefix = path.rpartition(".")[0]
+    suggestion = (f"; did you mean {prefix + '.' if prefix else ''}{guess.group(1)}?" if guess
+                  else ".")
+    return f"config error: --config.{path} names a field the config does not have{suggestion}"
   lines = [line.strip() for line in message.splitlines() if line.strip()]
   first = lines[0] if lines else type(error).__name__
   if "Error whilst parsing config file" in message:  # the config's own error, e.g. its mode
