@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import probes, statistics, sweep_report, trained, verdicts  # noqa: E402
+from experiments import figures, probes, statistics, sweep_report, trained, verdicts  # noqa: E402
 from experiments import workdir as workdir_lib  # noqa: E402
 
 NUM_EXAMPLES = 500  # test examples the farthest-point and max-share probes read
@@ -94,8 +94,7 @@ def importance_plot(results: dict, path: str, measure: str) -> None:
   axis.axhline(0.0, color="gray", linewidth=0.5)
   axis.legend(fontsize=7)
   figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  plt.close(figure)
+  figures.save(figure, path, dpi=110)
 
 
 def write_head_importance(sweep: str, out: str, variants: list[str] | None = None,
@@ -197,8 +196,7 @@ def max_share_plot(results: dict[str, list[np.ndarray]], arms: list[str], path: 
       axis.set_ylabel("head j")
   figure.colorbar(image, ax=axes[0].tolist(), shrink=0.9,
                   label="share: head j's top token\nis the argmax of maximum i")
-  figure.savefig(path, dpi=110, bbox_inches="tight")
-  plt.close(figure)
+  figures.save(figure, path, dpi=110, bbox_inches="tight")
 
 
 def write_max_shares(sweep: str, out: str, maxima: int, full_arms: list[str]) -> str:

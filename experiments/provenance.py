@@ -29,7 +29,7 @@ def _commit() -> str:
   return (commit + ("+changes" if dirty else "")) if commit else "unknown"
 
 
-def _machine() -> str:
+def machine() -> str:
   """The accelerator JAX runs on, or the CPU's model name and its core count."""
   import jax  # noqa: PLC0415 -- the reports import this module without needing jax
   device = jax.devices()[0]
@@ -52,7 +52,7 @@ def collect() -> dict[str, str]:
     except metadata.PackageNotFoundError:
       return "not installed"
   return {"commit": _commit(), "python": platform.python_version(), "jax": version("jax"),
-          "flax": version("flax"), "optax": version("optax"), "machine": _machine(),
+          "flax": version("flax"), "optax": version("optax"), "machine": machine(),
           "date": datetime.date.today().isoformat()}
 
 

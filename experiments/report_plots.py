@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import logbook, statistics, verdicts, workdir as workdir_lib  # noqa: E402
+from experiments import figures, logbook, statistics, verdicts, workdir as workdir_lib  # noqa: E402
 from experiments.report_tables import (INTERVAL_NOTE, MAX_LOGIT, accuracy_columns,  # noqa: E402
                                        arm_values, measure_of, metric_range, readable,
                                        readable_arm)
@@ -59,8 +59,7 @@ def yerr(values_per_point, name):
 
 def _save(figure, path):
   figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  plt.close(figure)
+  figures.save(figure, path)
 
 
 def _bars(axis, labels):

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import measures, statistics  # noqa: E402
+from experiments import figures, measures, statistics  # noqa: E402
 
 HEADS = (1, 2, 4, 8, 16)  # heads_binding's head counts on the CPU
 # Words for the extra arms' names in the legend of nmse_by_heads.
@@ -59,8 +59,7 @@ def heads_binding(by_task: dict, path: str, heads=HEADS) -> None:
     axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2,
                 frameon=False)
   figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  plt.close(figure)
+  figures.save(figure, path, dpi=110)
 
 
 def nmse_by_heads(declaration, records, directory: str) -> None:
@@ -101,8 +100,7 @@ def nmse_by_heads_and_length(declaration, records, directory: str) -> None:
   axis.set_ylabel("test NMSE")
   axis.plot([], [], color="gray", linestyle=":", label="NMSE(1) (D - h) / (D - 1)")
   axis.legend(fontsize=8)
-  figure.savefig(os.path.join(directory, "nmse_by_heads.png"), dpi=110)
-  plt.close(figure)
+  figures.save(figure, os.path.join(directory, "nmse_by_heads.png"), dpi=110)
 
 
 def accuracy_at_chosen_rates(declaration, records, directory: str) -> None:
@@ -132,8 +130,7 @@ def accuracy_at_chosen_rates(declaration, records, directory: str) -> None:
   axes[0].set_ylabel("test accuracy at the chosen rate")
   axes[-1].legend(fontsize=8, loc="lower left")
   fig.tight_layout()
-  fig.savefig(os.path.join(directory, "accuracy_at_chosen_rates.png"), dpi=110)
-  plt.close(fig)
+  figures.save(fig, os.path.join(directory, "accuracy_at_chosen_rates.png"), dpi=110)
 
 
 FIGURES = {"nmse_by_heads": nmse_by_heads, "nmse_by_heads_accelerator": nmse_by_heads_accelerator,

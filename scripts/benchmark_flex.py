@@ -51,6 +51,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
 from attention_jax import pallas_gpu  # noqa: E402
+from experiments import figures, provenance as provenance_lib  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
 
 HEADS, HEAD_DIM = 8, 64
@@ -263,7 +264,7 @@ def plot(rows, path, provenance):
   axis.legend(fontsize=8)
   figure.text(0.01, 0.01, "\n".join(textwrap.wrap(provenance, 140)), fontsize=5, color="gray")
   figure.tight_layout(rect=(0, 0.05, 1, 1))
-  figure.savefig(path, dpi=130)
+  figures.save(figure, path, dpi=130)
 
 
 def machine():
@@ -316,9 +317,11 @@ def main():
   info = machine()
   print(json.dumps(info))
   if args.plot:
-    provenance = (f"{info['command']} | commit {info['commit']} | {info['date']} | "
-                  f"{info['processor'] or info['platform']}, {info['cpus']} CPUs | jax "
-                  f"{info['jax']}")
+    # the footer: the command without where it wrote, and the machine by its model
+    command = " ".join(argument for argument, before in zip(sys.argv, [""] + sys.argv)
+                       if not {argument.split("=")[0], before} & {"--plot", "--json"})
+    provenance = (f"python {command} | commit {info['commit']} | {info['date']} | "
+                  f"{provenance_lib.machine()} | jax {info['jax']}")
     plot([row for row in rows if row["part"] == "sparsity"], args.plot, provenance)
   if args.json:
     with open(args.json, "w") as f:

@@ -7,20 +7,27 @@ in headless Chromium; after layout the script lists the tables, code blocks, not
 the article that are wider than their box (a table's last columns behind a scroll bar, a command
 cut at a note's edge), code that wraps (a code block rendered on more lines than its text has: it
 should scroll sideways; a token of inline code split across lines), the words of headers split
-across lines other than at a hyphen or a slash ("defa|ult"), and pages without a title. Mathematics is left out (MathJax's glyphs
-overhang their boxes by a few pixels, visibly nothing). Exit status 1 if any page has one.
+across lines other than at a hyphen or a slash ("defa|ult"), pages without a title, and figures
+whose smallest axis text is under 9 px as shown (the size a PNG saved by experiments.figures.save
+records, times the figure's shown width over its drawn width; figures that record none are
+counted as unchecked). Mathematics is left out (MathJax's glyphs overhang their boxes by a few
+pixels, visibly nothing). Exit status 1 if any page has one.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import html
+import io
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PROBE = """
 window.addEventListener('load', () => {
@@ -78,9 +85,43 @@ window.addEventListener('load', () => {
   });
   if (!document.querySelector('h1')) found.push('no title (h1)');
   document.body.setAttribute('data-overflow', JSON.stringify(found));
+  // Each figure's shown and drawn widths: legible() reads the text size its PNG records.
+  const images = Array.from(article.querySelectorAll('img')).filter(image => image.naturalWidth)
+      .map(image => [image.getAttribute('src'), image.clientWidth, image.naturalWidth]);
+  document.body.setAttribute('data-images', JSON.stringify(images));
 });
 """
 SKIPPED = ("genindex.html", "search.html", "py-modindex.html")
+SMALLEST_TEXT_PX = 9  # the smallest axis text a shown figure may have, in CSS pixels
+
+
+def recorded_text_px(page: str, source: str) -> float | None:
+  """The smallest axis text (px) that the figure at ``source`` (relative to ``page``, or a data
+  URI) records, or None."""
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from experiments.figures import TEXT_KEY  # pylint: disable=import-outside-toplevel
+  if source.startswith("data:image/png;base64,"):
+    data = io.BytesIO(base64.b64decode(source.partition(",")[2]))
+  else:
+    data = os.path.join(os.path.dirname(page), html.unescape(source).split("#")[0])
+    if not source.lower().endswith(".png") or not os.path.exists(data):
+      return None
+  value = Image.open(data).text.get(TEXT_KEY)
+  return None if value is None else float(value)
+
+
+def legibility(page: str, images: list) -> tuple[list[str], int]:
+  """The figures on ``page`` whose smallest axis text is under SMALLEST_TEXT_PX as shown, and
+  how many figures record no text size."""
+  problems, unrecorded = [], 0
+  for source, shown, drawn in images:
+    text = recorded_text_px(page, source)
+    if text is None:
+      unrecorded += 1
+    elif text * shown / drawn < SMALLEST_TEXT_PX:
+      problems.append(f"figure text {text * shown / drawn:.1f} px as shown ({text:g} px drawn, "
+                      f"shown at {shown / drawn:.0%}): {source[:60]}")
+  return problems, unrecorded
 
 
 def pages(site: str) -> list[str]:
@@ -89,8 +130,9 @@ def pages(site: str) -> list[str]:
                 and not {"_static", "_sources"} & set(folder.split(os.sep)))
 
 
-def overflow(page: str, chromium: str, width: int, profile: str) -> list[str]:
-  """What overflows on ``page``, loaded at ``width`` x 800 from a probing copy beside it."""
+def overflow(page: str, chromium: str, width: int, profile: str) -> tuple[list[str], int]:
+  """What overflows on ``page``, loaded at ``width`` x 800 from a probing copy beside it, with its
+  illegible figures; and how many of its figures record no text size."""
   with open(page) as f:
     text = f.read()
   copy = page[:-len(".html")] + ".layout-probe.html"
@@ -104,8 +146,12 @@ def overflow(page: str, chromium: str, width: int, profile: str) -> list[str]:
          "file://" + os.path.abspath(copy)], capture_output=True, text=True, timeout=120)
   finally:
     os.remove(copy)
-  match = re.search(r'data-overflow="([^"]*)"', result.stdout)
-  return json.loads(html.unescape(match.group(1))) if match else ["the page did not load"]
+  found = re.search(r'data-overflow="([^"]*)"', result.stdout)
+  images = re.search(r'data-images="([^"]*)"', result.stdout)
+  if not (found and images):
+    return ["the page did not load"], 0
+  illegible, unrecorded = legibility(page, json.loads(html.unescape(images.group(1))))
+  return json.loads(html.unescape(found.group(1))) + illegible, unrecorded
 
 
 def main():
@@ -114,17 +160,20 @@ def main():
   parser.add_argument("--chromium", default="chromium")
   parser.add_argument("--width", type=int, default=1280)
   args = parser.parse_args()
-  found = {}
+  found, unchecked = {}, 0
   with tempfile.TemporaryDirectory() as profile:
     for page in pages(args.site):
-      if problems := overflow(page, args.chromium, args.width, profile):
+      problems, unrecorded = overflow(page, args.chromium, args.width, profile)
+      unchecked += unrecorded
+      if problems:
         found[os.path.relpath(page, args.site)] = problems
   for page, problems in found.items():
     print(page)
     for problem in problems:
       print("  ", problem)
   print(f"{len(pages(args.site))} pages at {args.width} px: "
-        f"{len(found)} with something wider than its box")
+        f"{len(found)} with something wider than its box or an illegible figure; "
+        f"{unchecked} figures record no text size (unchecked)")
   sys.exit(1 if found else 0)
 
 

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments import attention_maps, probes, trained  # noqa: E402
+from experiments import attention_maps, figures, probes, trained  # noqa: E402
 
 COLUMNS = ("entropy", "distance", "diagonal_max", "importance")
 
@@ -63,8 +63,7 @@ def heat_maps(stats, path: str) -> None:
     axis.set_ylabel("layer")
     figure.colorbar(image, ax=axis)
   figure.tight_layout()
-  figure.savefig(path, dpi=110)
-  plt.close(figure)
+  figures.save(figure, path, dpi=110)
 
 
 def main():

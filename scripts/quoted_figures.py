@@ -28,6 +28,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIGURES = os.path.join(ROOT, "docs", "quoted_figures.json")
+sys.path.insert(0, ROOT)
+from experiments import provenance  # noqa: E402
 QUICK_TESTS = "python -m pytest -q -n 2 -m quick tests"
 MAIN_JOB = "python -m experiments.train --config=configs/default.py --workdir=workdir/default"
 
@@ -127,15 +129,6 @@ def _timed(command: str, cwd: str, may_fail=()) -> tuple[float, float, str]:
   return wall, cpu, result.stdout + result.stderr
 
 
-def _machine() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      model = re.search(r"model name\s*:\s*(.*)", f.read()).group(1)
-  except (OSError, AttributeError):
-    model = platform.processor() or platform.machine()
-  return f"{os.cpu_count()}-core {model}"
-
-
 def measure() -> dict:
   """Runs the quick tests and the main job as the README says; the figures and their provenance."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -157,9 +150,9 @@ def measure() -> dict:
           "eval_accuracy": final["eval_accuracy"], "steps": final["step"]}
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()
-  provenance = {"commit": commit, "python": platform.python_version(), "jax": jax.__version__,
-                "machine": _machine(), "date": datetime.date.today().isoformat()}
-  return {"quick_tests": quick, "main_job": main, "provenance": provenance}
+  made = {"commit": commit, "python": platform.python_version(), "jax": jax.__version__,
+          "machine": provenance.machine(), "date": datetime.date.today().isoformat()}
+  return {"quick_tests": quick, "main_job": main, "provenance": made}
 
 
 def main():

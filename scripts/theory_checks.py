@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
 from attention_jax import diagnostics, reference  # noqa: E402
+from experiments import figures  # noqa: E402
 
 HEAD_DIMS = (4, 16, 64, 256, 1024)
 KEYS = 32  # keys per query in checks 1-2
@@ -146,8 +147,7 @@ def figure(data, path):
     axis.set_title(title, fontsize=10)
     axis.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  figures.save(fig, path)
   names = list(data["equivariance"])
   fig, axis = plt.subplots(figsize=(5.5, 3.6))
   axis.bar(names, [max(data["equivariance"][n], 1e-9) for n in names])
@@ -155,8 +155,7 @@ def figure(data, path):
   axis.set_ylabel("largest |f(Px) - P f(x)|")
   axis.set_title("Permutation equivariance of the encoder, by positional encoding", fontsize=9)
   fig.tight_layout()
-  fig.savefig(path.replace(".png", "_equivariance.png"), dpi=110)
-  plt.close(fig)
+  figures.save(fig, path.replace(".png", "_equivariance.png"))
 
 
 def main():
