@@ -1,7 +1,8 @@
 """Attention speed and memory: this project's implementations against jax.nn, flax and torch.
 
   python scripts/benchmark_attention.py [--rounds 5] [--json FILE] [--long] [--shapes B,T,N,H ...]
-      [--methods NAME ...] [--causal] [--blocks BQxBK ...] [--floor] [--dropout RATE]
+      [--methods NAME ...] [--causal] [--blocks BQxBK ...] [--floor] [--dropout RATE] [--plot PNG]
+  python scripts/benchmark_attention.py --replot FILE.json --plot PNG  # a saved run, drawn again
 
 Forward and forward+backward (gradients of sum(out * cotangent) w.r.t. q, k, v), float32 unless
 --dtype says otherwise; the accelerator kernels ("cudnn", "pallas_tpu") join on their backend. Each
@@ -19,7 +20,8 @@ where --methods names the reference), the blockwise kernel (the dense reference)
 dropout at that rate (the blockwise kernel regenerates its mask per block; the reference draws
 flax's masks), beside the same kernels without it. --floor adds "floor": the block math alone,
 the least that a blockwise kernel written in plain JAX ops does on this backend (see
-block_math_floor).
+block_math_floor). --plot draws each method's time relative to a peer (torch's SDPA where it ran,
+else jax.nn) against T, forward and forward+backward, for the most common head size of the run.
 """
 
 from __future__ import annotations
@@ -254,7 +256,17 @@ def main():
                       "reference with attention dropout at this rate")
   parser.add_argument("--floor", action="store_true", help="add the block-math floor (not "
                       "causal; T up to 1024 or a multiple of 1024)")
+  parser.add_argument("--plot", help="draw the times relative to a peer by length (PNG)")
+  parser.add_argument("--replot", metavar="JSON", help="measure nothing: draw --plot from the "
+                      "measurements a run saved with --json")
   args = parser.parse_args()
+  if args.replot:
+    if not args.plot:
+      parser.error("--replot draws a figure: give its path with --plot")
+    with open(args.replot) as f:
+      saved = json.load(f)
+    plot(saved["results"], saved["machine"], args.plot)
+    return
 
   shapes = ([tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes
             else list(SHAPES))
@@ -340,6 +352,46 @@ def main():
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"machine": machine, "rounds": args.rounds, "results": results}, f, indent=1)
+  if args.plot:
+    plot(results, machine, args.plot)
+
+
+def plot(results, machine, path):
+  """Each method's median time over the peer's (torch_sdpa where it ran, else jax.nn) against T,
+  forward and forward+backward side by side, at the run's most common head size and heads."""
+  from experiments import figures  # noqa: PLC0415 -- matplotlib only when drawing
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+  timed = [r for r in results if "median_s" in r]
+  peer = "torch_sdpa" if any(r["method"] == "torch_sdpa" for r in timed) else "jax.nn"
+  heads = statistics.mode(tuple(r["shape"][2:]) for r in timed)  # (N, H)
+  time = {(tuple(r["shape"]), r["backward"], r["method"]): r["median_s"] for r in timed
+          if tuple(r["shape"][2:]) == heads}
+  figure, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+  methods = sorted({m for _, _, m in time if m != peer})
+  for axis, backward in zip(axes, (False, True)):
+    for number, method in enumerate(methods):
+      points = sorted((shape[1], time[shape, b, m] / time[shape, b, peer])
+                      for shape, b, m in time if b == backward and m == method
+                      and (shape, b, peer) in time)
+      if points:
+        axis.plot(*zip(*points), marker="osD^v*"[number % 6], label=method)
+    axis.axhline(1.0, color="gray", linestyle=":")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log", base=2)
+    lengths = sorted({shape[1] for shape, _, _ in time})
+    axis.set_xticks(lengths, [str(t) for t in lengths])
+    axis.yaxis.set_major_formatter(lambda y, _: f"{y:g}")
+    axis.yaxis.set_minor_formatter(lambda y, _: f"{y:g}")
+    axis.set_xlabel("sequence length T")
+    axis.set_title("forward + backward" if backward else "forward", fontsize=11)
+  axes[0].set_ylabel(f"time / {peer} (lower is faster)")
+  axes[1].legend(fontsize=9)
+  figure.suptitle(f"{machine['device_kind']}, {machine['dtype']}, {heads[0]} heads of "
+                  f"{heads[1]}, jax {machine['jax']}" + (f", torch {machine['torch']}"
+                                                          if machine.get("torch") else ""),
+                  fontsize=11)
+  figure.tight_layout()
+  figures.save(figure, path)
 
 
 def print_rows(rows):
