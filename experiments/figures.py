@@ -15,6 +15,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 TEXT_KEY = "Smallest axis text (px)"
+# The documentation's text column at a 1280-pixel window is 676 CSS pixels wide, so a figure
+# W inches wide is shown at 676 / (dpi W) of its size and its text of s points at s 676 / (72 W)
+# pixels: at most WIDTH inches wide with text of at least SMALLEST points, that is 10 pixels.
+COLUMN_PX = 676
+WIDTH = 7.5  # inches
+SMALLEST = 8  # points
 
 
 def _axis_texts(axis):
@@ -38,6 +44,21 @@ def smallest_text_px(figure, dpi: float) -> float:
   figure.canvas.draw()  # tick labels exist once the figure is laid out
   sizes = [text.get_fontsize() for axis in figure.axes for text in _axis_texts(axis)]
   return min(sizes) * dpi / 72 if sizes else float("inf")
+
+
+def shown_text_px(figure, dpi: float = 110) -> float:
+  """The smallest axis text's height in CSS pixels where the figure, saved at ``dpi``, is shown in
+  the documentation's column (at its own size where it fits, else scaled to the column)."""
+  return smallest_text_px(figure, dpi) * min(1.0, COLUMN_PX / (figure.get_figwidth() * dpi))
+
+
+def recorded_text_px(png) -> tuple[float | None, int]:
+  """The smallest axis text (px) that a PNG (a path or a file) saved by ``save`` records (None
+  for one saved otherwise), and the PNG's width in pixels."""
+  from PIL import Image  # noqa: PLC0415 -- matplotlib's own dependency, needed only here
+  with Image.open(png) as image:
+    value = image.text.get(TEXT_KEY)
+    return (None if value is None else float(value)), image.size[0]
 
 
 def save(figure, path: str, dpi: float = 110, **savefig_kwargs) -> None:

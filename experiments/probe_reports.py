@@ -92,7 +92,7 @@ def importance_plot(results: dict, path: str, measure: str) -> None:
   axis.set_xlabel("head, by importance (1 = the most important)")
   axis.set_ylabel(f"{measure} when switched off")
   axis.axhline(0.0, color="gray", linewidth=0.5)
-  axis.legend(fontsize=7)
+  axis.legend(fontsize=figures.SMALLEST)
   figure.tight_layout()
   figures.save(figure, path, dpi=110)
 
@@ -182,7 +182,8 @@ def every_maximum_its_head(results: dict[str, list[np.ndarray]], arms: list[str]
 def max_share_plot(results: dict[str, list[np.ndarray]], arms: list[str], path: str) -> None:
   """share[j, i] of seed 0 of each of ``arms`` (as many heads as maxima, one per length)."""
   arms = [arm for arm in arms if arm in results]
-  figure, axes = plt.subplots(1, len(arms), figsize=(3.0 * len(arms) + 1.0, 3.0),
+  width = min(figures.WIDTH, 3.0 * len(arms) + 1.0)
+  figure, axes = plt.subplots(1, len(arms), figsize=(width, 3.0),
                               squeeze=False, sharey=True, layout="constrained")
   for k, (axis, arm) in enumerate(zip(axes[0], arms)):
     share = results[arm][0]

@@ -63,7 +63,8 @@ def _save(figure, path):
 
 
 def _bars(axis, labels):
-  axis.set_xticks(np.arange(len(labels)), labels, rotation=60, ha="right", fontsize=7)
+  axis.set_xticks(np.arange(len(labels)), labels, rotation=60, ha="right",
+                  fontsize=figures.SMALLEST)
 
 
 def _shown_columns(records, design) -> list[str]:
@@ -78,7 +79,7 @@ def _seed_bars(bars, columns, labels, path, title="") -> None:
   """A panel per measure in ``columns``: a bar per entry of ``bars`` (metrics dicts) at its mean
   with its interval, every seed a dot; ``labels`` under the bars."""
   figure, axes = plt.subplots(len(columns), 1, squeeze=False, sharex=True,
-                              figsize=(min(12, max(5, 0.38 * len(bars) + 2)),
+                              figsize=(min(figures.WIDTH, max(5, 0.38 * len(bars) + 2)),
                                        3.1 * len(columns) + 1))
   x = np.arange(len(bars))
   for axis, column in zip(axes[:, 0], columns):
@@ -136,8 +137,8 @@ def _figure(count):
   """Panels two to a row (three as two rows, the fourth cell left for the legend), sharing the
   y axis, wide enough to read at page width."""
   rows = -(-count // 2)
-  figure, axes = plt.subplots(rows, min(count, 2), figsize=(4.8 * min(count, 2) + 0.6,
-                                                              3.5 * rows + 0.9),
+  figure, axes = plt.subplots(rows, min(count, 2), figsize=(figures.WIDTH if count > 1 else 4.8,
+                                                              3.3 * rows + 0.9),
                               squeeze=False, sharey=True)
   return figure, list(axes.flat)
 
@@ -157,7 +158,8 @@ def _finish(figure, axes, count):
   if len(axes) > count:
     axes[count].legend(handles, labels, loc="center", fontsize=8, frameon=False)
   else:
-    axes[0].legend(handles, labels, fontsize=7, loc="upper center", ncol=3, frameon=False,
+    axes[0].legend(handles, labels, fontsize=figures.SMALLEST, loc="upper center", ncol=3,
+                   frameon=False,
                    bbox_to_anchor=(0.5 * len(axes) if len(axes) > 1 else 0.5, -0.2))
 
 
@@ -212,7 +214,7 @@ def plot_lengths(records, evaluations, path):
                  [metrics[f"{e}_{measure}"] for e in evaluations], label(name, group), measure,
                  index, len(armed))
     axis.set_xticks(np.arange(len(evaluations)), [readable(e) for e in evaluations],
-                    fontsize=7, rotation=20)
+                    fontsize=figures.SMALLEST, rotation=20)
     axis.set_title(group or readable(f"eval_{measure}") + " by test set", fontsize=9)
     if measure == "accuracy":
       axis.set_ylim(0, 1.02)
@@ -226,7 +228,8 @@ def plot_probes(records, path):
   """Three probes of the attention, at initialisation and after training, per arm."""
   armed = arm_values(records)
   shown = [p for p in PROBES_SHOWN if f"final_{p}" in armed[0][1]]
-  figure, axes = plt.subplots(len(shown), 1, figsize=(min(12, max(5, 0.35 * len(armed) + 2)),
+  width = min(figures.WIDTH, max(5, 0.35 * len(armed) + 2))
+  figure, axes = plt.subplots(len(shown), 1, figsize=(width,
                                                       2.6 * len(shown) + 1), squeeze=False,
                               sharex=True)
   x = np.arange(len(armed))
@@ -237,7 +240,7 @@ def plot_probes(records, path):
     axis.set_ylabel(readable(probe) + "\n(mean over seeds)", fontsize=8)
     if probe == "logit_variance":
       axis.set_yscale("log")
-  axes[0, 0].legend(fontsize=7)
+  axes[0, 0].legend(fontsize=figures.SMALLEST)
   _bars(axes[-1, 0], [label(name) for name, _, _ in armed])
   _save(figure, path)
 
@@ -261,7 +264,8 @@ def plot_curves(workdir, records, path):
     axis.set_title(title, fontsize=9)
     axis.set_xlabel("step")
     axis.grid(alpha=0.3)
-    axis.legend(fontsize=6, loc="lower right")  # each panel's chosen rates are its own
+    # each panel's chosen rates are its own
+    axis.legend(fontsize=figures.SMALLEST, loc="lower right")
   _ylabels(axes, len(groups), f"{readable(column)}\n(mean; band: lowest to highest seed)")
   for axis in axes[len(groups):]:
     axis.axis("off")

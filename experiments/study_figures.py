@@ -29,7 +29,9 @@ def heads_binding(by_task: dict, path: str, heads=HEADS) -> None:
   standard split and the fixed head size (h = 1 is split_1 in both; the head counts the sweep
   ran), and each extra arm as a marker at its head count. Every series is nudged sideways and
   has its own marker, so that coinciding ones stay visible."""
-  figure, axes = plt.subplots(1, len(by_task), figsize=(5.2 * len(by_task), 4.2), squeeze=False)
+  width = min(figures.WIDTH, 4.2 * len(by_task))
+  figure, axes = plt.subplots(1, len(by_task), figsize=(width, 4.2),
+                              squeeze=False)
   for axis, (task, nmse) in zip(axes[0], by_task.items()):
     extra = sorted(set(nmse) - {f"{a}_{h}" for a in ("split", "fixed") for h in heads})
     series = [(arm, "-o" if arm == "split" else "--s") for arm in ("split", "fixed")]
@@ -56,8 +58,8 @@ def heads_binding(by_task: dict, path: str, heads=HEADS) -> None:
     axis.set_xlabel("heads h (model width fixed)")
     axis.set_ylabel("test NMSE (mean, 95% interval)")
     axis.set_title(task.replace("_", " "))
-    axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2,
-                frameon=False)
+    axis.legend(fontsize=figures.SMALLEST, loc="upper center", bbox_to_anchor=(0.5, -0.18),
+                ncol=2, frameon=False)
   figure.tight_layout()
   figures.save(figure, path, dpi=110)
 
@@ -112,7 +114,7 @@ def accuracy_at_chosen_rates(declaration, records, directory: str) -> None:
       (f"length_{low}_{high}_accuracy", f"{low}-{high}\n({high // study.TRAIN_LENGTH}x)")
       for low, high in study.TEST_LENGTHS]
   by_set = {column: measures.Measure(column).of(records) for column, _ in sets}
-  fig, axes = plt.subplots(1, len(study.TASKS), figsize=(10, 3.8), sharey=True)
+  fig, axes = plt.subplots(1, len(study.TASKS), figsize=(figures.WIDTH, 3.6), sharey=True)
   for axis, task in zip(axes, study.TASKS):
     for i, encoding in enumerate(study.ENCODINGS):
       arm = f"{task}-{encoding}"

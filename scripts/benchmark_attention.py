@@ -366,7 +366,7 @@ def plot(results, machine, path):
   heads = statistics.mode(tuple(r["shape"][2:]) for r in timed)  # (N, H)
   time = {(tuple(r["shape"]), r["backward"], r["method"]): r["median_s"] for r in timed
           if tuple(r["shape"][2:]) == heads}
-  figure, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+  figure, axes = plt.subplots(1, 2, figsize=(figures.WIDTH, 3.6), sharey=True)
   methods = sorted({m for _, _, m in time if m != peer})
   for axis, backward in zip(axes, (False, True)):
     for number, method in enumerate(methods):

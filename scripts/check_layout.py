@@ -28,6 +28,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments import figures  # noqa: E402
 
 PROBE = """
 window.addEventListener('load', () => {
@@ -98,16 +99,12 @@ SMALLEST_TEXT_PX = 9  # the smallest axis text a shown figure may have, in CSS p
 def recorded_text_px(page: str, source: str) -> float | None:
   """The smallest axis text (px) that the figure at ``source`` (relative to ``page``, or a data
   URI) records, or None."""
-  from PIL import Image  # pylint: disable=import-outside-toplevel
-  from experiments.figures import TEXT_KEY  # pylint: disable=import-outside-toplevel
   if source.startswith("data:image/png;base64,"):
-    data = io.BytesIO(base64.b64decode(source.partition(",")[2]))
-  else:
-    data = os.path.join(os.path.dirname(page), html.unescape(source).split("#")[0])
-    if not source.lower().endswith(".png") or not os.path.exists(data):
-      return None
-  value = Image.open(data).text.get(TEXT_KEY)
-  return None if value is None else float(value)
+    return figures.recorded_text_px(io.BytesIO(base64.b64decode(source.partition(",")[2])))[0]
+  path = os.path.join(os.path.dirname(page), html.unescape(source).split("#")[0])
+  if not source.lower().endswith(".png") or not os.path.exists(path):
+    return None
+  return figures.recorded_text_px(path)[0]
 
 
 def legibility(page: str, images: list) -> tuple[list[str], int]:

@@ -47,7 +47,8 @@ def table(stats) -> str:
 
 
 def heat_maps(stats, path: str) -> None:
-  figure, axes = plt.subplots(1, len(COLUMNS), figsize=(4 * len(COLUMNS), 2.8), squeeze=False)
+  figure, axes = plt.subplots(1, len(COLUMNS), figsize=(min(figures.WIDTH, 3 * len(COLUMNS)), 2.8),
+                              squeeze=False)
   for axis, name in zip(axes[0], COLUMNS):
     values = stats[name]
     image = axis.imshow(values, cmap="magma", aspect="auto")
@@ -57,7 +58,7 @@ def heat_maps(stats, path: str) -> None:
     for layer in range(layers):
       for head in range(heads):
         axis.text(head, layer, f"{values[layer, head]:.2f}", ha="center", va="center",
-                  fontsize=7, color="gray")
+                  fontsize=figures.SMALLEST, color="gray")
     axis.set_title(name)
     axis.set_xlabel("head")
     axis.set_ylabel("layer")

@@ -133,7 +133,7 @@ def figure(data, path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   dims = list(data["logits"])
-  fig, axes = plt.subplots(1, 3, figsize=(12, 3.9))
+  fig, axes = plt.subplots(1, 3, figsize=(figures.WIDTH, 3.2))
   for name, style in (("unscaled", "o-"), ("scaled", "s--")):
     label = "q·k" if name == "unscaled" else "q·k / √dₖ"
     for axis, measure in zip(axes, ("var", "max_weight", "entropy")):
