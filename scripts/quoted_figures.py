@@ -24,6 +24,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,8 +65,8 @@ def quotes(figures: dict) -> list[Quote]:
   quick, main, made = figures["quick_tests"], figures["main_job"], figures["provenance"]
   quick_time, main_time = about(quick["seconds"]), about(main["seconds"])
   where = (f"{quick['passed']} tests, {quick['seconds']:.0f} s of wall time and "
-           f"{quick['cpu_seconds']:.0f} s of CPU time on a {made['machine']}, Python "
-           f"{made['python']}, jax {made['jax']}, at commit `{made['commit']}`, {made['date']}")
+           f"{quick['cpu_seconds']:.0f} s of CPU time; {made['machine']}, Python "
+           f"{made['python']}, jax {made['jax']}, commit `{made['commit']}`, {made['date']}")
   return [
       *(Quote(page, r"# train a small encoder: ((?:about|under) [^\n]*?) on 2 CPU cores", main_time)
         for page in ("README.md", "docs/index.md")),
@@ -98,17 +99,34 @@ def disagreements(figures: dict, root: str = ROOT) -> list[str]:
 
 
 def write(figures: dict, root: str = ROOT) -> None:
-  """Puts the figures into every page that quotes them (keeping each line break where the
-  page had one is not attempted: a figure that changes length may reflow a line)."""
+  """Puts the figures into every page that quotes them; in a Markdown page a paragraph of prose
+  whose quote no longer fits in 100 columns is wrapped again."""
   for quote in quotes(figures):
     path = os.path.join(root, quote.path)
     with open(path) as f:
       text = f.read()
-    text = quote.regex().sub(
-        lambda match: match.group(0)[:match.start(1) - match.start(0)] + quote.text
-        + match.group(0)[match.end(1) - match.start(0):], text)
+    for match in reversed(list(quote.regex().finditer(text))):
+      text = text[:match.start(1)] + quote.text + text[match.end(1):]
+      line = text[text.rfind("\n", 0, match.start(1)) + 1:].split("\n", 1)[0]
+      in_code = text.count("```", 0, match.start(1)) % 2
+      if path.endswith(".md") and len(line) > 100 and not in_code:
+        text = _rewrapped(text, match.start(1))
     with open(path, "w") as f:
       f.write(text)
+
+
+def _rewrapped(text: str, position: int, width: int = 100) -> str:
+  r"""``text`` with the paragraph around ``position`` (between blank lines) wrapped at ``width``.
+
+  >>> _rewrapped("a\n\none two three\nfour\n\nb", 6, width=9)
+  'a\n\none two\nthree\nfour\n\nb'
+  """
+  start = text.rfind("\n\n", 0, position) + 2 if "\n\n" in text[:position] else 0
+  end = text.find("\n\n", position)
+  end = len(text) if end < 0 else end
+  paragraph = textwrap.fill(" ".join(text[start:end].split()), width, break_long_words=False,
+                            break_on_hyphens=False)
+  return text[:start] + paragraph + text[end:]
 
 
 def _timed(command: str, cwd: str, may_fail=()) -> tuple[float, float, str]:
