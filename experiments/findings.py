@@ -21,11 +21,19 @@ runs,
   (False: arms that saw different data) or ``at`` (words after the check's name);
 - optionally ``alpha`` (0.05) and ``figure`` (a figure of experiments/study_figures.py).
 
-The tested checks of one declaration are its family: their p values are corrected together
-(Holm) before any is called held, and a prediction holds when all its checks do. The kinds:
+One question is read in one family. A check that asks what a row of the study's primary family
+asks (the comparisons its sweep config declares, the rows of its comparisons.csv at the chosen
+rates: the same two arms, the same measure) takes that row: its estimate, interval, p and Holm p
+over the study's family, so that the page's comparisons table and its predictions cannot
+disagree. The other tested checks are corrected together (Holm, over those checks only) before
+any is called held. A prediction holds when all its checks do; it is not tested when none fails
+and one could not be tested. The kinds:
 
 - "above" a b: a's value above b's, the exact sign-flip test's (unpaired: the permutation
-  test's) Holm-adjusted p < alpha; "not_above" a b: not that;
+  test's) Holm-adjusted p < alpha;
+- "not_above" a b: a null prediction ("no worse") declared without a margin: the difference is
+  shown, but it is "not tested for equivalence (no margin declared before the run)" and never
+  holds: a margin cannot be given after the run;
 - "within" a b margin: a within ``margin`` of b, shown by two one-sided tests (TOST);
 - "recovers_half" a worse better: a's mean at most halfway from the worse arm's to the better's
   (untestable unless worse is above better at raw p < alpha); "short_of_half": the opposite;
@@ -49,23 +57,47 @@ import numpy as np
 from experiments import report_tables, statistics, verdicts
 from experiments.measures import RESULTS, Measure
 
+NOT_TESTED = "not tested for equivalence (no margin declared before the run)"
+STUDY_FAMILY = "in the study's family"
+OTHER_CHECKS = "over the other checks"
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
-  """A check decided by its p after Holm over the family: ``held(p_adjusted)``."""
+  """A check decided by its p after Holm: ``held(p_adjusted)``; ``p_adjusted`` given already
+  where the check is a row of the study's primary family (None: Holm over the other checks)."""
   name: str
   text: str
   p: float
   held: Callable[[float], bool]
+  p_adjusted: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Study:
   """What a check reads: the records per source, their chosen arms, the measures, alpha;
-  ``given``: {measure: {arm: {seed: value}}} read already, where records are not at hand."""
+  ``given``: {measure: {arm: {seed: value}}} read already, where records are not at hand;
+  ``family``: {source: {(arm, reference): Comparison}}, the study's primary family per results
+  file (its comparisons at the chosen rates, Holm over them)."""
   records: dict
   measures: dict
   alpha: float
   given: dict | None = None
+  family: dict = dataclasses.field(default_factory=dict)
+
+  def in_family(self, options, a, b) -> tuple[statistics.Comparison, int] | None:
+    """The row of the primary family that asks whether a differs from b (and +1, or -1 where
+    the row is b minus a), or None where the family has no such row on this check's measure."""
+    measure = self.measures[options.get("measure", "primary")]
+    rows = self.family.get(measure.source, {})
+    if (measure.rate is not None or measure.read == "error" or self.given is not None
+        or {a, b} & set(dict(measure.differences))):
+      return None
+    for pair, sign in (((a, b), 1), ((b, a), -1)):
+      row = rows.get(pair)
+      if row is not None and row.metric == measure.column:
+        return row, sign
+    return None
 
   def values(self, options) -> dict[str, dict[int, float]]:
     name = options.get("measure", "primary")
@@ -98,20 +130,30 @@ def _text(c: statistics.Comparison) -> str:
           f"p {c.p:.2g}, {c.n} seeds")
 
 
+def _family_text(row: statistics.Comparison, sign: int, a: str, b: str) -> str:
+  low, high = sorted((sign * row.low, sign * row.high))
+  return (f"{a} - {b} = {sign * row.estimate:+.3g} [{low:+.3g}, {high:+.3g}], "
+          f"p {row.p:.2g}, {row.n} seeds ({row.test})")
+
+
 def _named(options, name: str) -> str:
   return f"{name} at {options['at']}" if "at" in options else name
 
 
 def above(study, options, a, b) -> Check:
+  name = _named(options, f"{a} > {b}")
+  found = study.in_family(options, a, b)
+  if found is not None:
+    row, sign = found
+    return Check(name, _family_text(row, sign, a, b), row.p,
+                 lambda q: sign * row.estimate > 0 and q < study.alpha, row.p_adjusted)
   c = difference(study.values(options), a, b, options.get("paired", True))
-  return Check(_named(options, f"{a} > {b}"), _text(c), c.p,
-                lambda q: c.estimate > 0 and q < study.alpha)
+  return Check(name, _text(c), c.p, lambda q: c.estimate > 0 and q < study.alpha)
 
 
-def not_above(study, options, a, b) -> Check:
+def not_above(study, options, a, b):
   c = difference(study.values(options), a, b, options.get("paired", True))
-  return Check(_named(options, f"{a} not above {b}"), _text(c), c.p,
-                lambda q: not (c.estimate > 0 and q < study.alpha))
+  return _named(options, f"{a} not above {b}"), None, f"{_text(c)}; {NOT_TESTED}"
 
 
 def within(study, options, a, b, margin) -> Check:
@@ -213,11 +255,13 @@ def measures_of(declaration) -> dict[str, Measure]:
           for name, fields in declaration["measures"].items()}
 
 
-def decide(declaration, records=None, *, values=None) -> list[tuple]:
+def decide(declaration, records=None, *, values=None, family=None) -> list[tuple]:
   """(name, setting, [(check, held, measured)]) per prediction of ``declaration`` on
   ``records`` ({source: records}), or on ``values`` ({measure: {arm: {seed: value}}}, read
-  already: the design checks, which read records, cannot be decided on them): every tested
-  check decided after Holm's correction over the family of all of them.
+  already: the design checks, which read records, cannot be decided on them). ``family``:
+  {source: [Comparison]}, the study's primary family (:func:`family_of`): a check that asks
+  what one of its rows asks takes that row and its Holm p; every other tested check is decided
+  after Holm's correction over those other checks.
 
   >>> declaration = {"setting": "arms", "measures": {"primary": {"column": "eval_nmse"}},
   ...                "predictions": (("P1", "h 1 against 4", (("above", "h1", "h4"),)),)}
@@ -225,13 +269,16 @@ def decide(declaration, records=None, *, values=None) -> list[tuple]:
   >>> print(table(decide(declaration, values={"primary": values}), "arms"), end="")
   | prediction | arms | check | measured | check holds | prediction held |
   |---|---|---|---|---|---|
-  | P1 | h 1 against 4 | h1 > h4 | h1 - h4 = +0.425 [...], p 0.031, 6 seeds; Holm 0.031 | yes | **yes** |
+  | P1 | h 1 against 4 | h1 > h4 | h1 - h4 = +0.425 [...], p 0.031, 6 seeds; Holm 0.031 over the other checks | yes | **yes** |
   """
   alpha = declaration.get("alpha", statistics.SIGNIFICANT)
-  study = Study(records or {}, measures_of(declaration), alpha, values)
+  study = Study(records or {}, measures_of(declaration), alpha, values,
+                {source: {(c.arm, c.baseline): c for c in rows}
+                 for source, rows in (family or {}).items()})
   rows = [(name, setting, [_check(study, check) for check in checks])
           for name, setting, checks in declaration["predictions"]]
-  tested = [check for _, _, checks in rows for check in checks if isinstance(check, Check)]
+  tested = [check for _, _, checks in rows for check in checks
+            if isinstance(check, Check) and check.p_adjusted is None]
   adjusted = statistics.adjust(statistics.Comparison("", "", "", 0, 0, 0, 0, check.p, "")
                                for check in tested)
   holm = {id(check): c.p_adjusted for check, c in zip(tested, adjusted)}
@@ -240,17 +287,25 @@ def decide(declaration, records=None, *, values=None) -> list[tuple]:
     out = []
     for check in checks:
       if isinstance(check, Check):
-        q = holm[id(check)]
+        q, family_words = ((check.p_adjusted, STUDY_FAMILY) if check.p_adjusted is not None
+                           else (holm[id(check)], OTHER_CHECKS))
         check = (check.name, None if math.isnan(q) else check.held(q),
-                 f"{check.text}; Holm {q:.2g}")
+                 f"{check.text}; Holm {q:.2g} {family_words}")
       out.append(check)
     decided.append((name, setting, out))
   return decided
 
 
 def held(decided) -> dict:
-  """{prediction: whether every one of its checks held}."""
+  """{prediction: whether every one of its checks held} (one not tested: not held)."""
   return {name: all(check[1] for check in checks) for name, _, checks in decided}
+
+
+def outcome(checks) -> bool | None:
+  """A prediction's outcome from its checks: False where one failed, True where all held,
+  None (not tested) where none failed and one could not be tested."""
+  results = [check[1] for check in checks]
+  return False if False in results else True if all(results) else None
 
 
 def table(decided, setting: str) -> str:
@@ -258,12 +313,13 @@ def table(decided, setting: str) -> str:
   lines = [f"| prediction | {setting} | check | measured | check holds | prediction held |",
            "|---|---|---|---|---|---|"]
   for name, where, checks in decided:
-    held_all = all(check[1] for check in checks)
+    held_all = {True: "**yes**", False: "**no**", None: "**not tested**"}[outcome(checks)]
     for i, (check, check_held, text) in enumerate(checks):
       verdict = {True: "yes", False: "no", None: "untestable"}[check_held]
+      if check_held is None and text.endswith(NOT_TESTED):
+        verdict = "not tested"
       lines.append(f"| {name if i == 0 else ''} | {where if i == 0 else ''} | {check} | {text} | "
-                   f"{verdict} | "
-                   f"{('**yes**' if held_all else '**no**') if i == 0 else ''} |")
+                   f"{verdict} | {held_all if i == 0 else ''} |")
   return "\n".join(lines) + "\n"
 
 
@@ -271,7 +327,7 @@ def _smallest_raw_p(check, seeds: int) -> float | None:
   """The smallest p a tested check can give with ``seeds`` seeds per arm (None: untested)."""
   kind, *arguments = check
   options = arguments[-1] if arguments and isinstance(arguments[-1], dict) else {}
-  if kind in ("above", "not_above"):
+  if kind == "above":
     test = "paired_permutation" if options.get("paired", True) else "permutation"
     return statistics.smallest_p(test, seeds)
   if kind == "within":
@@ -309,6 +365,23 @@ def refusal(declaration, seeds: int) -> str | None:
           f"{smallest_p(declaration, seeds):.2g}); {more}, or fewer checks.")
 
 
+def family_of(records, design) -> list[statistics.Comparison]:
+  """The study's primary family on ``records``: the comparisons ``design`` declares, each arm at
+  its chosen rate, Holm over them (the chosen rows of its comparisons.csv); [] without a design."""
+  if design is None:
+    return []
+  return verdicts.compare(verdicts.choose(records, report_tables.measure_of(records), design),
+                          design)
+
+
+def read(sources) -> tuple[dict, dict]:
+  """({source: records}, {source: primary family}) of {source: results.csv path}."""
+  from experiments import sweep_report  # matplotlib only here
+  loaded = {name: sweep_report.read_csv(path) for name, path in sources.items()}
+  return ({name: records for name, (records, _) in loaded.items()},
+          {name: family_of(records, design) for name, (records, design) in loaded.items()})
+
+
 def declaration_of(config: str) -> dict:
   """The declaration of ``config`` ("configs/ablations/X.py" or "...py:mode")."""
   path, _, mode = config.partition(":")
@@ -327,13 +400,12 @@ def main(argv=None) -> None:
   parser.add_argument("--out", default=None, help="write the table here (markdown), and the "
                       "study's figure beside it")
   args = parser.parse_args(argv)
-  from experiments import sweep_report  # matplotlib only here
   try:
     declaration = declaration_of(args.config)
     sources = dict(item.split("=", 1) if "=" in item else (RESULTS, item)
                    for item in args.results)
-    records = {name: sweep_report.records_from_csv(path) for name, path in sources.items()}
-    text = table(decide(declaration, records), declaration["setting"])
+    records, family = read(sources)
+    text = table(decide(declaration, records, family=family), declaration["setting"])
   except (ValueError, KeyError, OSError) as error:
     parser.exit(1, f"findings: {type(error).__name__}: {error}\n")
   if args.out:

@@ -51,9 +51,10 @@ def test_the_engine_gives_every_committed_table_its_verdicts_and_p_values(config
   declaration = findings.declaration_of(f"configs/ablations/{config}")
   sources = dict(item.split("=") if "=" in item else (findings.RESULTS, item)
                  for item in results.split(";"))
-  records = {name: sweep_report.records_from_csv(os.path.join(RESULTS, path))
-             for name, path in sources.items()}
-  made = findings.table(findings.decide(declaration, records), declaration["setting"])
+  records, family = findings.read({name: os.path.join(RESULTS, path)
+                                    for name, path in sources.items()})
+  made = findings.table(findings.decide(declaration, records, family=family),
+                        declaration["setting"])
   with open(os.path.join(RESULTS, table)) as f:
     assert _verdicts(made) == _verdicts(f.read())
 
@@ -87,11 +88,12 @@ def _arms(**means):
           for arm, mean in means.items()}
 
 
-def test_above_and_not_above_follow_the_sign_and_the_holm_adjusted_p():
+def test_above_follows_the_sign_and_the_holm_adjusted_p_and_not_above_is_never_held():
   values = _arms(high=0.5, low=0.1, same=0.1)
+  # "not above" without a margin is a null prediction no test can show: not tested, either way.
   assert _decide(values, ("above", "high", "low"), ("above", "low", "high"),
                  ("not_above", "low", "high"), ("not_above", "high", "low")) == [
-                     True, False, True, False]
+                     True, False, None, None]
   # 8 seeds: raw p 2/256 in each of 8 comparisons, Holm 0.0625: none shown.
   assert _decide(values, *[("above", "high", "low")] * 8) == [False] * 8
   # unpaired: the permutation test of 8 against 8 seeds
@@ -213,9 +215,26 @@ def test_every_arm_a_prediction_names_is_one_the_sweep_trains(study, mode):
 
 
 def test_predictions_that_cannot_reach_alpha_are_refused_naming_the_seeds():
-  declaration = heads_binding.predictions("multi_retrieval")  # 15 tested checks
+  # 10 tested checks (its five "not above" checks, declared without a margin, test nothing)
+  declaration = heads_binding.predictions("multi_retrieval")
   line = findings.refusal(declaration, 5)
-  assert "smallest possible adjusted p 0.47" in line and "num_seeds = 9" in line, line
-  assert findings.refusal(declaration, 9) is None
+  assert "smallest possible adjusted p 0.31" in line and "num_seeds = 8" in line, line
+  assert findings.refusal(declaration, 8) is None
   # the accelerator study's eight checks: its two TOSTs reach 7 / 256 at 8 seeds
   assert findings.refusal(heads_binding.predictions("multi_retrieval_accelerator"), 8) is None
+
+
+def test_a_check_that_asks_a_row_of_the_study_s_family_reads_that_row_and_its_holm_p():
+  """One question, one family: split_8 - split_1 is in the study's family of 7 comparisons at 8
+  seeds (Holm 0.055), so "split_1 > split_8" does not hold, whatever the predictions' own
+  family would say; a check outside the study's family is corrected over the other checks."""
+  path = os.path.join(RESULTS, "heads_binding/multi_retrieval_accelerator/results.csv")
+  records, family = findings.read({findings.RESULTS: path})
+  declaration = {"setting": "s", "measures": {"primary": {"column": "eval_nmse"}},
+                 "predictions": (("A", "s", (("above", "split_1", "split_8"),
+                                             ("above", "split_2", "split_8"))),)}
+  ((_, _, (in_family, other)),) = findings.decide(declaration, records, family=family)
+  row = next(c for c in family[findings.RESULTS] if (c.arm, c.baseline) == ("split_8", "split_1"))
+  assert row.p_adjusted > 0.05 and in_family[1] is False
+  assert f"Holm {row.p_adjusted:.2g} {findings.STUDY_FAMILY}" in in_family[2]
+  assert other[1] is True and findings.OTHER_CHECKS in other[2]
