@@ -4,6 +4,7 @@ Depends only on jax, flax, chex and numpy.
 """
 
 from attention_jax import diagnostics
+from attention_jax import hooks
 from attention_jax import variants
 from attention_jax.attention import IMPLEMENTATIONS
 from attention_jax.attention import dot_product_attention
@@ -23,6 +24,8 @@ from attention_jax.encoder import EncoderConfig
 from attention_jax.encoder import SequenceClassifier
 from attention_jax.encoder import TokenClassifier
 from attention_jax.encoder import TransformerEncoder
+from attention_jax.hooks import capture
+from attention_jax.hooks import patch
 from attention_jax.masks import causal_mask
 from attention_jax.masks import combine_masks
 from attention_jax.masks import lengths_to_valid

@@ -22,6 +22,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from attention_jax import attention
+from attention_jax import hooks
 from attention_jax import masks as masks_lib
 from attention_jax import multihead
 from attention_jax import positional
@@ -202,6 +203,31 @@ def residual_sublayer(x, sublayer, norm, dropout, *, pre_layer_norm: bool):
   return norm(x + dropout(sublayer(x)))
 
 
+#: The residual-stream hook points of a block: its input, after each sublayer, and each
+#: sublayer's own output (``attention_jax.hooks`` lists them all).
+STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
+SUBLAYER_HOOKS = ("hook_attn_out", "hook_mlp_out")
+
+
+def hooked_block(x, sublayers, norms, dropout, *, layer: int, pre_layer_norm: bool):
+  """An encoder block, ``residual_sublayer`` for the attention then the feed-forward sublayer,
+  with its hook points named ``blocks.{layer}.*`` (the Linen and NNX blocks share it): [B, T, D]
+  -> [B, T, D].
+
+  >>> x = jnp.ones((2, 8, 16))  # [B, T, D]
+  >>> hooked_block(x, [lambda y: y, lambda y: y], [lambda y: y] * 2, lambda y: y, layer=0,
+  ...              pre_layer_norm=True)[0, 0, 0]  # x + x, then + 2 x
+  Array(4., dtype=float32)
+  """
+  with hooks.scope(f"blocks.{layer}"):
+    x = hooks.point(STREAM_HOOKS[0], x)
+    for sublayer, norm, stream, own in zip(sublayers, norms, STREAM_HOOKS[1:], SUBLAYER_HOOKS):
+      hooked = lambda y, sublayer=sublayer, own=own: hooks.point(own, sublayer(y))
+      x = hooks.point(stream, residual_sublayer(x, hooked, norm, dropout,
+                                                pre_layer_norm=pre_layer_norm))
+  return x
+
+
 def prepend_cls(x, valid, cls):
   """Puts the CLS vector before the tokens, always valid:
   x [B, T, D], valid [B, T], cls [D] -> x [B, T + 1, D], valid [B, T + 1].
@@ -271,11 +297,9 @@ class EncoderBlock(nn.Module):
         lambda y: attention(y, mask=mask, bias=attention_bias, deterministic=deterministic,
                             **({} if cfg.attention_module else {"sow_weights": None})),
         lambda y: feed_forward(y, deterministic=deterministic))
-    for index, sublayer in enumerate(sublayers):
-      x = residual_sublayer(x, sublayer, nn.LayerNorm(name=f"norm_{index}"),
-                            lambda y: dropout(y, deterministic=deterministic),
-                            pre_layer_norm=cfg.pre_layer_norm)
-    return x
+    norms = [nn.LayerNorm(name=f"norm_{index}") for index in range(2)]
+    return hooked_block(x, sublayers, norms, lambda y: dropout(y, deterministic=deterministic),
+                        layer=self.layer, pre_layer_norm=cfg.pre_layer_norm)
 
 
 class TransformerEncoder(nn.Module):

@@ -31,6 +31,8 @@ import jax.numpy as jnp
 
 from attention_jax import _checks
 from attention_jax import attention as attention_lib
+from attention_jax import hook_maps
+from attention_jax import hooks as hooks_lib
 from attention_jax import kv_cache
 from attention_jax import masks as masks_lib
 from attention_jax import variants
@@ -121,6 +123,22 @@ def project_out(params, heads, *, dtype=None, precision=None):
   concat = jnp.reshape(heads, heads.shape[:-2] + (-1,))  # [..., T, N * H]
   kernel = jnp.reshape(out["kernel"], (-1, out["kernel"].shape[-1]))  # [N * H, D_out]
   return _project(concat, {**out, "kernel": kernel}, dtype=dtype, precision=precision)
+
+
+def project_out_per_head(params, heads, *, dtype=None, precision=None):
+  """``project_out`` as the sum of each head's contribution z_n W_O^n, which is the hook point
+  ``attn.hook_result`` [..., T, N, D_out]: [..., T, N, H] -> [..., T, D_out].
+
+  >>> params = {"out": {"kernel": jnp.ones((2, 3, 4)), "bias": jnp.zeros(4)}}  # [N, H, D_out]
+  >>> project_out_per_head(params, jnp.ones((5, 2, 3)))[0]  # [T, N, H] -> [T, D_out]
+  Array([6., 6., 6., 6.], dtype=float32)
+  """
+  out = params["out"]
+  dtype = dtype or jnp.result_type(heads, *out.values())
+  result = jnp.einsum("...nh,nhd->...nd", heads.astype(dtype), out["kernel"].astype(dtype),
+                      precision=precision)  # [..., T, N, D_out]
+  output = jnp.sum(hooks_lib.point("attn.hook_result", result), axis=-2)
+  return output + out["bias"].astype(dtype) if "bias" in out else output
 
 
 def qk_layer_norm(x, scale, epsilon: float = QK_NORM_EPSILON):
@@ -248,6 +266,8 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
     query, key, value, scale = attention_inputs(
         params, inputs_q, inputs_k, inputs_v, scale=scale, qk_transform=qk_transform,
         dtype=dtype, precision=precision, positions=positions, head_variant=variant)
+  query, key, value = (hooks_lib.point(f"attn.hook_{name}", x)  # the hook points, identities
+                       for name, x in zip("qkv", (query, key, value)))  # unless asked for
   if cache is not None:
     cache, visible = kv_cache.append(cache, key, value)  # visible [T, L]
     key, value = cache.key.astype(query.dtype), cache.value.astype(query.dtype)
@@ -258,13 +278,24 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
   hooks = variant.hooks(state)  # None unless the variant forms its own maps
   mask, bias = (_per_head(x, query.shape[-2], num_heads) for x in (mask, bias))
   maps_too = return_maps and hooks is not None  # the maps from the call that applies them
+  # the hooked maps: patched on the path that forms them, or captured (every row: beside the
+  # kernel; query_rows: from the kernel's log-sum-exp)
+  patch_maps, hook_rows = hook_maps.maps_patched(), None
+  if hook_maps.maps_asked() and not patch_maps:
+    hook_rows = hooks_lib.query_rows()
+    return_maps = return_maps or hook_rows is None
+  lse_asked = hook_rows is not None and not attention_args.get("return_residual")
   with jax.named_scope("dot_product_attention"), attention_lib.default_precision(precision):
-    result = call_attention_fn(
-        attention_fn or attention_lib.dot_product_attention, query, key, value, bias=bias,
-        mask=mask, scale=scale, is_causal=is_causal, return_weights=return_weights or maps_too,
-        implementation=implementation, dtype=dtype, precision=precision,
-        **({"hooks": hooks, "return_logits": maps_too} if hooks is not None else {}), **dropout,
-        **attention_args)
+    call = dict(bias=bias, mask=mask, scale=scale, is_causal=is_causal,
+                return_weights=return_weights or maps_too, implementation=implementation,
+                dtype=dtype, precision=precision, **dropout, **attention_args)
+    if patch_maps:
+      result = hook_maps.patched_attention(query, key, value, variant_hooks=hooks, **call)
+    else:
+      result = call_attention_fn(
+          attention_fn or attention_lib.dot_product_attention, query, key, value, **call,
+          **({"hooks": hooks, "return_logits": maps_too} if hooks is not None else {}),
+          **({"return_residual": True} if lse_asked else {}))
     heads, *extras = result if isinstance(result, tuple) else (result,)  # [..., T, N, H]
     if maps_too:
       weights, logits, *extras = extras
@@ -276,9 +307,25 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
           query, key, value, bias, mask, scale=scale, is_causal=is_causal,
           implementation="reference", return_weights=True, return_logits=True, **options)
       maps = (logits, weights)
-  heads = variant.heads(state, heads)
+    if hook_rows is not None:
+      if hooks is not None:
+        raise ValueError(f"head variant {variant.name!r} forms its own maps: capture them "
+                         "without query_rows (every row).")
+      residual = extras[int(return_weights)]
+      if lse_asked:
+        del extras[int(return_weights)]
+      hooked = hook_maps.rows_from_residual(query, key, residual, hook_rows, scale=scale,
+                                            bias=bias, mask=mask, is_causal=is_causal,
+                                            **attention_args)
+    elif hook_maps.maps_asked() and not patch_maps:
+      hooked = maps
+    if hook_maps.maps_asked() and not patch_maps:
+      for name, value_map in zip(hooks_lib.MAPS, hooked):
+        hooks_lib.point(name, value_map)
+  heads = hooks_lib.point("attn.hook_z", variant.heads(state, heads))  # [..., T, N, H]
   with jax.named_scope("out_projection"):
-    output = project_out(params, heads, dtype=dtype, precision=precision)  # [..., T, D_out]
+    project = project_out_per_head if hooks_lib.asks("attn.hook_result") else project_out
+    output = project(params, heads, dtype=dtype, precision=precision)  # [..., T, D_out]
   intermediates = dict(zip(("attention_logits", "attention_weights"), maps)) if (
       return_maps) else {}
   records = {"intermediates": intermediates, variants.LOSSES: {}}

@@ -83,7 +83,7 @@ class EncoderBlock(_Dropping):
                deterministic: bool = True, rngs: nnx.Rngs):
     _check_attention_module(config)
     cfg = self.config = config
-    self.deterministic = deterministic
+    self.deterministic, self.layer = deterministic, layer
     query_kernel_init = None  # lecun normal (the default) with its standard deviation x the scale
     if cfg.query_init_scale != 1.0:
       query_kernel_init = nnx.initializers.variance_scaling(cfg.query_init_scale ** 2, "fan_in",
@@ -108,10 +108,9 @@ class EncoderBlock(_Dropping):
     attention = lambda y: self.attention(y, mask=mask, bias=attention_bias,
                                          deterministic=deterministic, sow_weights=None)
     feed_forward = lambda y: self.feed_forward(y, deterministic=deterministic)
-    for sublayer, norm in ((attention, self.norm_0), (feed_forward, self.norm_1)):
-      x = encoder_lib.residual_sublayer(x, sublayer, norm, dropout,
-                                        pre_layer_norm=self.config.pre_layer_norm)
-    return x
+    return encoder_lib.hooked_block(x, (attention, feed_forward), (self.norm_0, self.norm_1),
+                                    dropout, layer=self.layer,
+                                    pre_layer_norm=self.config.pre_layer_norm)
 
 
 class TransformerEncoder(_Dropping):
