@@ -220,3 +220,17 @@ def test_a_patch_applies_at_every_layer_of_a_scan():
     y = y + hooks.patch(layer, {"params": params}, y, ablate)
   np.testing.assert_allclose(scanned, y, atol=1e-5)
   assert not np.allclose(scanned, model.apply(variables, x), atol=1e-3)
+
+
+def test_the_patching_benchmark_s_three_ways_give_the_same_effects():
+  from conftest import load_script
+  benchmark = load_script("benchmark_patching")
+  config = aj.EncoderConfig(vocab_size=16, d_model=8, num_heads=2, num_layers=2, mlp_dim=8,
+                            dropout_rate=0.0)
+  model = aj.TransformerEncoder(config)
+  tokens = TOKENS[:2, :3]
+  variables = model.init(jax.random.key(0), tokens)
+  effects = [run() for run in benchmark.runners(model, variables, tokens, 2, 2).values()]
+  for effect in effects[1:]:
+    np.testing.assert_allclose(effect, effects[0], atol=1e-6)
+  assert effects[0].shape == (4,) and np.all(effects[0] > 0)
