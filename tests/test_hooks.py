@@ -102,8 +102,8 @@ def test_patched_pattern_and_maps_from_the_kernels_log_sum_exp_are_exact():
     _, values = hooks.capture(layer, variables, x, ["attn.hook_pattern"], query_rows=rows,
                               is_causal=True)
     _, by_hand = _by_hand(variables["params"], x, causal=True)
-    np.testing.assert_allclose(values["attn.hook_pattern"], by_hand["attn.hook_pattern"][:, :, rows],
-                               atol=1e-6)
+    np.testing.assert_allclose(values["attn.hook_pattern"],
+                               by_hand["attn.hook_pattern"][:, :, rows], atol=1e-6)
 
 
 def test_the_fused_kernel_serves_z_patches_and_maps_rows_in_the_interpreter():
@@ -145,6 +145,10 @@ def test_linen_and_nnx_encoders_have_the_same_hook_points_and_values():
   np.testing.assert_allclose(nnx_out, linen_out, atol=1e-5)
   for name in NAMES:
     np.testing.assert_allclose(nnx_values[name], linen_values[name], atol=1e-5, err_msg=name)
+  ablate = {"blocks.1.attn.hook_v": hooks.zero(heads=0, positions=(1, 2)),
+            "blocks.0.hook_mlp_out": lambda out: 2.0 * out}
+  np.testing.assert_allclose(hooks.patch(twin, nnx.state(twin), TOKENS, ablate),
+                             hooks.patch(model, variables, TOKENS, ablate), atol=1e-5)
   # the stream adds up: pre-LN off, so resid_mid = LN(resid_pre + attn_out), and the heads'
   # contributions sum to the attention's output (less b_O)
   bias = variables["params"]["block_0"]["attention"]["out"]["bias"]
