@@ -23,8 +23,9 @@ The model calls ``point(name, value)`` at each; outside ``capture`` and ``patch`
 ``value`` and adds nothing to the computation, so a model asked for no hook traces to the same
 jaxpr. Inside, the hooks asked for are read and replaced as the model is traced (a context, as
 ``flax.linen.intercept_methods`` is), so both are pure functions of the variables and inputs
-and compose with ``jit``, ``vmap`` and ``grad``; ``lax.scan`` over layers sees the patches (the
-same at every layer) but a value captured inside a scan must leave it as the body's output.
+and compose with ``jit``, ``vmap`` and ``grad``. Under ``lax.scan`` (``nn.scan``) over layers the
+body has one set of names (``attn.hook_z``) and a patch applies at every layer; ``capture`` does
+not reach into a scan's body (its values belong to the body's trace): return them from the body.
 A head variant's layout (differential's 2N sub-heads) is what hook_q, hook_k and hook_v see.
 """
 
@@ -302,12 +303,12 @@ def attribution(model, variables, inputs, hooks, metric: Callable, **call):
   estimates the effect of patching it. ``metric``: the model's output -> a scalar.
 
   >>> import attention_jax as aj
-  >>> model = aj.TransformerEncoder(aj.EncoderConfig(vocab_size=16, d_model=32, num_layers=2))
-  >>> tokens = jnp.ones((3, 5), int)  # [B, T]
-  >>> variables = model.init(jax.random.key(0), tokens)
-  >>> values = attribution(model, variables, tokens, ["blocks.0.attn.hook_z"], jnp.sum)
-  >>> values["blocks.0.attn.hook_z"][1].shape  # [B, T, N, H]
-  (3, 5, 4, 8)
+  >>> layer = aj.MultiHeadAttention(num_heads=4)  # a layer alone: the "attn." names
+  >>> x = jnp.ones((3, 5, 16))  # [B, T, D]
+  >>> variables = layer.init(jax.random.key(0), x)
+  >>> values = attribution(layer, variables, x, ["attn.hook_z"], jnp.sum)
+  >>> values["attn.hook_z"][1].shape  # the gradient, [B, T, N, H]
+  (3, 5, 4, 4)
   """
   hooks = list(hooks)
   shapes = jax.eval_shape(lambda v, x: capture(model, v, x, hooks, **call)[1], variables, inputs)

@@ -167,6 +167,12 @@ def test_no_hook_asked_for_adds_nothing_to_the_jaxpr_and_a_wrong_name_is_refused
   assert jaxpr(lambda v: hooks.capture(model, v, TOKENS, ["blocks.0.attn.hook_result"])[0]) != plain
   with pytest.raises(ValueError, match="blocks.0.attn.hook_zz"):
     hooks.patch(model, variables, TOKENS, {"blocks.0.attn.hook_zz": hooks.zero()})
+  layer, layer_variables, x, _ = _layer_and_inputs(jnp.float32)
+  with pytest.raises(ValueError, match="local_window_size"):
+    hooks.capture(layer, layer_variables, x, ["attn.hook_pattern"], query_rows=jnp.array([1]),
+                  local_window_size=2)
+  with pytest.raises(ValueError, match="no head axis"):
+    hooks.patch(model, variables, TOKENS, {"blocks.0.hook_resid_pre": hooks.zero(heads=1)})
 
 
 def test_vmap_over_heads_and_seed_replicas_under_jit():
