@@ -5,22 +5,25 @@
 
 A trained-size-free encoder (random parameters) of ``--layers`` blocks and ``--heads`` heads; the
 experiment zero-ablates each head's z (``attn.hook_z``) in turn, layer by layer, and measures the
-change of the output (mean |patched - clean| per patch): L x N patched forward passes. Three
+change of the output (mean |patched - clean| per patch): L x N patched forward passes. Four
 ways, each giving the same L x N effects (checked):
 
   vmapped      one jitted call, vmapped over the L x N (layer, head) pairs
+  by layer     L jitted calls, each vmapped over the N heads of one layer (the layers below it
+               are not batched: vmap batches only what depends on the head)
   loop, jit    a Python loop over the pairs, each a call of a jitted function of the head
                (compiled once per layer before timing)
   loop, eager  a Python loop over the pairs, each patched forward run op by op (no jit), as a
                hook library without a compiler runs it
 
-Each round runs every way once, in an order shuffled per round; medians over rounds, and the
-loops' times over the vmapped one's, from the same run.
+Each round runs every way once, in an order shuffled per round; medians over rounds, and each
+way's time over the by-layer one's, from the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -38,8 +41,11 @@ from scripts.benchmark_structure import median_times  # noqa: E402
 
 def ablation(layers: int, heads: int):
   """(layer, head) -> patches zeroing that head's z, as data: every layer's hook is patched, with
-  heads=-1 (no head) except at ``layer``, so one function serves every pair under vmap."""
+  heads=-1 (no head) except at ``layer``, so one function serves every pair under vmap; a
+  ``layer`` given as a Python int patches that layer's hook alone."""
   def patches(layer, head):
+    if isinstance(layer, int):
+      return {f"blocks.{layer}.attn.hook_z": hooks.zero(heads=head)}
     return {f"blocks.{index}.attn.hook_z": hooks.zero(heads=jnp.where(layer == index, head, -1))
             for index in range(layers)}
   return patches
@@ -55,8 +61,11 @@ def runners(model, variables, tokens, layers: int, heads: int):
                     -1).reshape(-1, 2)  # [L * N, 2]
   vmapped = jax.jit(jax.vmap(lambda pair: effect(pair[0], pair[1])))
   one = jax.jit(effect)
+  by_layer = [jax.jit(jax.vmap(functools.partial(effect, layer))) for layer in range(layers)]
   return {
       "vmapped": lambda: jax.block_until_ready(vmapped(pairs)),
+      "by layer": lambda: jax.block_until_ready(jnp.concatenate(
+          [run(jnp.arange(heads)) for run in by_layer])),
       "loop, jit": lambda: jax.block_until_ready(jnp.stack(
           [one(layer, head) for layer, head in pairs])),
       "loop, eager": lambda: jax.block_until_ready(jnp.stack(
@@ -84,10 +93,10 @@ def main(argv=None):
   disagreement = max(float(jnp.max(jnp.abs(e - effects["vmapped"]))) for e in effects.values())
   times = median_times(runs, args.rounds)
   result = {"ms": {name: 1e3 * t for name, t in times.items()},
-            "over vmapped": {name: t / times["vmapped"] for name, t in times.items()},
+            "over by layer": {name: t / times["by layer"] for name, t in times.items()},
             "largest disagreement": disagreement, "patches": args.layers * args.heads}
   for name, t in times.items():
-    print(f"{name:12s} {1e3 * t:9.2f} ms  x{t / times['vmapped']:7.1f} the vmapped time",
+    print(f"{name:12s} {1e3 * t:9.2f} ms  x{t / times['by layer']:7.1f} the by-layer time",
           flush=True)
   print(f"{result['patches']} patches; effects agree to {disagreement:.1e}")
   result["machine"] = {"python": platform.python_version(), "jax": jax.__version__,

@@ -232,7 +232,7 @@ def test_a_patch_applies_at_every_layer_of_a_scan():
   assert not np.allclose(scanned, model.apply(variables, x), atol=1e-3)
 
 
-def test_the_patching_benchmark_s_three_ways_give_the_same_effects():
+def test_the_patching_benchmark_s_four_ways_give_the_same_effects():
   from conftest import load_script
   benchmark = load_script("benchmark_patching")
   config = aj.EncoderConfig(vocab_size=16, d_model=8, num_heads=2, num_layers=2, mlp_dim=8,
