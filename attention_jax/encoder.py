@@ -203,9 +203,10 @@ def residual_sublayer(x, sublayer, norm, dropout, *, pre_layer_norm: bool):
   return norm(x + dropout(sublayer(x)))
 
 
-#: The residual-stream hook points of a block: its input, after each sublayer, and each
-#: sublayer's own output (``attention_jax.hooks`` lists them all).
+#: The residual-stream hook points of a block, its input and the stream after each sublayer
+#: (``attention_jax.hooks`` lists every name).
 STREAM_HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")
+#: The hook points of each sublayer's own output, the attention's then the feed-forward's.
 SUBLAYER_HOOKS = ("hook_attn_out", "hook_mlp_out")
 
 

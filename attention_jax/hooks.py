@@ -40,7 +40,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-#: Per hook (its name's last part): the axes of the query position and of the head, or None.
+#: The axes of the query position and of the head (None where there is none) of each hook,
+#: by the last part of its name.
 AXES = {
     "hook_resid_pre": (-2, None), "hook_resid_mid": (-2, None), "hook_resid_post": (-2, None),
     "hook_attn_out": (-2, None), "hook_mlp_out": (-2, None),
