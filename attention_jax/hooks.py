@@ -23,9 +23,10 @@ The model calls ``point(name, value)`` at each; outside ``capture`` and ``patch`
 ``value`` and adds nothing to the computation, so a model asked for no hook traces to the same
 jaxpr. Inside, the hooks asked for are read and replaced as the model is traced (a context, as
 ``flax.linen.intercept_methods`` is), so both are pure functions of the variables and inputs
-and compose with ``jit``, ``vmap`` and ``grad``. Under ``lax.scan`` (``nn.scan``) over layers the
-body has one set of names (``attn.hook_z``) and a patch applies at every layer; ``capture`` does
-not reach into a scan's body (its values belong to the body's trace): return them from the body.
+and compose with ``jit``, ``vmap`` and ``grad``. Under ``nn.scan`` over layers the body has one
+set of names (``attn.hook_z``): a patch applies at every layer, and a Linen model's captured
+values (sown in the collection ``COLLECTION``) come stacked over the layers when the scan has
+``variable_axes={"hooks": 0}``.
 A head variant's layout (differential's 2N sub-heads) is what hook_q, hook_k and hook_v see.
 """
 
@@ -37,6 +38,7 @@ import dataclasses
 import sys
 from typing import Any, Callable, NamedTuple
 
+from flax import traverse_util
 import jax
 import jax.numpy as jnp
 
@@ -48,6 +50,9 @@ AXES = {
     "hook_q": (-3, -2), "hook_k": (-3, -2), "hook_v": (-3, -2), "hook_z": (-3, -2),
     "hook_result": (-3, -2), "hook_attn_scores": (-2, -3), "hook_pattern": (-2, -3),
 }
+#: The Linen collection that ``capture`` has a Linen model sow its hooked values in (so that
+#: ``nn.scan`` over layers, given ``variable_axes={"hooks": 0}``, stacks them).
+COLLECTION = "hooks"
 #: The hooks on the maps [B, N, T, S].
 MAPS = ("attn.hook_attn_scores", "attn.hook_pattern")
 
@@ -202,11 +207,22 @@ def point(name: str, value):
     session.reached.add(full)
     value = _as_patch(full, session.patches[full]).apply(name.rsplit(".", 1)[-1], value)
   if full in session.wanted:
-    if full in session.captured:
+    module = _linen_module()
+    if module is not None and module.is_mutable_collection(COLLECTION):
+      module.sow(COLLECTION, full, value)  # Linen's store, which nn.scan stacks over layers
+    elif full in session.captured:
       raise ValueError(f"hook point {full!r} was reached twice; give each layer a scope of its "
                        "own (hooks.scope(f'blocks.{layer}')).")
-    session.captured[full] = value
+    else:
+      session.captured[full] = value
   return value
+
+
+def _linen_module():
+  """The Linen module whose method is running (None outside one, or without Linen loaded)."""
+  linen = sys.modules.get("flax.linen.module")
+  stack = getattr(getattr(linen, "_context", None), "module_stack", None)
+  return stack[-1] if stack else None
 
 
 def _as_patch(name: str, replacement) -> Patch:
@@ -220,16 +236,25 @@ def _as_patch(name: str, replacement) -> Patch:
                   "function of the clean value or a hooks.Patch (set_to, add, zero, mean_ablate).")
 
 
-def _run(model, variables, inputs, call: dict):
+def _run(model, variables, inputs, call: dict, session: _Session):
   """``model`` on ``inputs`` (an array or a tuple of them): a Linen module applied to
-  ``variables``, or an NNX module (with its state replaced by ``variables`` when given)."""
+  ``variables`` (what it sows in ``COLLECTION`` added to ``session.captured``), or an NNX module
+  (with its state replaced by ``variables`` when given)."""
   inputs = inputs if isinstance(inputs, tuple) else (inputs,)
   nnx = sys.modules.get("flax.nnx")
   if nnx is not None and isinstance(model, nnx.Module):
     if variables is not None:
       model = nnx.merge(nnx.graphdef(model), variables)
     return model(*inputs, **call)
-  return model.apply(variables, *inputs, **call)
+  if not session.wanted:
+    return model.apply(variables, *inputs, **call)
+  output, state = model.apply(variables, *inputs, mutable=[COLLECTION], **call)
+  for path, sown in traverse_util.flatten_dict(dict(state.get(COLLECTION, {}))).items():
+    if len(sown) > 1 or path[-1] in session.captured:
+      raise ValueError(f"hook point {path[-1]!r} was reached twice; give each layer a scope of "
+                       "its own (hooks.scope(f'blocks.{layer}')).")
+    session.captured[path[-1]] = sown[0]
+  return output
 
 
 @contextlib.contextmanager
@@ -267,7 +292,7 @@ def capture(model, variables, inputs, hooks, *, query_rows=None, patches=None, *
   hooks = [hooks] if isinstance(hooks, str) else list(hooks)
   session = _Session(frozenset(hooks), dict(patches or {}), query_rows)
   with _session(session):
-    output = _run(model, variables, inputs, call)
+    output = _run(model, variables, inputs, call, session)
   _check_reached((set(hooks) - set(session.captured)) | (set(session.patches) - session.reached))
   return output, {name: session.captured[name] for name in hooks}
 
@@ -287,7 +312,7 @@ def patch(model, variables, inputs, patches, **call):
   """
   session = _Session(frozenset(), dict(patches))
   with _session(session):
-    output = _run(model, variables, inputs, call)
+    output = _run(model, variables, inputs, call, session)
   _check_reached(set(patches) - session.reached)
   return output
 

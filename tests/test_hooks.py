@@ -212,23 +212,27 @@ class _Scanned(nn.Module):
   @nn.compact
   def __call__(self, x):
     body = lambda module, carry, _: (carry + aj.MultiHeadAttention(num_heads=N)(carry), None)
-    scan = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True}, length=2)
+    scan = nn.scan(body, variable_axes={"params": 0, hooks.COLLECTION: 0},
+                   split_rngs={"params": True}, length=2)
     return scan(self, x, None)[0]
 
 
-def test_a_patch_applies_at_every_layer_of_a_scan():
+def test_a_patch_applies_at_every_layer_of_a_scan_and_captures_come_stacked():
   model = _Scanned()
   _, _, x, _ = _layer_and_inputs(jnp.float32)
   variables = model.init(jax.random.key(0), x)
   ablate = {"attn.hook_z": hooks.zero(heads=1)}
   scanned = hooks.patch(model, variables, x, ablate)
   layer = aj.MultiHeadAttention(num_heads=N)
-  y = x
+  y, values = x, []
   for index in range(2):
     params = jax.tree.map(lambda a: a[index], variables["params"])
     params = params[next(iter(params))]  # the layer's own parameters
-    y = y + hooks.patch(layer, {"params": params}, y, ablate)
+    out, value = hooks.capture(layer, {"params": params}, y, ["attn.hook_q"], patches=ablate)
+    y, values = y + out, values + [value["attn.hook_q"]]
   np.testing.assert_allclose(scanned, y, atol=1e-5)
+  _, stacked = hooks.capture(model, variables, x, ["attn.hook_q"], patches=ablate)
+  np.testing.assert_allclose(stacked["attn.hook_q"], np.stack(values), atol=1e-5)  # [L, ...]
   assert not np.allclose(scanned, model.apply(variables, x), atol=1e-3)
 
 
