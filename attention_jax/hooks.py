@@ -26,7 +26,7 @@ jaxpr. Inside, the hooks asked for are read and replaced as the model is traced 
 and compose with ``jit``, ``vmap`` and ``grad``. Under ``nn.scan`` over layers the body has one
 set of names (``attn.hook_z``): a patch applies at every layer, and a Linen model's captured
 values (sown in the collection ``COLLECTION``) come stacked over the layers when the scan has
-``variable_axes={"hooks": 0}``.
+``variable_axes={"hooks": 0}`` (an NNX model's values are captured outside ``nnx.scan`` only).
 A head variant's layout (differential's 2N sub-heads) is what hook_q, hook_k and hook_v see.
 """
 
