@@ -1,0 +1,204 @@
+"""Claims are data: every finding sentence that carries a claim pointer is checked against the
+rows it names. A pointer is an HTML comment right after its sentence (MyST does not render it):
+
+  ... shown for 16 and 32 heads (Holm p 0.031, 0.020) <!-- claim heads/comparisons.csv:
+  arm=heads_16 baseline=heads_1 rate=chosen; arm=heads_32 baseline=heads_1 rate=chosen -->
+
+naming a file under docs/results/ (a comparisons.csv, a results.csv or a predictions table) and,
+after the colon, row selectors separated by ";" (``column=value`` pairs; in a results.csv
+``stat=max:peak_max_attention_logit`` adds the maximum, minimum or mean of a column over the rows
+selected). The claim is the text from the previous sentence's end (a blank line, a list item, a
+table cell, an earlier pointer, or ". " before a capital) to the pointer. The test fails when
+
+- a number of the claim is not one of its rows' values at its printed precision (a number in an
+  arm's name, such as the 16 of heads_16, counts, and so do 0.05 and 95, the level and the
+  interval's);
+- a word that says an effect was shown ("shown", "detected", "sooner", "faster", "slower",
+  "better", "worse", "more", "less", ...), not negated, stands on a row whose p (Holm's where the row is
+  in the study's family; the raw p only where the claim says "unadjusted") is not below 0.05;
+- a word that says two arms are alike ("same", "recovers", "matches", "no worse", "as ... does")
+  stands on no equivalence test that passed.
+"""
+
+import csv
+import math
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"
+PAGES = [ROOT / "README.md", *sorted(RESULTS.glob("*.md"))]  # index.md among them
+ALPHA = 0.05
+POINTER = re.compile(r"<!--\s*claim\s+(\S+?)(?::(.*?))?\s*-->", re.S)
+NUMBER = re.compile(r"(?<![\w.])[-+−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w])")
+SHOWN = re.compile(r"\b(shown|detected|detectably|sooner|faster|slower|better|worse|beats?|"
+                   r"helps?|hurts?|errs? more|more|less|fewer|larger|smaller|lower|higher|"
+                   r"grows?)\b")
+ALIKE = re.compile(r"\b(same|recovers?|matches|no worse|as [\w\s-]+ does)\b")
+NEGATION = re.compile(r"\b(no|not|nor|never|cannot|neither|without)\b[^.;,]{0,40}$")
+
+
+def claims(text: str):
+  """(claim text, source, selectors) for each pointer of ``text``."""
+  found, start = [], 0
+  for match in POINTER.finditer(text):
+    before = text[start:match.start()]
+    cut = max((m.end() for m in re.finditer(r"\n\s*\n|\n\s*- |\||-->|\.(?:\*\*)?\s+(?=[A-Z*(`])",
+                                            before)),
+              default=0)
+    claim = " ".join(before[cut:].split())
+    selectors = [dict(pair.split("=", 1) for pair in part.split())
+                 for part in (match.group(2) or "").split(";") if part.strip()]
+    found.append((claim, match.group(1), selectors))
+    start = match.end()
+  return found
+
+
+def _predictions(path: pathlib.Path) -> list[dict]:
+  rows, current = [], ""
+  for line in path.read_text().splitlines()[2:]:
+    cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+    current = cells[0] or current
+    rows.append({"prediction": current, "check": cells[2], "measured": cells[3],
+                 "holds": cells[4]})
+  return rows
+
+
+def rows_of(source: str, selectors: list[dict]) -> tuple[list[dict], list[float]]:
+  """The rows the selectors name (each must name at least one) and the statistics asked for."""
+  path = RESULTS / source
+  if path.suffix == ".md":
+    table = _predictions(path)
+  else:
+    with open(path, newline="") as f:
+      table = list(csv.DictReader(f))
+  chosen, stats = [], []
+  for selector in selectors or [{}]:
+    selector = dict(selector)
+    stat = selector.pop("stat", None)
+    rows = [row for row in table if all(row.get(k) == v for k, v in selector.items())]
+    assert rows, f"{source}: no row has {selector}"
+    chosen += rows
+    if stat:
+      how, column = stat.split(":")
+      values = [float(row[column]) for row in rows if row[column] not in ("", "nan")]
+      stats.append({"max": max, "min": min, "mean": lambda v: sum(v) / len(v)}[how](values))
+  return chosen, stats
+
+
+def _printed(text: str) -> tuple[float, float]:
+  """The number printed and half its last digit's unit (a trailing zero of an integer is not a
+  digit of precision: 170 may be 170 +- 5)."""
+  text = text.replace("−", "-")
+  value = float(text)
+  mantissa = text.lstrip("+-").split("e")[0]
+  if "." in mantissa:
+    unit = 10.0 ** -len(mantissa.split(".")[1])
+  else:
+    digits = mantissa.rstrip("0") or "0"
+    unit = 10.0 ** (len(mantissa) - len(digits))
+  if "e" in text:
+    unit *= 10.0 ** int(text.split("e")[1])
+  return value, unit / 2
+
+
+def _values(rows, stats) -> list[float]:
+  """The numbers a claim on ``rows`` may print: every cell of a comparison or a check; of a
+  results.csv's many replica rows only the statistics asked for and the numbers in arm names."""
+  values = list(stats) + [100 * (1 - 2 * ALPHA), ALPHA, 1 - ALPHA]
+  for row in rows:
+    cells = ([row["variant"], row["learning_rate"], row["seed"]] if "seed" in row
+             else row.values())
+    for cell in cells:
+      try:
+        values.append(float(cell))
+      except ValueError:  # a name or a sentence: the numbers in it (16 in heads_16)
+        values += [float(n) for n in re.findall(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", str(cell))]
+  return values
+
+
+def unsupported_numbers(claim, rows, stats) -> list[str]:
+  values = _values(rows, stats)
+  missing = []
+  for text in NUMBER.findall(claim):
+    printed, half = _printed(text)
+    if not any(abs(abs(v) - abs(printed)) <= half * (1 + 1e-9) + 1e-12 for v in values):
+      missing.append(text)
+  return missing
+
+
+def _decisive(row) -> tuple[float, bool]:
+  """(the p a verdict on the row stands on, whether it is unadjusted)."""
+  if "holds" in row:  # a predictions table's check: its Holm p, and whether it held
+    return (0.0 if row["holds"] == "yes" else 1.0), False
+  adjusted = float(row.get("p_adjusted") or "nan")
+  return (adjusted, False) if math.isfinite(adjusted) else (float(row["p"]), True)
+
+
+def _asserted(pattern, claim) -> list[str]:
+  return [m.group(0) for m in pattern.finditer(claim)
+          if not NEGATION.search(claim[:m.start()])]
+
+
+def overclaims(claim, rows) -> list[str]:
+  problems = []
+  tested = [row for row in rows if "p" in row or "holds" in row]
+  if _asserted(SHOWN, claim):
+    for row in tested:
+      p, unadjusted = _decisive(row)
+      if not p < ALPHA or (unadjusted and "unadjusted" not in claim):
+        problems.append(f"{_asserted(SHOWN, claim)} on p {p:.2g}"
+                        + (" (unadjusted, and the claim does not say so)" if p < ALPHA else ""))
+  if _asserted(ALIKE, claim):
+    passed = [row for row in tested if ("~" in row.get("check", "") and row["holds"] == "yes")
+              or (row.get("test", "").startswith("tost") and _decisive(row)[0] < ALPHA)]
+    if not passed:
+      problems.append(f"{_asserted(ALIKE, claim)} without a passing equivalence test")
+  return problems
+
+
+def _all_claims():
+  for page in PAGES:
+    for claim, source, selectors in claims(page.read_text()):
+      yield pytest.param(claim, source, selectors,
+                         id=f"{page.name}:{source}:{claim[:40]}")
+
+
+@pytest.mark.parametrize("claim, source, selectors", list(_all_claims()))
+def test_each_claim_s_numbers_and_words_are_its_rows(claim, source, selectors):
+  rows, stats = rows_of(source, selectors)
+  assert not unsupported_numbers(claim, rows, stats), (
+      f"{claim!r}: {unsupported_numbers(claim, rows, stats)} not in {source} {selectors}")
+  assert not overclaims(claim, rows), (claim, overclaims(claim, rows))
+
+
+# What the checker must catch: sentences the pages once printed, against their rows.
+WRONG = [
+    ("16 and 32 heads solve sooner (Holm 0.031, 0.020) at a matched rate",
+     "heads/comparisons.csv", "arm=heads_16 rate=matched; arm=heads_32 rate=matched"),
+    ("split_8 errs less than split_1 (8 seeds)",
+     "heads_binding/multi_retrieval_accelerator/comparisons.csv", "arm=split_8"),
+    ("the gate started open solves it as plain attention does (Holm 0.13)",
+     "attention_variants/controls/comparisons.csv", "arm=gated_open baseline=mha rate=chosen"),
+    ("its largest logit stayed at or below 1.06 in every run",
+     "scaling_init/results.csv", "variant=dk16_qk_norm_inv stat=max:peak_max_attention_logit"),
+]
+
+
+@pytest.mark.parametrize("claim, source, selector", WRONG, ids=[w[0][:30] for w in WRONG])
+def test_the_checker_fails_sentences_that_say_more_than_their_rows(claim, source, selector):
+  selectors = [dict(p.split("=", 1) for p in part.split()) for part in selector.split(";")]
+  rows, stats = rows_of(source, selectors)
+  assert unsupported_numbers(claim, rows, stats) or overclaims(claim, rows)
+
+
+def test_a_pointer_does_not_render_and_names_its_sentence():
+  text = ("Intro. Four heads solve it sooner (Holm 0.031) <!-- claim heads/comparisons.csv: "
+          "arm=heads_16 baseline=heads_1 rate=chosen -->.")
+  ((claim, source, selectors),) = claims(text)
+  assert claim == "Four heads solve it sooner (Holm 0.031)"
+  assert source == "heads/comparisons.csv" and selectors[0]["arm"] == "heads_16"
+  rows, stats = rows_of(source, selectors)
+  assert not unsupported_numbers(claim, rows, stats) and not overclaims(claim, rows)
