@@ -37,7 +37,7 @@ SHOWN = re.compile(r"\b(shown|detected|detectably|sooner|faster|slower|better|wo
                    r"helps?|hurts?|errs? more|more|less|fewer|larger|smaller|lower|higher|"
                    r"grows?)\b")
 ALIKE = re.compile(r"\b(same|recovers?|matches|no worse|as [\w\s-]+ does)\b")
-NEGATION = re.compile(r"\b(no|not|nor|never|cannot|neither|without)\b[^.;,]{0,40}$")
+NEGATION = re.compile(r"\b(no|not|none|nor|never|cannot|neither|without)\b[^.;,]{0,40}$")
 
 
 def claims(text: str):
