@@ -1,4 +1,5 @@
-"""AdamW (optax) with its learning rate and weight decay injected per replica, and the schedules.
+"""AdamW or SGD with momentum (optax), learning rate and weight decay injected per replica; the
+schedules; and an optional scale of W_Q's updates (its learning rate times a factor).
 
 The schedules are written with jnp so that their peak and warmup may be traced values: replicas
 with different learning rates or warmups share one compiled step (the hyperparameter axis).
@@ -6,6 +7,7 @@ with different learning rates or warmups share one compiled step (the hyperparam
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -45,11 +47,80 @@ def learning_rate(config):
   return rate
 
 
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def query_rate_factor(config):
+  """The factor on W_Q's learning rate: ``config.query_lr_scale``, a number or "inv_sqrt"
+  (d_k^-1/2, with d_k = model.head_dim or d_model / num_heads); 1 when the config has none.
+
+  >>> import ml_collections
+  >>> config = ml_collections.ConfigDict({"query_lr_scale": "inv_sqrt",
+  ...     "model": {"head_dim": 64, "d_model": 128, "num_heads": 4}})
+  >>> query_rate_factor(config)
+  0.125
+  """
+  factor = config.get("query_lr_scale", 1.0)
+  if factor == "inv_sqrt":
+    model = config.model
+    return float((model.head_dim or model.d_model // model.num_heads) ** -0.5)
+  if isinstance(factor, str) or factor <= 0:
+    raise ValueError(f"query_lr_scale must be a positive number or 'inv_sqrt', got {factor!r}.")
+  return float(factor)
+
+
+def _query_multiplier(path, leaf, factor):
+  """factor on the query kernel's entries ({"query": {"kernel"}}, or index 0 of a fused qkv
+  kernel [D_in, 3, N, H]), 1 elsewhere."""
+  keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+  if len(keys) < 2 or keys[-1] != "kernel":
+    return 1.0
+  if keys[-2] == "query":
+    return factor
+  if keys[-2] == "qkv":
+    return jnp.ones((3,), leaf.dtype).at[0].set(factor)[:, None, None]
+  return 1.0
+
+
+def scale_query_updates(factor):
+  """An optax transformation multiplying W_Q's updates by ``factor`` (after the optimiser's
+  learning rate: W_Q's rate times factor, its decoupled weight decay included); the identity at 1.
+
+  >>> import jax.numpy as jnp
+  >>> params = {"query": {"kernel": jnp.ones((2, 1, 2))}, "key": {"kernel": jnp.ones((2, 1, 2))}}
+  >>> tx = scale_query_updates(0.5)
+  >>> updates, _ = tx.update(params, tx.init(params))
+  >>> float(updates["query"]["kernel"][0, 0, 0]), float(updates["key"]["kernel"][0, 0, 0])
+  (0.5, 1.0)
+  """
+  def update(updates, state, params=None):
+    del params
+    if factor == 1.0:
+      return updates, state
+    scaled = jax.tree_util.tree_map_with_path(
+        lambda path, u: u * _query_multiplier(path, u, factor), updates)
+    return scaled, state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def optimizer(config):
-  """AdamW after optional global-norm clipping, with learning_rate and weight_decay injected
+  """``config.optimizer`` ("adamw", the default, or "sgd": SGD with ``config.momentum``, 0.9 by
+  default, and decoupled weight decay) after optional global-norm clipping, W_Q's updates times
+  ``query_rate_factor(config)``, with learning_rate and weight_decay injected
   (optax.inject_hyperparams): the train step sets both from the replica's hparams."""
-  def adamw(learning_rate, weight_decay):
+  name = config.get("optimizer", "adamw")
+  if name not in OPTIMIZERS:
+    raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {name!r}.")
+  momentum = float(config.get("momentum", 0.9))
+  factor = query_rate_factor(config)
+
+  def transform(learning_rate, weight_decay):
     chain = [optax.clip_by_global_norm(config.grad_clip_norm)] if config.grad_clip_norm else []
-    return optax.chain(*chain, optax.adamw(learning_rate, weight_decay=weight_decay))
+    if name == "adamw":
+      chain.append(optax.adamw(learning_rate, weight_decay=weight_decay))
+    else:
+      chain += [optax.add_decayed_weights(weight_decay),
+                optax.sgd(learning_rate, momentum=momentum or None)]
+    return optax.chain(*chain, scale_query_updates(factor))
   # Placeholders: train_step sets both from the replica's hparams before every update.
-  return optax.inject_hyperparams(adamw)(learning_rate=0.0, weight_decay=0.0)
+  return optax.inject_hyperparams(transform)(learning_rate=0.0, weight_decay=0.0)

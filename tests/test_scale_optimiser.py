@@ -1,0 +1,82 @@
+"""W_Q's learning-rate scale and the SGD-with-momentum choice of experiments/optim.py, against
+optax.multi_transform and a hand-written momentum recursion."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from experiments import optim
+
+
+def _config(**options):
+  return ml_collections.ConfigDict({"grad_clip_norm": 0.0, **options,
+                                    "model": {"head_dim": 16, "d_model": 64, "num_heads": 4}})
+
+
+def _params(key=0):
+  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(key), 3)
+  return {"layer": {"query": {"kernel": jax.random.normal(k1, (4, 2, 3))},
+                    "key": {"kernel": jax.random.normal(k2, (4, 2, 3))},
+                    "out": {"bias": jax.random.normal(k3, (4,))}}}
+
+
+def _run(tx, params, steps=3, rate=1e-2):
+  state = tx.init(params)
+  for step in range(steps):
+    if hasattr(state, "hyperparams"):
+      state.hyperparams["learning_rate"] = jnp.asarray(rate)
+      state.hyperparams["weight_decay"] = jnp.asarray(0.0)
+    grads = jax.tree.map(lambda p: jnp.sin(p * (step + 1)), params)
+    updates, state = tx.update(grads, state, params)
+    params = optax.apply_updates(params, updates)
+  return params
+
+
+def test_adamw_query_rate_times_inv_sqrt_dk_matches_multi_transform():
+  params = _params()
+  ours = _run(optim.optimizer(_config(query_lr_scale="inv_sqrt")), params)
+  labels = jax.tree_util.tree_map_with_path(
+      lambda path, _: "query" if "query" in str(path) else "rest", params)
+  reference = optax.multi_transform({"query": optax.adamw(1e-2 / 4.0, weight_decay=0.0),
+                                     "rest": optax.adamw(1e-2, weight_decay=0.0)}, labels)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               ours, _run(reference, params))
+
+
+def test_without_the_options_it_is_plain_adamw():
+  params = _params(1)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               _run(optim.optimizer(_config()), params),
+               _run(optax.adamw(1e-2, weight_decay=0.0), params))
+
+
+def test_sgd_with_momentum_follows_the_heavy_ball_recursion_with_the_query_factor():
+  params = _params(2)
+  ours = _run(optim.optimizer(_config(optimizer="sgd", momentum=0.9, query_lr_scale=0.5)), params)
+  expected = {}
+  for name, factor in (("query", 0.5), ("key", 1.0)):
+    p = np.asarray(params["layer"][name]["kernel"], np.float64)
+    velocity = np.zeros_like(p)
+    for step in range(3):
+      velocity = np.sin(p * (step + 1)) + 0.9 * velocity  # optax.trace: g + momentum * v
+      p = p - 1e-2 * factor * velocity
+    expected[name] = p
+  for name in ("query", "key"):
+    np.testing.assert_allclose(ours["layer"][name]["kernel"], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_fused_qkv_kernel_scales_only_its_query_slot():
+  updates = {"qkv": {"kernel": jnp.ones((2, 3, 1, 2))}}
+  tx = optim.scale_query_updates(0.25)
+  scaled, _ = tx.update(updates, tx.init(updates))
+  np.testing.assert_array_equal(scaled["qkv"]["kernel"][0, :, 0, 0], [0.25, 1.0, 1.0])
+
+
+def test_an_unknown_optimizer_or_a_bad_factor_is_a_one_line_error():
+  with pytest.raises(ValueError, match="optimizer must be one of"):
+    optim.optimizer(_config(optimizer="lion"))
+  with pytest.raises(ValueError, match="query_lr_scale must be"):
+    optim.optimizer(_config(query_lr_scale=-1.0))
