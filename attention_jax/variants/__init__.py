@@ -14,6 +14,8 @@ registered by name (``REGISTRY``), whose hooks ``multihead.multi_head_attention_
   sinks           a learned sink logit per head in the softmax (GPT-OSS)   sinks
   sigmoid         sigmoid(logit - log S) weights, no row normalisation     sigmoid
                   (Ramapuram 2024)
+  qk_norm_learned L2-normed queries and keys, a learned gain   qk_norm_learned
+                  started at log2(L^2 - L) (Henry 2020)
 
 A new variant is one file here (a registered subclass of ``base.Variant``) and its import below;
 the modules, the encoder, the configs and the generic tests then know it by name. One in your own
@@ -36,3 +38,4 @@ from attention_jax.variants import gated  # noqa: F401
 from attention_jax.variants import differential  # noqa: F401
 from attention_jax.variants import sinks  # noqa: F401
 from attention_jax.variants import sigmoid  # noqa: F401
+from attention_jax.variants import qk_norm_learned  # noqa: F401
