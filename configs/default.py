@@ -58,6 +58,9 @@ def get_config():
   config.warmup_steps = 100                # linear warmup steps
   config.weight_decay = 0.01               # AdamW decoupled weight decay
   config.grad_clip_norm = 1.0              # global-norm clipping; 0 disables
+  config.optimizer = "adamw"               # adamw | sgd (with momentum; experiments/optim.py)
+  config.momentum = 0.9                    # sgd's momentum; 0 disables
+  config.query_lr_scale = 1.0              # W_Q's learning rate x this (its updates scaled)
   config.label_smoothing = 0.0             # 0 disables
   config.num_train_steps = 600             # optimizer steps
   config.eval_every_steps = 200            # evaluate on the test split this often

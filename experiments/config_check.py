@@ -99,6 +99,7 @@ def validate(config) -> None:
   attention_scale(model.attention_scale)
   encoder_config(config, warn=True)  # the model's own checks, as one-line config errors
   choices = {"schedule": (config.schedule, optim.SCHEDULES),
+             "optimizer": (config.optimizer, optim.OPTIMIZERS),
              "compute_dtype": (config.compute_dtype, COMPUTE_DTYPES)}
   for field, (value, valid) in choices.items():
     if value not in valid:
@@ -130,6 +131,9 @@ def validate(config) -> None:
                   f"{config.num_train_steps}: the learning rate never reaches its peak and never "
                   f"decays; set e.g. --config.warmup_steps={config.num_train_steps // 10}.",
                   ConfigWarning, stacklevel=2)
+  if not 0.0 <= config.momentum < 1.0 or config.query_lr_scale <= 0:
+    raise ConfigError(f"momentum must be in [0, 1) and query_lr_scale positive, got "
+                      f"{config.momentum} and {config.query_lr_scale}.")
   if not 0.0 <= config.label_smoothing < 1.0:
     raise ConfigError(f"label_smoothing must be in [0, 1), got {config.label_smoothing}.")
   if config.mesh.sequence < 1 or config.mesh.data < 0:

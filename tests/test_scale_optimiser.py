@@ -80,3 +80,20 @@ def test_an_unknown_optimizer_or_a_bad_factor_is_a_one_line_error():
     optim.optimizer(_config(optimizer="lion"))
   with pytest.raises(ValueError, match="query_lr_scale must be"):
     optim.optimizer(_config(query_lr_scale=-1.0))
+
+
+@pytest.mark.parametrize("mode", ["adam", "sgd", "mup"])
+def test_each_mode_of_the_study_is_valid_and_powered_and_its_controls_reparametrise_w_q(mode):
+  from configs.ablations import scale_optimiser
+  from experiments import findings, sweep, verdicts
+  config = scale_optimiser.get_config(mode)
+  sweep.check(config)
+  assert verdicts.Design.of_sweep(config, "accuracy").refusal(config.num_seeds) is None
+  assert findings.refusal(findings.declaration_of(config.predictions), config.num_seeds) is None
+  overrides = dict(config.variants)
+  for name, value in overrides.items():
+    d_k = value["model"]["head_dim"]
+    expected = {"none_qlr_half": d_k ** -0.5, "none_qlr_full": 1.0 / d_k}.get(
+        name.split("_", 1)[1], 1.0)
+    assert value["query_lr_scale"] == pytest.approx(expected)
+  assert config.train.optimizer == ("sgd" if mode == "sgd" else "adamw")

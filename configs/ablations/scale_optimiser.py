@@ -1,0 +1,175 @@
+"""The scale, apart from the optimiser and the width: is 1/sqrt(d_k) a statement about the
+logits, or about W_Q's learning rate under Adam? And do muP's 1/d_k and a learned QK-norm gain do
+what their papers say?
+
+  python -m experiments.sweep --config=configs/ablations/scale_optimiser.py:adam \
+      --workdir=/work/runs/scale_optimiser/adam
+  python -m experiments.sweep --config=configs/ablations/scale_optimiser.py:sgd \
+      --workdir=/work/runs/scale_optimiser/sgd
+  python -m experiments.sweep --config=configs/ablations/scale_optimiser.py:mup \
+      --workdir=/work/runs/scale_optimiser/mup
+  python -m experiments.sweep --config=configs/ablations/scale_optimiser.py:accelerator \
+      --workdir=/work/runs/scale_optimiser/accelerator
+  python -m experiments.sweep --config=configs/ablations/scale_optimiser.py:quick --workdir=/tmp/so
+
+The model and task are configs/ablations/scaling_init.py's (MQAR, configs/mqar.py: 2 layers, 4
+heads, RoPE, residual stream 64, d_k set by model.head_dim), 1200 steps, gradient clipping off
+(a global-norm clip is not invariant to reparametrising W_Q, so it would break the positive
+controls). The logit scale s multiplies q.k; writing W_Q = s W_Q' turns it into an unscaled model
+whose W_Q starts s times smaller and, under Adam (updates of about the rate per entry whatever the
+gradient's scale), learns at s times the rate; under SGD, where the update is the gradient times
+the rate, at s^2 times the rate (the gradient of W_Q' is s times W_Q's and its update reaches W_Q
+times s again). So the arms, at d_k 16 and 64:
+
+- ``inv_sqrt``: q.k / sqrt(d_k), the paper's (each group's baseline);
+- ``none``: q.k, unscaled (W_Q's initial values and its rate both s^-1 times the paper's);
+- ``none_qlr_half``: unscaled, W_Q initialised x d_k^-1/2 and its rate x d_k^-1/2
+  (config.query_lr_scale): under Adam the paper's arm up to Adam's epsilon and weight decay (a
+  positive control); under SGD not, since SGD needs the rate x d_k^-1;
+- ``none_qlr_full`` (SGD only): W_Q initialised x d_k^-1/2 and its rate x d_k^-1: under SGD with
+  momentum the paper's arm exactly, up to weight decay (the SGD positive control);
+- ``qk_norm_learned`` (Adam only): L2-normalised queries and keys times a learned gain started at
+  log2(L^2 - L) (Henry et al. 2020; attention_jax/variants/qk_norm_learned.py), L the task's
+  sequence length (task_options.length of configs/mqar.py, 8: g0 = log2(56), 5.8).
+
+Modes (each sized to at most 30 minutes on the 2 CPU cores; the sweep refuses a design whose
+seeds and test cannot reach alpha):
+
+- ``adam`` (AdamW, rates 3e-4, 1e-3, 3e-3 bracketed): inv_sqrt, none, none_qlr_half,
+  qk_norm_learned at d_k 16 and 64;
+- ``sgd`` (SGD with momentum 0.9, rates 1e-2, 3e-2, 1e-1 bracketed): inv_sqrt, none,
+  none_qlr_half, none_qlr_full at d_k 16 and 64;
+- ``mup`` (AdamW, rates 1e-4 .. 1e-2 in half decades, not bracketed: the position of the best
+  rate in the grid is the measure): inv_sqrt and muP's 1/d_k (``inv``, Yang et al. 2022) at d_k
+  16, 64 and 256;
+- ``accelerator``: the adam mode's arms on one GPU, d_k 64, 256 and 1024, 2000 steps;
+- ``quick``: a smoke test of the pipeline.
+
+Measure: the steps a seed takes to reach 0.9 test accuracy (censored one evaluation past the
+end), each arm at its rate chosen on the validation stream, paired by seed; 10 seeds, whose exact
+paired test's smallest p (2/1024) survives Holm over the family. Wortsman et al. (2023): runs whose
+largest attention logit passes about 1e4 diverge; every run records its peak largest logit
+(peak_max_attention_logit) and where it diverged (diverged_at): the page tabulates the two.
+Rate transfer (mup mode): per d_k and arm, the index in the grid of the rate with the best mean
+validation accuracy over the seeds; "transfers" is decided by the per-seed best-rate index:
+a Friedman test (scipy.stats.friedmanchisquare) across the three d_k, seeds as blocks, per arm;
+1/d_k transfers when that test does not reject at 0.05 and the mean index moves by at most one
+grid step between 16 and 256; 1/sqrt(d_k) does not when it rejects. Predictions, committed before
+any full run: ``predictions`` below (python -m experiments.findings).
+"""
+
+import ml_collections
+
+from configs import mqar
+from configs.ablations import check_mode, sweep_config
+
+MODES = ("adam", "sgd", "mup", "quick", "accelerator")
+HEAD_DIMS = {"adam": (16, 64), "sgd": (16, 64), "mup": (16, 64, 256), "quick": (16,)}
+ARMS = {"adam": ("inv_sqrt", "none", "none_qlr_half", "qk_norm_learned"),
+        "sgd": ("inv_sqrt", "none", "none_qlr_half", "none_qlr_full"),
+        "mup": ("inv_sqrt", "inv"), "quick": ("inv_sqrt", "none_qlr_half", "qk_norm_learned")}
+LEARNING_RATES = {"adam": (3e-4, 1e-3, 3e-3), "sgd": (1e-2, 3e-2, 1e-1),
+                  "mup": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2), "quick": (1e-3,)}
+OPTIMIZER = {"sgd": "sgd"}
+STEPS, EVAL_EVERY, NUM_SEEDS = 1200, 100, 10
+ACCELERATOR_HEAD_DIMS, ACCELERATOR_STEPS = (64, 256, 1024), 2000
+MARGIN = 100  # steps: one evaluation interval, the resolution of the measure
+
+
+def model_overrides(arm: str, head_dim: int, length: int) -> dict:
+  """The model settings of ``arm`` at d_k = ``head_dim`` (sequence length ``length``)."""
+  return {"inv_sqrt": {}, "none": {"attention_scale": "none"}, "inv": {"attention_scale": "inv"},
+          "none_qlr_half": {"attention_scale": "none", "query_init_scale": head_dim ** -0.5},
+          "none_qlr_full": {"attention_scale": "none", "query_init_scale": head_dim ** -0.5},
+          "qk_norm_learned": {"head_variant": "qk_norm_learned",
+                              "head_variant_options": {"length": length}}}[arm]
+
+
+def query_rate(arm: str, head_dim: int) -> float:
+  """The factor on W_Q's learning rate (experiments/optim.py, query_lr_scale)."""
+  return {"none_qlr_half": head_dim ** -0.5, "none_qlr_full": 1.0 / head_dim}.get(arm, 1.0)
+
+
+def name(arm: str, head_dim: int) -> str:
+  return f"dk{head_dim}_{arm}"
+
+
+def variant(arm, head_dim, length):
+  return (name(arm, head_dim), {"model": {"head_dim": head_dim,
+                                          **model_overrides(arm, head_dim, length)},
+                                "query_lr_scale": query_rate(arm, head_dim)})
+
+
+def get_config(mode="adam"):
+  check_mode(mode, MODES[1:] + ("adam",))
+  mode = mode or "adam"
+  base = "adam" if mode == "accelerator" else mode
+  head_dims = ACCELERATOR_HEAD_DIMS if mode == "accelerator" else HEAD_DIMS[base]
+  length = mqar.get_config().task_options.length
+  arms = ARMS[base]
+  sweep = sweep_config(
+      "quick" if mode == "quick" else None,
+      steps=ACCELERATOR_STEPS if mode == "accelerator" else STEPS, eval_every=EVAL_EVERY,
+      warmup=60, base=mqar, baseline=name("inv_sqrt", head_dims[0]), test="time_to_solve",
+      bracket=0 if mode == "mup" else 2,
+      contrasts=((name(arm, d), name("inv_sqrt", d)) for d in head_dims for arm in arms[1:]),
+      variants=(variant(arm, d, length) for d in head_dims for arm in arms))
+  sweep.train.grad_clip_norm = 0.0
+  sweep.train.optimizer = OPTIMIZER.get(base, "adamw")
+  sweep.train.momentum = 0.9
+  sweep.train.query_lr_scale = 1.0
+  if mode != "quick":
+    sweep.num_seeds = NUM_SEEDS
+    sweep.predictions = f"configs/ablations/scale_optimiser.py:{mode}"
+  sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES[base]})
+  return sweep
+
+
+def predictions(mode="adam") -> dict:
+  """The predictions, fixed before any full run (python -m experiments.findings): steps to 0.9
+  test accuracy, each arm at its rate chosen on the validation stream, paired by seed; "above"
+  means more steps; "within" a margin of MARGIN steps, by TOST.
+
+  adam:
+  - A1 (the positive control; Adam is invariant to the gradient's scale): none_qlr_half within
+    MARGIN of inv_sqrt at d_k 16 and 64: the 1/sqrt(d_k) is W_Q's initial scale and rate.
+  - A2 (Vaswani et al. 2017, footnote 4): none above inv_sqrt at d_k 64.
+  - A3 (Henry et al. 2020: a gain started at log2(L^2 - L) is sharp enough from step 0, unlike
+    LayerNorm gains at 1): qk_norm_learned within MARGIN of inv_sqrt at d_k 16 and 64.
+  sgd:
+  - S1 (the exact reparametrisation under SGD): none_qlr_full within MARGIN of inv_sqrt at both.
+  - S2 (initialisation and rate do not commute under SGD: Adam's control is wrong here):
+    none_qlr_half above inv_sqrt at d_k 64.
+  mup (Yang et al. 2022):
+  - M1 (1/d_k trains as well at its own best rate): inv within MARGIN of inv_sqrt at d_k 16
+    and 64. The rate transfer is read by the module docstring's Friedman rule, not here: the
+    prediction is that 1/d_k's best rate transfers and 1/sqrt(d_k)'s does not.
+  Every mode, the design D: inv_sqrt reaches 0.95 in every seed, every chosen rate inside the
+  rates tried (adam, sgd); Wortsman et al.'s threshold is read descriptively on the page.
+  """
+  mode = mode or "adam"
+  base = "adam" if mode == "accelerator" else mode
+  head_dims = ACCELERATOR_HEAD_DIMS if mode == "accelerator" else HEAD_DIMS[base]
+  steps = ACCELERATOR_STEPS if mode == "accelerator" else STEPS
+  small, large = head_dims[0], head_dims[-1]
+  design = tuple(("reaches", name("inv_sqrt", d), 0.95, {"measure": "accuracy"})
+                 for d in head_dims) + ((("rates_inside",),) if base != "mup" else ())
+
+  def within(arm, dims):
+    return tuple(("within", name(arm, d), name("inv_sqrt", d), MARGIN) for d in dims)
+
+  rows = {"adam": (("A1", f"d_k {small} and {large}", within("none_qlr_half", (small, large))),
+                   ("A2", f"d_k {large}", (("above", name("none", large),
+                                            name("inv_sqrt", large)),)),
+                   ("A3", f"d_k {small} and {large}", within("qk_norm_learned", (small, large)))),
+          "sgd": (("S1", f"d_k {small} and {large}", within("none_qlr_full", (small, large))),
+                  ("S2", f"d_k {large}", (("above", name("none_qlr_half", large),
+                                           name("inv_sqrt", large)),))),
+          "mup": (("M1", f"d_k {small} and {head_dims[1]}", within("inv", head_dims[:2])),)}
+  return {
+      "setting": "arms",
+      "measures": {
+          "primary": {"column": "steps_to_threshold", "read": "steps",
+                      "censored_at": steps + EVAL_EVERY},
+          "accuracy": {"column": "eval_accuracy"}},
+      "predictions": (("D", "design", design),) + rows[base]}
