@@ -121,6 +121,7 @@ def optimizer(config):
     else:
       chain += [optax.add_decayed_weights(weight_decay),
                 optax.sgd(learning_rate, momentum=momentum or None)]
-    return optax.chain(*chain, scale_query_updates(factor))
+    # only when it scales: at 1 the optimiser state is AdamW's as it always was (checkpoints)
+    return optax.chain(*chain, *([scale_query_updates(factor)] if factor != 1.0 else []))
   # Placeholders: train_step sets both from the replica's hparams before every update.
   return optax.inject_hyperparams(transform)(learning_rate=0.0, weight_decay=0.0)
