@@ -25,8 +25,9 @@ One question is read in one family. A check that asks what a row of the study's 
 asks (the comparisons its sweep config declares, the rows of its comparisons.csv at the chosen
 rates: the same two arms, the same measure) takes that row: its estimate, interval, p and Holm p
 over the study's family, so that the page's comparisons table and its predictions cannot
-disagree. The other tested checks are corrected together (Holm, over those checks only) before
-any is called held. A prediction holds when all its checks do; it is not tested when none fails
+disagree. The other tested checks are corrected together (Holm, over those checks and the
+declared null checks no test could decide, which count at p = 1: the family is what was declared
+before the run) before any is called held. A prediction holds when all its checks do; it is not tested when none fails
 and one could not be tested. The kinds:
 
 - "above" a b: a's value above b's, the exact sign-flip test's (unpaired: the permutation
@@ -261,7 +262,8 @@ def decide(declaration, records=None, *, values=None, family=None) -> list[tuple
   already: the design checks, which read records, cannot be decided on them). ``family``:
   {source: [Comparison]}, the study's primary family (:func:`family_of`): a check that asks
   what one of its rows asks takes that row and its Holm p; every other tested check is decided
-  after Holm's correction over those other checks.
+  after Holm's correction over those other checks and the declared null checks no test could
+  decide (counted at p = 1).
 
   >>> declaration = {"setting": "arms", "measures": {"primary": {"column": "eval_nmse"}},
   ...                "predictions": (("P1", "h 1 against 4", (("above", "h1", "h4"),)),)}
@@ -279,8 +281,13 @@ def decide(declaration, records=None, *, values=None, family=None) -> list[tuple
           for name, setting, checks in declaration["predictions"]]
   tested = [check for _, _, checks in rows for check in checks
             if isinstance(check, Check) and check.p_adjusted is None]
-  adjusted = statistics.adjust(statistics.Comparison("", "", "", 0, 0, 0, 0, check.p, "")
-                               for check in tested)
+  # The family is what was declared before the run: a null check that no test could decide (no
+  # margin) still counts in it, at p = 1, so that leaving it untested never loosens the others.
+  untested = sum(1 for _, _, checks in rows for check in checks
+                 if not isinstance(check, Check) and check[1] is None
+                 and str(check[2]).endswith(NOT_TESTED))
+  adjusted = statistics.adjust(statistics.Comparison("", "", "", 0, 0, 0, 0, p, "")
+                               for p in [check.p for check in tested] + [1.0] * untested)
   holm = {id(check): c.p_adjusted for check, c in zip(tested, adjusted)}
   decided = []
   for name, setting, checks in rows:
