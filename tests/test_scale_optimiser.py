@@ -82,7 +82,7 @@ def test_an_unknown_optimizer_or_a_bad_factor_is_a_one_line_error():
     optim.optimizer(_config(query_lr_scale=-1.0))
 
 
-@pytest.mark.parametrize("mode", ["adam", "sgd", "mup"])
+@pytest.mark.parametrize("mode", ["adam", "sgd_dk64", "mup_dk256"])
 def test_each_mode_of_the_study_is_valid_and_powered_and_its_controls_reparametrise_w_q(mode):
   from configs.ablations import scale_optimiser
   from experiments import findings, sweep, verdicts
@@ -96,4 +96,4 @@ def test_each_mode_of_the_study_is_valid_and_powered_and_its_controls_reparametr
     expected = {"none_qlr_half": d_k ** -0.5, "none_qlr_full": 1.0 / d_k}.get(
         name.split("_", 1)[1], 1.0)
     assert value["query_lr_scale"] == pytest.approx(expected)
-  assert config.train.optimizer == ("sgd" if mode == "sgd" else "adamw")
+  assert config.train.optimizer == ("sgd" if mode.startswith("sgd") else "adamw")
