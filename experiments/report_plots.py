@@ -57,14 +57,36 @@ def yerr(values_per_point, name):
   return means, np.nan_to_num(np.stack([means - lows, highs - means]))
 
 
-def _save(figure, path):
-  figure.tight_layout()
+def _save(figure, path, bottom=0.0):
+  """Laid out above ``bottom`` (the fraction of the height a legend under the panels takes)."""
+  figure.tight_layout(rect=(0, bottom, 1, 1))
   figures.save(figure, path)
 
 
-def _bars(axis, labels):
-  axis.set_xticks(np.arange(len(labels)), labels, rotation=60, ha="right",
-                  fontsize=figures.SMALLEST)
+def _bars(axis, labels, horizontal=False):
+  if horizontal:  # the first bar at the top
+    axis.set_yticks(np.arange(len(labels)), labels, fontsize=figures.SMALLEST)
+    axis.set_ylim(len(labels) - 0.5, -0.5)
+  else:
+    axis.set_xticks(np.arange(len(labels)), labels, rotation=60, ha="right",
+                    fontsize=figures.SMALLEST)
+
+
+VERTICAL_BARS = 18  # more bars than this lie on their side, their labels on the y axis
+
+
+def _bar_panels(count: int, bars: int, height: float):
+  """``count`` panels of ``bars`` bars each: stacked, the bars upright, for few bars; side by side
+  with the bars on their side (labels readable, one per line) for many. Returns the figure, the
+  axes and whether the bars lie on their side."""
+  if bars <= VERTICAL_BARS:
+    figure, axes = plt.subplots(count, 1, squeeze=False, sharex=True,
+                                figsize=(min(figures.WIDTH, max(5, 0.38 * bars + 2)),
+                                         height * count + 1))
+    return figure, list(axes[:, 0]), False
+  figure, axes = plt.subplots(1, count, squeeze=False, sharey=True,
+                              figsize=(figures.WIDTH, 0.15 * bars + 1.5))
+  return figure, list(axes[0]), True
 
 
 def _shown_columns(records, design) -> list[str]:
@@ -77,23 +99,30 @@ def _shown_columns(records, design) -> list[str]:
 
 def _seed_bars(bars, columns, labels, path, title="") -> None:
   """A panel per measure in ``columns``: a bar per entry of ``bars`` (metrics dicts) at its mean
-  with its interval, every seed a dot; ``labels`` under the bars."""
-  figure, axes = plt.subplots(len(columns), 1, squeeze=False, sharex=True,
-                              figsize=(min(figures.WIDTH, max(5, 0.38 * len(bars) + 2)),
-                                       3.1 * len(columns) + 1))
+  with its interval, every seed a dot; ``labels`` beside the bars."""
+  figure, axes, horizontal = _bar_panels(len(columns), len(bars), 3.1)
   x = np.arange(len(bars))
-  for axis, column in zip(axes[:, 0], columns):
+  for axis, column in zip(axes, columns):
     values = [np.asarray(metrics[column], np.float64) for metrics in bars]
     means, errors = yerr(values, column)
-    axis.bar(x, means, yerr=errors, capsize=2, color="#8fb0d8")
-    for position, value in zip(x, values):
-      axis.scatter(np.full(len(value), position), value, s=6, color="k", zorder=3)
-    axis.set_ylabel(readable(column), fontsize=8)
-    if column.endswith("_accuracy"):
-      axis.set_ylim(0, 1.02)
-    axis.grid(axis="y", alpha=0.3)
-  axes[0, 0].set_title(title or f"Mean (bar), seeds (dots), {INTERVAL_NOTE}", fontsize=8)
-  _bars(axes[-1, 0], labels)
+    seeds = [(np.full(len(value), position), value) for position, value in zip(x, values)]
+    if horizontal:
+      axis.barh(x, means, xerr=errors, capsize=2, color="#8fb0d8")
+      for position, value in seeds:
+        axis.scatter(value, position, s=6, color="k", zorder=3)
+      axis.set_xlabel(readable(column), fontsize=figures.SMALLEST)
+      if column.endswith("_accuracy"):
+        axis.set_xlim(0, 1.02)
+    else:
+      axis.bar(x, means, yerr=errors, capsize=2, color="#8fb0d8")
+      for position, value in seeds:
+        axis.scatter(position, value, s=6, color="k", zorder=3)
+      axis.set_ylabel(readable(column), fontsize=figures.SMALLEST)
+      if column.endswith("_accuracy"):
+        axis.set_ylim(0, 1.02)
+    axis.grid(axis="x" if horizontal else "y", alpha=0.3)
+  figure.suptitle(title or f"Mean (bar), seeds (dots), {INTERVAL_NOTE}", fontsize=9)
+  _bars(axes[0] if horizontal else axes[-1], labels, horizontal)
   _save(figure, path)
 
 
@@ -149,18 +178,19 @@ def _ylabels(axes, count, text):
     axis.set_ylabel(text, fontsize=8)
 
 
-def _finish(figure, axes, count):
+def _finish(figure, axes, count) -> float:
   """One legend for the figure's panels (the lines are the same in each): in the spare cell
-  where there is one, else under the panels; the unused cells switched off."""
+  where there is one, else under the panels; the unused cells switched off. Returns the
+  fraction of the figure's height the legend under the panels takes (0 in a spare cell)."""
   handles, labels = axes[0].get_legend_handles_labels()
   for axis in axes[count:]:
     axis.axis("off")
   if len(axes) > count:
-    axes[count].legend(handles, labels, loc="center", fontsize=8, frameon=False)
-  else:
-    axes[0].legend(handles, labels, fontsize=figures.SMALLEST, loc="upper center", ncol=3,
-                   frameon=False,
-                   bbox_to_anchor=(0.5 * len(axes) if len(axes) > 1 else 0.5, -0.2))
+    axes[count].legend(handles, labels, loc="center", fontsize=figures.SMALLEST, frameon=False)
+    return 0.0
+  figure.legend(handles, labels, fontsize=figures.SMALLEST, loc="lower center", ncol=3,
+                frameon=False)
+  return (0.2 * -(-len(labels) // 3) + 0.1) / figure.get_figheight()
 
 
 def _errorbars(axis, x, per_point, name, metric, index, count, log_x=False):
@@ -190,12 +220,13 @@ def plot_learning_rates(records, path):
                    label(record["variant"], title), metric, index, len(members), log_x=True)
       axis.set_title(title, fontsize=9)
       axis.set_xscale("log")
+      axis.xaxis.set_minor_formatter(plt.NullFormatter())  # their 3x10^-4 ... overlap
       axis.set_xlabel("peak learning rate")
       axis.grid(alpha=0.3)
     _ylabels(axes, len(chunk), f"{readable(metric)}\n(mean, {INTERVAL_NOTE})")
-    _finish(figure, axes, len(chunk))
+    bottom = _finish(figure, axes, len(chunk))
     paths.append(path if part == 0 else path.replace(".png", f"_{part + 1}.png"))
-    _save(figure, paths[-1])
+    _save(figure, paths[-1], bottom)
   return paths
 
 
@@ -220,28 +251,32 @@ def plot_lengths(records, evaluations, path):
       axis.set_ylim(0, 1.02)
     axis.grid(alpha=0.3)
   _ylabels(axes, count, f"{readable('eval_' + measure)}\n(mean, {INTERVAL_NOTE})")
-  _finish(figure, axes, count)
-  _save(figure, path)
+  _save(figure, path, _finish(figure, axes, count))
 
 
 def plot_probes(records, path):
   """Three probes of the attention, at initialisation and after training, per arm."""
   armed = arm_values(records)
   shown = [p for p in PROBES_SHOWN if f"final_{p}" in armed[0][1]]
-  width = min(figures.WIDTH, max(5, 0.35 * len(armed) + 2))
-  figure, axes = plt.subplots(len(shown), 1, figsize=(width,
-                                                      2.6 * len(shown) + 1), squeeze=False,
-                              sharex=True)
+  figure, axes, horizontal = _bar_panels(len(shown), len(armed), 2.6)
   x = np.arange(len(armed))
-  for axis, probe in zip(axes[:, 0], shown):
+  for axis, probe in zip(axes, shown):
     for offset, stage in ((-0.2, "init"), (0.2, "final")):
-      axis.bar(x + offset, [np.mean(metrics[f"{stage}_{probe}"]) for _, metrics, _ in armed],
-               width=0.4, label={"init": "at initialisation", "final": "after training"}[stage])
-    axis.set_ylabel(readable(probe) + "\n(mean over seeds)", fontsize=8)
+      means = [np.mean(metrics[f"{stage}_{probe}"]) for _, metrics, _ in armed]
+      words = {"init": "at initialisation", "final": "after training"}[stage]
+      if horizontal:
+        axis.barh(x + offset, means, height=0.4, label=words)
+      else:
+        axis.bar(x + offset, means, width=0.4, label=words)
+    text = readable(probe) + "\n(mean over seeds)"
+    if horizontal:
+      axis.set_xlabel(text, fontsize=figures.SMALLEST)
+    else:
+      axis.set_ylabel(text, fontsize=figures.SMALLEST)
     if probe == "logit_variance":
-      axis.set_yscale("log")
-  axes[0, 0].legend(fontsize=figures.SMALLEST)
-  _bars(axes[-1, 0], [label(name) for name, _, _ in armed])
+      (axis.set_xscale if horizontal else axis.set_yscale)("log")
+  axes[0].legend(fontsize=figures.SMALLEST)
+  _bars(axes[0] if horizontal else axes[-1], [label(name) for name, _, _ in armed], horizontal)
   _save(figure, path)
 
 
@@ -290,5 +325,4 @@ def plot_max_logits(workdir, records, path):
     axis.set_xlabel("step")
     axis.grid(alpha=0.3)
   _ylabels(axes, len(groups), readable(MAX_LOGIT) + "\n(mean over seeds)")
-  _finish(figure, axes, len(groups))
-  _save(figure, path)
+  _save(figure, path, _finish(figure, axes, len(groups)))
