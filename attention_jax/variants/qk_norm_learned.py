@@ -2,7 +2,7 @@
 and keys are L2-normalised along the head dimension, so that every logit is a cosine in [-1, 1],
 and a learned gain g multiplies the logits in place of 1/sqrt(d_k):
 
-  logits = g * (q / |q|) . (k / |k|),   g started at g0 = log2(L^2 - L),
+  logits = g * (q / ||q||) . (k / ||k||),   g started at g0 = log2(L^2 - L),
 
 L the sequence length the layer is trained on (Henry et al. take the 97.5th percentile of the
 training lengths; here ``length``, a field). The gain is the whole scale: the step's own scale is
@@ -33,7 +33,7 @@ def initial_gain(length: int) -> float:
 
 
 def l2_normalize(x):
-  """x / max(|x|, EPSILON) along the last (head) axis: [..., H] -> [..., H].
+  """``x / max(norm(x), EPSILON)`` along the last (head) axis: [..., H] -> [..., H].
 
   >>> l2_normalize(jnp.array([3.0, 4.0])).tolist()
   [0.6000000238418579, 0.800000011920929]
