@@ -134,7 +134,7 @@ def _text(c: statistics.Comparison) -> str:
 def _family_text(row: statistics.Comparison, sign: int, a: str, b: str) -> str:
   low, high = sorted((sign * row.low, sign * row.high))
   return (f"{a} - {b} = {sign * row.estimate:+.3g} [{low:+.3g}, {high:+.3g}], "
-          f"p {row.p:.2g}, {row.n} seeds ({row.test})")
+          f"p {row.p:.2g}, {row.n} seeds ({row.test.replace('_', ' ')})")
 
 
 def _named(options, name: str) -> str:
