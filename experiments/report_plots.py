@@ -105,21 +105,15 @@ def _seed_bars(bars, columns, labels, path, title="") -> None:
   for axis, column in zip(axes, columns):
     values = [np.asarray(metrics[column], np.float64) for metrics in bars]
     means, errors = yerr(values, column)
-    seeds = [(np.full(len(value), position), value) for position, value in zip(x, values)]
-    if horizontal:
-      axis.barh(x, means, xerr=errors, capsize=2, color="#8fb0d8")
-      for position, value in seeds:
-        axis.scatter(value, position, s=6, color="k", zorder=3)
-      axis.set_xlabel(readable(column), fontsize=figures.SMALLEST)
-      if column.endswith("_accuracy"):
-        axis.set_xlim(0, 1.02)
-    else:
-      axis.bar(x, means, yerr=errors, capsize=2, color="#8fb0d8")
-      for position, value in seeds:
-        axis.scatter(position, value, s=6, color="k", zorder=3)
-      axis.set_ylabel(readable(column), fontsize=figures.SMALLEST)
-      if column.endswith("_accuracy"):
-        axis.set_ylim(0, 1.02)
+    bar, label_values, limit = ((axis.barh, axis.set_xlabel, axis.set_xlim) if horizontal else
+                                (axis.bar, axis.set_ylabel, axis.set_ylim))
+    bar(x, means, capsize=2, color="#8fb0d8", **{"xerr" if horizontal else "yerr": errors})
+    for position, value in zip(x, values):
+      points = (value, np.full(len(value), position))
+      axis.scatter(*(points if horizontal else points[::-1]), s=6, color="k", zorder=3)
+    label_values(readable(column), fontsize=figures.SMALLEST)
+    if column.endswith("_accuracy"):
+      limit(0, 1.02)
     axis.grid(axis="x" if horizontal else "y", alpha=0.3)
   figure.suptitle(title or f"Mean (bar), seeds (dots), {INTERVAL_NOTE}", fontsize=9)
   _bars(axes[0] if horizontal else axes[-1], labels, horizontal)
