@@ -523,7 +523,7 @@ def test_forms_maps_follows_from_the_hooks_a_variant_overrides():
   assert Mixed().hooks(None).weights(jnp.ones(2)).tolist() == [2.0, 2.0]
   assert Gated().hooks(None) is None
   assert {name for name in NAMES if variants.REGISTRY[name].forms_maps} == {
-      "talking_heads", "dcmha", "differential"}
+      "talking_heads", "dcmha", "differential", "qk_norm_learned"}
 
 
 @pytest.mark.parametrize("name", ["talking_heads", "dcmha", "differential", "moh"])
