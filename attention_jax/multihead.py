@@ -281,7 +281,8 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
   # the hooked maps: patched on the path that forms them, or captured (every row: beside the
   # kernel; query_rows: from the kernel's log-sum-exp)
   patch_maps, hook_rows = hook_maps.maps_patched(), None
-  if hook_maps.maps_asked() and not patch_maps:
+  capture_maps = hook_maps.maps_asked() and not patch_maps
+  if capture_maps:
     hook_rows = hooks_lib.query_rows()
     return_maps = return_maps or hook_rows is None
   lse_asked = hook_rows is not None and not attention_args.get("return_residual")
@@ -317,9 +318,9 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
       hooked = hook_maps.rows_from_residual(query, key, residual, hook_rows, scale=scale,
                                             bias=bias, mask=mask, is_causal=is_causal,
                                             **attention_args)
-    elif hook_maps.maps_asked() and not patch_maps:
+    elif capture_maps:
       hooked = maps
-    if hook_maps.maps_asked() and not patch_maps:
+    if capture_maps:
       for name, value_map in zip(hooks_lib.MAPS, hooked):
         hooks_lib.point(name, value_map)
   heads = hooks_lib.point("attn.hook_z", variant.heads(state, heads))  # [..., T, N, H]

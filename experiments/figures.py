@@ -19,6 +19,7 @@ TEXT_KEY = "Smallest axis text (px)"
 # W inches wide is shown at 676 / (dpi W) of its size and its text of s points at s 676 / (72 W)
 # pixels: at most WIDTH inches wide with text of at least SMALLEST points, that is 10 pixels.
 COLUMN_PX = 676
+LEGIBLE_PX = 9  # the smallest axis text a shown figure may have, in CSS pixels
 WIDTH = 7.5  # inches
 SMALLEST = 8  # points
 

@@ -27,8 +27,8 @@ rates: the same two arms, the same measure) takes that row: its estimate, interv
 over the study's family, so that the page's comparisons table and its predictions cannot
 disagree. The other tested checks are corrected together (Holm, over those checks and the
 declared null checks no test could decide, which count at p = 1: the family is what was declared
-before the run) before any is called held. A prediction holds when all its checks do; it is not tested when none fails
-and one could not be tested. The kinds:
+before the run) before any is called held. A prediction holds when all its checks do; it is not
+tested when none fails and one could not be tested. The kinds:
 
 - "above" a b: a's value above b's, the exact sign-flip test's (unpaired: the permutation
   test's) Holm-adjusted p < alpha;
@@ -284,8 +284,7 @@ def decide(declaration, records=None, *, values=None, family=None) -> list[tuple
   # The family is what was declared before the run: a null check that no test could decide (no
   # margin) still counts in it, at p = 1, so that leaving it untested never loosens the others.
   untested = sum(1 for _, _, checks in rows for check in checks
-                 if not isinstance(check, Check) and check[1] is None
-                 and str(check[2]).endswith(NOT_TESTED))
+                 if not isinstance(check, Check) and _not_tested(*check[1:]))
   adjusted = statistics.adjust(statistics.Comparison("", "", "", 0, 0, 0, 0, p, "")
                                for p in [check.p for check in tested] + [1.0] * untested)
   holm = {id(check): c.p_adjusted for check, c in zip(tested, adjusted)}
@@ -308,6 +307,11 @@ def held(decided) -> dict:
   return {name: all(check[1] for check in checks) for name, _, checks in decided}
 
 
+def _not_tested(held_, text) -> bool:
+  """Whether a decided check is a declared null check that no test could decide (no margin)."""
+  return held_ is None and str(text).endswith(NOT_TESTED)
+
+
 def outcome(checks) -> bool | None:
   """A prediction's outcome from its checks: False where one failed, True where all held,
   None (not tested) where none failed and one could not be tested."""
@@ -323,7 +327,7 @@ def table(decided, setting: str) -> str:
     held_all = {True: "**yes**", False: "**no**", None: "**not tested**"}[outcome(checks)]
     for i, (check, check_held, text) in enumerate(checks):
       verdict = {True: "yes", False: "no", None: "untestable"}[check_held]
-      if check_held is None and text.endswith(NOT_TESTED):
+      if _not_tested(check_held, text):
         verdict = "not tested"
       lines.append(f"| {name if i == 0 else ''} | {where if i == 0 else ''} | {check} | {text} | "
                    f"{verdict} | {held_all if i == 0 else ''} |")

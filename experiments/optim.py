@@ -84,7 +84,7 @@ def _query_multiplier(path, leaf, factor):
 
 def scale_query_updates(factor):
   """An optax transformation multiplying W_Q's updates by ``factor`` (after the optimiser's
-  learning rate: W_Q's rate times factor, its decoupled weight decay included); the identity at 1.
+  learning rate: W_Q's rate times factor, its decoupled weight decay included).
 
   >>> import jax.numpy as jnp
   >>> params = {"query": {"kernel": jnp.ones((2, 1, 2))}, "key": {"kernel": jnp.ones((2, 1, 2))}}
@@ -95,8 +95,6 @@ def scale_query_updates(factor):
   """
   def update(updates, state, params=None):
     del params
-    if factor == 1.0:
-      return updates, state
     scaled = jax.tree_util.tree_map_with_path(
         lambda path, u: u * _query_multiplier(path, u, factor), updates)
     return scaled, state

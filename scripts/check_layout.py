@@ -93,7 +93,6 @@ window.addEventListener('load', () => {
 });
 """
 SKIPPED = ("genindex.html", "search.html", "py-modindex.html")
-SMALLEST_TEXT_PX = 9  # the smallest axis text a shown figure may have, in CSS pixels
 
 
 def recorded_text_px(page: str, source: str) -> float | None:
@@ -108,14 +107,14 @@ def recorded_text_px(page: str, source: str) -> float | None:
 
 
 def legibility(page: str, images: list) -> tuple[list[str], int]:
-  """The figures on ``page`` whose smallest axis text is under SMALLEST_TEXT_PX as shown, and
+  """The figures on ``page`` whose smallest axis text is under figures.LEGIBLE_PX as shown, and
   how many figures record no text size."""
   problems, unrecorded = [], 0
   for source, shown, drawn in images:
     text = recorded_text_px(page, source)
     if text is None:
       unrecorded += 1
-    elif text * shown / drawn < SMALLEST_TEXT_PX:
+    elif text * shown / drawn < figures.LEGIBLE_PX:
       problems.append(f"figure text {text * shown / drawn:.1f} px as shown ({text:g} px drawn, "
                       f"shown at {shown / drawn:.0%}): {source[:60]}")
   return problems, unrecorded

@@ -26,7 +26,8 @@ def test_report_figures_are_legible_at_page_width(tmp_path, study):
   paths = sweep_report.write_from_csv(str(tmp_path / "results.csv"))
   pngs = [p for p in paths.values() if str(p).endswith(".png")]
   assert pngs
-  small = {os.path.basename(p): round(shown_px(p), 1) for p in pngs if shown_px(p) < 9}
+  small = {os.path.basename(p): round(shown_px(p), 1) for p in pngs
+           if shown_px(p) < figures.LEGIBLE_PX}
   assert not small, f"axis text under 9 px at page width: {small}"
 
 
