@@ -10,9 +10,20 @@ applies its tests (scipy.stats) to the per-seed numbers ``seed_numbers`` measure
 >>> share = np.array([[0.7, 0.0], [0.1, 0.9], [0.2, 0.1]])
 >>> int(agreeing_maxima(effect, share))
 2
+
+On a trained heads_binding sweep (every arm with at least D heads, each seed at the rate its
+report chose on the validation stream):
+
+  python -m experiments.patching_study --sweep=/work/runs/heads_binding/multi_retrieval \
+      --out=docs/results/heads_binding/patching
 """
 
 from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +31,7 @@ import numpy as np
 from scipy import stats
 
 from attention_jax import hooks
-from experiments import probes
+from experiments import probe_reports, probes
 
 #: The claims, their tests, alphas and margins (fixed before any run).
 PREDICTIONS = {
@@ -167,3 +178,51 @@ def verdicts(rows: list[dict]) -> dict[str, dict]:
                  "high": float(high), "holds": bool(centre - spec["margin"] <= low
                                                     and high <= centre + spec["margin"])}
   return out
+
+
+def _maxima(sweep: str) -> int:
+  variants = os.path.join(sweep, "variants")
+  with open(os.path.join(variants, sorted(os.listdir(variants))[0], "config.json")) as f:
+    return int(json.load(f)["task_options"]["num_retrievals"])
+
+
+def write(sweep: str, out: str, num_examples: int = 256) -> dict[str, dict]:
+  """``seed_numbers`` for every seed of every arm of ``sweep`` with at least D heads, at its
+  chosen rate; writes patching.csv (one row per arm and seed) and patching.json (``verdicts`` per
+  arm) to ``out`` and returns the verdicts."""
+  maxima = _maxima(sweep)
+  rows = probe_reports.per_arm(sweep, lambda run: seed_numbers(run, num_examples),
+                               lambda heads: heads >= maxima)
+  if not rows:
+    raise ValueError(f"{sweep} has no arm with at least {maxima} heads to patch.")
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "patching.csv"), "w", newline="") as f:
+    writer = csv.DictWriter(f, ["arm", "seed", "agreeing", "slope_on", "slope_off", "heads",
+                                "maxima"])
+    writer.writeheader()
+    for arm, per_seed in rows.items():
+      writer.writerows({"arm": arm, "seed": seed, **numbers}
+                       for seed, numbers in enumerate(per_seed))
+  found = {arm: verdicts(per_seed) for arm, per_seed in rows.items()}
+  with open(os.path.join(out, "patching.json"), "w") as f:
+    json.dump(found, f, indent=1)
+  return found
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--sweep", required=True, help="a multi_retrieval sweep's workdir "
+                      "(results.csv, variants/)")
+  parser.add_argument("--out", required=True, help="where patching.csv and patching.json go")
+  parser.add_argument("--examples", type=int, default=256, help="test examples patched per seed")
+  args = parser.parse_args()
+  try:
+    found = write(args.sweep, args.out, args.examples)
+  except (ValueError, FileNotFoundError) as error:
+    raise SystemExit(f"patching_study: {error}")
+  for arm, result in found.items():
+    print(arm, {name: v["holds"] for name, v in result.items()})
+
+
+if __name__ == "__main__":
+  main()
