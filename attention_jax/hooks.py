@@ -218,10 +218,23 @@ def point(name: str, value):
   return value
 
 
+#: The flax releases whose private flax.linen.module._context.module_stack _linen_module reads.
+MODULE_STACK_CHECKED = "flax 0.12.6 to 0.12.12"
+
+
 def _linen_module():
   """The Linen module whose method is running (None outside one, or without Linen loaded)."""
   linen = sys.modules.get("flax.linen.module")
-  stack = getattr(getattr(linen, "_context", None), "module_stack", None)
+  if linen is None:
+    return None
+  # Private flax, kept to this one function: Linen offers no public "module now running" (a hook
+  # point is a plain function called from inside a module's method, and sows through it).
+  try:
+    stack = linen._context.module_stack
+  except AttributeError:
+    raise ImportError("attention_jax.hooks reads flax's private flax.linen.module._context."
+                      f"module_stack, which this flax lacks (checked with {MODULE_STACK_CHECKED});"
+                      " install a flax in that range.") from None
   return stack[-1] if stack else None
 
 

@@ -3,6 +3,8 @@ the same layer (grouped-query, blockwise and fused kernels), the same names in L
 encoder, nothing added when no hook is asked for, and jit, vmap, grad and scan over layers."""
 
 import functools
+import sys
+import types
 
 from flax import nnx
 import flax.linen as nn
@@ -173,6 +175,16 @@ def test_no_hook_asked_for_adds_nothing_to_the_jaxpr_and_a_wrong_name_is_refused
                   local_window_size=2)
   with pytest.raises(ValueError, match="no head axis"):
     hooks.patch(model, variables, TOKENS, {"blocks.0.hook_resid_pre": hooks.zero(heads=1)})
+
+
+def test_a_flax_without_the_private_module_stack_is_named_in_one_line(monkeypatch):
+  model = aj.TransformerEncoder(CONFIG)
+  variables = model.init(jax.random.key(0), TOKENS)
+  # flax as a release that moved the name would look to hooks (flax's own code keeps its globals)
+  monkeypatch.setitem(sys.modules, "flax.linen.module", types.ModuleType("flax.linen.module"))
+  with pytest.raises(ImportError, match=hooks.MODULE_STACK_CHECKED) as error:
+    hooks.capture(model, variables, TOKENS, ["blocks.0.attn.hook_z"])
+  assert "\n" not in str(error.value)
 
 
 def test_vmap_over_heads_and_seed_replicas_under_jit():
