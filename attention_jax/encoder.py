@@ -65,6 +65,7 @@ class EncoderConfig:
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   pre_layer_norm: bool = False          # False: post-LN as in the paper
+  causal: bool = False                  # True: position t attends to positions <= t only
   attention_impl: str | None = None     # see attention.select_implementation
   pad_id: int = 0                       # token id of padding
   num_classes: int = 2                  # classifier only
@@ -342,6 +343,8 @@ class TransformerEncoder(nn.Module):
     x = encoding.embed(x, deterministic)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
     mask = masks_lib.padding_mask(valid)  # [B, 1, 1, T]
+    if cfg.causal:
+      mask = masks_lib.combine_masks(mask, masks_lib.causal_mask(length))  # [B, 1, T, T]
     attention_bias = encoding.attention_bias(length, length)  # [N, T, T] or None
     for layer in range(cfg.num_layers):
       x = EncoderBlock(cfg, encoding, layer, name=f"block_{layer}")(x, mask, attention_bias,
