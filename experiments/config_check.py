@@ -199,7 +199,8 @@ def encoder_config(config, task: tasks.Task | None = None, mesh=None, *,
         attention_scale=attention_scale(model.attention_scale), head_dim=model.head_dim,
         normalize_qk=model.normalize_qk, query_init_scale=model.query_init_scale,
         dropout_rate=model.dropout_rate, attention_dropout_rate=model.attention_dropout_rate,
-        pre_layer_norm=model.pre_layer_norm, attention_impl=model.attention_impl or None,
+        pre_layer_norm=model.pre_layer_norm, causal=model.get("causal", False),
+        attention_impl=model.attention_impl or None,
         pooling=model.pooling, head_variant=model.head_variant, head_variant_options=options,
         attention_fn=aj.ContextParallel(mesh, "sequence", config.mesh.strategy)
         if sharded else None)

@@ -28,3 +28,13 @@ def test_bidirectional_output_at_t_reads_later_tokens():
   tokens = jnp.array([[3, 5, 7, 9]])
   changed = tokens.at[:, 3].set(2)
   assert not np.allclose(_encode(config, tokens)[:, 0], _encode(config, changed)[:, 0], atol=1e-3)
+
+
+def test_config_check_passes_causal_to_the_encoder():
+  from configs import default
+  from experiments import config_check
+  config = default.get_config()
+  assert not config_check.encoder_config(config).causal
+  config.model.causal = True
+  config_check.validate(config)
+  assert config_check.encoder_config(config).causal
