@@ -599,13 +599,14 @@ KERNELS = {kernel.name: kernel for kernel in (
            "through the blockwise kernel", _FORWARD_MODE, _dense(_fused(xla.xla_attention)),
            serves=_FLASH + ("max_scores",), named_only=("max_scores",), check=xla.check),
     Kernel("chunked", "chunked attention",
-           "blockwise attention with an online softmax and a blockwise custom VJP "
-           "(FlashAttention-style): neither direction holds T x S, so memory is linear in the "
+           "blockwise attention with an online softmax, a blockwise backward and a blockwise "
+           "tangent (FlashAttention-style): no direction holds T x S, so memory is linear in the "
            "sequence length; key blocks that the causal mask, the window, the lengths, the "
            "segment ids or a block mask rule out are skipped; attention dropout with a "
            "counter-based mask regenerated per block (not flax's masks) "
            "({func}`attention_jax.chunked.chunked_attention` sets the block sizes)",
-           "reverse mode and hessian (a custom VJP); jvp and jacfwd raise ValueError", _chunked,
+           "forward and reverse mode (jvp, jacfwd, hessian: a custom JVP whose tangent "
+           "transposes to the blockwise backward); not yet reverse over forward", _chunked,
            serves=tuple(part for part in PARTS if part not in ("weights", "hooks"))),
     Kernel("cudnn", "cuDNN flash attention",
            "cuDNN's fused flash attention through `jax.nn.dot_product_attention("

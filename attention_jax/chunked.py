@@ -15,8 +15,9 @@ Grouped-query attention runs the G query heads of a key/value head against its k
 never copied. Key blocks that the causal mask, the window, the lengths, the segment ids or a
 block mask rule out are skipped. Internally tensors are head-major, [B, N, L, H], one (example,
 head) pair at a time, or a few side by side where blocks are small (``Blocks.pairs_per_step``).
-Memory is linear in T and S (plus the mask and bias as given). Autodiff is reverse mode (and
-hessian); forward mode on the kernel (jvp, jacfwd) raises FORWARD_MODE_ERROR.
+Memory is linear in T and S (plus the mask and bias as given). Every autodiff mode: the kernel
+is a custom JVP whose tangent (one more blockwise pass, ``_tangent_head``) transposes to the
+backward pass above (attention_jax.tangent), so grad costs what a custom VJP would.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
 from attention_jax import reference
 from attention_jax import structure
+from attention_jax import tangent as tangent_lib
 
 @dataclasses.dataclass(frozen=True)
 class Pattern:
@@ -391,6 +393,63 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: B
   return d_q_t.T, d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias, d_mod
 
 
+def _tangent_head(q, k, v, out, lse, d_q, d_k, d_v, head: _Head, d_head: _Head,
+                  pattern: Pattern, g: Blocks):
+  """The tangent of ``_forward_head``'s out [Tp, Hv] from the tangents of q, k, v and of the
+  head's bias, sink and trainable score_mod constants (``d_head``'s), one key block at a time:
+
+    dZ_ij = jvp of the block's logits (soft cap, bias, score_mod and mask included)
+    dO_i = c sum_j keep * P_ij (dZ_ij V_j + dV_j) - (sum_j P_ij dZ_ij + p_sink d sink) O_i
+
+  with P_ij = exp(Z_ij - lse_i) from the forward's log-sum-exp (the normaliser's tangent reads
+  the undropped P) and p_sink = exp(sink - lse_i); the sigmoid's is
+  c sum_j keep (s (1 - s) dZ_ij V_j + s dV_j), s = sigmoid(Z_ij + b)."""
+  dtype = reference.compute_dtype(q.dtype)
+  trainable = [mods_lib.is_trainable(c) for c in head.score_consts]
+  trained = tuple(c for c, t in zip(head.score_consts, trainable) if t)
+  d_trained = tuple(c for c, t in zip(d_head.score_consts, trainable) if t)
+  product = lambda p, v_block: jnp.einsum("qk,kh->qh", p.astype(dtype), v_block.astype(dtype),
+                                          preferred_element_type=dtype)
+
+  def query_block(i):
+    rows = lambda x: lax.dynamic_slice_in_dim(x, i * g.block_q, g.block_q)
+    q_block, d_q_block, lse_block = rows(q), rows(d_q), rows(lse).astype(dtype)
+
+    def attend(carry, j, full):
+      cols = lambda x: lax.dynamic_slice_in_dim(x, j * g.block_k, g.block_k)
+
+      def logits_of(q_block, k_block, bias, trained):
+        merged = iter(trained)
+        consts = tuple(next(merged) if t else c for c, t in zip(head.score_consts, trainable))
+        return _logits(q_block, k_block, i, j, pattern,
+                       head._replace(bias=bias, score_consts=consts), g, dtype, full=full)[0]
+      logits, d_logits = jax.jvp(logits_of, (q_block, cols(k), head.bias, trained),
+                                 (d_q_block, cols(d_k), d_head.bias, d_trained))
+      logits, d_logits = logits.astype(dtype), d_logits.astype(dtype)
+      kept = _kept(pattern, head, g, i, j)
+      dropped = (lambda p: p) if kept is None else (lambda p: jnp.where(kept, p, 0.0))
+      if pattern.normalizer == "sigmoid":
+        probs = jax.nn.sigmoid(logits + pattern.sigmoid_bias)
+        return carry + product(dropped(probs * (1.0 - probs) * d_logits), cols(v)) + product(
+            dropped(probs), cols(d_v))
+      acc, d_normaliser = carry
+      probs = jnp.exp(logits - lse_block[:, None])  # 0 where masked, and on empty rows
+      acc = acc + product(dropped(probs * d_logits), cols(v)) + product(dropped(probs), cols(d_v))
+      return acc, d_normaliser + jnp.sum(probs * d_logits, axis=-1)
+
+    acc = varying_zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head)
+    scale = blocks.dropout_scale(pattern.dropout_rate)
+    if pattern.normalizer == "sigmoid":
+      return scale * g.along(i, attend, acc, pattern, head, row=True)
+    init = (acc, varying_zeros((g.block_q,), dtype, q, k, v, head))
+    acc, d_normaliser = g.along(i, attend, init, pattern, head, row=True)
+    if head.sink is not None:  # the sink's share of the row, exp(sink - lse), times its tangent
+      d_normaliser = d_normaliser + jnp.exp(head.sink.astype(dtype) - lse_block) * d_head.sink.astype(dtype)
+    return scale * acc - d_normaliser[:, None] * rows(out).astype(dtype)
+
+  return lax.map(query_block, jnp.arange(g.num_q)).reshape(-1, v.shape[-1])  # [Tp, Hv]
+
+
 def _accumulate_bias(d_bias, d_logits, i, j, g: Blocks):
   """Adds block (i, j) of dS into d_bias [T' or 1, S' or 1], summing where bias broadcasts."""
   summed = tuple(axis for axis in range(2) if d_bias.shape[axis] == 1)
@@ -419,22 +478,23 @@ def _group_inputs(bias, mask, extras: _Extras, mods: Mods, b, n):
                anchor=mods.anchor, dropout_key=_pick(_pick(mods.dropout_keys, b), n))
 
 
-def _map_heads(f, per_query_head, k, v, geometry):
-  """lax.map of f(b, n, *arrays of query head n, k_n, v_n) over the B * N pairs,
-  ``geometry.pairs_per_step`` side by side (with grouped queries, k_n and v_n by index)."""
+def _map_heads(f, per_query_head, per_kv_head, geometry):
+  """lax.map of f(b, n, *arrays of query head n, *arrays of its key/value head) over the B * N
+  pairs, ``geometry.pairs_per_step`` side by side (with grouped queries, the key/value head's
+  arrays [B, K, ...] by index)."""
   batch, num_heads = per_query_head[0].shape[:2]
-  group = num_heads // k.shape[1]
+  group = num_heads // per_kv_head[0].shape[1]
   by_pair = lambda x: x.reshape((-1,) + x.shape[2:])  # [B, N, ...] -> [B * N, ...]
 
   def one_head(xs):
     index, arrays, kv = xs
     b, n = index // num_heads, index % num_heads
     if kv is None:
-      kv = tuple(_pick(_pick(x, b), n // group) for x in (k, v))
+      kv = tuple(_pick(_pick(x, b), n // group) for x in per_kv_head)
     return f(b, n, *arrays, *kv)
 
   xs = (jnp.arange(batch * num_heads), tuple(map(by_pair, per_query_head)),
-        (by_pair(k), by_pair(v)) if group == 1 else None)
+        tuple(map(by_pair, per_kv_head)) if group == 1 else None)
   return lax.map(one_head, xs, batch_size=geometry.pairs_per_step)
 
 
@@ -445,7 +505,7 @@ def forward(q, k, v, bias, mask, extras, mods, pattern, geometry):
     return _forward_head(q_n, k_n, v_n, _group_inputs(bias, mask, extras, mods, b, n), pattern,
                          geometry)
 
-  out, *statistics = _map_heads(one_head, (q,), k, v, geometry)  # [B * N, Tp(, Hv)]
+  out, *statistics = _map_heads(one_head, (q,), (k, v), geometry)  # [B * N, Tp(, Hv)]
   return (out.reshape(q.shape[:3] + v.shape[-1:]),) + tuple(
       x.reshape(q.shape[:3]) for x in statistics)
 
@@ -505,7 +565,7 @@ def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_o
           pattern, geometry, None, mod_gradient_zeros(mods, dtype, q_n, k_n, d_out_n, mods))
       return d_q, d_k, d_v, d_mod
 
-    d_q, d_k, d_v, d_mod = _map_heads(one_head, (q, out, lse, d_out), k, v,
+    d_q, d_k, d_v, d_mod = _map_heads(one_head, (q, out, lse, d_out), (k, v),
                                       geometry)  # [B * N, L, .], d_mod [B * N, ...]
     per_kv_head = lambda x: jnp.sum(x.reshape((batch, num_kv, group) + x.shape[1:]), axis=2)
     return (d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None,
@@ -567,37 +627,67 @@ def _cotangent_like(gradient, primal):
   return gradient.astype(primal.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(7, 8))
 def blockwise(q, k, v, bias, mask, extras, mods, pattern, geometry):
-  return _attention_fwd(q, k, v, bias, mask, extras, mods, pattern, geometry)[0]
-
-
-def _attention_fwd(q, k, v, bias, mask, extras, mods, pattern, geometry):
   # q is in the compute dtype (prepare), so out is too: the backward's rowsum(dO * O) reads O
   # unrounded, and finish() casts it to the caller's dtype.
+  return forward(q, k, v, bias, mask, extras, mods, pattern, geometry)
+
+
+@blockwise.defjvp
+def _blockwise_jvp(pattern, geometry, primals, tangents):
+  """out's tangent by ``_Derivatives.tangent``, a primitive that transposes to the backward pass
+  (attention_jax.tangent): jvp runs the tangent kernel, grad the backward kernel. The
+  log-sum-exp and row maxima are returned under stop_gradient (``finish``): zero tangents."""
+  q, k, v, bias, mask, extras, mods = primals
+  d_q, d_k, d_v, d_bias, _, _, d_mods = tangents
   outputs = forward(q, k, v, bias, mask, extras, mods, pattern, geometry)
-  return outputs, (q, k, v, bias, mask, extras, mods, *outputs[:2])
+  d_trained = tuple(t for c, t in zip(mods.score_consts, d_mods.score_consts)
+                    if mods_lib.is_trainable(c))
+  derivatives = _Derivatives(pattern, geometry)
+  (d_out,) = tangent_lib.linear(
+      derivatives.tangent, derivatives.cotangent,
+      (q, k, v, bias, mask, extras, mods, *outputs[:2]),
+      (d_q, d_k, d_v, None if bias is None else d_bias, d_trained,
+       None if mods.sinks is None else d_mods.sinks), like=outputs[:1])
+  return outputs, (d_out,) + tuple(jnp.zeros_like(x) for x in outputs[1:])
 
 
-def _attention_bwd(pattern, geometry, residuals, cotangents):
-  q, k, v, bias, mask, extras, mods, out, lse = residuals
-  d_out = cotangents[0]  # the log-sum-exp (and the row maxima) are returned under stop_gradient
-  d_q, d_k, d_v, d_bias, d_mod = backward(q, k, v, bias, mask, extras, mods, pattern, geometry,
-                                           out, lse, d_out)
-  d_bias = None if d_bias is None else d_bias.astype(bias.dtype)
-  d_sinks = None if mods.sinks is None else _sinks_gradient(mods.sinks, lse, out, d_out)
-  d_mods = mods_cotangent(mods, d_mod, d_sinks)
-  return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_bias, None, None,
-          d_mods)
+@dataclasses.dataclass(frozen=True)
+class _Derivatives:
+  """The kernel's tangent (forward mode) and its transpose, the backward pass (reverse mode),
+  for one pattern and geometry (bound methods of equal instances are equal: primitive params).
+  residuals: (q, k, v, bias, mask, extras, mods, out, lse); tangents and cotangents of the
+  inputs: (q, k, v, bias or None, the score_mod's trainable constants, sinks or None)."""
+  pattern: Pattern
+  geometry: Blocks
 
+  def tangent(self, residuals, tangents):
+    q, k, v, bias, mask, extras, mods, out, lse = residuals
+    d_q, d_k, d_v, d_bias, d_trained, d_sinks = tangents
+    d_trained = iter(d_trained)
+    d_mods = mods._replace(sinks=d_sinks, score_consts=tuple(
+        next(d_trained) if mods_lib.is_trainable(c) else c for c in mods.score_consts))
 
-blockwise.defvjp(_attention_fwd, _attention_bwd)
+    def one_head(b, n, q_n, out_n, lse_n, d_q_n, k_n, v_n, d_k_n, d_v_n):
+      return _tangent_head(q_n, k_n, v_n, out_n, lse_n, d_q_n, d_k_n, d_v_n,
+                           _group_inputs(bias, mask, extras, mods, b, n),
+                           _group_inputs(d_bias, mask, extras, d_mods, b, n), self.pattern,
+                           self.geometry)
 
+    d_out = _map_heads(one_head, (q, out, lse, d_q), (k, v, d_k, d_v), self.geometry)
+    return (d_out.reshape(out.shape).astype(out.dtype),)  # [B, N, Tp, Hv]
 
-FORWARD_MODE_ERROR = (
-    "implementation='chunked' has a custom VJP, so it supports reverse-mode autodiff (grad, vjp, "
-    "jacrev, and hessian, which is forward over reverse) but not forward mode applied to it "
-    "(jvp, jacfwd); use implementation='reference' or 'xla' there.")
+  def cotangent(self, residuals, cotangents):
+    q, k, v, bias, mask, extras, mods, out, lse = residuals
+    (d_out,) = cotangents
+    d_q, d_k, d_v, d_bias, d_mod = backward(q, k, v, bias, mask, extras, mods, self.pattern,
+                                             self.geometry, out, lse, d_out)
+    d_sinks = None if mods.sinks is None else _sinks_gradient(mods.sinks, lse, out, d_out)
+    d_mods = mods_cotangent(mods, d_mod, d_sinks)  # summed over the shard_map axes they vary over
+    return (d_q, d_k, d_v, d_bias,
+            tuple(d for c, d in zip(mods.score_consts, d_mods.score_consts)
+                  if mods_lib.is_trainable(c)), d_mods.sinks)
 
 
 def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
@@ -654,12 +744,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   inputs = prepare(query, key, value, bias, mask, scale=scale, geometry=geometry,
                    segment_ids=(query_segment_ids, key_segment_ids),
                    seq_lengths=(query_seq_lengths, key_value_seq_lengths), mods=mods)
-  try:
-    out, lse, *row_max = blockwise(*inputs, pattern, geometry)  # [B, N, Tp(, H_v)]
-  except TypeError as error:
-    if "forward-mode" in str(error):
-      raise ValueError(FORWARD_MODE_ERROR) from None
-    raise
+  out, lse, *row_max = blockwise(*inputs, pattern, geometry)  # [B, N, Tp(, H_v)]
   return finish(out, lse, query, return_residual, *row_max)
 
 

@@ -199,7 +199,7 @@ def test_malformed_superset_arguments_name_themselves(arguments, match):
     aj.dot_product_attention(query, query, query, **arguments)
 
 
-@pytest.mark.parametrize("implementation", ["reference", "xla"])
+@pytest.mark.parametrize("implementation", ["reference", "xla", "chunked"])
 def test_forward_mode_agrees_with_the_float64_vjp(implementation):
   """jvp through the implementations that support forward mode: <w, J t> = <J^T w, t> with
   J^T w from the hand-written float64 backward."""
@@ -218,14 +218,28 @@ def test_forward_mode_agrees_with_the_float64_vjp(implementation):
   assert np.all(np.isfinite(hessian_vector))
 
 
-def test_forward_mode_through_chunked_is_a_clear_error_and_hessians_work():
-  query = jax.random.normal(jax.random.key(0), (1, 8, 2, 8))
-  fn = lambda implementation: (lambda q: aj.dot_product_attention(
-      q, q, q, is_causal=True, implementation=implementation))
-  for transform in (lambda f: jax.jvp(f, (query,), (query,)), lambda f: jax.jacfwd(f)(query)):
-    with pytest.raises(ValueError, match="reverse-mode autodiff .* use implementation="
-                                         "'reference' or 'xla'"):
-      transform(fn("chunked"))
-  # Forward over reverse differentiates the custom VJP's backward pass, which is plain JAX.
-  hessian = lambda f: jax.hessian(lambda q: jnp.sum(f(q) ** 2))(query)
-  assert_close(hessian(fn("chunked")), hessian(fn("reference")), 1e-5)
+@pytest.mark.parametrize("implementation", [None, "chunked"])
+def test_every_transform_of_jax_nn_s_default_works_on_the_default_and_blockwise_paths(
+    implementation):
+  """One list of transforms, run on jax.nn.dot_product_attention and on ours at a length where
+  the automatic choice is the blockwise kernel (forward mode included: its tangent kernel)."""
+  query, key, value = (jax.random.normal(jax.random.key(i), (2, 256, 2, 8)) for i in range(3))
+  tangent = jax.random.normal(jax.random.key(3), query.shape)
+  ours = lambda q, k, v: aj.dot_product_attention(q, k, v, is_causal=True,
+                                                  implementation=implementation)
+  theirs = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)
+  # 3 parameters -> 32 outputs (the last 4 queries): jacrev's batch is the outputs'
+  scaled = lambda f: (lambda s: f(query * s[0], key * s[1], value * s[2])[:, -4:, :, :2])
+  loss = lambda f: (lambda s: jnp.sum(scaled(f)(s) ** 2))
+  s = jnp.ones(3)
+  transforms = {
+      "jvp": lambda f: jax.jvp(f, (query, key, value), (tangent, tangent, tangent))[1],
+      "linearize": lambda f: jax.linearize(f, query, key, value)[1](tangent, tangent, tangent),
+      "jacfwd": lambda f: jax.jacfwd(scaled(f))(s),
+      "jacrev": lambda f: jax.jacrev(scaled(f))(s),
+      "grad": lambda f: jax.grad(loss(f))(s),
+      "hessian": lambda f: jax.hessian(loss(f))(s),
+      "vmap": lambda f: jax.vmap(f, in_axes=(2, 2, 2), out_axes=2)(query, key, value),
+  }
+  for name, transform in transforms.items():
+    assert_close(transform(ours), transform(theirs), 2e-5 if name == "hessian" else 1e-5, name)
