@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from attention_jax.encoder import EncoderConfig, TransformerEncoder
 
@@ -36,5 +37,8 @@ def test_config_check_passes_causal_to_the_encoder():
   config = default.get_config()
   assert not config_check.encoder_config(config).causal
   config.model.causal = True
+  with pytest.raises(config_check.ConfigError, match="CLS token .* sees only itself"):
+    config_check.validate(config)  # the default read-out, the CLS token, is position 0
+  config.model.pooling = "mean"
   config_check.validate(config)
   assert config_check.encoder_config(config).causal
