@@ -15,9 +15,11 @@ Grouped-query attention runs the G query heads of a key/value head against its k
 never copied. Key blocks that the causal mask, the window, the lengths, the segment ids or a
 block mask rule out are skipped. Internally tensors are head-major, [B, N, L, H], one (example,
 head) pair at a time, or a few side by side where blocks are small (``Blocks.pairs_per_step``).
-Memory is linear in T and S (plus the mask and bias as given). Every autodiff mode: the kernel
-is a custom JVP whose tangent (one more blockwise pass, ``_tangent_head``) transposes to the
-backward pass above (attention_jax.tangent), so grad costs what a custom VJP would.
+Memory is linear in T and S (plus the mask and bias as given). Forward and reverse mode: the
+kernel is a custom JVP whose tangent (one more blockwise pass, ``_tangent_head``) transposes to
+the backward pass above (attention_jax.tangent), so grad costs what a custom VJP would and
+hessians (forward over reverse) differentiate the backward. Reverse over forward (grad of a jvp)
+is not served: it would transpose the tangent's block loops, whose bounds are dynamic.
 """
 
 from __future__ import annotations
@@ -238,14 +240,11 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: Blo
   if pattern.score_mod is not None:  # a function of the logits and the trainable constants
     q_idx, kv_idx = map(turn, geometry.mod_indices(i, j, head))  # [bq, 1], [1, bk] (turned)
     consts = head.score_consts
-    trainable = [mods_lib.is_trainable(c) for c in consts]
 
     def score(logits, trained):
-      trained = iter(trained)
-      merged = [next(trained) if t else c for c, t in zip(consts, trainable)]
-      return mods_lib.pointwise(pattern.score_mod, merged, logits, head.batch, head.head, q_idx,
-                                kv_idx, anchor=head.anchor)
-    trained = tuple(c for c, t in zip(consts, trainable) if t)
+      return mods_lib.pointwise(pattern.score_mod, _with_trained(consts, trained), logits,
+                                head.batch, head.head, q_idx, kv_idx, anchor=head.anchor)
+    trained = tuple(c for c in consts if mods_lib.is_trainable(c))
     logits, vjp = jax.vjp(score, logits, trained) if pullback else (score(logits, trained), None)
   allowed = turn(geometry.allowed(i, j, pattern, head, full))
   masked = reference.masked_logit(logits.dtype)  # finite: jax.debug_infs stays quiet
@@ -405,9 +404,7 @@ def _tangent_head(q, k, v, out, lse, d_q, d_k, d_v, head: _Head, d_head: _Head,
   the undropped P) and p_sink = exp(sink - lse_i); the sigmoid's is
   c sum_j keep (s (1 - s) dZ_ij V_j + s dV_j), s = sigmoid(Z_ij + b)."""
   dtype = reference.compute_dtype(q.dtype)
-  trainable = [mods_lib.is_trainable(c) for c in head.score_consts]
-  trained = tuple(c for c, t in zip(head.score_consts, trainable) if t)
-  d_trained = tuple(c for c, t in zip(d_head.score_consts, trainable) if t)
+  trained, d_trained = _trainable(head), _trainable(head, d_head.score_consts)
   product = lambda p, v_block: jnp.einsum("qk,kh->qh", p.astype(dtype), v_block.astype(dtype),
                                           preferred_element_type=dtype)
 
@@ -419,8 +416,7 @@ def _tangent_head(q, k, v, out, lse, d_q, d_k, d_v, head: _Head, d_head: _Head,
       cols = lambda x: lax.dynamic_slice_in_dim(x, j * g.block_k, g.block_k)
 
       def logits_of(q_block, k_block, bias, trained):
-        merged = iter(trained)
-        consts = tuple(next(merged) if t else c for c, t in zip(head.score_consts, trainable))
+        consts = _with_trained(head.score_consts, trained)
         return _logits(q_block, k_block, i, j, pattern,
                        head._replace(bias=bias, score_consts=consts), g, dtype, full=full)[0]
       logits, d_logits = jax.jvp(logits_of, (q_block, cols(k), head.bias, trained),
@@ -444,7 +440,8 @@ def _tangent_head(q, k, v, out, lse, d_q, d_k, d_v, head: _Head, d_head: _Head,
     init = (acc, varying_zeros((g.block_q,), dtype, q, k, v, head))
     acc, d_normaliser = g.along(i, attend, init, pattern, head, row=True)
     if head.sink is not None:  # the sink's share of the row, exp(sink - lse), times its tangent
-      d_normaliser = d_normaliser + jnp.exp(head.sink.astype(dtype) - lse_block) * d_head.sink.astype(dtype)
+      p_sink = jnp.exp(head.sink.astype(dtype) - lse_block)
+      d_normaliser = d_normaliser + p_sink * d_head.sink.astype(dtype)
     return scale * acc - d_normaliser[:, None] * rows(out).astype(dtype)
 
   return lax.map(query_block, jnp.arange(g.num_q)).reshape(-1, v.shape[-1])  # [Tp, Hv]
@@ -510,9 +507,17 @@ def forward(q, k, v, bias, mask, extras, mods, pattern, geometry):
       x.reshape(q.shape[:3]) for x in statistics)
 
 
-def _trainable(mods: Mods):
-  """The score_mod's constants that get gradients (``mods.is_trainable``)."""
-  return tuple(c for c in mods.score_consts if mods_lib.is_trainable(c))
+def _trainable(mods: Mods | _Head, values=None):
+  """The entries of ``values`` (by default the score_mod's constants themselves: a tuple beside
+  ``mods.score_consts``) at the constants that get gradients (``mods.is_trainable``)."""
+  values = mods.score_consts if values is None else values
+  return tuple(x for c, x in zip(mods.score_consts, values) if mods_lib.is_trainable(c))
+
+
+def _with_trained(consts, trained) -> tuple:
+  """``consts`` with its trainable entries replaced, in order, by ``trained``."""
+  trained = iter(trained)
+  return tuple(next(trained) if mods_lib.is_trainable(c) else c for c in consts)
 
 
 def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_out):
@@ -642,8 +647,7 @@ def _blockwise_jvp(pattern, geometry, primals, tangents):
   q, k, v, bias, mask, extras, mods = primals
   d_q, d_k, d_v, d_bias, _, _, d_mods = tangents
   outputs = forward(q, k, v, bias, mask, extras, mods, pattern, geometry)
-  d_trained = tuple(t for c, t in zip(mods.score_consts, d_mods.score_consts)
-                    if mods_lib.is_trainable(c))
+  d_trained = _trainable(mods, d_mods.score_consts)
   derivatives = _Derivatives(pattern, geometry)
   (d_out,) = tangent_lib.linear(
       derivatives.tangent, derivatives.cotangent,
@@ -665,9 +669,8 @@ class _Derivatives:
   def tangent(self, residuals, tangents):
     q, k, v, bias, mask, extras, mods, out, lse = residuals
     d_q, d_k, d_v, d_bias, d_trained, d_sinks = tangents
-    d_trained = iter(d_trained)
-    d_mods = mods._replace(sinks=d_sinks, score_consts=tuple(
-        next(d_trained) if mods_lib.is_trainable(c) else c for c in mods.score_consts))
+    d_mods = mods._replace(sinks=d_sinks,
+                           score_consts=_with_trained(mods.score_consts, d_trained))
 
     def one_head(b, n, q_n, out_n, lse_n, d_q_n, k_n, v_n, d_k_n, d_v_n):
       return _tangent_head(q_n, k_n, v_n, out_n, lse_n, d_q_n, d_k_n, d_v_n,
@@ -685,9 +688,7 @@ class _Derivatives:
                                              self.geometry, out, lse, d_out)
     d_sinks = None if mods.sinks is None else _sinks_gradient(mods.sinks, lse, out, d_out)
     d_mods = mods_cotangent(mods, d_mod, d_sinks)  # summed over the shard_map axes they vary over
-    return (d_q, d_k, d_v, d_bias,
-            tuple(d for c, d in zip(mods.score_consts, d_mods.score_consts)
-                  if mods_lib.is_trainable(c)), d_mods.sinks)
+    return d_q, d_k, d_v, d_bias, _trainable(mods, d_mods.score_consts), d_mods.sinks
 
 
 def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,

@@ -9,8 +9,9 @@ holding more than the backward pass). ``linear`` binds one primitive instead:
   outputs = fn(residuals, tangents)           linear in ``tangents``
   transpose(residuals, cotangents) -> cotangents of ``tangents``   the kernel's backward
 
-so ``grad`` (linearize, then transpose) runs ``transpose``, and ``jvp`` runs ``fn``. Second
-order (hessian-vector products either way round) differentiates ``fn`` in its residuals.
+so ``grad`` (linearize, then transpose) runs ``transpose``, and ``jvp`` runs ``fn``. Forward
+over reverse differentiates ``transpose``; reverse over forward transposes ``fn``'s derivative in
+its residuals, which needs ``fn`` itself transposable by JAX.
 
 >>> w = jnp.array([[1.0, 2.0], [3.0, 4.0]])
 >>> apply = lambda res, t: (res[0] @ t[0],)
@@ -36,7 +37,8 @@ def linear(fn, transpose, residuals, tangents, like=None):
   transpose is ``transpose(residuals, cotangents)`` (a pytree like ``tangents``). ``fn`` and
   ``transpose`` must be hashable (module functions, or functools.partial of hashable values).
   ``like``: residuals whose types (shape, dtype and, under shard_map, the axes they vary over)
-  the outputs have, where ``fn`` should not be traced to find them."""
+  the outputs have; without it ``fn`` is traced for its output shapes, which serves only
+  outside shard_map."""
   res_leaves, res_tree = jax.tree.flatten(residuals)
   tan_leaves, tan_tree = jax.tree.flatten(tangents)
   like = None if like is None else tuple(
@@ -64,12 +66,9 @@ def _apply(*leaves, fn, transpose, res_tree, tan_tree, batch_rank, like):
 def _abstract(*avals, **params):
   if params["like"] is not None:
     return [avals[i] for i in params["like"]]
-  shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+  shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]  # outside shard_map only
   outs = jax.eval_shape(lambda *x: _apply(*x, **params), *shapes)
-  vma = frozenset().union(*(getattr(a, "vma", frozenset()) for a in avals))
-  make = (lambda o: jax.core.ShapedArray(o.shape, o.dtype, vma=vma)) if vma else (
-      lambda o: jax.core.ShapedArray(o.shape, o.dtype))
-  return [make(o) for o in outs]
+  return [jax.core.ShapedArray(o.shape, o.dtype) for o in outs]
 
 
 def _transpose(cotangents, *leaves, fn, transpose, res_tree, tan_tree, batch_rank, like):
