@@ -612,3 +612,13 @@ def test_jax_s_deprecation_of_pallas_triton_stays_hidden_under_python_s_default_
   assert "deprecated" not in quiet.stderr
   if tuple(int(x) for x in jax.__version__.split(".")[:2]) >= (0, 11):  # the warning exists
     assert "Pallas Triton backend is deprecated" in shown.stderr
+
+
+def test_forward_mode_through_the_fused_kernel_is_refused_in_one_line():
+  q = jax.random.normal(jax.random.key(0), (1, 32, 2, 16))
+  fused = lambda q: pallas_gpu.flex_attention(q, q, q, scale=0.25, block_size=16,
+                                              interpret=True)[0]
+  for transform in (lambda f: jax.jvp(f, (q,), (q,)), lambda f: jax.jacfwd(f)(q)):
+    with pytest.raises(ValueError, match="reverse mode only.*implementation='chunked'") as error:
+      transform(fused)
+    assert "\n" not in str(error.value)
