@@ -8,6 +8,7 @@ numbers carry three significant digits, so that a small nonzero difference shows
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -175,8 +176,16 @@ def design_lines(design: verdicts.Design, chosen, seeds: int, one_rate: bool) ->
   else:
     rates = ("each variant's learning rate chosen **on the test set** (these records have no "
              "validation stream), which flatters the chosen arms")
+  ran = {c.variant for c in chosen}  # the family this run tested: comparisons whose arms ran
+  tested = ([pair for pair in design.comparisons if set(pair) <= ran] if chosen
+            else list(design.comparisons))
+  left = len(design.comparisons) - len(tested)
+  note = verdicts.power_note(dataclasses.replace(design, comparisons=tuple(tested)), seeds)
+  if chosen and left:
+    note += (f" The config declares {len(design.comparisons)}; {left} of them name arms this "
+             "run did not train.")
   return [f"**Design** (declared in the sweep config): {which}; {test}; {rates}; Holm's "
-          f"correction over the family. {verdicts.power_note(design, seeds)}", ""]
+          f"correction over the family. {note}", ""]
 
 
 def rate_cell(c: statistics.Comparison) -> str:

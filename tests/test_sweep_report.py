@@ -101,3 +101,14 @@ def test_a_csv_the_report_cannot_use_is_refused_in_one_line(tmp_path):
                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert message in result.stderr
+
+
+def test_the_design_paragraph_counts_the_comparisons_this_run_tested():
+  design = verdicts.Design(baseline="heads_1", comparisons=(("heads_4", "heads_1"),
+                                                           ("heads_8", "heads_1")),
+                           test="paired_permutation", primary="eval_accuracy", solved_at=0.9,
+                           censored_at=110.0)
+  records = _records()  # heads_1 and heads_4 only: one of the two declared comparisons ran
+  chosen = verdicts.choose(records, "accuracy", design)
+  (line, _) = report_tables.design_lines(design, chosen, 3, False)
+  assert "and 1 comparison," in line and "declares 2; 1 of them" in line
