@@ -7,17 +7,21 @@ rows it names. A pointer is an HTML comment right after its sentence (MyST does 
 naming a file under docs/results/ (a comparisons.csv, a results.csv or a predictions table) and,
 after the colon, row selectors separated by ";" (``column=value`` pairs; in a results.csv
 ``stat=max:peak_max_attention_logit`` adds the maximum, minimum or mean of a column over the rows
-selected). The claim is the text from the previous sentence's end (a blank line, a list item, a
+selected, ``stat=at_least:eval_accuracy:0.9`` how many of them reach 0.9, and either how many rows
+have a value). The claim is the text from the previous sentence's end (a blank line, a list item, a
 table cell, an earlier pointer, or ". " before a capital) to the pointer. The test fails when
 
 - a number of the claim is not one of its rows' values at its printed precision (a number in an
   arm's name, such as the 16 of heads_16, counts, and so do 0.05 and 95, the level and the
   interval's);
 - a word that says an effect was shown ("shown", "detected", "sooner", "faster", "slower",
-  "better", "worse", "more", "less", ...), not negated, stands on a row whose p (Holm's where the row is
-  in the study's family; the raw p only where the claim says "unadjusted") is not below 0.05;
+  "better", "worse", "more", "less", ...), not negated, stands on a row whose p (Holm's where
+  the row is in the study's family; the raw p only where the claim says "unadjusted") is not
+  below 0.05;
 - a word that says two arms are alike ("same", "recovers", "matches", "no worse", "as ... does")
-  stands on no equivalence test that passed.
+  stands on no equivalence test that passed;
+- a finding of the README's list, the index's headlines or a results page's summary (a sentence
+  with a verdict word or a measured number) carries no pointer (see ``unpointed``).
 """
 
 import csv
@@ -32,7 +36,7 @@ RESULTS = ROOT / "docs" / "results"
 PAGES = [ROOT / "README.md", *sorted(RESULTS.glob("*.md"))]  # index.md among them
 ALPHA = 0.05
 POINTER = re.compile(r"<!--\s*claim\s+(\S+?)(?::(.*?))?\s*-->", re.S)
-NUMBER = re.compile(r"(?<![\w.])[-+−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w])")
+NUMBER = re.compile(r"(?<![\w./^])[-+−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w/]|\.\d)")  # not 1/sqrt, 4.6x
 SHOWN = re.compile(r"\b(shown|detected|detectably|sooner|faster|slower|better|worse|beats?|"
                    r"helps?|hurts?|errs? more|more|less|fewer|larger|smaller|lower|higher|"
                    r"grows?)\b")
@@ -61,8 +65,8 @@ def _predictions(path: pathlib.Path) -> list[dict]:
   for line in path.read_text().splitlines()[2:]:
     cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
     current = cells[0] or current
-    rows.append({"prediction": current, "check": cells[2], "measured": cells[3],
-                 "holds": cells[4]})
+    rows.append({"prediction": current, "setting": cells[1], "check": cells[2],
+                 "measured": cells[3], "holds": cells[4]})
   return rows
 
 
@@ -82,10 +86,26 @@ def rows_of(source: str, selectors: list[dict]) -> tuple[list[dict], list[float]
     assert rows, f"{source}: no row has {selector}"
     chosen += rows
     if stat:
-      how, column = stat.split(":")
-      values = [float(row[column]) for row in rows if row[column] not in ("", "nan")]
-      stats.append({"max": max, "min": min, "mean": lambda v: sum(v) / len(v)}[how](values))
+      stats += _statistic(stat, rows)
   return chosen, stats
+
+
+def _numbers_in(name: str) -> list[float]:
+  """The numbers in a name: 16 in heads_16, 41 and 80 in length_41_80_accuracy."""
+  return [float(n) for n in re.findall(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", name)]
+
+
+def _statistic(stat: str, rows: list[dict]) -> list[float]:
+  """``how:column`` (max, min, mean) or ``how:column:threshold`` (at_least, at_most: how many
+  rows reach it), with the number of rows that have a value."""
+  how, column, *threshold = stat.split(":")
+  values = [float(row[column]) for row in rows if row[column] not in ("", "nan")]
+  if threshold:
+    bound = float(threshold[0])
+    count = sum(v >= bound if how == "at_least" else v <= bound for v in values)
+    return [count, len(values), bound, *_numbers_in(column)]
+  summary = {"max": max, "min": min, "mean": lambda v: sum(v) / len(v)}[how]
+  return [summary(values), len(values), *_numbers_in(column)]
 
 
 def _printed(text: str) -> tuple[float, float]:
@@ -115,7 +135,7 @@ def _values(rows, stats) -> list[float]:
       try:
         values.append(float(cell))
       except ValueError:  # a name or a sentence: the numbers in it (16 in heads_16)
-        values += [float(n) for n in re.findall(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?", str(cell))]
+        values += _numbers_in(str(cell))
   return values
 
 
@@ -202,3 +222,56 @@ def test_a_pointer_does_not_render_and_names_its_sentence():
   assert source == "heads/comparisons.csv" and selectors[0]["arm"] == "heads_16"
   rows, stats = rows_of(source, selectors)
   assert not unsupported_numbers(claim, rows, stats) and not overclaims(claim, rows)
+
+
+# Every finding carries a pointer: in the README's findings, the index's headlines and each
+# results page's summary, a sentence with a verdict word or a measured number (a decimal, an
+# interval, "n of m", "n steps") and no pointer fails. Numbers of the design alone (d_k 64,
+# 10 seeds, T = 8) are not findings.
+CODE = re.compile(r"\{\w+\}`[^`]*`|`[^`]*`|\]\([^)]*\)")
+VERDICT = re.compile(SHOWN.pattern + "|" + ALIKE.pattern + r"|\b(held|holds|fails?|failed)\b")
+MEASURED = re.compile(r"(?<![\w.])\d*\.\d+(?![\w])|\d(?:\.\d+)?e[-+]?\d+|\b\d+ (?:of|in) \d+\b|"
+                      r"\b\d+ steps\b|\[[-+−]?\d")
+SENTENCE_END = re.compile(r"\n\s*\n|\n\s*- |\||\.(?:\*\*)?\s+(?=[A-Z*(`])")
+SUMMARIES = {  # results page: the headings of the sections whose findings are its summary
+}
+
+
+def unpointed(block: str) -> list[str]:
+  """The sentences of ``block`` that state a finding and carry no pointer."""
+  pieces = POINTER.split(CODE.sub(" ", block))[::3]  # the text between pointers
+  found = []
+  for i, piece in enumerate(pieces):
+    sentences = SENTENCE_END.split(piece)
+    if i < len(pieces) - 1:
+      sentences = sentences[:-1]  # the last one is the pointer's own claim
+    found += [" ".join(s.split()) for s in sentences if VERDICT.search(s) or MEASURED.search(s)]
+  return found
+
+
+def finding_blocks():
+  """(where, text) of every block of findings: the README's list, each index headline, each
+  summary section of a results page."""
+  readme = (ROOT / "README.md").read_text()
+  yield "README.md", readme.split("What they found", 1)[1].split("\n## ", 1)[0]
+  for line in (RESULTS / "index.md").read_text().splitlines():
+    if line.startswith("| {doc}"):
+      yield "index.md " + line.split("`")[1], line.strip().strip("|").split(" | ", 2)[2]
+  for page, headings in SUMMARIES.items():
+    sections = re.split(r"\n(?=#+ )", (RESULTS / page).read_text())
+    for section in sections:
+      if section.split("\n", 1)[0].lstrip("# ").strip() in headings:
+        yield page + " " + section.split("\n", 1)[0], section.split("\n", 1)[1]
+
+
+@pytest.mark.parametrize("where, block", list(finding_blocks()),
+                         ids=[where for where, _ in finding_blocks()])
+def test_every_finding_carries_a_pointer(where, block):
+  assert not unpointed(block), f"{where}: findings without a claim pointer: {unpointed(block)}"
+
+
+def test_a_finding_without_a_pointer_is_found_and_design_prose_is_not():
+  assert unpointed("Four heads solve it sooner (Holm 0.031). At d_k 64, 10 seeds.") == [
+      "Four heads solve it sooner (Holm 0.031)"]
+  assert unpointed("Sooner (Holm 0.031) <!-- claim heads/comparisons.csv: arm=heads_16 -->. "
+                   "With 10 seeds and 2 layers") == []
