@@ -15,7 +15,8 @@ runs,
 - ``measures``: name -> how {arm: {seed: value}} is read from the records (``Measure``'s
   fields: the column, read as a value, an error 1 - value, or steps censored at a horizon; at
   each arm's learning rate chosen on the validation stream or at a fixed ``rate``; from which
-  results file; with ``differences``, arms that are per-seed differences of two arms);
+  results file; with ``differences``, arms that are per-seed differences of two arms; with
+  ``offsets``, constants subtracted per arm);
 - ``predictions``: (name, setting, checks) triples; a check is (kind, *arguments, options) with
   the kind one of ``KINDS`` and options (a dict, may be left out) such as ``measure``, ``paired``
   (False: arms that saw different data) or ``at`` (words after the check's name);
@@ -39,7 +40,8 @@ tested when none fails and one could not be tested. The kinds:
 - "recovers_half" a worse better: a's mean at most halfway from the worse arm's to the better's
   (untestable unless worse is above better at raw p < alpha); "short_of_half": the opposite;
 - "largest_drop" chain at: the largest fall of the mean along the arms ``chain`` is at ``at``;
-- "below" / "above_level" a level: the 95% interval of a's mean wholly below / above level;
+- "below" / "above_level" a level: the 95% interval of a's mean wholly below / above level
+  (option ``every_seed``: every seed's value below / above it);
 - "near_chance" a level: the interval of a's mean accuracy at most level;
 - "reaches" a level: a's test accuracy at least ``level`` in every seed at its chosen rate;
 - "rates_inside": every arm's chosen learning rate lies inside the rates it tried.
@@ -92,7 +94,7 @@ class Study:
     measure = self.measures[options.get("measure", "primary")]
     rows = self.family.get(measure.source, {})
     if (measure.rate is not None or measure.read == "error" or self.given is not None
-        or {a, b} & set(dict(measure.differences))):
+        or measure.offsets or {a, b} & set(dict(measure.differences))):
       return None
     for pair, sign in (((a, b), 1), ((b, a), -1)):
       row = rows.get(pair)
@@ -201,6 +203,12 @@ def _beyond(study, options, a, level, side):
   values = list(study.values(options)[a].values())
   mean, low, high = statistics.mean_interval(values, 0.0)
   words = f" {options['words']}" if "words" in options else ""
+  if options.get("every_seed"):  # every seed's value, not the mean's interval
+    worst = max(values) if side == "below" else min(values)
+    return (f"{a} {side} {level:g} in every seed",
+            worst < level if side == "below" else worst > level,
+            f"{a}{words} {'highest' if side == 'below' else 'lowest'} {worst:.3g}, mean "
+            f"{mean:.3g}, {len(values)} seeds")
   return (f"{a} {side} {level:g}", high < level if side == "below" else low > level,
           f"{a}{words} {mean:.3g} [{low:.3g}, {high:.3g}], {len(values)} seeds")
 
@@ -251,7 +259,7 @@ def _check(study, check):
 
 
 def measures_of(declaration) -> dict[str, Measure]:
-  return {name: Measure(**{k: tuple(v.items()) if k == "differences" else v
+  return {name: Measure(**{k: tuple(v.items()) if k in ("differences", "offsets") else v
                            for k, v in fields.items()})
           for name, fields in declaration["measures"].items()}
 
@@ -386,11 +394,22 @@ def family_of(records, design) -> list[statistics.Comparison]:
 
 
 def read(sources) -> tuple[dict, dict]:
-  """({source: records}, {source: primary family}) of {source: results.csv path}."""
+  """({source: records}, {source: primary family}) of {source: results.csv path, or a list of
+  them}: a study run as several sweeps reads as one source, each sweep's family Holm over its
+  own comparisons; an arm in two of them is refused."""
   from experiments import sweep_report  # matplotlib only here
-  loaded = {name: sweep_report.read_csv(path) for name, path in sources.items()}
-  return ({name: records for name, (records, _) in loaded.items()},
-          {name: family_of(records, design) for name, (records, design) in loaded.items()})
+  records, family = {}, {}
+  for name, paths in sources.items():
+    records[name], family[name] = [], []
+    for path in [paths] if isinstance(paths, str) else paths:
+      rows, design = sweep_report.read_csv(path)
+      twice = sorted({r["variant"] for r in rows} & {r["variant"] for r in records[name]})
+      if twice:
+        raise ValueError(f"arms {twice} are in two results files of {name!r}; give each "
+                         "sweep's results.csv once.")
+      records[name] += rows
+      family[name] += family_of(rows, design)
+  return records, family
 
 
 def declaration_of(config: str) -> dict:
@@ -407,14 +426,17 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", required=True, help="the study's config, path[:mode]")
   parser.add_argument("--results", action="append", required=True,
-                      help="results.csv, or source=results.csv for a study of several sweeps")
+                      help="results.csv, or source=results.csv for a study of several sources; "
+                      "given more than once, a source's sweeps read as one")
   parser.add_argument("--out", default=None, help="write the table here (markdown), and the "
                       "study's figure beside it")
   args = parser.parse_args(argv)
   try:
     declaration = declaration_of(args.config)
-    sources = dict(item.split("=", 1) if "=" in item else (RESULTS, item)
-                   for item in args.results)
+    sources = {}
+    for item in args.results:  # a name given again: one more sweep of that source
+      name, path = item.split("=", 1) if "=" in item else (RESULTS, item)
+      sources.setdefault(name, []).append(path)
     records, family = read(sources)
     text = table(decide(declaration, records, family=family), declaration["setting"])
   except (ValueError, KeyError, OSError) as error:

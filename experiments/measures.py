@@ -18,13 +18,16 @@ class Measure:
   """How a check's values are read: ``column`` of the records per seed, ``read`` as "value",
   "error" (1 - value) or "steps" (NaN and beyond ``censored_at`` counted at ``censored_at``), at
   the chosen learning rate or at ``rate``, from results file ``source``; ``differences``: arm ->
-  (a, b), an arm whose value per seed is a - b."""
+  (a, b), an arm whose value per seed is a - b; ``offsets``: arm -> a constant subtracted from
+  its every seed (a value against a reference computed apart, e.g. a model's NMSE above an
+  idealised model's)."""
   column: str
   read: str = "value"
   rate: float | None = None
   censored_at: float = math.inf
   source: str = RESULTS
   differences: tuple = ()
+  offsets: tuple = ()
 
   def value(self, x) -> float:
     x = float(x)
@@ -50,8 +53,15 @@ class Measure:
     return self.with_differences(values)
 
   def with_differences(self, values) -> dict[str, dict[int, float]]:
-    """``values`` ({arm: {seed: value}}) and the arms of ``differences``."""
-    values = dict(values)
+    """``values`` ({arm: {seed: value}}) less their ``offsets``, and the arms of
+    ``differences``.
+
+    >>> Measure("eval_nmse", offsets=(("a", 0.25),)).with_differences({"a": {0: 0.5}})
+    {'a': {0: 0.25}}
+    """
+    offsets = dict(self.offsets)
+    values = {arm: {s: v - offsets[arm] for s, v in seeds.items()} if arm in offsets else seeds
+              for arm, seeds in values.items()}
     for arm, (a, b) in dict(self.differences).items():
       values[arm] = {s: values[a][s] - values[b][s] for s in values[b] if s in values[a]}
     return values
