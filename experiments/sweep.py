@@ -7,7 +7,8 @@
 A sweep config (see configs/ablations/) holds ``train`` (a training config), ``variants`` (a tuple
 of (name, overrides of ``train`` as a nested dict) pairs, run in that order), ``num_seeds``,
 ``grid`` (hyperparameter -> values, e.g. {"learning_rate": (1e-3, 3e-3)}; may be empty),
-``vmap_replicas`` and ``extra_evals`` (name -> task-option overrides of an additional test set,
+``vmap_replicas``, ``replicas_per_program`` (0: all of a variant's replicas in one program) and
+``extra_evals`` (name -> task-option overrides of an additional test set,
 e.g. longer sequences), and the study's design: ``baseline``, ``contrasts``, ``test``,
 ``primary`` (experiments/verdicts.py), ``bracket`` and ``budget_minutes`` (``bracket`` below). A
 variant's replicas are its seeds times the grid; with vmap_replicas they train as one compiled,
@@ -103,23 +104,30 @@ def grid(sweep) -> dict:
 
 
 def train_variant(sweep, config, directory: str, grid_=None) -> dict:
-  """All replicas (seeds x grid, or ``grid_``) of one variant: one vmapped program, or
-  (vmap_replicas=False) one run per replica in <directory>/alone/<replica>. Returns lists over
-  replicas."""
+  """All replicas (seeds x grid, or ``grid_``) of one variant: one vmapped program, or programs of
+  ``replicas_per_program`` replicas each (in <directory>/programs/<first>-<last>/; one replica
+  per program with vmap_replicas=False, in <directory>/alone/<replica>). Returns lists over
+  replicas, in the order of ``replicas_of``."""
   extra_evals = {name: dict(options) for name, options in sweep.extra_evals.items()}
   grid_ = grid(sweep) if grid_ is None else grid_
   replicas = replicas_lib.replicas_of(config, sweep.num_seeds, grid_)
-  if sweep.vmap_replicas:
+  size = sweep.get("replicas_per_program", 0) if sweep.vmap_replicas else 1
+  if not 0 < size < len(replicas):
     return train_lib.train(config, directory, replicas, extra_evals=extra_evals, probes=True)
-  merged = {}
-  for replica in replicas:
-    alone = copy.deepcopy(config)
-    alone.update({name: type(config[name])(replica[name]) for name in ("seed", *grid_)})
-    result = train_lib.train(alone, os.path.join(directory, "alone", replica["name"]),
-                             [replica], extra_evals=extra_evals, probes=True)
+  merged, wall = {}, 0.0
+  for start in range(0, len(replicas), size):
+    program = replicas[start:start + size]
+    fixed = copy.deepcopy(config)
+    if size == 1:  # the run a user would start by hand: seed and grid values in its config
+      fixed.update({name: type(config[name])(program[0][name]) for name in ("seed", *grid_)})
+      where = os.path.join(directory, "alone", program[0]["name"])
+    else:
+      where = os.path.join(directory, "programs", f"{start}-{start + len(program) - 1}")
+    result = train_lib.train(fixed, where, program, extra_evals=extra_evals, probes=True)
+    wall += result["seconds"][0]
     for name, values in result.items():
       merged.setdefault(name, []).extend(values)
-  merged["seconds"] = [sum(merged["seconds"])] * len(replicas)  # the variant's wall time
+  merged["seconds"] = [wall] * len(replicas)  # the variant's wall time
   return merged
 
 

@@ -65,6 +65,25 @@ def test_vmapped_replicas_equal_training_each_alone(group, data_dir, tmp_path):
         np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("size", [1, 2])
+def test_programs_of_fewer_replicas_train_each_replica_as_one_program_does(group, data_dir,
+                                                                          tmp_path, size):
+  """The grouping of replicas into programs (one of each, or one per learning rate) changes
+  the batched computation, not the run: each replica's result is the all-at-once program's up to
+  float rounding."""
+  _, together = group
+  config = tiny_sweep(data_dir, ())
+  config.grid = ml_collections.ConfigDict(GRID)
+  config.replicas_per_program = size
+  config.extra_evals = ml_collections.ConfigDict()
+  grouped = sweep.train_variant(config, tiny_config(data_dir), str(tmp_path))
+  assert grouped["name"] == together["name"]
+  np.testing.assert_allclose(grouped["eval_loss"], together["eval_loss"], rtol=1e-5)
+  kind = "alone" if size == 1 else "programs"
+  assert len(os.listdir(tmp_path / kind)) == 4 // size
+  assert len(set(grouped["seconds"])) == 1
+
+
 def test_eight_simulated_devices_shard_the_replicas_and_follow_one_device(group, data_dir,
                                                                          tmp_path):
   workdir, _ = group

@@ -59,6 +59,7 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, ba
   sweep.num_seeds = 2 if quick else 3
   sweep.grid = ml_collections.ConfigDict()  # hyperparameter -> values; replicas = seeds x grid
   sweep.vmap_replicas = True  # the replicas of a variant train in one vmapped program
+  sweep.replicas_per_program = 0  # or programs of this many replicas each (0: all in one)
   sweep.extra_evals = ml_collections.ConfigDict({**(extra_evals or {}), **VALIDATION})
   sweep.variants = tuple(variants)
   sweep.baseline = baseline
