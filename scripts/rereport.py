@@ -4,6 +4,8 @@ the figures, with the statistics engine of experiments/statistics.py, in under a
   python -m scripts.rereport            # every study in STUDIES
   python -m scripts.rereport heads_binding scaling/accelerator  # these studies (folders)
 
+and the comparisons of the superseded runs kept beside a study (COMPARISONS_ONLY).
+
 A results.csv written before sweeps recorded their design and provenance gets them first, once:
 the design from the study's config (where the comparisons are declared; for these studies that
 declaration came after their run, which their pages say), the provenance from its results page
@@ -44,6 +46,10 @@ STUDIES = {
     "positional/results.csv": ("positional", None),
     "positional_registered/results.csv": ("positional_registered", None),
     "farthest_floor/results.csv": ("farthest_floor", None),
+}
+# A superseded run's rows kept beside a study -> its comparisons.csv (no report, no figures)
+COMPARISONS_ONLY = {
+    "head_variants/order_all_arms.csv": "head_variants/order_all_arms_comparisons.csv",
 }
 _CPU_EPYC, _CPU_XEON = "AMD EPYC, 2 cores", "Intel Xeon, 2 cores"
 _H200 = "1 x NVIDIA H200"
@@ -112,6 +118,15 @@ def main():
       print(f"{relative}: design and provenance added")
     paths = sweep_report.write_from_csv(path)
     print(f"{relative}: " + ", ".join(os.path.relpath(p, RESULTS) for p in paths.values()))
+  for relative, out in COMPARISONS_ONLY.items():
+    if args.only and not any(relative == part or relative.startswith(part.strip("/") + "/")
+                             for part in args.only):
+      continue
+    records, design = sweep_report.read_csv(os.path.join(RESULTS, relative))
+    chosen = verdicts.choose(records, sweep_report.measure_of(records), design)
+    sweep_report.write_comparisons(verdicts.compare_both(chosen, design),
+                                   os.path.join(RESULTS, out))
+    print(f"{relative}: {out}")
 
 
 if __name__ == "__main__":
