@@ -30,18 +30,17 @@ def check_mode(mode, valid=("quick", "accelerator")) -> None:
 
 def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, baseline: str,
                  contrasts=(), test="paired_permutation", primary="", bracket=2,
-                 extra_evals=None, base=default) -> ml_collections.ConfigDict:
-  """A sweep over ``variants`` of the training config of module ``base`` (configs.default),
-  trained for ``steps`` steps (3 seeds), or with mode "quick" for a tenth of them on a smaller
-  dataset (2 seeds, two evaluations). Every sweep evaluates a validation stream (VALIDATION),
-  which chooses each variant's learning rate; ``baseline`` and ``contrasts``: the module's
-  docstring. ``test``: how each comparison is tested (experiments/statistics.py TESTS), on
-  ``primary`` (a metric; default the test set's accuracy or NMSE), at level ``alpha`` (ALPHA;
-  None in mode "quick"). ``bracket``: how many
-  learning rates the sweep may add past an edge of the grid where a variant's optimum sits
-  there (experiments/sweep.py, bracket), within ``budget_minutes`` (30) of training.
-
-  The caller adjusts ``sweep.train`` (the shared training config) afterwards.
+                 extra_evals=None, base=default, seeds=3, learning_rates=(),
+                 predictions="") -> ml_collections.ConfigDict:
+  """A sweep over ``variants`` of the training config of module ``base`` (configs.default):
+  ``seeds`` seeds x the grid ``learning_rates``, ``steps`` steps; mode "quick" trains a tenth of
+  them on a smaller dataset (2 seeds, two evaluations, no level, no predictions). A validation
+  stream (VALIDATION) chooses each variant's learning rate; ``baseline`` and ``contrasts``: the
+  module's docstring. ``test`` (experiments/statistics.py TESTS) on ``primary`` (default: the
+  test set's accuracy or NMSE) at level ALPHA; ``bracket``: how many rates the sweep may add past
+  an edge of the grid where an optimum sits (experiments/sweep.py), within ``budget_minutes``;
+  ``predictions``: the study's declaration, "<config path>:<mode>" (experiments.findings). The
+  caller adjusts ``sweep.train`` (the shared training config) afterwards.
   """
   quick = mode == "quick"
   train = base.get_config()
@@ -56,8 +55,9 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, ba
 
   sweep = ml_collections.ConfigDict()
   sweep.train = train
-  sweep.num_seeds = 2 if quick else 3
-  sweep.grid = ml_collections.ConfigDict()  # hyperparameter -> values; replicas = seeds x grid
+  sweep.num_seeds = 2 if quick else seeds
+  sweep.grid = ml_collections.ConfigDict(  # hyperparameter -> values; replicas = seeds x grid
+      {"learning_rate": learning_rates} if learning_rates else {})
   sweep.vmap_replicas = True  # the replicas of a variant train in one vmapped program
   sweep.replicas_per_program = 0  # or programs of this many replicas each (0: all in one)
   sweep.extra_evals = ml_collections.ConfigDict({**(extra_evals or {}), **VALIDATION})
@@ -69,7 +69,7 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, ba
   sweep.alpha = None if quick else ALPHA
   sweep.effect = None  # the smallest effect a study must be able to show (experiments/verdicts.py)
   sweep.spread = 0.0  # the sd of a seed's difference it assumes for that effect
-  sweep.predictions = ""  # the study's declared predictions, "<config path>:<mode>" (findings)
+  sweep.predictions = "" if quick else predictions  # read by experiments.findings
   sweep.bracket = 0 if quick else bracket
   sweep.budget_minutes = 30
   return sweep

@@ -46,8 +46,6 @@ pipeline (a tenth of the steps, 2 seeds, two learning rates).
 Results, runtime and the comparison with the papers: docs/results/attention_variants.md.
 """
 
-import ml_collections
-
 from configs import mqar
 from configs.ablations import check_mode, sweep_config
 from configs.ablations.head_variants import matched_mlp_dim
@@ -84,10 +82,9 @@ def controls_config():
   sweep = sweep_config(None, steps=STEPS, eval_every=STEPS // 8, warmup=100, base=mqar,
                        variants=((name, {"model": dict(model)}) for name, model in
                                  CONTROLS.items()),
-                       baseline="mha", contrasts=CONTROL_CONTRASTS, test="time_to_solve")
-  sweep.num_seeds = CONTROL_SEEDS
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": CONTROL_RATES})
-  sweep.predictions = "configs/ablations/attention_variants.py:controls"
+                       baseline="mha", contrasts=CONTROL_CONTRASTS, test="time_to_solve",
+                       seeds=CONTROL_SEEDS, learning_rates=CONTROL_RATES,
+                       predictions="configs/ablations/attention_variants.py:controls")
   return sweep
 
 
@@ -98,16 +95,12 @@ def get_config(mode=None):
   accelerator = mode == "accelerator"
   base = mqar.get_config()
   steps = ACCELERATOR_STEPS if accelerator else STEPS
-  sweep = sweep_config(mode, steps=steps, eval_every=steps // 8, warmup=100, base=mqar,
-                       variants=_variants(base.model), baseline="mha",
-                       test="solve_rate")
-  if accelerator:
-    sweep.num_seeds = ACCELERATOR_SEEDS
-  rates = LEARNING_RATES[1:3] if mode == "quick" else LEARNING_RATES
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
-  if accelerator:
-    sweep.predictions = "configs/ablations/attention_variants.py:accelerator"
-  return sweep
+  return sweep_config(
+      mode, steps=steps, eval_every=steps // 8, warmup=100, base=mqar,
+      variants=_variants(base.model), baseline="mha", test="solve_rate",
+      seeds=ACCELERATOR_SEEDS if accelerator else 3,
+      learning_rates=LEARNING_RATES[1:3] if mode == "quick" else LEARNING_RATES,
+      predictions="configs/ablations/attention_variants.py:accelerator" if accelerator else "")
 
 
 def predictions(mode=None) -> dict:

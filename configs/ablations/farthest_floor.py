@@ -37,15 +37,12 @@ oracle needs 65), the first study's width d_model = d = 32, 32 low-rank heads of
 steps at batch 128, the same arms, seeds and rates.
 """
 
-import ml_collections
-
 from configs import farthest_point
 from configs.ablations import check_mode, sweep_config
 
 # (d: points' dimension, points, d_model, the first study's d_model = d, low-rank heads)
 CPU = (16, 16, 48, 16, 16)
 ACCELERATOR = (32, 32, 96, 32, 32)  # one GPU or TPU: d = 32, the oracle needs 65 dimensions
-D_MODEL = CPU[2]
 ORACLE_BETA = 30.0  # the oracle's logit sharpness: NMSE about 0.08 at the start without noise
 NOISE = 0.3
 SHORT = 4  # points in the short-context arms
@@ -91,19 +88,16 @@ def get_config(mode=None):
   steps = ACCELERATOR_STEPS if mode == "accelerator" else STEPS
   sweep = sweep_config("quick" if mode == "quick" else None, steps=steps, eval_every=steps // 6,
                        warmup=100, base=farthest_point, baseline="full_1", variants=arms(size),
-                       contrasts=contrasts(size))
+                       contrasts=contrasts(size), bracket=1, seeds=NUM_SEEDS,
+                       learning_rates=LEARNING_RATES,
+                       predictions="configs/ablations/farthest_floor.py"
+                       + (f":{mode}" if mode else ""))
   dimension, points, d_model, _, _ = size
   sweep.train.task_options.update({"dimension": dimension, "length": points})
   sweep.train.model.d_model = d_model
   sweep.train.model.num_layers = 1
   if mode == "accelerator":
     sweep.train.batch_size = ACCELERATOR_BATCH
-  if mode != "quick":
-    sweep.num_seeds = NUM_SEEDS
-  sweep.bracket = 0 if mode == "quick" else 1
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
-  if mode != "quick":
-    sweep.predictions = "configs/ablations/farthest_floor.py" + (f":{mode}" if mode else "")
   return sweep
 
 

@@ -33,8 +33,6 @@ Runtime, results and the comparison with the papers: docs/results/head_variants.
 
 import math
 
-import ml_collections
-
 from attention_jax import variants
 from configs import mqar
 from configs.ablations import sweep_config
@@ -109,7 +107,9 @@ def get_config(mode=None):
                        # apart is the accuracy on the longer sequences
                        test="paired_permutation" if task == "order" else "time_to_solve",
                        primary=f"{LONGER}_accuracy" if task == "order" else "",
-                       extra_evals=extra_evals if task == "order" else None)
+                       extra_evals=extra_evals if task == "order" else None, seeds=NUM_SEEDS,
+                       learning_rates=(LEARNING_RATES[1:3] if quick else
+                                       ORDER_RATES if task == "order" else LEARNING_RATES))
   if task == "order":
     options = sweep.train.task_options
     sweep.train.task = "order"
@@ -117,8 +117,4 @@ def get_config(mode=None):
                                 "num_test": min(options.num_test, 1000)}
     sweep.train.model.max_length = TEST_LENGTHS[1]
     sweep.train.model.pooling = "cls"
-  if not quick:
-    sweep.num_seeds = NUM_SEEDS
-  rates = LEARNING_RATES[1:3] if quick else ORDER_RATES if task == "order" else LEARNING_RATES
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
   return sweep

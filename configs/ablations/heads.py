@@ -19,8 +19,6 @@ curves.
 results, with their runtime and provenance: docs/results/heads.md.
 """
 
-import ml_collections
-
 from configs import mqar
 from configs.ablations import check_mode, sweep_config
 
@@ -38,11 +36,8 @@ NUM_SEEDS = 10
 
 def get_config(mode=None):
   check_mode(mode, ("quick",))
-  sweep = sweep_config(mode, steps=1000, eval_every=100, warmup=100, base=mqar,
-                       baseline=f"heads_{HEADS[0]}", test="time_to_solve", variants=(
-                           (f"heads_{n}", {"model": {"num_heads": n}}) for n in HEADS))
-  if mode != "quick":
-    sweep.num_seeds = NUM_SEEDS
   rates = LEARNING_RATES[1:3] if mode == "quick" else LEARNING_RATES  # quick: a smoke test
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
-  return sweep
+  return sweep_config(mode, steps=1000, eval_every=100, warmup=100, base=mqar,
+                      baseline=f"heads_{HEADS[0]}", test="time_to_solve", variants=(
+                          (f"heads_{n}", {"model": {"num_heads": n}}) for n in HEADS),
+                      seeds=NUM_SEEDS, learning_rates=rates)

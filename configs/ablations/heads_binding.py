@@ -36,8 +36,6 @@ oracles in experiments/oracles.py show that the model can express both tasks.
 Results, runtime and provenance: docs/results/heads_binding.md.
 """
 
-import ml_collections
-
 from configs import farthest_point, multi_retrieval
 from configs.ablations import sweep_config
 
@@ -89,14 +87,12 @@ def get_config(mode=None):
   sweep = sweep_config(quick, steps=STEPS[task], eval_every=STEPS[task] // 10, warmup=100,
                        base=base, baseline="split_1",
                        variants=variants(task, base.get_config().model.d_model,
-                                         QUICK_HEADS if quick else HEADS))
+                                         QUICK_HEADS if quick else HEADS),
+                       seeds=NUM_SEEDS,
+                       learning_rates=LEARNING_RATES[1:] if quick else LEARNING_RATES,
+                       # one table over both tasks' sweeps
+                       predictions="configs/ablations/heads_binding.py:multi_retrieval")
   sweep.train.model.num_layers = 1
-  if not quick:
-    sweep.num_seeds = NUM_SEEDS
-  rates = LEARNING_RATES[1:] if quick else LEARNING_RATES
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
-  if not quick:  # one table over both tasks' sweeps
-    sweep.predictions = "configs/ablations/heads_binding.py:multi_retrieval"
   return sweep
 
 
@@ -105,14 +101,13 @@ def accelerator_config(task: str):
   options, model, heads, fixed, steps, batch_size, seeds = ACCELERATOR[task]
   sweep = sweep_config(None, steps=steps, eval_every=steps // 10, warmup=100, base=BASES[task],
                        baseline="split_1",
-                       variants=variants(task, model["d_model"], heads, fixed))
+                       variants=variants(task, model["d_model"], heads, fixed), seeds=seeds,
+                       learning_rates=LEARNING_RATES,
+                       predictions=f"configs/ablations/heads_binding.py:{task}_accelerator")
   sweep.train.task_options.update(options)
   sweep.train.model.update(model)
   sweep.train.model.num_layers = 1
   sweep.train.batch_size = batch_size
-  sweep.num_seeds = seeds
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
-  sweep.predictions = f"configs/ablations/heads_binding.py:{task}_accelerator"
   return sweep
 
 

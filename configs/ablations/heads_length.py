@@ -32,8 +32,6 @@ beside 1-4, 10 seeds, 2000 steps at batch 64 on 2000 test examples per length; t
 predictions apply at the lengths and heads it runs (``predictions("accelerator")``).
 """
 
-import ml_collections
-
 from configs import multi_retrieval
 from configs.ablations import check_mode, sweep_config
 
@@ -77,16 +75,14 @@ def get_config(mode=None):
   sweep = sweep_config(quick, steps=steps, eval_every=steps // 5, warmup=100,
                        base=multi_retrieval, variants=_variants(d_model, heads_counts, lengths),
                        baseline=name(1, lengths[0]), contrasts=_contrasts(lengths),
-                       test="permutation", bracket=1)
+                       test="permutation", bracket=1, seeds=seeds,
+                       learning_rates=LEARNING_RATES[1:] if quick else LEARNING_RATES,
+                       predictions="configs/ablations/heads_length.py"
+                       + (f":{mode}" if mode else ""))
   sweep.train.model.num_layers = 1
   sweep.train.batch_size = batch_size
   if not quick:
-    sweep.num_seeds = seeds
     sweep.train.task_options.num_test = num_test
-  sweep.grid = ml_collections.ConfigDict(
-      {"learning_rate": LEARNING_RATES[1:] if quick else LEARNING_RATES})
-  if not quick:
-    sweep.predictions = "configs/ablations/heads_length.py" + (f":{mode}" if mode else "")
   return sweep
 
 

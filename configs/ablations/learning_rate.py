@@ -11,8 +11,6 @@ std over seeds per learning rate. The variants of the other ablations can carry 
 that each variant is compared at its own best learning rate rather than at one shared value.
 """
 
-import ml_collections
-
 from configs.ablations import check_mode, sweep_config
 
 LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
@@ -20,7 +18,6 @@ LEARNING_RATES = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 
 def get_config(mode=None):
   check_mode(mode, ("quick",))
-  sweep = sweep_config(mode, steps=600, eval_every=100, warmup=100,
-                       variants=(("default", {}),), baseline="default")
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
-  return sweep
+  return sweep_config(mode, steps=600, eval_every=100, warmup=100,
+                      variants=(("default", {}),), baseline="default",
+                      learning_rates=LEARNING_RATES)

@@ -27,8 +27,6 @@ predictions, fixed before it ran, are ``predictions`` below (python -m experimen
 their runtime and provenance: docs/results/positional.md.
 """
 
-import ml_collections
-
 from configs.ablations import check_mode, sweep_config
 
 ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi")
@@ -44,10 +42,10 @@ ACCELERATOR = (("even_pairs", "order"), 64, ((65, 128), (129, 256), (257, 512)),
 
 
 def length_sweep(mode, *, tasks, encodings, train_length: int, test_lengths, steps: int,
-                 model_layers: int = 3):
+                 model_layers: int = 3, **design):
   """A sweep of ``encodings`` on ``tasks``, trained on lengths up to ``train_length`` and tested
   on each (low, high) of ``test_lengths``; compared with the sinusoidal encoding of the same
-  task at the longest test lengths."""
+  task at the longest test lengths. ``design``: sweep_config's seeds, learning_rates, ..."""
   extra_evals = {f"length_{low}_{high}": {"min_length": low, "max_length": high, "num_train": 1}
                  for low, high in test_lengths}
   sweep = sweep_config(
@@ -59,7 +57,7 @@ def length_sweep(mode, *, tasks, encodings, train_length: int, test_lengths, ste
       primary="length_{}_{}_accuracy".format(*test_lengths[-1]),
       contrasts=((f"{task}-{name}", f"{task}-sinusoidal") for task in tasks
                  for name in encodings if name != "sinusoidal"),
-      extra_evals=extra_evals)
+      extra_evals=extra_evals, **design)
   options = sweep.train.task_options
   sweep.train.task_options = {"max_length": train_length, "num_train": options.num_train,
                               "num_test": min(options.num_test, 1000)}
@@ -74,20 +72,16 @@ def get_config(mode=None):
   check_mode(mode)
   quick = mode == "quick"  # a smoke test: the first task, tested at the longest lengths only
   task_names, train_length, test_lengths, steps = tuple(TASKS), TRAIN_LENGTH, TEST_LENGTHS, 1000
-  encodings = ENCODINGS
+  encodings, design = ENCODINGS, {}
   if mode == "accelerator":
     task_names, train_length, test_lengths, steps, seeds, rates = ACCELERATOR
     encodings = ACCELERATOR_ENCODINGS
+    design = {"seeds": seeds, "learning_rates": rates,
+              "predictions": "configs/ablations/positional.py:accelerator"}
   elif quick:
     task_names, test_lengths = task_names[:1], test_lengths[-1:]
-  sweep = length_sweep(mode, tasks=task_names, encodings=encodings, train_length=train_length,
-                       test_lengths=test_lengths, steps=steps)
-  if mode == "accelerator":
-    sweep.num_seeds = seeds
-    sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
-  if mode == "accelerator":
-    sweep.predictions = "configs/ablations/positional.py:accelerator"
-  return sweep
+  return length_sweep(mode, tasks=task_names, encodings=encodings, train_length=train_length,
+                      test_lengths=test_lengths, steps=steps, **design)
 
 
 CHANCE = 0.6  # accuracy "near chance" (chance is 0.5 on both tasks), its interval's upper end

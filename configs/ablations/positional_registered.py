@@ -57,7 +57,9 @@ def get_config(mode=None):
   quick = mode == "quick"
   sweep = length_sweep(mode, tasks=TASKS, encodings=ENCODINGS, train_length=TRAIN_LENGTH,
                        test_lengths=TEST_LENGTHS, steps=max(STEPS.values()),
-                       model_layers=NUM_LAYERS)
+                       model_layers=NUM_LAYERS, bracket=1, seeds=NUM_SEEDS,
+                       learning_rates=LEARNING_RATES,
+                       predictions="configs/ablations/positional_registered.py")
   sweep.train.batch_size = BATCH_SIZE
   sweep.train.eval_every_steps = sweep.train.num_train_steps  # long test sets: evaluated at the end
   if not quick:  # each task its own length of training, evaluated halfway and at the end
@@ -66,12 +68,6 @@ def get_config(mode=None):
                 "eval_every_steps": STEPS[overrides["task"]] // 2,
                 "checkpoint_every_steps": STEPS[overrides["task"]] // 2})
         for name, overrides in sweep.variants)
-  sweep.bracket = 0 if quick else 1
-  if not quick:
-    sweep.num_seeds = NUM_SEEDS
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES})
-  if not quick:
-    sweep.predictions = "configs/ablations/positional_registered.py"
   return sweep
 
 

@@ -62,8 +62,6 @@ grid step between 16 and 256; 1/sqrt(d_k) does not when it rejects. Predictions,
 any full run: ``predictions`` below (python -m experiments.findings).
 """
 
-import ml_collections
-
 from configs import mqar
 from configs.ablations import check_mode, sweep_config
 
@@ -128,15 +126,13 @@ def get_config(mode="adam"):
       warmup=60, base=mqar, baseline=name("inv_sqrt", head_dims[0]), test="time_to_solve",
       bracket=0 if base == "mup" else 2,
       contrasts=((name(arm, d), name("inv_sqrt", d)) for d in head_dims for arm in arms[1:]),
-      variants=(variant(arm, d, length) for d in head_dims for arm in arms))
+      variants=(variant(arm, d, length) for d in head_dims for arm in arms),
+      seeds=NUM_SEEDS, learning_rates=LEARNING_RATES[base],
+      predictions=f"configs/ablations/scale_optimiser.py:{mode}")
   sweep.train.grad_clip_norm = 0.0
   sweep.train.optimizer = OPTIMIZER.get(base, "adamw")
   sweep.train.momentum = 0.9
   sweep.train.query_lr_scale = 1.0
-  if mode != "quick":
-    sweep.num_seeds = NUM_SEEDS
-    sweep.predictions = f"configs/ablations/scale_optimiser.py:{mode}"
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": LEARNING_RATES[base]})
   return sweep
 
 

@@ -26,8 +26,6 @@ experiments.findings). `:quick` is a smoke test of the pipeline. The results, wi
 runtime and provenance: docs/results/scaling.md.
 """
 
-import ml_collections
-
 from configs import mqar
 from configs.ablations import check_mode, sweep_config
 
@@ -51,19 +49,18 @@ def get_config(mode=None):
   head_dims = {"quick": HEAD_DIMS[:2], "accelerator": ACCELERATOR_HEAD_DIMS}.get(mode, HEAD_DIMS)
   scales = {name: SCALES[name] for name in ACCELERATOR_SCALES} if accelerator else SCALES
   steps = ACCELERATOR_STEPS if accelerator else 600
+  rates = LEARNING_RATES[1::3] if mode == "quick" else LEARNING_RATES  # quick: 1e-3 and 1e-1
   sweep = sweep_config(mode, steps=steps, eval_every=100, warmup=60, base=mqar,
                        baseline=f"dk{head_dims[0]}_inv_sqrt", test="time_to_solve",
                        contrasts=((f"dk{head_dim}_{name}", f"dk{head_dim}_inv_sqrt")
                                   for head_dim in head_dims for name in scales
                                   if name != "inv_sqrt"),
                        variants=((f"dk{head_dim}_{name}", {"model": {"head_dim": head_dim, **model}})
-                                 for head_dim in head_dims for name, model in scales.items()))
+                                 for head_dim in head_dims for name, model in scales.items()),
+                       seeds=ACCELERATOR_SEEDS if accelerator else NUM_SEEDS, learning_rates=rates,
+                       predictions=("configs/ablations/scaling.py:accelerator" if accelerator
+                                    else ""))
   sweep.train.model.num_heads = 1
-  sweep.num_seeds = {"accelerator": ACCELERATOR_SEEDS, None: NUM_SEEDS}.get(mode, sweep.num_seeds)
-  rates = LEARNING_RATES[1::3] if mode == "quick" else LEARNING_RATES  # quick: 1e-3 and 1e-1
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": rates})
-  if mode == "accelerator":
-    sweep.predictions = "configs/ablations/scaling.py:accelerator"
   return sweep
 
 

@@ -36,8 +36,6 @@ Results, runtime and provenance: docs/results/scaling_init.md.
 arms, seeds and rates.
 """
 
-import ml_collections
-
 from configs import mqar
 from configs.ablations import check_mode, sweep_config
 
@@ -64,19 +62,14 @@ def get_config(mode=None):
   check_mode(mode)
   head_dims = ACCELERATOR_HEAD_DIMS if mode == "accelerator" else HEAD_DIMS
   steps = ACCELERATOR_STEPS if mode == "accelerator" else STEPS
-  sweep = sweep_config(
+  return sweep_config(
       "quick" if mode == "quick" else None, steps=steps, eval_every=EVAL_EVERY, warmup=60,
       base=mqar, baseline=name("inv_sqrt", head_dims[0]), test="time_to_solve",
       contrasts=((name(arm, d), name("inv_sqrt", d)) for d in head_dims for arm in ARMS[1:]),
       variants=((name(arm, d), {"model": {"head_dim": d, **model_overrides(arm, d)}})
-                for d in head_dims for arm in ARMS))
-  if mode != "quick":
-    sweep.num_seeds = NUM_SEEDS
-  sweep.grid = ml_collections.ConfigDict(
-      {"learning_rate": LEARNING_RATES[1:] if mode == "quick" else LEARNING_RATES})
-  if mode != "quick":
-    sweep.predictions = "configs/ablations/scaling_init.py" + (f":{mode}" if mode else "")
-  return sweep
+                for d in head_dims for arm in ARMS),
+      seeds=NUM_SEEDS, learning_rates=LEARNING_RATES[1:] if mode == "quick" else LEARNING_RATES,
+      predictions="configs/ablations/scaling_init.py" + (f":{mode}" if mode else ""))
 
 
 SOLVED = 0.95  # the accuracy 1/sqrt(d_k) must reach in every seed (the design)
