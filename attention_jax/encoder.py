@@ -66,6 +66,8 @@ class EncoderConfig:
   attention_dropout_rate: float = 0.0
   pre_layer_norm: bool = False          # False: post-LN as in the paper
   causal: bool = False                  # True: position t attends to positions <= t only
+                                        # (is_causal in every layer, so blockwise kernels skip
+                                        # blocks; a module of your own gets it in the mask)
   attention_impl: str | None = None     # see attention.select_implementation
   pad_id: int = 0                       # token id of padding
   num_classes: int = 2                  # classifier only
@@ -297,7 +299,8 @@ class EncoderBlock(nn.Module):
     dropout = nn.Dropout(cfg.dropout_rate)
     sublayers = (
         lambda y: attention(y, mask=mask, bias=attention_bias, deterministic=deterministic,
-                            **({} if cfg.attention_module else {"sow_weights": None})),
+                            **({} if cfg.attention_module else {"sow_weights": None,
+                                                                "is_causal": cfg.causal})),
         lambda y: feed_forward(y, deterministic=deterministic))
     norms = [nn.LayerNorm(name=f"norm_{index}") for index in range(2)]
     return hooked_block(x, sublayers, norms, lambda y: dropout(y, deterministic=deterministic),
@@ -342,8 +345,8 @@ class TransformerEncoder(nn.Module):
         num_heads=cfg.num_heads, name="positional")
     x = encoding.embed(x, deterministic)
     x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-    mask = masks_lib.padding_mask(valid)  # [B, 1, 1, T]
-    if cfg.causal:
+    mask = masks_lib.padding_mask(valid)  # [B, 1, 1, T]; causality is is_causal (EncoderBlock)
+    if cfg.causal and cfg.attention_module:  # a module of your own may take no is_causal
       mask = masks_lib.combine_masks(mask, masks_lib.causal_mask(length))  # [B, 1, T, T]
     attention_bias = encoding.attention_bias(length, length)  # [N, T, T] or None
     for layer in range(cfg.num_layers):

@@ -1,9 +1,12 @@
 """The causal encoder (``EncoderConfig(causal=True)``): position t never reads inputs after t."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from attention_jax import attention, multihead
 from attention_jax.encoder import EncoderConfig, TransformerEncoder
 
 
@@ -42,3 +45,38 @@ def test_config_check_passes_causal_to_the_encoder():
   config.model.pooling = "mean"
   config_check.validate(config)
   assert config_check.encoder_config(config).causal
+
+
+class _DenseMaskAttention(multihead.MultiHeadAttention):
+  """Multi-head attention as a module of the user's own: the encoder hands it causality in the
+  mask ([B, 1, T, T]), since such a module may take no is_causal."""
+
+
+@pytest.mark.parametrize("implementation", ["reference", "chunked"])
+def test_is_causal_with_the_padding_mask_gives_the_dense_causal_mask_outputs(implementation):
+  config = EncoderConfig(vocab_size=16, d_model=32, num_heads=2, mlp_dim=64, num_layers=2,
+                         positional_encoding="alibi", causal=True, dropout_rate=0.0,
+                         attention_impl=implementation)
+  tokens = jnp.array([[3, 5, 7, 9, 11, 13], [4, 6, 8, 0, 0, 0]])  # [B, T], 0 = padding
+  encoder = TransformerEncoder(config)
+  variables = encoder.init(jax.random.key(0), tokens)
+  dense = TransformerEncoder(dataclasses.replace(config, attention_module=_DenseMaskAttention))
+  valid = np.asarray(tokens != 0)[..., None]  # padded rows differ by the empty-row convention
+  np.testing.assert_allclose(np.where(valid, encoder.apply(variables, tokens), 0),
+                             np.where(valid, dense.apply(variables, tokens), 0), atol=1e-5)
+
+
+def test_every_layer_asks_for_is_causal_with_a_key_padding_mask():
+  calls = []
+
+  def spy(query, key, value, bias=None, mask=None, **arguments):
+    calls.append((arguments.get("is_causal"), None if mask is None else mask.shape))
+    return attention.dot_product_attention(query, key, value, bias, mask, **arguments)
+
+  config = EncoderConfig(vocab_size=16, d_model=32, num_heads=2, mlp_dim=64, num_layers=2,
+                         positional_encoding="none", causal=True, dropout_rate=0.0,
+                         attention_fn=spy)
+  tokens = jnp.array([[3, 5, 7, 0]])  # [B, T]
+  encoder = TransformerEncoder(config)
+  encoder.apply(encoder.init(jax.random.key(0), tokens), tokens)
+  assert set(calls) == {(True, (1, 1, 1, 4))}  # [B, N, T, S] broadcast: keys only, no [T, S]
