@@ -87,6 +87,10 @@ def alibi_slopes(num_heads: int):
 def alibi_bias(num_heads: int, q_len: int, kv_len: int | None = None):
   """Symmetric ALiBi logit bias for an encoder: ``-slope_n * |t - s|``, [N, T, S] float32.
 
+  Under a causal mask (keys s <= t only) it is Press et al.'s causal ALiBi, ``-slope_n * (t - s)``
+  on every pair attended to; their code's ``slope_n * s`` differs from it by a constant per row,
+  which the softmax ignores, so both give the same weights.
+
   >>> from attention_jax import dot_product_attention
   >>> q = k = v = jnp.ones((2, 128, 8, 16))  # [B, T, N, H]
   >>> alibi_bias(8, 128).shape  # [N, T, S]
@@ -202,7 +206,8 @@ class RotaryEncoding(NoPositionalEncoding):
 
 
 class ALiBiEncoding(NoPositionalEncoding):
-  """Adds ``-slope * |t - s|`` to the logits of each head (ALiBi)."""
+  """Adds ``-slope * |t - s|`` to the logits of each head (ALiBi); under a causal mask, Press et
+  al.'s one-sided ``-slope * (t - s)``."""
 
   def attention_bias(self, q_len, kv_len):
     return alibi_bias(self.num_heads, q_len, kv_len)
