@@ -29,7 +29,7 @@ from attention_jax import positional
 from attention_jax import variants
 from attention_jax.products import dense_dot_general
 
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean", "last")
 
 #: The old EncoderConfig fields (and run-config keys) of MoH's and overlapping heads' options,
 #: deprecated for one release, each with the key of head_variant_options it became.
@@ -71,7 +71,8 @@ class EncoderConfig:
   attention_impl: str | None = None     # see attention.select_implementation
   pad_id: int = 0                       # token id of padding
   num_classes: int = 2                  # classifier only
-  pooling: str = "cls"                  # classifier only: "cls" token or masked "mean"
+  pooling: str = "cls"                  # classifier only: "cls" token, masked "mean" or the
+                                        # "last" real token (the causal read-out)
   # A head variant (attention_jax/variants/): a registered name or "package.module:Class", and
   # its options as one mapping, e.g. {"shared_heads": 2} for MoH or {"schedule": "half_index"}
   # for overlapping heads (held as sorted (name, value) pairs, so the config stays hashable).
@@ -363,6 +364,23 @@ def masked_mean(x, valid):
   return jnp.sum(x * weights, axis=-2) / jnp.maximum(jnp.sum(weights, axis=-2), 1.0)
 
 
+def pool(x, valid, pooling: str):
+  """x [B, T, D] -> [B, D] by ``pooling`` (one of POOLINGS): position 0 (the CLS token), the
+  ``masked_mean`` of the real tokens, or the last real token's (position 0 for an empty sequence),
+  which under a causal mask is the one position that reads the whole sequence.
+
+  >>> x, valid = jnp.arange(8.0).reshape(1, 4, 2), jnp.array([[True, True, True, False]])
+  >>> pool(x, valid, "last"), pool(x, valid, "mean")
+  (Array([[4., 5.]], dtype=float32), Array([[2., 3.]], dtype=float32))
+  """
+  if pooling == "cls":
+    return x[..., 0, :]
+  if pooling == "mean":
+    return masked_mean(x, valid)
+  last = jnp.max(jnp.where(valid, jnp.arange(valid.shape[-1]), 0), axis=-1)  # [B]
+  return jnp.take_along_axis(x, last[..., None, None], axis=-2)[..., 0, :]
+
+
 class _Classifier(nn.Module):
   """An encoder and a linear read-out, of the pooled vector or (``per_token``) of every one."""
   config: EncoderConfig
@@ -376,13 +394,13 @@ class _Classifier(nn.Module):
     x = TransformerEncoder(cfg, cls_token=use_cls, name="encoder")(
         tokens, valid, deterministic=deterministic)  # [B, T(+1), D]
     if not self.per_token:
-      x = x[..., 0, :] if use_cls else masked_mean(x, valid)  # [B, D]
+      x = pool(x, valid, cfg.pooling)  # [B, D]
     return nn.Dense(cfg.num_classes, dot_general=dense_dot_general, name="logits")(x)
 
 
 class SequenceClassifier(_Classifier):
   """Token ids [B, T] -> class logits [B, C] (or C real values), pooling the encoder by CLS
-  token or masked mean.
+  token, masked mean or last real token.
 
   >>> model = SequenceClassifier(EncoderConfig(vocab_size=32, num_classes=10, pooling="mean"))
   >>> tokens = jnp.array([[5, 7, 9, 0], [3, 4, 0, 0]])  # [B, T], 0 = padding

@@ -34,7 +34,7 @@ def get_config():
   config.model.attention_dropout_rate = 0.0  # dropout on attention weights
   config.model.pre_layer_norm = False      # False = post-LN as in the paper
   config.model.causal = False              # True: position t attends to positions <= t only
-  config.model.pooling = "cls"             # cls | mean (sequence-level tasks)
+  config.model.pooling = "cls"             # cls | mean | last (sequence-level tasks; causal: last)
   # mha (plain), a name in attention_jax.variants.REGISTRY (talking_heads, dcmha, moh, overlap,
   # gated, differential, sinks, sigmoid, ...: attention_jax/variants/, one file per variant), or
   # a Variant subclass of your own as "package.module:Class"

@@ -106,6 +106,7 @@ class EncoderBlock(_Dropping):
     deterministic = self._deterministic(deterministic)
     dropout = lambda y: self.dropout(y, deterministic=deterministic)
     attention = lambda y: self.attention(y, mask=mask, bias=attention_bias,
+                                         is_causal=self.config.causal,
                                          deterministic=deterministic, sow_weights=None)
     feed_forward = lambda y: self.feed_forward(y, deterministic=deterministic)
     return encoder_lib.hooked_block(x, (attention, feed_forward), (self.norm_0, self.norm_1),
@@ -183,13 +184,13 @@ class _Classifier(_Dropping):
     valid = encoder_lib.inputs_to_valid(tokens, self.config) if valid is None else valid
     x = self.encoder(tokens, valid, deterministic=self._deterministic(deterministic))
     if not self.per_token:  # [B, T(+1), D] -> [B, D]
-      x = x[..., 0, :] if self.encoder.cls_token else encoder_lib.masked_mean(x, valid)
+      x = encoder_lib.pool(x, valid, self.config.pooling)
     return self.logits(x)  # [B, C] or [B, T, C]
 
 
 class SequenceClassifier(_Classifier):
-  """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token or masked mean;
-  the twin of ``attention_jax.SequenceClassifier`` (encoder, logits).
+  """Token ids [B, T] -> class logits [B, C], pooling the encoder by CLS token, masked mean or
+  last real token; the twin of ``attention_jax.SequenceClassifier`` (encoder, logits).
 
   >>> from attention_jax import EncoderConfig
   >>> model = SequenceClassifier(EncoderConfig(vocab_size=32, num_classes=10, pooling="mean"),

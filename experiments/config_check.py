@@ -93,7 +93,8 @@ def validate(config) -> None:
       raise ConfigError(f"task_options.{name} must be a positive integer, got {value!r}.")
   if config.model.get("causal", False) and config.model.pooling == "cls":
     raise ConfigError("model.causal=True with model.pooling='cls': under the causal mask the CLS "
-                      "token (position 0) sees only itself; set model.pooling='mean'.")
+                      "token (position 0) sees only itself; set model.pooling='last' (or "
+                      "'mean').")
   if tasks.is_regression(config.task) and config.label_smoothing:
     raise ConfigError(f"label_smoothing={config.label_smoothing} smooths class labels, but task "
                       f"{config.task!r} has real-valued targets (mean squared error); set "

@@ -80,3 +80,22 @@ def test_every_layer_asks_for_is_causal_with_a_key_padding_mask():
   encoder = TransformerEncoder(config)
   encoder.apply(encoder.init(jax.random.key(0), tokens), tokens)
   assert set(calls) == {(True, (1, 1, 1, 4))}  # [B, N, T, S] broadcast: keys only, no [T, S]
+
+
+def test_nnx_example_is_causal_and_reads_the_last_token_as_linen_does():
+  from flax import nnx
+  from attention_jax import SequenceClassifier
+  from attention_jax import nnx as ajnnx
+  from examples import nnx_encoder
+  config = EncoderConfig(vocab_size=16, d_model=16, num_heads=2, mlp_dim=32, num_layers=2,
+                         positional_encoding="alibi", causal=True, pooling="last",
+                         dropout_rate=0.0)
+  tokens = jnp.array([[3, 9, 4, 7, 1, 12], [2, 6, 11, 0, 0, 0]])  # [B, T], 0 = padding
+  model = nnx_encoder.SequenceClassifier(config, rngs=nnx.Rngs(0))
+  params = ajnnx.linen_params(model)
+  logits = SequenceClassifier(config).apply({"params": params}, tokens)  # [B, C]
+  np.testing.assert_allclose(model(tokens), logits, atol=1e-5)
+  # the last real token reads the whole sequence: a change at position 0 moves the logits
+  assert not np.allclose(model(tokens.at[:, 0].set(5)), logits, atol=1e-4)
+  # trailing padding is not read: the sequence [2, 6, 11] alone gives the same logits
+  np.testing.assert_allclose(model(tokens[1:, :3]), logits[1:], atol=1e-5)
