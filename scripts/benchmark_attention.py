@@ -238,6 +238,22 @@ def calls_per_sample(run, minimum_seconds):
   return max(1, math.ceil(minimum_seconds / max(time.perf_counter() - started, 1e-9)))
 
 
+def timed(runners, rounds, minimum_seconds):
+  """{name: median seconds per call} of each run(calls) (calls_per_sample), the first call a
+  warm-up, in a fresh order each round so that no method always follows another."""
+  repeats = {name: calls_per_sample(run, minimum_seconds) for name, run in runners.items()}
+  samples = {name: [] for name in runners}
+  order = random.Random(0)
+  for _ in range(rounds):
+    names = list(runners)
+    order.shuffle(names)
+    for name in names:
+      started = time.perf_counter()
+      runners[name](repeats[name])
+      samples[name].append((time.perf_counter() - started) / repeats[name])
+  return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=5)
@@ -321,22 +337,12 @@ def main():
     # On an accelerator a call can take less time than the jitter of the host's dispatch, so a
     # sample there repeats the call for at least --min-sample-ms and reports the mean per call.
     minimum = args.min_sample_ms / 1e3 if jax.default_backend() != "cpu" else 0.0
-    repeats = {name: calls_per_sample(runner[0], minimum) for name, runner in runners.items()}
-    times = {name: [] for name in runners}
-    order = random.Random(0)
-    for _ in range(args.rounds):
-      names = list(runners)
-      order.shuffle(names)  # a fresh order each round, so no method always follows another
-      for name in names:
-        run = runners[name][0]
-        started = time.perf_counter()
-        run(repeats[name])
-        times[name].append((time.perf_counter() - started) / repeats[name])
+    times = timed({name: run for name, (run, _) in runners.items()}, args.rounds, minimum)
     b, t, n, h = shape
     flops = 4 * b * n * t * t * h * (3 if backward else 1)
-    baseline = statistics.median(times["jax.nn"]) if "jax.nn" in times else None
+    baseline = times.get("jax.nn")
     for name, (_, temp) in runners.items():
-      median = statistics.median(times[name])
+      median = times[name]
       results.append({"shape": shape, "backward": backward, "method": name, "median_s": median,
                       "gflops": flops / median / 1e9, "temp_bytes": temp,
                       "time_vs_jax_nn": median / baseline if baseline else None})
@@ -361,10 +367,10 @@ def plot(results, machine, path):
   forward and forward+backward side by side, at the run's most common head size and heads."""
   from experiments import figures  # noqa: PLC0415 -- matplotlib only when drawing
   import matplotlib.pyplot as plt  # noqa: PLC0415
-  timed = [r for r in results if "median_s" in r]
-  peer = "torch_sdpa" if any(r["method"] == "torch_sdpa" for r in timed) else "jax.nn"
-  heads = statistics.mode(tuple(r["shape"][2:]) for r in timed)  # (N, H)
-  time = {(tuple(r["shape"]), r["backward"], r["method"]): r["median_s"] for r in timed
+  measured = [r for r in results if "median_s" in r]
+  peer = "torch_sdpa" if any(r["method"] == "torch_sdpa" for r in measured) else "jax.nn"
+  heads = statistics.mode(tuple(r["shape"][2:]) for r in measured)  # (N, H)
+  time = {(tuple(r["shape"]), r["backward"], r["method"]): r["median_s"] for r in measured
           if tuple(r["shape"][2:]) == heads}
   figure, axes = plt.subplots(1, 2, figsize=(figures.WIDTH, 3.6), sharey=True)
   methods = sorted({m for _, _, m in time if m != peer})

@@ -52,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
 from attention_jax import pallas_gpu  # noqa: E402
 from experiments import figures, provenance as provenance_lib  # noqa: E402
+from scripts import benchmark_structure  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
 
 HEADS, HEAD_DIM = 8, 64
@@ -65,17 +66,13 @@ def inputs(length, seed=0):
 
 def jax_run(attend, arrays, backward, dtype="float32"):
   """attend(q, k, v) jitted (or its gradient w.r.t. q, k, v), compiled, as a timed call."""
-  arrays = [jnp.asarray(x, dtype) for x in arrays]
-  fn = attend
-  if backward:
-    fn = jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v)), argnums=(0, 1, 2))
-  executable = jax.jit(fn).lower(*arrays).compile()
-  return lambda: jax.block_until_ready(executable(*arrays))
+  return benchmark_structure.compiled(attend, [jnp.asarray(x, dtype) for x in arrays],
+                                      backward)[0]
 
 
-def alibi_mods():
-  """Causal ALiBi as a score_mod and a mask_mod."""
-  slopes = aj.positional.alibi_slopes(HEADS)
+def alibi_mods(slopes=None):
+  """Causal ALiBi as a score_mod and a mask_mod, with JAX's ``slopes`` or torch's."""
+  slopes = aj.positional.alibi_slopes(HEADS) if slopes is None else slopes
 
   def score_mod(score, b, h, q_idx, kv_idx):
     return score - slopes[h] * (q_idx - kv_idx)
@@ -117,14 +114,8 @@ def torch_runs(length, arrays, backward, eager_max, dtype="float32"):
       "torch._higher_order_ops.flex_attention").math_attention
   device = "cuda" if jax.default_backend() == "gpu" else "cpu"
   synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-  slopes = torch.tensor(np.asarray(aj.positional.alibi_slopes(HEADS)), device=device)
-
-  def score_mod(score, b, h, q_idx, kv_idx):
-    return score - slopes[h] * (q_idx - kv_idx)
-
-  def causal(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
+  score_mod, causal = alibi_mods(
+      torch.tensor(np.asarray(aj.positional.alibi_slopes(HEADS)), device=device))
   block_mask = flex.create_block_mask(causal, None, None, length, length, device=device)
   q, k, v = (torch.tensor(np.swapaxes(x, 1, 2), device=device).to(getattr(torch, dtype))
              for x in arrays)  # [B, N, T, H]

@@ -31,10 +31,7 @@ import argparse
 import json
 import math
 import os
-import random
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -43,8 +40,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
 from attention_jax import pallas_gpu  # noqa: E402
-from scripts.benchmark_attention import calls_per_sample  # noqa: E402
-from scripts.benchmark_attention import jax_runner  # noqa: E402
+from scripts.benchmark_attention import jax_runner, timed  # noqa: E402
 from scripts.benchmark_flex import machine  # noqa: E402
 
 DOCUMENTS, WINDOW, DROPOUT = 8, 1024, 0.1
@@ -154,21 +150,6 @@ def torch_runner(case, shape, backward, dtype):
       call()
     torch.cuda.synchronize()
   return run
-
-
-def timed(runners, rounds, minimum_seconds):
-  """Median seconds per call of each run(calls), after a warm-up, the order shuffled per round."""
-  repeats = {name: calls_per_sample(run, minimum_seconds) for name, run in runners.items()}
-  samples = {name: [] for name in runners}
-  order = random.Random(0)
-  for _ in range(rounds):
-    names = list(runners)
-    order.shuffle(names)
-    for name in names:
-      started = time.perf_counter()
-      runners[name](repeats[name])
-      samples[name].append((time.perf_counter() - started) / repeats[name])
-  return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def prepared(makers, shape, backward, dtype):

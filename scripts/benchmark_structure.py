@@ -35,10 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +43,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
+from scripts.benchmark_attention import timed  # noqa: E402
 
 
 def compiled(fn, arrays, backward):
@@ -59,25 +57,20 @@ def compiled(fn, arrays, backward):
   return (lambda: jax.block_until_ready(executable(*arrays))), temp
 
 
+def inputs(seed, length, heads, kv_heads=None):
+  """q [1, T, N, 64] and k, v [1, T, K, 64] (K: ``kv_heads``, default N): float32 normals."""
+  rng = np.random.default_rng(seed)
+  return [jnp.asarray(rng.standard_normal((1, length, n, 64)), jnp.float32)
+          for n in (heads, kv_heads or heads, kv_heads or heads)]
+
+
 def median_times(runs, rounds):
-  """Median seconds per call of each run, the order shuffled per round after a warm-up."""
-  for run in runs.values():
-    run()
-  samples = {name: [] for name in runs}
-  for _ in range(rounds):
-    names = list(runs)
-    random.shuffle(names)
-    for name in names:
-      started = time.perf_counter()
-      runs[name]()
-      samples[name].append(time.perf_counter() - started)
-  return {name: statistics.median(values) for name, values in samples.items()}
+  """{name: median seconds per call} of each run() (benchmark_attention.timed, a call a sample)."""
+  return timed({name: lambda calls=1, run=run: run() for name, run in runs.items()}, rounds, 0.0)
 
 
 def window_rows(length, window, heads, rounds):
-  rng = np.random.default_rng(0)
-  q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
-             for _ in range(3))
+  q, k, v = inputs(0, length, heads)
   band = aj.masks.local_window_mask(length, length, (window, window))
   methods = {
       "full": lambda q, k, v: aj.dot_product_attention(q, k, v, implementation="chunked"),
@@ -97,10 +90,7 @@ def window_rows(length, window, heads, rounds):
 
 
 def gqa_rows(length, heads, group, rounds):
-  rng = np.random.default_rng(1)
-  q = jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
-  k, v = (jnp.asarray(rng.standard_normal((1, length, heads // group, 64)), jnp.float32)
-          for _ in range(2))
+  q, k, v = inputs(1, length, heads, heads // group)
   rows = []
   for implementation in ("reference", "chunked"):
     def grouped(q, k, v, implementation=implementation):
@@ -136,9 +126,7 @@ def structures(length):
 
 
 def structure_rows(length, heads, rounds):
-  rng = np.random.default_rng(2)
-  q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
-             for _ in range(3))
+  q, k, v = inputs(2, length, heads)
   rows = []
   for name, (arguments, mask_mod) in structures(length).items():
     # the block mask at its default blocks (128), and at the blocks the kernel takes for the
@@ -167,9 +155,7 @@ def structure_rows(length, heads, rounds):
 def dense_rows(length, heads, rounds):
   """The dense reference path with each structure as arguments or as a mask_mod: time and XLA's
   temporary memory, and the size of the mask that the dense kernels receive either way."""
-  rng = np.random.default_rng(4)
-  q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
-             for _ in range(3))
+  q, k, v = inputs(4, length, heads)
   rows = []
   for name, (arguments, mask_mod) in structures(length).items():
     methods = {"arguments": lambda q, k, v, a=arguments: aj.dot_product_attention(
@@ -195,9 +181,7 @@ def dense_rows(length, heads, rounds):
 
 
 def block_rows(length, heads, widths, documents, rounds):
-  rng = np.random.default_rng(3)
-  q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, 64)), jnp.float32)
-             for _ in range(3))
+  q, k, v = inputs(3, length, heads)
   cases = {}  # name: the structure's arguments
   for width in widths:
     cases[f"window ({width}, {width})"] = dict(local_window_size=(width, width))
