@@ -120,7 +120,7 @@ def _pair(values, a, b):
 
 
 def difference(values, a, b, paired: bool = True) -> statistics.Comparison:
-  """a - b paired by seed (mean, bootstrap interval, exact sign-flip p) or, with ``paired``
+  """a - b paired by seed (mean, 95% t interval, exact sign-flip p) or, with ``paired``
   False, between independent seeds (difference of means, permutation p)."""
   if paired:
     return statistics.paired_difference("", a, b, *_pair(values, a, b))
