@@ -1,11 +1,12 @@
-"""Probes of a trained sweep, after the run (descriptive): every seed of an arm at the learning
-rate its report chose on the validation stream, probed (experiments/probes.py), and the tables
-and plots of what the probes found. The command lines: scripts/head_importance.py,
-scripts/farthest_floor_probe.py and scripts/heads_length_probe.py.
+"""Probes of a trained run or sweep, after the run (descriptive): every seed of an arm at the
+learning rate its report chose on the validation stream, probed (experiments/probes.py), and the
+tables and plots of what the probes found. The command lines: scripts/head_importance.py,
+scripts/farthest_floor_probe.py, scripts/heads_length_probe.py and scripts/head_diagnostics.py.
 
   head importance (Michel et al. 2019)   write_head_importance   importance.md, importance.png
   the farthest-point probe               write_farthest_point    probe.md
   which head retrieves which maximum     write_max_shares        probe.md, probe.png
+  each head of one run                   write_head_diagnostics  head_diagnostics.md, .png
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 import json
 import os
 
+import jax
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import figures, probes, statistics, sweep_report, trained, verdicts  # noqa: E402
+from experiments import (attention_maps, figures, probes, report_plots, report_tables,  # noqa: E402
+                         statistics, sweep_report, trained, verdicts)
 from experiments import workdir as workdir_lib  # noqa: E402
 
 NUM_EXAMPLES = 500  # test examples the farthest-point and max-share probes read
@@ -216,4 +219,46 @@ def write_max_shares(sweep: str, out: str, maxima: int, full_arms: list[str]) ->
   with open(os.path.join(out, "probe.md"), "w") as f:
     f.write(text)
   max_share_plot(results, full_arms, os.path.join(out, "probe.png"))
+  return text
+
+
+# Each head of one run.
+
+#: The per-head measures of write_head_diagnostics, as probes.head_statistics names them.
+HEAD_MEASURES = ("entropy", "distance", "diagonal_max", "importance")
+
+
+def head_diagnostics(run: trained.Trained, num_examples: int) -> dict[str, np.ndarray]:
+  """{measure: [L, N]} on the first ``num_examples`` test examples (importance: the whole
+  split)."""
+  stats = jax.device_get(probes.head_statistics(run.model, run.params,
+                                                run.task.test.tokens[:num_examples]))
+  stats["importance"] = probes.head_importance(run.model, run.params, run.task.test, run.config,
+                                               run.task.num_classes)
+  return {name: np.asarray(stats[name]) for name in HEAD_MEASURES}
+
+
+def head_table(stats: dict[str, np.ndarray]) -> str:
+  """A markdown table: a row per (layer, head), a column per measure."""
+  layers, heads = stats[HEAD_MEASURES[0]].shape
+  rows = [[str(layer), str(head), *(f"{stats[name][layer, head]:.3f}" for name in HEAD_MEASURES)]
+          for layer in range(layers) for head in range(heads)]
+  return "\n".join(report_tables.split_table("layer", ["head", *HEAD_MEASURES], rows)) + "\n"
+
+
+def write_head_diagnostics(workdir: str, replica: int, num_examples: int, num_maps: int,
+                           out: str) -> str:
+  """head_diagnostics of ``replica`` of the run in ``workdir``: writes head_diagnostics.md (the
+  table), head_diagnostics.png (a heat map per measure) and attention_maps/ (``num_maps`` test
+  examples) to ``out``, and returns the markdown."""
+  run = trained.load(workdir, replica)
+  stats = head_diagnostics(run, num_examples)
+  os.makedirs(out, exist_ok=True)
+  text = (f"Heads of {workdir} (step {run.step}, replica {run.replica['name']}), "
+          f"{run.task.name} test data\n\n" + head_table(stats))
+  with open(os.path.join(out, "head_diagnostics.md"), "w") as f:
+    f.write(text)
+  report_plots.per_head_maps(stats, os.path.join(out, "head_diagnostics.png"))
+  attention_maps.write(run.model, run.params, run.task, num_maps,
+                       os.path.join(out, "attention_maps"))
   return text

@@ -320,3 +320,22 @@ def plot_max_logits(workdir, records, path):
     axis.grid(alpha=0.3)
   _ylabels(axes, len(groups), readable(MAX_LOGIT) + "\n(mean over seeds)")
   _save(figure, path, _finish(figure, axes, len(groups)))
+
+
+def per_head_maps(stats: dict[str, np.ndarray], path: str) -> None:
+  """A heat map per measure of ``stats`` ({name: [L, N]}): layers by heads, each cell labelled
+  with its value."""
+  figure, axes = plt.subplots(1, len(stats), figsize=(min(figures.WIDTH, 3 * len(stats)), 2.8),
+                              squeeze=False)
+  for axis, (name, values) in zip(axes[0], stats.items()):
+    image = axis.imshow(values, cmap="magma", aspect="auto")
+    layers, heads = values.shape
+    axis.set_xticks(range(heads))
+    axis.set_yticks(range(layers))
+    for layer, head in itertools.product(range(layers), range(heads)):
+      axis.text(head, layer, f"{values[layer, head]:.2f}", ha="center", va="center",
+                fontsize=figures.SMALLEST, color="gray")
+    axis.set(title=name, xlabel="head", ylabel="layer")
+    figure.colorbar(image, ax=axis)
+  figure.tight_layout()
+  figures.save(figure, path, dpi=110)

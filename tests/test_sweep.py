@@ -12,7 +12,6 @@ import ml_collections
 import numpy as np
 import pytest
 
-from conftest import load_script
 from experiments import input_pipeline, logbook, report_tables, steps, sweep, sweep_report, train
 from experiments import interrupts, verdicts
 from experiments import replicas as replicas_lib
@@ -297,7 +296,7 @@ def test_sweep_command_line_errors_are_one_line(flag, message, tmp_path):
 def test_a_trained_seed_loads_back_for_head_diagnostics(group, tmp_path):
   import functools
   import jax
-  from experiments import trained
+  from experiments import probe_reports, report_plots, trained
   workdir, result = group
   run = trained.load(workdir, replica=2)
   assert run.replica["name"] == "seed_0-learning_rate_0.003" and run.step == 8
@@ -306,12 +305,11 @@ def test_a_trained_seed_loads_back_for_head_diagnostics(group, tmp_path):
   metrics = steps.evaluate(eval_fn, run.params, input_pipeline.eval_batches(
       run.task.test, run.config.batch_size))
   assert metrics["eval_accuracy"] == result["eval_accuracy"][2]
-  script = load_script("head_diagnostics")
-  stats = script.diagnose(run, 32)
+  stats = probe_reports.head_diagnostics(run, 32)
   layers, heads = run.config.model.num_layers, run.config.model.num_heads
-  for name in script.COLUMNS:
+  for name in probe_reports.HEAD_MEASURES:
     assert stats[name].shape == (layers, heads)
   assert np.all((stats["diagonal_max"] >= 0) & (stats["diagonal_max"] <= 1))
-  assert script.table(stats).count("\n") == 2 + layers * heads
-  script.heat_maps(stats, str(tmp_path / "heads.png"))
+  assert probe_reports.head_table(stats).count("\n") == 2 + layers * heads
+  report_plots.per_head_maps(stats, str(tmp_path / "heads.png"))
   assert os.path.getsize(tmp_path / "heads.png") > 5000
