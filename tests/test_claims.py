@@ -35,6 +35,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 PAGES = [ROOT / "README.md", *sorted(RESULTS.glob("*.md"))]  # index.md among them
 ALPHA = 0.05
+ROLE = re.compile(r"\{\w+\}`[^`]*`")  # {ref}`Press et al. (2022) <ref-press2022>`, {doc}`heads`
 POINTER = re.compile(r"<!--\s*claim\s+(\S+?)(?::(.*?))?\s*-->", re.S)
 # a number, not one in a formula or a factor (1/sqrt(d_k), d_k^-1/2, 4.6x)
 NUMBER = re.compile(r"(?<![\w./^])[-+−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w/]|\.\d)")
@@ -50,7 +51,7 @@ def claims(text: str):
   """(claim text, source, selectors) for each pointer of ``text``."""
   found, start = [], 0
   for match in POINTER.finditer(text):
-    before = text[start:match.start()]
+    before = ROLE.sub(" ", text[start:match.start()])  # a citation's "et al. (2022)" is not data
     cut = max((m.end() for m in re.finditer(r"\n\s*\n|\n\s*- |\||-->|\.(?:\*\*)?\s+(?=[A-Z*(`])",
                                             before)),
               default=0)
@@ -245,12 +246,13 @@ def test_a_pointer_does_not_render_and_names_its_sentence():
 
 # Every finding carries a pointer: in the README's findings, the index's headlines and each
 # results page's summary, a sentence with a verdict word or a measured number (a decimal, an
-# interval, "n of m", "n steps") and no pointer fails. Numbers of the design alone (d_k 64,
-# 10 seeds, T = 8) are not findings.
+# interval, "n of m", "+n steps", "n steps sooner") and no pointer fails. Numbers of the design
+# alone (d_k 64, 10 seeds, T = 8, 500 steps) are not findings.
 CODE = re.compile(r"\{\w+\}`[^`]*`|`[^`]*`|\]\([^)]*\)")
 VERDICT = re.compile(SHOWN.pattern + "|" + ALIKE.pattern + r"|\b(held|holds|fails?|failed)\b")
 MEASURED = re.compile(r"(?<![\w.])\d*\.\d+(?![\w])|\d(?:\.\d+)?e[-+]?\d+|\b\d+ (?:of|in) \d+\b|"
-                      r"\b\d+ steps\b|\[[-+−]?\d")
+                      r"(?<!\w)[-+]\d+ steps|\b\d+ steps (?:sooner|slower|faster|more|less|of)\b|"
+                      r"\[[-+−]?\d")
 SENTENCE_END = re.compile(r"\n\s*\n|\n\s*- |\||\.(?:\*\*)?\s+(?=[A-Z*(`])")
 # Not findings of ours: a quotation (of a paper, or of an earlier report) and a citation's
 # parenthetical, which states the cited paper's claim: ({ref}`Jin et al. 2024 <...>`: equal ...).
