@@ -4,13 +4,9 @@ configs/ablations/farthest_floor.py, probed on held-out examples (after the run,
   python scripts/farthest_floor_probe.py --sweep=workdir/ablations/farthest_floor \
       --out=docs/results/farthest_floor
 
-For each one-head arm at its learning rate chosen on the validation stream, and each seed, on the
-first 500 test examples (experiments/probe_reports.py): ``found``, the share of tokens whose
-most-attended point is their farthest one (experiments/tasks/farthest_point.farthest); ``weight``, the mean attention
-weight on it; and ``readable``, the NMSE of the best linear read-out of the target from the
-attention layer's input plus its output at that token (least squares over these examples; the
-residual stream right after the attention, before its LayerNorm): how much of the answer the
-stream carries at all. Writes probe.md.
+Each one-head arm at its learning rate chosen on the validation stream, each seed:
+experiments.probes.farthest_point_found (found, weight, readable) on the first 500 test
+examples. Writes probe.md (experiments.probe_reports.write_farthest_point).
 """
 
 from __future__ import annotations

@@ -3,13 +3,9 @@
   python scripts/head_importance.py --sweep=workdir/ablations/heads_binding/multi_retrieval \
       --out=docs/results/heads_binding/importance
 
-For every variant of the sweep (or those given with --variants), every seed at the variant's
-chosen learning rate (the one the sweep's report chose on its validation stream) is restored
-and each head of each layer is switched off in turn (experiments/probe_reports.py): its importance is
-the NMSE it adds on the test set (or the accuracy it costs). A head is "essential" when its
-importance is at least --threshold. Writes importance.md (per variant: the essential heads and
-the share of the importance held by the top --top heads, with 95% intervals over the seeds) and
-importance.png (each variant's importances in decreasing order).
+Every seed of each variant (or of --variants) at its chosen learning rate, each head switched
+off in turn (experiments.probes.head_importance). Writes importance.md and importance.png
+(experiments.probe_reports.write_head_importance).
 """
 
 from __future__ import annotations
