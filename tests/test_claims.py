@@ -226,9 +226,20 @@ def test_no_pointer_begins_a_line(page):
   assert not starts, f"{page.name}: a claim pointer begins line(s) {starts}"
 
 
+@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+def test_every_pointer_parses_as_an_inline_comment(page):
+  """Parsed as CommonMark (with tables, as MyST and GitHub do), every pointer is inline HTML
+  inside its paragraph, list item or table cell, never an HTML block of its own."""
+  markdown_it = pytest.importorskip("markdown_it")  # comes with the docs' myst-parser
+  tokens = markdown_it.MarkdownIt("commonmark").enable("table").parse(page.read_text())
+  assert not [t.content for t in tokens if t.type == "html_block" and "claim" in t.content]
+  inline = sum(len(POINTER.findall(t.content)) for t in tokens if t.type == "inline")
+  assert inline == len(POINTER.findall(page.read_text()))
+
+
 def test_a_pointer_inside_a_line_renders_as_nothing():
-  from markdown_it import MarkdownIt
-  html = MarkdownIt("commonmark").render(
+  markdown_it = pytest.importorskip("markdown_it")
+  html = markdown_it.MarkdownIt("commonmark").render(
       "- **Sooner (Holm 0.031)** <!-- claim heads/comparisons.csv: arm=heads_16\n"
       "  rate=chosen -->, at one head's rate not shown.")
   assert "<strong>Sooner (Holm 0.031)</strong>" in html and "<p>" not in html.split("-->")[1]
