@@ -69,6 +69,17 @@ def median_times(runs, rounds):
   return timed({name: lambda calls=1, run=run: run() for name, run in runs.items()}, rounds, 0.0)
 
 
+def timed_rows(part, methods, arrays, rounds, baseline, backward=True, **columns):
+  """A row per method: its median time, XLA's temporary memory (where known) and its time over
+  ``baseline``'s; ``columns``: {name: {method: value}}, more columns per method."""
+  built = {name: compiled(fn, arrays, backward) for name, fn in methods.items()}
+  times = median_times({name: run for name, (run, _) in built.items()}, rounds)
+  return [{"part": part, "pass": "fwd+bwd" if backward else "fwd", "method": name,
+           "ms": 1e3 * times[name], "temp MiB": None if temp is None else temp / 2 ** 20,
+           **{column: values[name] for column, values in columns.items()},
+           f"vs {baseline}": times[name] / times[baseline]} for name, (_, temp) in built.items()]
+
+
 def window_rows(length, window, heads, rounds):
   q, k, v = inputs(0, length, heads)
   band = aj.masks.local_window_mask(length, length, (window, window))
@@ -79,14 +90,8 @@ def window_rows(length, window, heads, rounds):
       "window (blocks skipped)": lambda q, k, v: aj.dot_product_attention(
           q, k, v, local_window_size=window, implementation="chunked"),
   }
-  rows = []
-  for backward in (False, True):
-    runs = {name: compiled(fn, (q, k, v), backward)[0] for name, fn in methods.items()}
-    times = median_times(runs, rounds)
-    for name, seconds in times.items():
-      rows.append({"part": "window", "pass": "fwd+bwd" if backward else "fwd", "method": name,
-                   "ms": 1e3 * seconds, "vs full": seconds / times["full"]})
-  return rows
+  return [row for backward in (False, True)
+          for row in timed_rows("window", methods, (q, k, v), rounds, "full", backward)]
 
 
 def gqa_rows(length, heads, group, rounds):
@@ -100,13 +105,9 @@ def gqa_rows(length, heads, group, rounds):
       k, v = (jnp.repeat(x, group, axis=-2) for x in (k, v))  # [1, S, N, 64]
       return aj.dot_product_attention(q, k, v, implementation=implementation)
 
-    built = {name: compiled(fn, (q, k, v), True) for name, fn in
-             (("grouped queries", grouped), ("copied keys/values", copied))}
-    times = median_times({name: run for name, (run, _) in built.items()}, rounds)
-    for name, (_, temp) in built.items():
-      rows.append({"part": f"gqa {implementation}", "pass": "fwd+bwd", "method": name,
-                   "ms": 1e3 * times[name], "temp MiB": None if temp is None else temp / 2 ** 20,
-                   "vs copied": times[name] / times["copied keys/values"]})
+    rows += timed_rows(f"gqa {implementation}",
+                       {"grouped queries": grouped, "copied keys/values": copied}, (q, k, v),
+                       rounds, "copied keys/values")
   return rows
 
 
@@ -144,11 +145,7 @@ def structure_rows(length, heads, rounds):
     for method, block_mask in block_masks.items():
       methods[method] = lambda q, k, v, m=mask_mod, bm=block_mask: aj.dot_product_attention(
           q, k, v, implementation="chunked", mask_mod=m, block_mask=bm)
-    runs = {method: compiled(fn, (q, k, v), True)[0] for method, fn in methods.items()}
-    times = median_times(runs, rounds)
-    for method, seconds in times.items():
-      rows.append({"part": f"structure: {name}", "pass": "fwd+bwd", "method": method,
-                   "ms": 1e3 * seconds, "vs arguments": seconds / times["arguments"]})
+    rows += timed_rows(f"structure: {name}", methods, (q, k, v), rounds, "arguments")
   return rows
 
 
@@ -162,21 +159,18 @@ def dense_rows(length, heads, rounds):
                    q, k, v, implementation="reference", **a),
                "mask_mod": lambda q, k, v, m=mask_mod: aj.dot_product_attention(
                    q, k, v, implementation="reference", mask_mod=m)}
-    built = {method: compiled(fn, (q, k, v), True) for method, fn in methods.items()}
-    times = median_times({method: run for method, (run, _) in built.items()}, rounds)
     structure = {field: value for field, value in arguments.items()
                  if field not in ("is_causal", "local_window_size")}  # lengths, segment ids
     masks = {"arguments": aj.attention.structure_mask(
                  None, length, length, local_window_size=arguments.get("local_window_size"),
                  **structure),
              "mask_mod": aj.mods.dense(None, mask_mod, q.dtype, (1,), heads, length, length)[1]}
-    for method, (_, temp) in built.items():
-      mask = masks[method]
-      rows.append({"part": f"dense: {name}", "pass": "fwd+bwd", "method": method,
-                   "ms": 1e3 * times[method], "temp MiB": None if temp is None else temp / 2 ** 20,
-                   "mask shape": None if mask is None else str(tuple(mask.shape)),
-                   "mask KiB": 0.0 if mask is None else mask.size * mask.dtype.itemsize / 2 ** 10,
-                   "vs arguments": times[method] / times["arguments"]})
+    rows += timed_rows(
+        f"dense: {name}", methods, (q, k, v), rounds, "arguments",
+        **{"mask shape": {m: None if mask is None else str(tuple(mask.shape))
+                          for m, mask in masks.items()},
+           "mask KiB": {m: 0.0 if mask is None else mask.size * mask.dtype.itemsize / 2 ** 10
+                        for m, mask in masks.items()}})
   return rows
 
 
@@ -197,12 +191,10 @@ def block_rows(length, heads, widths, documents, rounds):
     blocks["1024x4096"] = (1024, 4096)
     methods = {method: lambda q, k, v, b=b, a=arguments: aj.chunked.chunked_attention(
         q, k, v, scale=0.125, block_q=b[0], block_k=b[1], **a) for method, b in blocks.items()}
-    runs = {method: compiled(fn, (q, k, v), True)[0] for method, fn in methods.items()}
-    times = median_times(runs, rounds)
-    for method, seconds in times.items():
-      rows.append({"part": f"blocks: {name}", "pass": "fwd+bwd", "method": method
-                   if method != "default" else f"default ({chosen.block_q}x{chosen.block_k})",
-                   "ms": 1e3 * seconds, "vs default": seconds / times["default"]})
+    for row in timed_rows(f"blocks: {name}", methods, (q, k, v), rounds, "default"):
+      if row["method"] == "default":
+        row["method"] = f"default ({chosen.block_q}x{chosen.block_k})"
+      rows.append(row)
   return rows
 
 
