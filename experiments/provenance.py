@@ -56,6 +56,19 @@ def collect() -> dict[str, str]:
           "date": datetime.date.today().isoformat()}
 
 
+def benchmark(**settings) -> dict:
+  """What a benchmark measured on and with: ``collect``'s fields (the date with the time), the
+  command, the platform, the device kind, the CPU count, torch's version where it is imported,
+  GLIBC_TUNABLES, and the benchmark's ``settings``."""
+  import jax  # noqa: PLC0415 -- as in machine
+  torch = sys.modules.get("torch")
+  return {**collect(), "command": " ".join(["python"] + sys.argv),
+          "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+          "platform": platform.platform(), "device_kind": jax.devices()[0].device_kind,
+          "cpus": os.cpu_count(), "torch": None if torch is None else torch.__version__,
+          "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", ""), **settings}
+
+
 def summary(rows) -> dict[str, str]:
   """One provenance from the per-variant ones of ``rows`` (dicts holding FIELDS): a field's
   value, or its distinct values joined by " / " where variants differ (a sweep resumed on

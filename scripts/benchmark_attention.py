@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import random
 import re
 import statistics
@@ -46,6 +45,7 @@ import flax.linen as nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
+from experiments import provenance  # noqa: E402
 
 SHAPES = [(8, 128, 8, 64), (4, 512, 8, 64), (1, 2048, 8, 64), (1, 4096, 8, 64), (1, 8192, 8, 64)]
 LONG_SHAPES = [(1, 32768, 8, 64), (1, 65536, 8, 64)]
@@ -348,12 +348,7 @@ def main():
                       "time_vs_jax_nn": median / baseline if baseline else None})
     print_rows([r for r in results if r["shape"] == shape and r["backward"] == backward])
 
-  machine = {"platform": platform.platform(), "processor": platform.processor(),
-             "cpus": os.cpu_count(), "jax": jax.__version__, "device": str(jax.devices()[0]),
-             "device_kind": jax.devices()[0].device_kind,
-             "torch": sys.modules["torch"].__version__ if "torch" in sys.modules else None,
-             "dtype": args.dtype, "causal": args.causal,
-             "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", "")}
+  machine = provenance.benchmark(dtype=args.dtype, causal=args.causal)
   print(json.dumps(machine))
   if args.json:
     with open(args.json, "w") as f:

@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 
-import flax
 import flax.linen as nn
 from flax import nnx
 import jax
@@ -27,6 +25,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
+from experiments import provenance  # noqa: E402
 from attention_jax import nnx as ajnnx  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
 
@@ -83,11 +82,8 @@ def main(argv=None):
         print(f"{flavour:5s} T={length:5d} causal={causal!s:5s} flax {rows[-1]['flax ms']:8.2f} "
               f"ms  ours {rows[-1]['ours ms']:8.2f} ms  ours/flax {rows[-1]['ours / flax']:.2f}",
               flush=True)
-  machine = {"python": platform.python_version(), "jax": jax.__version__,
-             "flax": flax.__version__, "backend": jax.default_backend(),
-             "device": jax.devices()[0].device_kind, "cpus": os.cpu_count(),
-             "batch": args.batch, "width": args.width, "heads": args.heads,
-             "rounds": args.rounds}
+  machine = provenance.benchmark(batch=args.batch, width=args.width, heads=args.heads,
+                                 rounds=args.rounds)
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"machine": machine, "rows": rows}, f, indent=1)

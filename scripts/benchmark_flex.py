@@ -34,11 +34,8 @@ over rounds. Ratios are ours / theirs (below 1: ours is faster).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 import textwrap
 import time
@@ -258,19 +255,6 @@ def plot(rows, path, provenance):
   figures.save(figure, path, dpi=130)
 
 
-def machine():
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
-                          check=False).stdout.strip()
-  torch = sys.modules.get("torch")
-  return {"command": " ".join(["python"] + sys.argv), "commit": commit,
-          "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-          "platform": platform.platform(), "processor": platform.processor(),
-          "cpus": os.cpu_count(), "jax": jax.__version__,
-          "device_kind": jax.devices()[0].device_kind,
-          "torch": None if torch is None else torch.__version__}
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--lengths", type=int, nargs="*", default=[1024, 2048, 4096, 8192],
@@ -305,14 +289,14 @@ def main():
   rows = torch_rows(args) if args.lengths else []
   rows += sparsity_rows(args) if args.documents else []
   rows += mask_cost_rows(args) if args.mask_cost_length else []
-  info = machine()
+  info = provenance_lib.benchmark()
   print(json.dumps(info))
   if args.plot:
     # the footer: the command without where it wrote, and the machine by its model
     command = " ".join(argument for argument, before in zip(sys.argv, [""] + sys.argv)
                        if not {argument.split("=")[0], before} & {"--plot", "--json"})
     provenance = (f"python {command} | commit {info['commit']} | {info['date']} | "
-                  f"{provenance_lib.machine()} | jax {info['jax']}")
+                  f"{info['machine']} | jax {info['jax']}")
     plot([row for row in rows if row["part"] == "sparsity"], args.plot, provenance)
   if args.json:
     with open(args.json, "w") as f:

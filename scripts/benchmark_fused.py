@@ -39,9 +39,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
+from experiments import provenance  # noqa: E402
 from attention_jax import pallas_gpu  # noqa: E402
 from scripts.benchmark_attention import jax_runner, timed  # noqa: E402
-from scripts.benchmark_flex import machine  # noqa: E402
 
 DOCUMENTS, WINDOW, DROPOUT = 8, 1024, 0.1
 BUCKETS, MAX_DISTANCE = 32, 128  # T5's relative-position buckets (one direction: causal)
@@ -261,7 +261,7 @@ def main():
     args.skip_torch = True
   if not args.skip_torch:
     import torch  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
-  info, rows = machine(), []
+  info, rows = provenance.benchmark(), []
   groups = []
   for length, head_dim in args.shapes:
     groups += [(length, head_dim, backward, False) for backward in (False, True)]

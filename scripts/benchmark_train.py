@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
-from experiments import config_check, optim, tasks, train  # noqa: E402
+from experiments import config_check, optim, provenance, tasks, train  # noqa: E402
 from experiments import replicas as replicas_lib  # noqa: E402
 
 # (name, batch, length, d_model, heads, layers, mlp); length counts the CLS token.
@@ -272,9 +272,7 @@ def main():
   try:
     import torch
     torch.set_num_threads(os.cpu_count())  # as many threads as XLA's CPU backend uses
-    torch_version = torch.__version__
   except ImportError:
-    torch_version = None
     print("torch is not installed: its columns are left out (pip install torch).")
   sizes = {**{name: ALL_SIZES[name] for name in args.sizes},
            **(ACCELERATOR_SIZES if args.accelerator_sizes else {})}
@@ -306,9 +304,7 @@ def main():
                     "step_seconds": step_seconds, "all_step_seconds": times,
                     "model_tflops": tflops, "parameters": parameters,
                     f"ratio_to_{baseline or 'torch'}": ratios})
-  environment = {"jax": jax.__version__, "torch": torch_version,
-                 "device_kind": jax.devices()[0].device_kind, "dtype": args.dtype,
-                 "cpus": os.cpu_count(), "GLIBC_TUNABLES": os.environ.get("GLIBC_TUNABLES", "")}
+  environment = provenance.benchmark(dtype=args.dtype)
   print(json.dumps(environment))
   if args.json:
     with open(args.json, "w") as f:
