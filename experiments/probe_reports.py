@@ -49,6 +49,11 @@ def per_arm(sweep: str, measure, heads) -> dict[str, list]:
           if heads(workdir_lib.flatten(c.record["overrides"])["model.num_heads"])}
 
 
+def _table(first: str, headers: list[str], rows: list[list[str]]) -> str:
+  """A markdown table, as the reports write them (report_tables.split_table)."""
+  return "\n".join(report_tables.split_table(first, headers, rows)) + "\n"
+
+
 def _cell(values, lower=-np.inf, upper=np.inf, digits: int = 2) -> str:
   mean, low, high = statistics.mean_interval(values, lower, upper)
   return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
@@ -67,16 +72,15 @@ def importance_table(results: dict, threshold: float, top: int) -> str:
   """results: {variant: [importance [L, N] per seed]} -> a markdown table: the essential heads
   (importance >= ``threshold``), the share of the ``top`` heads and the largest importance,
   means with 95% intervals over the seeds."""
-  lines = [f"| variant | heads | seeds | essential heads (>= {threshold:g}) | "
-           f"share of the top {top} | largest importance |", "|---|---|---|---|---|---|"]
+  rows = []
   for variant, importances in results.items():
     essential = [probes.essential_heads(i, threshold) for i in importances]
     shares = [probes.top_share(i, top) for i in importances]
-    largest = [float(np.max(i)) for i in importances]
-    lines.append(f"| {variant} | {importances[0].size} | {len(importances)} | "
-                 f"{_cell(essential, 0, importances[0].size)} | {_cell(shares, 0, 1)} | "
-                 f"{_cell(largest)} |")
-  return "\n".join(lines) + "\n"
+    rows.append([variant, str(importances[0].size), str(len(importances)),
+                 _cell(essential, 0, importances[0].size), _cell(shares, 0, 1),
+                 _cell([float(np.max(i)) for i in importances])])
+  return _table("variant", ["heads", "seeds", f"essential heads (>= {threshold:g})",
+                            f"share of the top {top}", "largest importance"], rows)
 
 
 def importance_plot(results: dict, path: str, measure: str) -> None:
@@ -134,13 +138,12 @@ def write_head_importance(sweep: str, out: str, variants: list[str] | None = Non
 
 def farthest_point_table(results: dict[str, list[dict[str, float]]]) -> str:
   """results: {arm: [probes.farthest_point_found per seed]} -> a markdown table."""
-  lines = ["| arm | farthest point most attended | attention weight on it | "
-           "NMSE of the best linear read-out after the attention |", "|---|---|---|---|"]
-  for arm, per_seed in results.items():
-    cells = [_cell([m[name] for m in per_seed], 0.0, upper, digits=3)
-             for name, upper in (("found", 1.0), ("weight", 1.0), ("readable", np.inf))]
-    lines.append(f"| `{arm}` | " + " | ".join(cells) + " |")
-  return "\n".join(lines) + "\n"
+  return _table("arm", ["farthest point most attended", "attention weight on it",
+                        "NMSE of the best linear read-out after the attention"],
+                [[f"`{arm}`"] + [_cell([m[name] for m in per_seed], 0.0, upper, digits=3)
+                                 for name, upper in (("found", 1.0), ("weight", 1.0),
+                                                     ("readable", np.inf))]
+                 for arm, per_seed in results.items()])
 
 
 def write_farthest_point(sweep: str, out: str) -> str:
@@ -159,15 +162,14 @@ def max_share_table(results: dict[str, list[np.ndarray]]) -> str:
   """results: {arm: [share [N, D] per seed]} -> per arm, each maximum's matched share over the
   seeds and the seeds in which every maximum is retrieved (matched share >= RETRIEVED)."""
   maxima = next(iter(results.values()))[0].shape[1]
-  lines = ["| arm | " + " | ".join(f"max {i + 1}" for i in range(maxima))
-           + f" | seeds with every maximum retrieved (>= {RETRIEVED:g}) |",
-           "|---|" + "---|" * maxima + "---|"]
+  rows = []
   for arm, per_seed in results.items():
     best = np.array([probes.matched(s) for s in per_seed])  # [seeds, D]
     every = int(np.sum(np.all(best >= RETRIEVED, axis=1)))
-    lines.append(f"| {arm} | " + " | ".join(_cell(best[:, i], 0.0, 1.0) for i in range(maxima))
-                 + f" | {every} of {len(best)} |")
-  return "\n".join(lines) + "\n"
+    rows.append([arm, *(_cell(best[:, i], 0.0, 1.0) for i in range(maxima)),
+                 f"{every} of {len(best)}"])
+  return _table("arm", [f"max {i + 1}" for i in range(maxima)]
+                + [f"seeds with every maximum retrieved (>= {RETRIEVED:g})"], rows)
 
 
 def every_maximum_its_head(results: dict[str, list[np.ndarray]], arms: list[str]
@@ -243,7 +245,7 @@ def head_table(stats: dict[str, np.ndarray]) -> str:
   layers, heads = stats[HEAD_MEASURES[0]].shape
   rows = [[str(layer), str(head), *(f"{stats[name][layer, head]:.3f}" for name in HEAD_MEASURES)]
           for layer in range(layers) for head in range(heads)]
-  return "\n".join(report_tables.split_table("layer", ["head", *HEAD_MEASURES], rows)) + "\n"
+  return _table("layer", ["head", *HEAD_MEASURES], rows)
 
 
 def write_head_diagnostics(workdir: str, replica: int, num_examples: int, num_maps: int,
