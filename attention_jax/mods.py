@@ -23,8 +23,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-# The jaxpr types from their public home, jax.extend.core (as pallas_gpu); jax.core keeps only
-# eval_jaxpr and Tracer, which jax.extend.core does not offer (jax 0.10.2).
+# The jaxpr types from their public home, jax.extend.core (as pallas_gpu and tangent); jax.core
+# only for what jax.extend.core does not offer (jax 0.10.2): eval_jaxpr, Tracer, ShapedArray.
 from jax.extend import core as jex_core
 
 from attention_jax import reference
