@@ -88,9 +88,7 @@ def importance_plot(results: dict, path: str, measure: str) -> None:
   figure, axis = plt.subplots(figsize=(6.4, 3.6))
   for variant, importances in results.items():
     ranked = np.sort(np.stack([i.ravel() for i in importances]), axis=1)[:, ::-1]  # [seeds, L N]
-    cells = np.array([statistics.mean_interval(ranked[:, k]) for k in range(ranked.shape[1])])
-    means = cells[:, 0]
-    errors = np.stack([means - cells[:, 1], cells[:, 2] - means])  # one seed: no interval
+    means, errors = report_plots.yerr(ranked.T, "importance")  # one seed: no interval
     axis.errorbar(np.arange(1, ranked.shape[1] + 1), means, yerr=errors, marker="o",
                   markersize=3, capsize=2, label=variant)
   axis.set_xscale("log", base=2)

@@ -51,7 +51,8 @@ def label(name: str, panel: str = "") -> str:
 
 
 def yerr(values_per_point, name):
-  """Means and the [below, above] error-bar lengths of the bootstrap intervals, for matplotlib."""
+  """Means and the [below, above] error-bar lengths of their 95% intervals (statistics.
+  mean_interval, within the range of the measure ``name``), for matplotlib."""
   means, lows, highs = (np.array(v) for v in zip(*(
       statistics.mean_interval(values, *metric_range(name)) for values in values_per_point)))
   return means, np.nan_to_num(np.stack([means - lows, highs - means]))
