@@ -33,9 +33,9 @@ tested when none fails and one could not be tested. The kinds:
 
 - "above" a b: a's value above b's, the exact sign-flip test's (unpaired: the permutation
   test's) Holm-adjusted p < alpha;
-- "not_above" a b: a null prediction ("no worse") declared without a margin: the difference is
-  shown, but it is "not tested for equivalence (no margin declared before the run)" and never
-  holds: a margin cannot be given after the run;
+- "not_above" a b: a null prediction ("no worse") declared without a margin: it never holds (a
+  margin cannot be given after the run: "not tested for equivalence (no margin declared before
+  the run)"), and it fails where a is shown above b, tested as "above" is;
 - "within" a b margin: a within ``margin`` of b, shown by two one-sided tests (TOST);
 - "recovers_half" a worse better: a's mean at most halfway from the worse arm's to the better's
   (untestable unless worse is above better at raw p < alpha); "short_of_half": the opposite;
@@ -72,8 +72,9 @@ class Check:
   name: str
   text: str
   p: float
-  held: Callable[[float], bool]
+  held: Callable[[float], bool | None]
   p_adjusted: float | None = None
+  null: bool = False  # a declared null check: at best not tested, refuted where held is False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +155,12 @@ def above(study, options, a, b) -> Check:
   return Check(name, _text(c), c.p, lambda q: c.estimate > 0 and q < study.alpha)
 
 
-def not_above(study, options, a, b):
+def not_above(study, options, a, b) -> Check:
+  """Tested among the other checks (never taking a row of the study's family), so that the
+  family it was declared in keeps its size whether or not the check can fail."""
   c = difference(study.values(options), a, b, options.get("paired", True))
-  return _named(options, f"{a} not above {b}"), None, f"{_text(c)}; {NOT_TESTED}"
+  return Check(_named(options, f"{a} not above {b}"), _text(c), c.p,
+               lambda q: False if c.estimate > 0 and q < study.alpha else None, null=True)
 
 
 def within(study, options, a, b, margin) -> Check:
@@ -303,8 +307,11 @@ def decide(declaration, records=None, *, values=None, family=None) -> list[tuple
       if isinstance(check, Check):
         q, family_words = ((check.p_adjusted, STUDY_FAMILY) if check.p_adjusted is not None
                            else (holm[id(check)], OTHER_CHECKS))
-        check = (check.name, None if math.isnan(q) else check.held(q),
-                 f"{check.text}; Holm {q:.2g} {family_words}")
+        verdict = None if math.isnan(q) else check.held(q)
+        text = f"{check.text}; Holm {q:.2g} {family_words}"
+        if check.null and verdict is None:
+          text += f"; {NOT_TESTED}"
+        check = (check.name, verdict, text)
       out.append(check)
     decided.append((name, setting, out))
   return decided
