@@ -38,6 +38,7 @@ STUDIES = {
     "head_variants/order_16/results.csv": ("head_variants", "order_16"),
     "heads_length/results.csv": ("heads_length", None),
     "heads_binding/multi_retrieval/results.csv": ("heads_binding", "multi_retrieval"),
+    "heads_binding/multi_retrieval_10seeds/results.csv": ("heads_binding", "multi_retrieval"),
     "heads_binding/farthest_point/results.csv": ("heads_binding", "farthest_point"),
     "heads_binding/multi_retrieval_accelerator/results.csv": (
         "heads_binding", "multi_retrieval_accelerator"),
