@@ -114,22 +114,29 @@ def predictions(mode=None) -> dict:
   """
   check_mode(mode, ("accelerator",))
   tasks, _, test_lengths = ACCELERATOR[:3]
+  return {"setting": "test lengths", "measures": error_measures(test_lengths),
+          "predictions": extrapolation(tasks, test_lengths, ENCODINGS)}
+
+
+def extrapolation(tasks, test_lengths, near_chance, at=False) -> tuple:
+  """P1-P5 of ``predictions`` on ``tasks`` at ``test_lengths`` (2x, 4x, 8x the training
+  lengths; error_measures'), P4 over the encodings ``near_chance``; ``at``: each comparison
+  names its test set as the rates' too."""
   x2, x4, x8 = (f"{low}-{high}" for low, high in test_lengths)
-  return {
-      "setting": "test lengths",
-      "measures": error_measures(test_lengths),
-      "predictions": (
-          ("P1", f"order, {x4} and {x8}",
-           tuple(("above", f"order-{other}", "order-alibi", {"measure": x})
-                 for x in (x4, x8) for other in ("sinusoidal", "learned"))),
-          ("P2", f"order, {x8}", (("above", "order-rope", "order-alibi", {"measure": x8}),)),
-          ("P3", f"even_pairs, {x2}",
-           tuple(("above", f"even_pairs-{other}", "even_pairs-rope", {"measure": x2})
-                 for other in ("sinusoidal", "learned"))),
-          ("P4", f"even_pairs, {x8}",
-           tuple(("near_chance", f"even_pairs-{name}", CHANCE, {"measure": f"{x8} accuracy"})
-                 for name in ENCODINGS)),
-          ("P5", f"both tasks, {x4} and {x8}",
-           tuple(("above", f"{task}-sinusoidal", f"{task}-randomized", {"measure": x})
-                 for task in tasks for x in (x4, x8))),
-      )}
+
+  def errs_more(arm, than, x):
+    return ("above", arm, than, {"measure": x, **({"at": x} if at else {})})
+  return (
+      ("P1", f"order, {x4} and {x8}",
+       tuple(errs_more(f"order-{other}", "order-alibi", x) for x in (x4, x8)
+             for other in ("sinusoidal", "learned"))),
+      ("P2", f"order, {x8}", (errs_more("order-rope", "order-alibi", x8),)),
+      ("P3", f"even_pairs, {x2}", tuple(errs_more(f"even_pairs-{other}", "even_pairs-rope", x2)
+                                        for other in ("sinusoidal", "learned"))),
+      ("P4", f"even_pairs, {x8}",
+       tuple(("near_chance", f"even_pairs-{name}", CHANCE, {"measure": f"{x8} accuracy"})
+             for name in near_chance)),
+      ("P5", f"both tasks, {x4} and {x8}",
+       tuple(errs_more(f"{task}-sinusoidal", f"{task}-randomized", x) for task in tasks
+             for x in (x4, x8))),
+  )

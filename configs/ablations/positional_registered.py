@@ -36,7 +36,7 @@ what they do at longer lengths changes once they fit the training lengths.
 import ml_collections
 
 from configs.ablations import check_mode
-from configs.ablations.positional import CHANCE, error_measures, length_sweep
+from configs.ablations.positional import error_measures, extrapolation, length_sweep
 
 TASKS = ("even_pairs", "order")
 ENCODINGS = ("sinusoidal", "learned", "randomized", "rope", "alibi")
@@ -111,11 +111,6 @@ def predictions(mode=None) -> dict:
     randomized encoding errs less than the sinusoidal one at 4x and 8x on both tasks.
   """
   check_mode(mode, valid=("quick",))
-  x2, x4, x8 = (f"{low}-{high}" for low, high in TEST_LENGTHS)
-
-  def errs_more(a, b, x):
-    return ("above", a, b, {"measure": x, "at": x})
-
   return {
       "setting": "test lengths",
       "figure": "accuracy_at_chosen_rates",
@@ -124,17 +119,4 @@ def predictions(mode=None) -> dict:
           ("D", "training lengths",
            tuple(("reaches", f"{task}-{encoding}", LEARNED, {"rate_in_text": True})
                  for task in TASKS for encoding in ENCODINGS) + (("rates_inside",),)),
-          ("P1", f"order, {x4} and {x8}",
-           tuple(errs_more(f"order-{other}", "order-alibi", x) for x in (x4, x8)
-                 for other in ("sinusoidal", "learned"))),
-          ("P2", f"order, {x8}", (errs_more("order-rope", "order-alibi", x8),)),
-          ("P3", f"even_pairs, {x2}",
-           tuple(errs_more(f"even_pairs-{other}", "even_pairs-rope", x2)
-                 for other in ("sinusoidal", "learned"))),
-          ("P4", f"even_pairs, {x8}",
-           tuple(("near_chance", f"even_pairs-{name}", CHANCE, {"measure": f"{x8} accuracy"})
-                 for name in STANDARD)),
-          ("P5", f"both tasks, {x4} and {x8}",
-           tuple(errs_more(f"{task}-sinusoidal", f"{task}-randomized", x) for task in TASKS
-                 for x in (x4, x8))),
-      )}
+      ) + extrapolation(TASKS, TEST_LENGTHS, STANDARD, at=True)}
