@@ -18,8 +18,9 @@ prove that below D the parameters needed grow with T, from D on they do not.
 configs/ablations/heads_length.py varied T at one width; this study varies the width too:
 multi_retrieval (configs/multi_retrieval.py, D = 4 maxima of T vectors in [0, 1]^8), one layer,
 d_model in WIDTHS (the MLP at twice the width, heads of d_k = d_model / h) at h = 2 and h = 4 and
-T in LENGTHS, where a cell fits the 2-core budget (CPU_CELLS: d_model 128 at T = 128 does not and
-is left to the accelerator preset). Beside every (d_model, h) curve the page plots the idealised
+T in LENGTHS, where a cell fits the 2-core budget (CPU_CELLS: d_model 64 at T = 128 and
+d_model 128 from T = 64 would take over 30 minutes an arm on the shared cores, and are left to
+the accelerator preset). Beside every (d_model, h) curve the page plots the idealised
 reference of experiments/retrieval_reference.py: a model that retrieves h of the maxima exactly
 and regresses the others on them by least squares.
 
@@ -29,8 +30,8 @@ d_k 16 = d (full rank) at d_model 48, against one head of d_k 48 at d_model 48 (
 larger head) and one head of d_k 16 at d_model 16 (the same head, the narrow stream of the first
 farthest-point study).
 
-Modes (MODES), one sweep each, each estimated at under 30 minutes on the 2 CPU cores (from
-heads_length's timings, scaled by each arm's multiply-adds per step, and a smoke run): every arm
+Modes (MODES), one sweep each, each estimated at under 30 minutes on the 2 shared CPU cores
+(from the d32 arms' own times on them, scaled by each arm's multiply-adds per token): every arm
 trains NUM_SEEDS seeds x LEARNING_RATES as one vmapped program, STEPS steps at batch BATCH_SIZE,
 extended by one rate past an edge where the validation stream's choice sits. A mode's comparisons
 (its primary family) are h = 2 against h = 4 at each of its (d_model, T), paired by seed (arms at
@@ -43,12 +44,11 @@ Predictions (``predictions`` below), committed before any full run; findings rea
 results.csv as one study. Results, runtime and provenance: docs/results/heads_width.md.
 """
 
-import ml_collections
-
 from configs import farthest_point, multi_retrieval
 from configs.ablations import farthest_floor, sweep_config
 from experiments import retrieval_reference
 
+STUDY = "configs/ablations/heads_width.py"  # its predictions, read by experiments.findings
 D = 4  # maxima retrieved (configs/multi_retrieval.py)
 HEADS = (2, D)  # below D and at D
 WIDTHS = (32, 64, 128)
@@ -57,12 +57,14 @@ LEARNING_RATES = (1e-3, 3e-3, 1e-2)
 STEPS, BATCH_SIZE, NUM_SEEDS, NUM_TEST = 1000, 32, 10, 500
 # One sweep each: mode -> (d_model, lengths, head counts).
 MODES = {
-    "d32": (32, LENGTHS, HEADS),
-    "d64": (64, (8, 32, 64), HEADS),
-    "d64_T128": (64, (128,), HEADS),
-    "d128": (128, (8, 32), HEADS),
-    "d128_T64_h2": (128, (64,), (2,)),
-    "d128_T64_h4": (128, (64,), (D,)),
+    "d32": (32, (8, 32, 64), HEADS),
+    "d32_T128": (32, (128,), HEADS),
+    "d64": (64, (8, 32), HEADS),
+    "d64_T64_h2": (64, (64,), (2,)),
+    "d64_T64_h4": (64, (64,), (D,)),
+    "d128_T8": (128, (8,), HEADS),
+    "d128_T32_h2": (128, (32,), (2,)),
+    "d128_T32_h4": (128, (32,), (D,)),
 }
 CPU_CELLS = tuple((d, h, t) for d, lengths, heads in MODES.values() for t in lengths
                   for h in heads)
@@ -116,16 +118,13 @@ def get_config(mode=None):
            if h == 2 and (d, D, t) in cells]
   sweep = sweep_config("quick" if quick else None, steps=steps, eval_every=steps // 5,
                        warmup=100, base=multi_retrieval, variants=arms, baseline=arms[0][0],
-                       contrasts=pairs, bracket=1)
+                       contrasts=pairs, bracket=1, seeds=seeds,
+                       learning_rates=LEARNING_RATES[1:] if quick else LEARNING_RATES,
+                       predictions=STUDY + (":accelerator" if base == "accelerator" else ""))
   sweep.train.model.num_layers = 1
   sweep.train.batch_size = batch_size
-  sweep.grid = ml_collections.ConfigDict(
-      {"learning_rate": LEARNING_RATES[1:] if quick else LEARNING_RATES})
   if not quick:
-    sweep.num_seeds = seeds
     sweep.train.task_options.num_test = num_test
-    sweep.predictions = "configs/ablations/heads_width.py" + (
-        ":accelerator" if base == "accelerator" else "")
   return sweep
 
 
@@ -133,17 +132,14 @@ def farthest_config(quick: bool = False):
   """The farthest-point control (FARTHEST) at configs/ablations/farthest_floor.py's training."""
   arms = [(arm_name, {"model": {"d_model": d_model, "num_heads": 1, "head_dim": d_k}})
           for arm_name, (d_model, d_k) in FARTHEST.items()]
+  rates = farthest_floor.LEARNING_RATES
   sweep = sweep_config("quick" if quick else None, steps=farthest_floor.STEPS,
                        eval_every=farthest_floor.STEPS // 6, warmup=100, base=farthest_point,
                        variants=arms, baseline="fp_d48_k48",
                        contrasts=(("fp_d48_k16", "fp_d48_k48"), ("fp_d16_k16", "fp_d48_k16")),
-                       bracket=1)
+                       bracket=1, seeds=NUM_SEEDS, learning_rates=rates[:1] if quick else rates,
+                       predictions=STUDY)
   sweep.train.model.num_layers = 1
-  rates = farthest_floor.LEARNING_RATES
-  sweep.grid = ml_collections.ConfigDict({"learning_rate": rates[:1] if quick else rates})
-  if not quick:
-    sweep.num_seeds = NUM_SEEDS
-    sweep.predictions = "configs/ablations/heads_width.py"
   return sweep
 
 
