@@ -135,6 +135,47 @@ def accuracy_at_chosen_rates(declaration, records, directory: str) -> None:
   figures.save(fig, os.path.join(directory, "accuracy_at_chosen_rates.png"), dpi=110)
 
 
+def heads_width(nmse: dict, reference: dict, path: str) -> None:
+  """Test NMSE against T ({arm: {seed: NMSE}}, arms d<d_model>_h<h>_T<T>; others left out), a
+  panel per head count and a line per d_model, and beside them the idealised reference of that h
+  ({arm: its NMSE}; zero where no arm of that h and T has one), dashed."""
+  cells = sorted(tuple(int(part[1:]) for part in arm.split("_")) for arm in nmse
+                 if arm.startswith("d"))
+  heads = sorted({h for _, h, _ in cells})
+  figure, axes = plt.subplots(1, len(heads), figsize=(3.6 * len(heads), 3.6), squeeze=False,
+                              sharey=True, layout="constrained")
+  for axis, h in zip(axes[0], heads):
+    widths = sorted({d for d, hh, _ in cells if hh == h})
+    for k, d_model in enumerate(widths):
+      lengths = [t for d, hh, t in cells if d == d_model and hh == h]
+      found = [statistics.mean_interval(list(nmse[f"d{d_model}_h{h}_T{t}"].values()), 0.0)
+               for t in lengths]
+      axis.errorbar([t * 1.04 ** (k - (len(widths) - 1) / 2) for t in lengths],
+                    [c[0] for c in found],
+                    yerr=[[c[0] - c[1] for c in found], [c[2] - c[0] for c in found]],
+                    marker="o", capsize=3, color=f"C{k}", label=f"d_model {d_model}")
+    lengths = sorted({t for _, hh, t in cells if hh == h})
+    ideal = [next((v for arm, v in reference.items() if arm.endswith(f"_h{h}_T{t}")), 0.0)
+             for t in lengths]
+    axis.plot(lengths, ideal, color="gray", linestyle="--", label="idealised reference")
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(lengths, [str(t) for t in lengths])
+    axis.set_xlabel("sequence length T")
+    axis.set_title(f"h = {h}")
+    axis.legend(fontsize=8)
+  axes[0][0].set_ylabel("test NMSE (mean, 95% interval)")
+  figures.save(figure, path, dpi=110)
+
+
+def nmse_by_length_and_width(declaration, records, directory: str) -> None:
+  """heads_width: nmse_by_length.png, the reference read from the declaration (the constants
+  its measure ``excess`` subtracts)."""
+  heads_width(_nmse(records[measures.RESULTS]),
+              dict(declaration["measures"]["excess"]["offsets"]),
+              os.path.join(directory, "nmse_by_length.png"))
+
+
 FIGURES = {"nmse_by_heads": nmse_by_heads, "nmse_by_heads_accelerator": nmse_by_heads_accelerator,
            "nmse_by_heads_and_length": nmse_by_heads_and_length,
+           "nmse_by_length_and_width": nmse_by_length_and_width,
            "accuracy_at_chosen_rates": accuracy_at_chosen_rates}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs.ablations import heads_width
-from experiments import findings, sweep
+from experiments import findings, study_figures, sweep
 
 RESULTS = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "results")
 
@@ -158,3 +158,10 @@ def test_every_seed_and_offsets_read_as_declared():
   (_, _, checks), = findings.decide(declaration, values={"primary": mostly, "excess": mostly})
   assert [held for _, held, _ in checks] == [False, True]
   assert "highest 0.02" in checks[0][2]
+
+
+def test_the_figure_draws_every_width_against_t_beside_the_reference(tmp_path):
+  path = tmp_path / "nmse_by_length.png"
+  reference = heads_width.predictions()["measures"]["excess"]["offsets"]
+  study_figures.heads_width(_values(_theory), reference, str(path))
+  assert os.path.getsize(path) > 10000

@@ -180,6 +180,7 @@ def predictions(mode=None) -> dict:
   unpaired = {"paired": False}
   return {
       "setting": "cells",
+      "figure": "nmse_by_length_and_width",
       "measures": {"primary": {"column": "eval_nmse"},
                    "excess": {"column": "eval_nmse", "offsets": references}},
       "predictions": (
