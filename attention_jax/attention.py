@@ -96,7 +96,7 @@ class Kernel:
   name: str
   title: str  # how its refusals name it
   about: str  # what it is (MyST, for the support table)
-  transforms: str  # autodiff beyond jit, vmap, grad, remat, scan, shard_map (all of them do those)
+  transforms: str  # of jvp, jacfwd, hessian, vmap and shard_map, which (all do jit, grad, remat, scan)
   run: Callable  # (query, key, value, request) -> output, or a tuple with what the request asks
   serves: tuple[str, ...] = tuple(PARTS)  # the PARTS it serves
   named_only: tuple[str, ...] = ()  # PARTS it serves when named, never chosen for automatically
@@ -586,7 +586,8 @@ def _dense(kernel):
 
 
 _FLASH = ("residual", "mask_mod", "bias")  # causal, windows, lengths, segment ids are native too
-_FORWARD_MODE = "forward and reverse mode (jvp, jacfwd, hessian)"
+_FORWARD_MODE = "jvp, jacfwd, hessian (and grad of a jvp), vmap, shard_map"
+_REVERSE_ONLY = "vmap, shard_map; not jvp, jacfwd or hessian (reverse mode only: {})"
 
 #: Every implementation, by the name ``implementation=`` takes.
 KERNELS = {kernel.name: kernel for kernel in (
@@ -605,8 +606,8 @@ KERNELS = {kernel.name: kernel for kernel in (
            "segment ids or a block mask rule out are skipped; attention dropout with a "
            "counter-based mask regenerated per block (not flax's masks) "
            "({func}`attention_jax.chunked.chunked_attention` sets the block sizes)",
-           "forward and reverse mode (jvp, jacfwd, hessian: a custom JVP whose tangent "
-           "transposes to the blockwise backward); not yet reverse over forward", _chunked,
+           _FORWARD_MODE + " (a custom JVP whose tangent, one more blockwise pass, transposes "
+           "to the blockwise backward; through context parallelism too)", _chunked,
            serves=tuple(part for part in PARTS if part not in ("weights", "hooks"))),
     Kernel("cudnn", "cuDNN flash attention",
            "cuDNN's fused flash attention through `jax.nn.dot_product_attention("
@@ -614,7 +615,8 @@ KERNELS = {kernel.name: kernel for kernel in (
            f"{cudnn.MAX_HEAD_DIM}; odd lengths are padded by one (cuDNN's backward refuses "
            "them); when named, a `mask_mod` as a dense mask and `return_max_scores` by a "
            "second pass through the blockwise kernel",
-           "reverse mode only (jax's cuDNN custom VJP)", _dense(_fused(cudnn.cudnn_attention)),
+           _REVERSE_ONLY.format("jax's cuDNN custom VJP"),
+           _dense(_fused(cudnn.cudnn_attention)),
            serves=_FLASH + ("max_scores",), named_only=("mask_mod", "max_scores"),
            backend="gpu", measured_on=("9.0",),
            check=cudnn.check),  # Hopper: an H100 and an H200
@@ -623,7 +625,7 @@ KERNELS = {kernel.name: kernel for kernel in (
            f"; lengths multiples of {pallas_tpu.LANES}; not on TPU v2/v3, where it fails (jax "
            "issue 18595); when named, a `mask_mod` as a dense mask and `return_max_scores` by "
            "a second pass through the blockwise kernel",
-           "reverse mode only (the kernel's custom VJP)",
+           _REVERSE_ONLY.format("the kernel's custom VJP"),
            _dense(_fused(pallas_tpu.pallas_tpu_attention)),
            serves=("mask_mod", "bias", "max_scores"), named_only=("mask_mod", "max_scores"),
            backend="tpu", check=pallas_tpu.check),
@@ -634,7 +636,8 @@ KERNELS = {kernel.name: kernel for kernel in (
            "or segment ids leave empty (per example where they come as arrays), and evaluate no "
            "`mask_mod` on full ones; attention dropout with the blockwise kernel's "
            "counter-based masks; a bias only written as a `score_mod`",
-           "reverse mode only (its custom VJP); the floating arrays a score_mod closes over get "
+           _REVERSE_ONLY.format("its custom VJP; implementation='chunked' serves forward "
+                                "mode") + "; the floating arrays a score_mod closes over get "
            f"gradients (up to {pallas_gpu.MAX_TRAINED} entries, summed in a fixed order)",
            _pallas_gpu, serves=("dropout", "residual", "max_scores", "soft_cap", "score_mod",
                                 "mask_mod"),

@@ -17,9 +17,12 @@ block mask rule out are skipped. Internally tensors are head-major, [B, N, L, H]
 head) pair at a time, or a few side by side where blocks are small (``Blocks.pairs_per_step``).
 Memory is linear in T and S (plus the mask and bias as given). Forward and reverse mode: the
 kernel is a custom JVP whose tangent (one more blockwise pass, ``_tangent_head``) transposes to
-the backward pass above (attention_jax.tangent), so grad costs what a custom VJP would and
-hessians (forward over reverse) differentiate the backward. Reverse over forward (grad of a jvp)
-is not served: it would transpose the tangent's block loops, whose bounds are dynamic.
+the backward pass above (attention_jax.tangent), so grad costs what a custom VJP would. The
+log-sum-exp has its tangent too (d lse_i = sum_j P_ij dZ_ij), and its cotangent enters the
+backward pass as rowsum(dO * O) - d lse. Second order stays blockwise: forward over reverse
+(hessians) differentiates the backward pass, and reverse over forward (grad of a jvp) transposes
+the tangent's derivative in the inputs, by the symmetry of second derivatives, to forward mode
+through the backward pass (attention_jax.tangent's docstring).
 """
 
 from __future__ import annotations
@@ -242,7 +245,7 @@ def _logits(q_block, k_block, i, j, pattern: Pattern, head: _Head, geometry: Blo
     consts = head.score_consts
 
     def score(logits, trained):
-      return mods_lib.pointwise(pattern.score_mod, _with_trained(consts, trained), logits,
+      return mods_lib.pointwise(pattern.score_mod, with_trained(consts, trained), logits,
                                 head.batch, head.head, q_idx, kv_idx, anchor=head.anchor)
     trained = tuple(c for c in consts if mods_lib.is_trainable(c))
     logits, vjp = jax.vjp(score, logits, trained) if pullback else (score(logits, trained), None)
@@ -324,12 +327,15 @@ def _forward_head(q, k, v, head: _Head, pattern: Pattern, g: Blocks):
 
 
 def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: Blocks, d_bias,
-                   d_mod=()):
+                   d_mod=(), d_lse=None):
   """One query head against its key/value head: (dQ [Tp, H], dK [Sp, H], dV [Sp, Hv], dbias
   accumulated into ``d_bias`` [T' or 1, S' or 1] or None, and the gradients of the score_mod's
-  trainable constants accumulated into ``d_mod``)."""
+  trainable constants accumulated into ``d_mod``). ``d_lse`` [Tp] or None: the log-sum-exp's
+  cotangent, which adds P_ij d_lse_i to dS_ij (d lse_i / d Z_ij = P_ij, the undropped P)."""
   dtype = reference.compute_dtype(q.dtype)
   delta = jnp.sum(d_out.astype(dtype) * out.astype(dtype), axis=-1)  # rowsum(dO * O) [Tp]
+  if d_lse is not None and pattern.normalizer != "sigmoid":  # the sigmoid's lse is constant
+    delta = delta - d_lse.astype(dtype)
   if pattern.dropout_rate:  # dropout's 1 / (1 - rate), once here rather than on every dP, dV
     scale = blocks.dropout_scale(pattern.dropout_rate)
     d_out = (d_out.astype(dtype) * scale).astype(d_out.dtype)
@@ -394,17 +400,19 @@ def _backward_head(q, k, v, out, lse, d_out, head: _Head, pattern: Pattern, g: B
 
 def _tangent_head(q, k, v, out, lse, d_q, d_k, d_v, head: _Head, d_head: _Head,
                   pattern: Pattern, g: Blocks):
-  """The tangent of ``_forward_head``'s out [Tp, Hv] from the tangents of q, k, v and of the
-  head's bias, sink and trainable score_mod constants (``d_head``'s), one key block at a time:
+  """The tangents of ``_forward_head``'s out [Tp, Hv] and lse [Tp] from the tangents of q, k, v
+  and of the head's bias, sink and trainable score_mod constants (``d_head``'s), one key block
+  at a time:
 
     dZ_ij = jvp of the block's logits (soft cap, bias, score_mod and mask included)
-    dO_i = c sum_j keep * P_ij (dZ_ij V_j + dV_j) - (sum_j P_ij dZ_ij + p_sink d sink) O_i
+    d lse_i = sum_j P_ij dZ_ij + p_sink d sink
+    dO_i = c sum_j keep * P_ij (dZ_ij V_j + dV_j) - d lse_i O_i
 
   with P_ij = exp(Z_ij - lse_i) from the forward's log-sum-exp (the normaliser's tangent reads
   the undropped P) and p_sink = exp(sink - lse_i); the sigmoid's is
   c sum_j keep (s (1 - s) dZ_ij V_j + s dV_j), s = sigmoid(Z_ij + b)."""
   dtype = reference.compute_dtype(q.dtype)
-  trained, d_trained = _trainable(head), _trainable(head, d_head.score_consts)
+  trained, d_trained = trainable(head), trainable(head, d_head.score_consts)
   product = lambda p, v_block: jnp.einsum("qk,kh->qh", p.astype(dtype), v_block.astype(dtype),
                                           preferred_element_type=dtype)
 
@@ -416,7 +424,7 @@ def _tangent_head(q, k, v, out, lse, d_q, d_k, d_v, head: _Head, d_head: _Head,
       cols = lambda x: lax.dynamic_slice_in_dim(x, j * g.block_k, g.block_k)
 
       def logits_of(q_block, k_block, bias, trained):
-        consts = _with_trained(head.score_consts, trained)
+        consts = with_trained(head.score_consts, trained)
         return _logits(q_block, k_block, i, j, pattern,
                        head._replace(bias=bias, score_consts=consts), g, dtype, full=full)[0]
       logits, d_logits = jax.jvp(logits_of, (q_block, cols(k), head.bias, trained),
@@ -434,17 +442,18 @@ def _tangent_head(q, k, v, out, lse, d_q, d_k, d_v, head: _Head, d_head: _Head,
       return acc, d_normaliser + jnp.sum(probs * d_logits, axis=-1)
 
     acc = varying_zeros((g.block_q, v.shape[-1]), dtype, q, k, v, head)
+    d_normaliser = varying_zeros((g.block_q,), dtype, q, k, v, head)
     scale = blocks.dropout_scale(pattern.dropout_rate)
-    if pattern.normalizer == "sigmoid":
-      return scale * g.along(i, attend, acc, pattern, head, row=True)
-    init = (acc, varying_zeros((g.block_q,), dtype, q, k, v, head))
-    acc, d_normaliser = g.along(i, attend, init, pattern, head, row=True)
+    if pattern.normalizer == "sigmoid":  # no normaliser: lse is 0
+      return scale * g.along(i, attend, acc, pattern, head, row=True), d_normaliser
+    acc, d_normaliser = g.along(i, attend, (acc, d_normaliser), pattern, head, row=True)
     if head.sink is not None:  # the sink's share of the row, exp(sink - lse), times its tangent
       p_sink = jnp.exp(head.sink.astype(dtype) - lse_block)
       d_normaliser = d_normaliser + p_sink * d_head.sink.astype(dtype)
-    return scale * acc - d_normaliser[:, None] * rows(out).astype(dtype)
+    return scale * acc - d_normaliser[:, None] * rows(out).astype(dtype), d_normaliser
 
-  return lax.map(query_block, jnp.arange(g.num_q)).reshape(-1, v.shape[-1])  # [Tp, Hv]
+  d_out, d_lse = lax.map(query_block, jnp.arange(g.num_q))  # [Q, bq, Hv], [Q, bq]
+  return d_out.reshape(-1, v.shape[-1]), d_lse.reshape(-1)
 
 
 def _accumulate_bias(d_bias, d_logits, i, j, g: Blocks):
@@ -507,21 +516,37 @@ def forward(q, k, v, bias, mask, extras, mods, pattern, geometry):
       x.reshape(q.shape[:3]) for x in statistics)
 
 
-def _trainable(mods: Mods | _Head, values=None):
+def trainable(mods: Mods | _Head, values=None):
   """The entries of ``values`` (by default the score_mod's constants themselves: a tuple beside
   ``mods.score_consts``) at the constants that get gradients (``mods.is_trainable``)."""
   values = mods.score_consts if values is None else values
   return tuple(x for c, x in zip(mods.score_consts, values) if mods_lib.is_trainable(c))
 
 
-def _with_trained(consts, trained) -> tuple:
+def with_trained(consts, trained) -> tuple:
   """``consts`` with its trainable entries replaced, in order, by ``trained``."""
   trained = iter(trained)
   return tuple(next(trained) if mods_lib.is_trainable(c) else c for c in consts)
 
 
-def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_out):
-  """Gradients for q, k, v, bias and the score_mod's trainable constants (compute dtype):
+def tangent(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_q, d_k, d_v,
+            d_bias, d_mods: Mods):
+  """The tangents of ``forward``'s out [B, N, Tp, Hv] and lse [B, N, Tp] (``_tangent_head``),
+  from those of q, k, v, bias (None without one) and, in ``d_mods``, of the score_mod's
+  trainable constants and the sinks; out and lse are the forward's."""
+  def one_head(b, n, q_n, out_n, lse_n, d_q_n, k_n, v_n, d_k_n, d_v_n):
+    return _tangent_head(q_n, k_n, v_n, out_n, lse_n, d_q_n, d_k_n, d_v_n,
+                         _group_inputs(bias, mask, extras, mods, b, n),
+                         _group_inputs(d_bias, mask, extras, d_mods, b, n), pattern, geometry)
+
+  d_out, d_lse = _map_heads(one_head, (q, out, lse, d_q), (k, v, d_k, d_v), geometry)
+  return (d_out.reshape(out.shape).astype(out.dtype),  # [B, N, Tp, Hv]
+          d_lse.reshape(lse.shape).astype(lse.dtype))  # [B, N, Tp]
+
+
+def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_out, d_lse=None):
+  """Gradients for q, k, v, bias and the score_mod's trainable constants (compute dtype), from
+  the cotangents of out and (where given) of the log-sum-exp:
   several query heads side by side where ``geometry.pairs_per_step`` allows, there is no bias
   and any trained constants' gradients of all pairs fit in blocks.PAIR_BLOCK_BYTES (outside
   shard_map), else one key/value head at a time, its G query heads in turn."""
@@ -531,7 +556,7 @@ def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_o
   # The products run in the compute dtype (float32 for 16-bit inputs): dS rounded to bfloat16
   # cost dQ a third more error than jax.nn's.
   q, k, v, out, d_out = (x.astype(dtype) for x in (q, k, v, out, d_out))
-  trained = _trainable(mods)
+  trained = trainable(mods)
   like = (q, k, v, d_out, bias, mask, extras, mods)
 
   def one_kv_head(carry, index):
@@ -547,7 +572,7 @@ def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_o
       bias_slot = None if d_bias is None else _pick(_pick(d_bias, b), n)
       d_q, d_k_n, d_v_n, bias_slot, d_mod = _backward_head(
           q_head(q), kv(k), kv(v), q_head(out), q_head(lse), q_head(d_out), head, pattern,
-          geometry, bias_slot, d_mod)
+          geometry, bias_slot, d_mod, None if d_lse is None else q_head(d_lse))
       if d_bias is not None:
         d_bias = _put_bias(d_bias, bias_slot, b, n)
       return (d_k + d_k_n, d_v + d_v_n, d_bias, d_mod), d_q
@@ -564,13 +589,16 @@ def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_o
   if bias is None and geometry.pairs_per_step and small_constants:
     # Nothing large carried from head to head: several query heads side by side; the gradients
     # of a key/value head (and the score_mod's constants) summed over its query heads after.
-    def one_head(b, n, q_n, out_n, lse_n, d_out_n, k_n, v_n):
+    def one_head(b, n, q_n, out_n, lse_n, d_out_n, *rest):
+      *d_lse_n, k_n, v_n = rest  # the log-sum-exp's cotangent where given
       d_q, d_k, d_v, _, d_mod = _backward_head(
           q_n, k_n, v_n, out_n, lse_n, d_out_n, _group_inputs(bias, mask, extras, mods, b, n),
-          pattern, geometry, None, mod_gradient_zeros(mods, dtype, q_n, k_n, d_out_n, mods))
+          pattern, geometry, None, mod_gradient_zeros(mods, dtype, q_n, k_n, d_out_n, mods),
+          *d_lse_n)
       return d_q, d_k, d_v, d_mod
 
-    d_q, d_k, d_v, d_mod = _map_heads(one_head, (q, out, lse, d_out), (k, v),
+    per_query_head = (q, out, lse, d_out) + (() if d_lse is None else (d_lse,))
+    d_q, d_k, d_v, d_mod = _map_heads(one_head, per_query_head, (k, v),
                                       geometry)  # [B * N, L, .], d_mod [B * N, ...]
     per_kv_head = lambda x: jnp.sum(x.reshape((batch, num_kv, group) + x.shape[1:]), axis=2)
     return (d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None,
@@ -586,7 +614,7 @@ def mod_gradient_zeros(mods: Mods, dtype, *like):
   """Zeros for the gradients of the score_mod's trainable constants (a tuple), varying like
   the arrays ``like``."""
   return tuple(varying_zeros(c.shape, jnp.promote_types(c.dtype, dtype), *like)
-               for c in _trainable(mods))
+               for c in trainable(mods))
 
 
 def mods_cotangent(mods: Mods, d_mod, d_sinks=None) -> Mods:
@@ -607,11 +635,12 @@ def _put_bias(d_bias, slot, b, n):
   return lax.dynamic_update_slice(d_bias, slot[None, None].astype(d_bias.dtype), start)
 
 
-def _sinks_gradient(sinks, lse, out, d_out):
-  """d sink_n = -sum over rows of p_sink * rowsum(dO * O), p_sink = exp(sink_n - lse): the sink's
-  share of each row, taken from every key's weight (d out / d sink = -p_sink * out). lse, out
-  and d_out [B, N, Tp(, Hv)] -> [N]."""
+def _sinks_gradient(sinks, lse, out, d_out, d_lse=None):
+  """d sink_n = -sum over rows of p_sink * (rowsum(dO * O) - d_lse), p_sink = exp(sink_n - lse):
+  the sink's share of each row, taken from every key's weight (d out / d sink = -p_sink * out,
+  d lse / d sink = p_sink). lse, out, d_out and d_lse [B, N, Tp(, Hv)] -> [N]."""
   delta = jnp.sum(d_out.astype(lse.dtype) * out.astype(lse.dtype), axis=-1)  # [B, N, Tp]
+  delta = delta if d_lse is None else delta - d_lse.astype(lse.dtype)
   p_sink = jnp.exp(sinks.astype(lse.dtype)[:, None] - lse)  # [B, N, Tp]
   return -jnp.sum(p_sink * delta, axis=(0, 2)).astype(sinks.dtype)
 
@@ -641,54 +670,63 @@ def blockwise(q, k, v, bias, mask, extras, mods, pattern, geometry):
 
 @blockwise.defjvp
 def _blockwise_jvp(pattern, geometry, primals, tangents):
-  """out's tangent by ``_Derivatives.tangent``, a primitive that transposes to the backward pass
-  (attention_jax.tangent): jvp runs the tangent kernel, grad the backward kernel. The
-  log-sum-exp and row maxima are returned under stop_gradient (``finish``): zero tangents."""
+  """The tangents of out and lse by ``_Derivatives.tangent``, a primitive that transposes to the
+  backward pass (attention_jax.tangent): jvp runs the tangent kernel, grad the backward kernel,
+  and second order differentiates one of them in the inputs (``_Derivatives.derive``). The
+  outputs come from ``blockwise`` itself, so that their derivatives are this rule again. Row
+  maxima get zero tangents (``finish`` returns them, and the log-sum-exp, under stop_gradient)."""
   q, k, v, bias, mask, extras, mods = primals
   d_q, d_k, d_v, d_bias, _, _, d_mods = tangents
-  outputs = forward(q, k, v, bias, mask, extras, mods, pattern, geometry)
-  d_trained = _trainable(mods, d_mods.score_consts)
+  outputs = blockwise(q, k, v, bias, mask, extras, mods, pattern, geometry)
   derivatives = _Derivatives(pattern, geometry)
-  (d_out,) = tangent_lib.linear(
-      derivatives.tangent, derivatives.cotangent,
-      (q, k, v, bias, mask, extras, mods, *outputs[:2]),
-      (d_q, d_k, d_v, None if bias is None else d_bias, d_trained,
-       None if mods.sinks is None else d_mods.sinks), like=outputs[:1])
-  return outputs, (d_out,) + tuple(jnp.zeros_like(x) for x in outputs[1:])
+  point = (q, k, v, bias, trainable(mods), mods.sinks)
+  d_point = (d_q, d_k, d_v, None if bias is None else d_bias,
+             trainable(mods, d_mods.score_consts), None if mods.sinks is None else d_mods.sinks)
+  d_out, d_lse = tangent_lib.linear(
+      derivatives.tangent, derivatives.cotangent, (point, (mask, extras, mods, *outputs[:2])),
+      d_point, like=outputs[:2], derive=derivatives.derive)
+  return outputs, (d_out, d_lse) + tuple(jnp.zeros_like(x) for x in outputs[2:])
 
 
 @dataclasses.dataclass(frozen=True)
 class _Derivatives:
   """The kernel's tangent (forward mode) and its transpose, the backward pass (reverse mode),
   for one pattern and geometry (bound methods of equal instances are equal: primitive params).
-  residuals: (q, k, v, bias, mask, extras, mods, out, lse); tangents and cotangents of the
-  inputs: (q, k, v, bias or None, the score_mod's trainable constants, sinks or None)."""
+  residuals: the point (q, k, v, bias or None, the score_mod's trainable constants, sinks or
+  None), whose tangents and cotangents these are, and (mask, extras, mods, out, lse)."""
   pattern: Pattern
   geometry: Blocks
 
+  @staticmethod
+  def _inputs(point, other):
+    """(q, k, v, bias, mask, extras, mods) with the point's constants and sinks in mods."""
+    q, k, v, bias, trained, sinks = point
+    mask, extras, mods = other[:3]
+    return q, k, v, bias, mask, extras, mods._replace(
+        score_consts=with_trained(mods.score_consts, trained), sinks=sinks)
+
+  def derive(self, point, other):
+    """``other`` with out and lse recomputed at ``point`` (second order differentiates this)."""
+    out, lse = forward(*self._inputs(point, other), self.pattern, self.geometry)[:2]
+    return other[:3] + (out, lse)
+
   def tangent(self, residuals, tangents):
-    q, k, v, bias, mask, extras, mods, out, lse = residuals
+    out, lse = residuals[1][3:]
     d_q, d_k, d_v, d_bias, d_trained, d_sinks = tangents
-    d_mods = mods._replace(sinks=d_sinks,
-                           score_consts=_with_trained(mods.score_consts, d_trained))
-
-    def one_head(b, n, q_n, out_n, lse_n, d_q_n, k_n, v_n, d_k_n, d_v_n):
-      return _tangent_head(q_n, k_n, v_n, out_n, lse_n, d_q_n, d_k_n, d_v_n,
-                           _group_inputs(bias, mask, extras, mods, b, n),
-                           _group_inputs(d_bias, mask, extras, d_mods, b, n), self.pattern,
-                           self.geometry)
-
-    d_out = _map_heads(one_head, (q, out, lse, d_q), (k, v, d_k, d_v), self.geometry)
-    return (d_out.reshape(out.shape).astype(out.dtype),)  # [B, N, Tp, Hv]
+    inputs = self._inputs(*residuals)
+    d_mods = inputs[-1]._replace(sinks=d_sinks,
+                                 score_consts=with_trained(inputs[-1].score_consts, d_trained))
+    return tangent(*inputs, self.pattern, self.geometry, out, lse, d_q, d_k, d_v, d_bias, d_mods)
 
   def cotangent(self, residuals, cotangents):
-    q, k, v, bias, mask, extras, mods, out, lse = residuals
-    (d_out,) = cotangents
+    q, k, v, bias, mask, extras, mods = self._inputs(*residuals)
+    out, lse = residuals[1][3:]
+    d_out, d_lse = cotangents
     d_q, d_k, d_v, d_bias, d_mod = backward(q, k, v, bias, mask, extras, mods, self.pattern,
-                                             self.geometry, out, lse, d_out)
-    d_sinks = None if mods.sinks is None else _sinks_gradient(mods.sinks, lse, out, d_out)
+                                             self.geometry, out, lse, d_out, d_lse)
+    d_sinks = None if mods.sinks is None else _sinks_gradient(mods.sinks, lse, out, d_out, d_lse)
     d_mods = mods_cotangent(mods, d_mod, d_sinks)  # summed over the shard_map axes they vary over
-    return d_q, d_k, d_v, d_bias, _trainable(mods, d_mods.score_consts), d_mods.sinks
+    return d_q, d_k, d_v, d_bias, trainable(mods, d_mods.score_consts), d_mods.sinks
 
 
 def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,

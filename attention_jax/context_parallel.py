@@ -3,9 +3,11 @@ holding T / P queries, keys and values. Two strategies compute exact attention:
 
 - "ring" (:ref:`Liu et al. 2023 <ref-liu2023>`): the key/value shards travel around the ring
   (``lax.ppermute``) for P steps while each device runs ``chunked``'s kernel on its query shard,
-  merging partial results by their log-sum-exps; the backward pass (a custom VJP) recomputes
-  each step and rotates the key/value gradients home with their shards. Memory per device is
-  linear in T / P.
+  merging partial results by their log-sum-exps; the backward pass recomputes each step and
+  rotates the key/value gradients home with their shards, and the tangent (forward mode: jvp,
+  jacfwd, hessian-vector products) sums each step's blockwise tangent as the key/value tangents
+  travel with their shards (a custom JVP whose tangent transposes to that backward pass, as in
+  ``chunked``). Memory per device is linear in T / P.
 - "all_gather": every device gathers all keys and values and attends its query shard to them.
   It alone takes a bias or a general mask, rows sharded with the queries, [..., N or 1,
   T / P or 1, S]. Both take a key (padding) mask [..., 1, 1, S].
@@ -31,6 +33,7 @@ from attention_jax import _checks
 from attention_jax import blocks
 from attention_jax import chunked
 from attention_jax import reference
+from attention_jax import tangent as tangent_lib
 
 STRATEGIES = ("ring", "all_gather")
 LAYOUTS = ("contiguous", "zigzag")
@@ -74,11 +77,12 @@ def from_zigzag(x, num_shards: int, axis: int = -3):
   return _take(x, np.argsort(zigzag_order(x.shape[axis], num_shards)), axis)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
 def _take(x, order, axis):
   """x[..., order, ...] along ``axis`` for a permutation ``order``, keeping the sharding of an
-  array on a mesh with explicit axes (with automatic ones the compiler chooses); its gradient is
-  the inverse permutation (not a scatter, which explicit sharding cannot place)."""
+  array on a mesh with explicit axes (with automatic ones the compiler chooses); its tangent is
+  the same permutation and its transpose the inverse one (not a scatter, which explicit sharding
+  cannot place)."""
   index = (slice(None),) * (axis % x.ndim) + (order,)
   sharding = jax.typeof(x).sharding
   if any(axes is not None for axes in getattr(sharding, "spec", ())):
@@ -86,8 +90,25 @@ def _take(x, order, axis):
   return x[index]
 
 
-_take.defvjp(lambda x, order, axis: (_take(x, order, axis), None),
-             lambda order, axis, _, grad: (_take(grad, np.argsort(order), axis),))
+@_take.defjvp
+def _take_jvp(order, axis, primals, tangents):
+  (x,), (d_x,) = primals, tangents
+  permutation = _Permutation(tuple(int(i) for i in order), axis)
+  return _take(x, order, axis), tangent_lib.linear(permutation.apply, permutation.transpose,
+                                                   (x,), (d_x,), like=(x,))[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Permutation:
+  """``_take``'s tangent (the permutation) and its transpose (the inverse permutation)."""
+  order: tuple
+  axis: int
+
+  def apply(self, residuals, tangents):
+    return (_take(tangents[0], np.array(self.order), self.axis),)
+
+  def transpose(self, residuals, cotangents):
+    return (_take(cotangents[0], np.argsort(self.order), self.axis),)
 
 
 def shard_positions(local_length: int, axis_name, layout: str = "contiguous"):
@@ -106,11 +127,16 @@ def shard_positions(local_length: int, axis_name, layout: str = "contiguous"):
 
 def _merge(out, lse, new_out, new_lse):
   """Two partial softmax results (out normalised over its keys, lse -inf where it had none)
-  -> the result over the union of their keys."""
-  total = jnp.logaddexp(lse, new_lse)
-  safe = jnp.where(jnp.isfinite(total), total, 0.0)
-  old_weight, new_weight = jnp.exp(lse - safe)[..., None], jnp.exp(new_lse - safe)[..., None]
-  return out * old_weight + new_out * new_weight, total
+  -> the result over the union of their keys. Rows empty in both stay -inf with finite
+  derivatives (second order differentiates this merge)."""
+  top = jnp.maximum(lse, new_lse)
+  has_key = jnp.isfinite(top)
+  top = jnp.where(has_key, top, 0.0)
+  old_weight, new_weight = jnp.exp(lse - top), jnp.exp(new_lse - top)  # 0 where -inf
+  weight = jnp.where(has_key, old_weight + new_weight, 1.0)  # >= 1 where a row has a key
+  total = jnp.where(has_key, top + jnp.log(weight), -jnp.inf)
+  merged = out * old_weight[..., None] + new_out * new_weight[..., None]
+  return merged / weight[..., None], total
 
 
 def _rotate(tree, axis_name):
@@ -129,12 +155,12 @@ def _arriving(extras, passing):
   return k, v, extras._replace(kv_segments=kv_segments, kv_positions=kv_positions)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6, 7))
 def _ring(q, k, v, extras, mods, pattern, geometry, axis_name):
-  return _ring_fwd(q, k, v, extras, mods, pattern, geometry, axis_name)[0]
+  return _ring_forward(q, k, v, extras, mods, pattern, geometry, axis_name)
 
 
-def _ring_fwd(q, k, v, extras, mods, pattern, geometry, axis_name):
+def _ring_forward(q, k, v, extras, mods, pattern, geometry, axis_name):
   """``chunked.forward``'s (out, lse) for this device's shards of q, k and v, over the keys of
   every shard in turn. ``mods``: the score_mod's and mask_mod's constants (chunked.Mods), the
   same on every step."""
@@ -155,41 +181,97 @@ def _ring_fwd(q, k, v, extras, mods, pattern, geometry, axis_name):
   out, lse = attend(passing)
   (out, lse, _), _ = lax.scan(step, (out, lse, passing), None,
                               length=lax.axis_size(axis_name) - 1)
-  lse = reference.lse_of(lse)
-  out = out.astype(q.dtype)
-  return (out, lse), (q, k, v, extras, mods, out, lse)
+  return out.astype(q.dtype), reference.lse_of(lse)
 
 
-def _ring_bwd(pattern, geometry, axis_name, residuals, cotangents):
-  q, k, v, extras, mods, out, lse = residuals
-  d_out, _ = cotangents  # the log-sum-exp has no gradient
-
-  def gradients(passing):  # of this step's key/value shard, with the global out and lse
-    k_step, v_step, extras_step = _arriving(extras, passing)
-    d_q, d_k, d_v, _, d_mod = chunked.backward(q, k_step, v_step, None, None, extras_step, mods,
-                                                pattern, geometry, out, lse, d_out)
-    return d_q, d_k, d_v, d_mod
-
-  def step(carry, _):
-    d_q, d_k, d_v, d_mod, passing = carry
-    step_q, step_k, step_v, step_mod = gradients(passing)
-    # The key/value gradients travel with their shard: after P moves they are home.
-    d_k, d_v, passing = _rotate((d_k + step_k, d_v + step_v, passing), axis_name)
-    d_mod = tuple(total + part for total, part in zip(d_mod, step_mod))  # stay on this device
-    return (d_q + step_q, d_k, d_v, d_mod, passing), None
-
-  dtype = reference.compute_dtype(out.dtype)
-  like = (q, k, v, d_out, extras, mods)
-  zeros = lambda shape: chunked.varying_zeros(shape, dtype, *like)
-  init = (zeros(q.shape), zeros(k.shape), zeros(v.shape),
-          chunked.mod_gradient_zeros(mods, dtype, *like),
-          _passing(k, v, extras))
-  (d_q, d_k, d_v, d_mod, _), _ = lax.scan(step, init, None, length=lax.axis_size(axis_name))
-  return (d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None,
-          chunked.mods_cotangent(mods, d_mod))
+@_ring.defjvp
+def _ring_jvp(pattern, geometry, axis_name, primals, tangents):
+  """The tangents of out and lse as one primitive that transposes to the ring's backward pass
+  (attention_jax.tangent, as chunked's kernel does)."""
+  q, k, v, extras, mods = primals
+  d_q, d_k, d_v, _, d_mods = tangents
+  outputs = _ring(q, k, v, extras, mods, pattern, geometry, axis_name)
+  ring = _RingDerivatives(pattern, geometry, axis_name)
+  point = (q, k, v, chunked.trainable(mods))
+  d_point = (d_q, d_k, d_v, chunked.trainable(mods, d_mods.score_consts))
+  return outputs, tuple(tangent_lib.linear(ring.tangent, ring.cotangent,
+                                           (point, (extras, mods, *outputs)), d_point,
+                                           like=outputs, derive=ring.derive))
 
 
-_ring.defvjp(_ring_fwd, _ring_bwd)
+@dataclasses.dataclass(frozen=True)
+class _RingDerivatives:
+  """The ring's tangent, its transpose (the backward pass) and its outputs recomputed (for
+  second order), on residuals ((q, k, v, the score_mod's trainable constants), (extras, mods,
+  out, lse)): every step's blockwise tangent (or gradient) with the global out and lse, summed,
+  the key/value shard and its tangent (or gradient) travelling around the ring."""
+  pattern: chunked.Pattern
+  geometry: chunked.Blocks
+  axis_name: str
+
+  @staticmethod
+  def _inputs(point, other):
+    q, k, v, trained = point
+    extras, mods = other[:2]
+    return q, k, v, extras, mods._replace(
+        score_consts=chunked.with_trained(mods.score_consts, trained))
+
+  def derive(self, point, other):
+    return other[:2] + _ring_forward(*self._inputs(point, other), self.pattern, self.geometry,
+                                     self.axis_name)
+
+  def tangent(self, residuals, tangents):
+    q, k, v, extras, mods = self._inputs(*residuals)
+    out, lse = residuals[1][2:]
+    d_q, d_k, d_v, d_trained = tangents
+    d_mods = mods._replace(score_consts=chunked.with_trained(mods.score_consts, d_trained))
+
+    def step(carry, _):
+      d_out, d_lse, passing, d_kv = carry
+      k_step, v_step, extras_step = _arriving(extras, passing)
+      step_out, step_lse = chunked.tangent(q, k_step, v_step, None, None, extras_step, mods,
+                                           self.pattern, self.geometry, out, lse, d_q, *d_kv,
+                                           None, d_mods)
+      # d out = sum over shards of (their share - their d lse * out): linear, so summed
+      passing, d_kv = _rotate((passing, d_kv), self.axis_name)
+      return (d_out + step_out, d_lse + step_lse, passing, d_kv), None
+
+    like = (q, k, v, d_q, d_k, d_v, extras, mods)
+    zeros = lambda x: chunked.varying_zeros(x.shape, x.dtype, *like)
+    init = (zeros(out), zeros(lse), _passing(k, v, extras), (d_k, d_v))
+    (d_out, d_lse, _, _), _ = lax.scan(step, init, None, length=lax.axis_size(self.axis_name))
+    return d_out, d_lse
+
+  def cotangent(self, residuals, cotangents):
+    q, k, v, extras, mods = self._inputs(*residuals)
+    out, lse = residuals[1][2:]
+    d_out, d_lse = cotangents
+
+    def gradients(passing):  # of this step's key/value shard, with the global out and lse
+      k_step, v_step, extras_step = _arriving(extras, passing)
+      d_q, d_k, d_v, _, d_mod = chunked.backward(q, k_step, v_step, None, None, extras_step,
+                                                  mods, self.pattern, self.geometry, out, lse,
+                                                  d_out, d_lse)
+      return d_q, d_k, d_v, d_mod
+
+    def step(carry, _):
+      d_q, d_k, d_v, d_mod, passing = carry
+      step_q, step_k, step_v, step_mod = gradients(passing)
+      # The key/value gradients travel with their shard: after P moves they are home.
+      d_k, d_v, passing = _rotate((d_k + step_k, d_v + step_v, passing), self.axis_name)
+      d_mod = tuple(total + part for total, part in zip(d_mod, step_mod))  # stay on this device
+      return (d_q + step_q, d_k, d_v, d_mod, passing), None
+
+    dtype = reference.compute_dtype(out.dtype)
+    like = (q, k, v, d_out, d_lse, extras, mods)
+    zeros = lambda shape: chunked.varying_zeros(shape, dtype, *like)
+    init = (zeros(q.shape), zeros(k.shape), zeros(v.shape),
+            chunked.mod_gradient_zeros(mods, dtype, *like),
+            _passing(k, v, extras))
+    (d_q, d_k, d_v, d_mod, _), _ = lax.scan(step, init, None,
+                                            length=lax.axis_size(self.axis_name))
+    d_mods = chunked.mods_cotangent(mods, d_mod)  # summed over the devices
+    return d_q, d_k, d_v, chunked.trainable(mods, d_mods.score_consts)
 
 
 def context_parallel_attention_shard(

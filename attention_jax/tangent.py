@@ -10,8 +10,20 @@ holding more than the backward pass). ``linear`` binds one primitive instead:
   transpose(residuals, cotangents) -> cotangents of ``tangents``   the kernel's backward
 
 so ``grad`` (linearize, then transpose) runs ``transpose``, and ``jvp`` runs ``fn``. Forward
-over reverse differentiates ``transpose``; reverse over forward transposes ``fn``'s derivative in
-its residuals, which needs ``fn`` itself transposable by JAX.
+over reverse differentiates ``transpose``. Second order through the residuals (reverse over
+forward: hessian-vector products as grad of a jvp) needs the residuals split as
+``(point, other)``, ``point`` the inputs whose tangents ``tangents`` are and ``other`` what
+``derive(point, other)`` recomputes from them (the kernel's output and log-sum-exp). Then
+fn(residuals, t) = D f(point) t for the kernel f, and its derivative in the point,
+
+  D^2 f(point)[t, dp] = jvp of p -> fn((p, derive(p, other)), t) in direction dp,
+
+is one more primitive linear in dp whose transpose is, by the symmetry of second derivatives,
+
+  c -> D(D f^T c)(point)[t] = jvp of p -> transpose((p, derive(p, other)), c) in direction t,
+
+forward mode through the kernel's backward pass: both stay blockwise, and nothing transposes
+``fn``'s loops (JAX cannot transpose loops with dynamic bounds).
 
 >>> w = jnp.array([[1.0, 2.0], [3.0, 4.0]])
 >>> apply = lambda res, t: (res[0] @ t[0],)
@@ -23,6 +35,9 @@ Array([4., 6.], dtype=float32)
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 from jax.extend import core
@@ -32,19 +47,43 @@ linear_p = core.Primitive("linear_tangent")
 linear_p.multiple_results = True
 
 
-def linear(fn, transpose, residuals, tangents, like=None):
+def linear(fn, transpose, residuals, tangents, like=None, derive=None):
   """``fn(residuals, tangents)`` (a tuple of arrays, linear in the pytree ``tangents``), whose
   transpose is ``transpose(residuals, cotangents)`` (a pytree like ``tangents``). ``fn`` and
   ``transpose`` must be hashable (module functions, or functools.partial of hashable values).
   ``like``: residuals whose types (shape, dtype and, under shard_map, the axes they vary over)
   the outputs have; without it ``fn`` is traced for its output shapes, which serves only
-  outside shard_map."""
+  outside shard_map. ``derive``: residuals are ``(point, other)``, ``point`` of ``tangents``'
+  structure, and ``derive(point, other)`` recomputes ``other`` at ``point``; second order then
+  reads the point's tangents only (the module's docstring), else it differentiates ``fn``."""
   res_leaves, res_tree = jax.tree.flatten(residuals)
   tan_leaves, tan_tree = jax.tree.flatten(tangents)
+  if derive is not None and jax.tree.structure(residuals[0]) != tan_tree:
+    raise ValueError(f"linear: the point {jax.tree.structure(residuals[0])} must have the "
+                     f"tangents' structure {tan_tree}.")
   like = None if like is None else tuple(
       next(i for i, leaf in enumerate(res_leaves) if leaf is x) for x in like)
   return linear_p.bind(*res_leaves, *tan_leaves, fn=fn, transpose=transpose, res_tree=res_tree,
-                       tan_tree=tan_tree, batch_rank=0, like=like)
+                       tan_tree=tan_tree, batch_rank=0, like=like, derive=derive)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Second:
+  """The second derivative in the point, D^2 f(point)[t, dp], linear in dp (the module's
+  docstring): residuals ((point, other), t), tangents dp of the point's structure."""
+  fn: Callable
+  transpose: Callable
+  derive: Callable
+
+  def apply(self, residuals, d_point):
+    (point, other), t = residuals
+    at = lambda p: self.fn((p, self.derive(p, other)), t)
+    return jax.jvp(at, (point,), (d_point,))[1]
+
+  def cotangent(self, residuals, cotangents):
+    (point, other), t = residuals
+    at = lambda p: self.transpose((p, self.derive(p, other)), cotangents)
+    return jax.jvp(at, (point,), (t,))[1]
 
 
 def _over_batch(f, batch_rank):
@@ -53,8 +92,8 @@ def _over_batch(f, batch_rank):
   return f
 
 
-def _apply(*leaves, fn, transpose, res_tree, tan_tree, batch_rank, like):
-  del transpose, like
+def _apply(*leaves, fn, transpose, res_tree, tan_tree, batch_rank, like, derive):
+  del transpose, like, derive
   split = res_tree.num_leaves
 
   def one(*leaves):
@@ -71,7 +110,9 @@ def _abstract(*avals, **params):
   return [jax.core.ShapedArray(o.shape, o.dtype) for o in outs]
 
 
-def _transpose(cotangents, *leaves, fn, transpose, res_tree, tan_tree, batch_rank, like):
+def _transpose(cotangents, *leaves, fn, transpose, res_tree, tan_tree, batch_rank, like,
+               derive):
+  del fn, derive
   split = res_tree.num_leaves
   residuals, tangents = leaves[:split], leaves[split:]
   if any(ad.is_undefined_primal(r) for r in residuals):
@@ -92,13 +133,23 @@ def _jvp(primals, tangents, **params):
   outputs = linear_p.bind(*primals, **params)
   lin = [ad.instantiate_zeros(t) for t in tangents[split:]]
   out_tangents = linear_p.bind(*primals[:split], *lin, **params)  # linear in the tangents
-  res_tangents = tangents[:split]
-  if not all(type(t) is ad.Zero for t in res_tangents):  # second order: through the residuals
-    res_tangents = [ad.instantiate_zeros(t) for t in res_tangents]
+  derive, tan_tree = params["derive"], params["tan_tree"]
+  # second order, through the residuals: those of the point only where the rest derive from it
+  res_tangents = tangents[:tan_tree.num_leaves] if derive is not None else tangents[:split]
+  if all(type(t) is ad.Zero for t in res_tangents):
+    return outputs, out_tangents
+  res_tangents = [ad.instantiate_zeros(t) for t in res_tangents]
+  if derive is None:
     through = jax.jvp(lambda *r: _apply(*r, *primals[split:], **params), tuple(primals[:split]),
                       tuple(res_tangents))[1]
-    out_tangents = [a + b for a, b in zip(out_tangents, through)]
-  return outputs, out_tangents
+  else:
+    second = _Second(params["fn"], params["transpose"], derive)
+    res_tree = jax.tree.structure((jax.tree.unflatten(params["res_tree"], primals[:split]),
+                                   jax.tree.unflatten(tan_tree, primals[split:])))
+    through = linear_p.bind(*primals, *res_tangents, fn=second.apply,
+                            transpose=second.cotangent, res_tree=res_tree, tan_tree=tan_tree,
+                            batch_rank=params["batch_rank"], like=params["like"], derive=None)
+  return outputs, [a + b for a, b in zip(out_tangents, through)]
 
 
 def _batch(args, dims, **params):

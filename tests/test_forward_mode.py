@@ -1,0 +1,227 @@
+"""Forward mode and second order through the blockwise kernel: jvp, linearize, jacfwd, forward
+over reverse and reverse over forward (grad of a jvp: hessian-vector products) against the
+float64 dense reference, with tangents into every differentiable input (q, k, v, bias, a
+score_mod's closed-over table, sinks), for each feature the kernel serves; dropout (whose mask
+the reference does not draw) against float64 central differences of the kernel itself."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention_jax as aj
+from attention_jax.chunked import chunked_attention
+from conftest import assert_close
+
+T, N, K, H = 24, 4, 2, 8  # grouped queries: two query heads per key/value head
+BLOCK = 8  # three query and key blocks, so that blocks are skipped and rows span blocks
+
+
+def _arrays(seed, shapes):
+  rng = np.random.default_rng(seed)
+  return {name: rng.standard_normal(shape) for name, shape in shapes.items()}
+
+
+def _gqa_causal_bias_table_sinks_lengths(p):
+  table = p["table"]
+  return dict(bias=p["bias"], sinks=p["sinks"], is_causal=True,
+              score_mod=lambda s, b, h, q_idx, kv_idx: s + table[q_idx - kv_idx + T],
+              query_seq_lengths=np.array([T, 17]), key_value_seq_lengths=np.array([13, T]))
+
+
+def _segments_window_soft_cap_mask(p):
+  del p
+  segments = np.array([[0] * 10 + [1] * 14, [0] * 3 + [1] * 21])
+  mask = np.random.default_rng(7).random((2, 1, T, T)) < 0.8
+  return dict(mask=mask, query_segment_ids=segments, key_segment_ids=segments,
+              local_window_size=(9, 4), logits_soft_cap=1.5)
+
+
+def _sigmoid_mask_mod(p):
+  del p
+  return dict(normalizer="sigmoid", sigmoid_bias=-1.0,
+              mask_mod=lambda b, h, q_idx, kv_idx: (q_idx + kv_idx + h) % 3 != 0)
+
+
+CASES = {  # name: (options from the differentiable inputs, their shapes beyond q, k, v)
+    "gqa_causal_bias_table_sinks_lengths": (_gqa_causal_bias_table_sinks_lengths, {
+        "bias": (1, N, T, T), "table": (2 * T,), "sinks": (N,)}),
+    "segments_window_soft_cap_mask": (_segments_window_soft_cap_mask, {}),
+    "sigmoid_mask_mod": (_sigmoid_mask_mod, {}),
+}
+
+
+def _attention(implementation, options):
+  """f(inputs) -> out [2, T, N, H] for a dict of differentiable inputs (q, k, v and extras)."""
+  def f(p):
+    kwargs = options(p)
+    if implementation == "chunked":
+      return chunked_attention(p["q"], p["k"], p["v"], scale=H ** -0.5, block_q=BLOCK,
+                               block_k=BLOCK, **kwargs)
+    return aj.dot_product_attention(p["q"], p["k"], p["v"], implementation="reference",
+                                    **kwargs)
+  return f
+
+
+def _transforms(f, point, tangent, other, cotangent):
+  """Each transform of f at ``point``: {name: value}, every array of a dict by its key."""
+  jvp = lambda p: jax.jvp(f, (p,), (tangent,))[1]
+  along = lambda s: f(jax.tree.map(lambda x, t, u: x + s[0] * t + s[1] * u, point, tangent,
+                                   other))
+  loss = lambda p: jnp.sum(f(p) * cotangent)
+  return {
+      "jvp": jvp(point),
+      "linearize": jax.linearize(f, point)[1](tangent),
+      "jacfwd": jax.jacfwd(along)(jnp.zeros(2, cotangent.dtype)),
+      "forward over reverse": jax.jvp(jax.grad(loss), (point,), (tangent,))[1],
+      "reverse over forward": jax.grad(lambda p: jnp.sum(jvp(p) * cotangent) + loss(p))(point),
+  }
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_forward_mode_and_second_order_agree_with_the_float64_reference(case):
+  options, extra = CASES[case]
+  shapes = {"q": (2, T, N, H), "k": (2, T, K, H), "v": (2, T, K, H), **extra}
+  point, tangent, other = (_arrays(seed, shapes) for seed in (0, 1, 2))
+  cotangent = _arrays(3, {"w": shapes["q"]})["w"]
+  as_type = lambda dtype: lambda tree: jax.tree.map(lambda x: jnp.asarray(x, dtype), tree)
+  ours = jax.jit(functools.partial(_transforms, _attention("chunked", options)))(
+      *map(as_type(jnp.float32), (point, tangent, other, cotangent)))
+  with jax.enable_x64():
+    expected = jax.jit(functools.partial(_transforms, _attention("reference", options)))(
+        *map(as_type(jnp.float64), (point, tangent, other, cotangent)))
+    expected = jax.tree.map(np.asarray, expected)
+  for name in expected:
+    for key, value in jax.tree.leaves_with_path(expected[name]):
+      actual = functools.reduce(lambda tree, k: tree[k.key], key, ours[name])
+      assert_close(actual, value, 1e-5, f"{name} {jax.tree_util.keystr(key)}")
+
+
+def test_dropout_tangents_use_the_forward_mask():
+  """jvp and grad of a jvp under dropout equal float64 central differences of the kernel itself
+  (and of its gradient): the tangent and the backward regenerate the forward's mask."""
+  with jax.enable_x64():
+    shapes = {"q": (1, T, N, H), "k": (1, T, K, H), "v": (1, T, K, H)}
+    p, t = _arrays(0, shapes), _arrays(1, shapes)
+    w = _arrays(2, {"w": p["q"].shape})["w"]
+    f = lambda p: chunked_attention(p["q"], p["k"], p["v"], scale=H ** -0.5, block_q=BLOCK,
+                                    block_k=BLOCK, is_causal=True, dropout_rate=0.3,
+                                    dropout_rng=jax.random.key(5))
+    grad = jax.grad(lambda p: jnp.sum(f(p) * w))
+    shifted = lambda g, e: g(jax.tree.map(lambda x, d: x + e * d, p, t))
+    eps = 1e-6
+    central = lambda g: jax.tree.map(lambda a, b: (a - b) / (2 * eps), shifted(g, eps),
+                                     shifted(g, -eps))
+    assert_close(jax.jvp(f, (p,), (t,))[1], central(f), 1e-6, "jvp")
+    hvp = jax.grad(lambda p: jnp.sum(jax.jvp(f, (p,), (t,))[1] * w))(p)
+    for name, expected in central(grad).items():
+      assert_close(hvp[name], expected, 1e-6, f"grad of jvp {name}")
+
+
+def test_the_residual_has_a_zero_tangent_and_leaves_the_output_s_alone():
+  shapes = {"q": (1, T, N, H), "k": (1, T, K, H), "v": (1, T, K, H)}
+  p, t = (jax.tree.map(jnp.asarray, _arrays(seed, shapes)) for seed in (0, 1))
+  f = lambda residual: lambda p: chunked_attention(p["q"], p["k"], p["v"], scale=H ** -0.5,
+                                                   block_q=BLOCK, block_k=BLOCK, is_causal=True,
+                                                   return_residual=residual)
+  (_, (d_out, d_lse)) = jax.jvp(f(True), (p,), (t,))
+  assert_close(d_out, jax.jvp(f(False), (p,), (t,))[1], 1e-6, "out's tangent")
+  assert np.all(np.asarray(d_lse) == 0.0)
+
+
+CONTEXT_PARALLEL = r"""
+import functools, json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh
+import attention_jax as aj
+
+mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "seq"))
+rng = np.random.default_rng(0)
+B, T, N, K, H = 2, 32, 4, 2, 8
+shapes = {"q": (B, T, N, H), "k": (B, T, K, H), "v": (B, T, K, H), "table": (2 * T - 1,)}
+point, tangent = ({name: rng.standard_normal(s) for name, s in shapes.items()} for _ in range(2))
+cotangent = rng.standard_normal(shapes["q"])
+lengths = np.array([21, 32], np.int32)
+
+def attention(strategy):
+  def f(p):
+    options = dict(is_causal=True, query_seq_lengths=lengths, key_value_seq_lengths=lengths,
+                   score_mod=lambda s, b, h, q_idx, kv_idx: s + p["table"][q_idx - kv_idx + T - 1])
+    if strategy is None:
+      return aj.dot_product_attention(p["q"], p["k"], p["v"], implementation="reference",
+                                      **options)
+    return aj.context_parallel_attention(p["q"], p["k"], p["v"], mesh=mesh, axis_name="seq",
+                                         strategy=strategy, load_balance=strategy == "ring",
+                                         block_q=8, block_k=8, **options)
+  return f
+
+def transforms(f, p, t, w):
+  jvp = lambda p: jax.jvp(f, (p,), (t,))[1]
+  loss = lambda p: jnp.sum(f(p) * w)
+  along = lambda s: f(jax.tree.map(lambda x, d: x + s[0] * d, p, t))
+  return {"jvp": jvp(p), "linearize": jax.linearize(f, p)[1](t),
+          "jacfwd": jax.jacfwd(along)(jnp.zeros(1, w.dtype))[..., 0],
+          "forward over reverse": jax.jvp(jax.grad(loss), (p,), (t,))[1],
+          "reverse over forward": jax.grad(lambda p: jnp.sum(jvp(p) * w) + loss(p))(p)}
+
+def run(strategy, dtype):
+  cast = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, dtype), tree)
+  out = jax.jit(functools.partial(transforms, attention(strategy)))(
+      cast(point), cast(tangent), cast(cotangent))
+  return jax.tree.map(lambda x: np.asarray(x, np.float64), out)
+
+with jax.enable_x64():
+  expected = run(None, jnp.float64)
+errors = {}
+for strategy in ("ring", "all_gather"):
+  got = run(strategy, jnp.float32)
+  for name in expected:
+    for (path, a), b in zip(jax.tree.leaves_with_path(got[name]), jax.tree.leaves(expected[name])):
+      errors[f"{strategy} {name}{jax.tree_util.keystr(path)}"] = float(
+          np.max(np.abs(a - b)) / np.max(np.abs(b)))
+print(json.dumps(errors))
+"""
+
+
+def test_forward_mode_and_second_order_through_context_parallelism():
+  """Both strategies on 8 simulated devices (the ring in the zigzag layout), causal, grouped
+  queries, lengths and a score_mod's table, against the unsharded float64 reference."""
+  import json
+  import os
+  import subprocess
+  import sys
+  from training_helpers import EIGHT_CPU_DEVICES
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = subprocess.run([sys.executable, "-c", CONTEXT_PARALLEL], cwd=root,
+                          capture_output=True, text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
+  assert result.returncode == 0, result.stderr[-3000:]
+  errors = json.loads(result.stdout.strip().splitlines()[-1])
+  assert len(errors) == 2 * (3 + 2 * 4)  # jvp, linearize, jacfwd; the second orders per input
+  for case, relative_error in errors.items():
+    assert relative_error <= 1e-5, (case, relative_error)
+
+
+def _largest_array(fn, *args) -> int:
+  """The most elements of any array in the lowered program of ``fn`` (every loop body and the
+  tangent primitive's expansion included)."""
+  import re
+  text = jax.jit(fn).lower(*args).as_text()
+  sizes = [np.prod([int(d) for d in shape.rstrip("x").split("x")])
+           for shape in re.findall(r"tensor<((?:\d+x)+)[a-z]", text)]
+  return int(max(sizes))
+
+
+def test_the_tangent_of_a_long_causal_call_holds_no_t_by_s_array():
+  """T = S = 8192: the tangent (jvp) and reverse over forward (grad of a jvp) hold no array larger
+  than the forward's largest, which is far from [T, S] (a sixteenth of it)."""
+  length = 8192
+  x = jax.ShapeDtypeStruct((1, length, 2, 64), jnp.float32)
+  f = lambda q, k, v: aj.dot_product_attention(q, k, v, is_causal=True, implementation="chunked")
+  jvp = lambda q, k, v: jax.jvp(f, (q, k, v), (q, k, v))[1]
+  hvp = jax.grad(lambda q, k, v: jnp.sum(jvp(q, k, v)), (0, 1, 2))
+  forward = _largest_array(f, x, x, x)
+  assert forward < length * length // 16
+  assert _largest_array(jvp, x, x, x) <= forward
+  assert _largest_array(hvp, x, x, x) <= forward
