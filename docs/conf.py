@@ -144,7 +144,7 @@ _write_public_names()
 
 def _write_support_table():
   """docs/guides/_kernels.md: the support table, one entry per record of attention.KERNELS (what
-  it is, where it runs and is chosen, its autodiff, what it does not serve), so that the guides
+  it is, where it runs and is chosen, its transforms, what it does not serve), so that the guides
   cannot drift from what the dispatch does. A list, not a table: six columns of sentences do not
   fit a page."""
   from attention_jax import attention  # pylint: disable=g-import-not-at-top
@@ -159,7 +159,7 @@ def _write_support_table():
     refused += [f"{attention.PARTS[part][0]} (served when named, never chosen for it)"
                 for part in kernel.named_only]
     entries.append(f"`\"{kernel.name}\"`\n: {kernel.about}.\n\n  **Runs on** "
-                   f"{runs_on[kernel.backend]}; **chosen automatically** {chosen}; **autodiff** "
+                   f"{runs_on[kernel.backend]}; **chosen automatically** {chosen}; **transforms** "
                    f"{kernel.transforms}; **does not serve** "
                    f"{'; '.join(refused) or 'nothing it is asked (it serves every request)'}.")
   text = "\n\n".join(entries) + "\n"

@@ -225,3 +225,15 @@ def test_the_tangent_of_a_long_causal_call_holds_no_t_by_s_array():
   assert forward < length * length // 16
   assert _largest_array(jvp, x, x, x) <= forward
   assert _largest_array(hvp, x, x, x) <= forward
+
+
+def test_the_forward_mode_benchmark_times_every_method(tmp_path):
+  import json
+  from conftest import load_script
+  path = tmp_path / "rows.json"
+  load_script("benchmark_forward_mode").main(["--lengths", "32", "--heads", "1", "--rounds", "1",
+                                              "--json", str(path)])
+  rows = json.loads(path.read_text())
+  assert [row["method"] for row in rows] == ["forward", "jvp", "grad", "grad (custom VJP)",
+                                             "grad of jvp"]
+  assert all(row["ms"] > 0 for row in rows) and rows[0]["time vs forward"] == 1.0
