@@ -28,6 +28,7 @@ NAMES = (("inv_sqrt", "1/√dₖ"), ("qk_norm", "QK-norm"), ("inv", "1/dₖ"), (
          ("learned", "learned temperature"))
 SETTINGS = {"model.head_dim": "dₖ", "model.num_heads": "heads",
             "model.positional_encoding": "encoding"}
+DEFAULTS = {("model.head_dim", 0): "d_model / h"}  # a setting's value that means "the default"
 PROBES_SHOWN = ("entropy", "max_weight", "logit_variance")
 
 
@@ -150,8 +151,9 @@ def panels(records) -> dict[str, list[dict]]:
     return {"": finished}
   grouped = {}
   for record, setting in zip(finished, settings):
-    key = SETTINGS.get(varying[0], varying[0])
-    grouped.setdefault(f"{key} = {setting.get(varying[0])}", []).append(record)
+    key, value = varying[0], setting.get(varying[0])
+    grouped.setdefault(f"{SETTINGS.get(key, key)} = {DEFAULTS.get((key, value), value)}",
+                       []).append(record)
   if min(len(members) for members in grouped.values()) < 2:
     return {"": finished}
   return grouped
@@ -177,7 +179,11 @@ def _finish(figure, axes, count) -> float:
   """One legend for the figure's panels (the lines are the same in each): in the spare cell
   where there is one, else under the panels; the unused cells switched off. Returns the
   fraction of the figure's height the legend under the panels takes (0 in a spare cell)."""
-  handles, labels = axes[0].get_legend_handles_labels()
+  entries = {}  # every line of every panel once, by its label (panels may hold different lines)
+  for axis in axes[:count]:
+    for handle, name in zip(*axis.get_legend_handles_labels()):
+      entries.setdefault(name, handle)
+  handles, labels = list(entries.values()), list(entries)
   for axis in axes[count:]:
     axis.axis("off")
   if len(axes) > count:
@@ -188,14 +194,16 @@ def _finish(figure, axes, count) -> float:
   return (0.2 * -(-len(labels) // 3) + 0.1) / figure.get_figheight()
 
 
-def _errorbars(axis, x, per_point, name, metric, index, count, log_x=False):
+def _errorbars(axis, x, per_point, name, metric, index, count, log_x=False, style=None):
   """Means with intervals at each x, nudged by ``index`` of ``count`` lines so that coinciding
-  lines stay visible, with their own marker."""
+  lines stay visible, with the colour and marker of ``style`` (default ``index``): one style per
+  line of the whole figure where its panels hold different lines."""
   means, errors = yerr(per_point, metric)
   spread = (np.asarray(x, np.float64) * (1.06 ** (index - (count - 1) / 2)) if log_x else
             np.asarray(x, np.float64) + 0.06 * (index - (count - 1) / 2))
-  axis.errorbar(spread, means, yerr=errors, label=name, marker=MARKERS[index % len(MARKERS)],
-                ms=4, capsize=2, lw=1.2)
+  style = index if style is None else style
+  axis.errorbar(spread, means, yerr=errors, label=name, marker=MARKERS[(style + style // 10) % len(MARKERS)],
+                color=f"C{style % 10}", ms=4, capsize=2, lw=1.2)
 
 
 def plot_learning_rates(records, path):
@@ -207,12 +215,15 @@ def plot_learning_rates(records, path):
   for part, start in enumerate(range(0, len(groups), MAX_PANELS)):
     chunk = groups[start:start + MAX_PANELS]
     figure, axes = _figure(len(chunk))
+    names = list(dict.fromkeys(label(r["variant"], title) for title, members in chunk
+                               for r in members))
     for axis, (title, members) in zip(axes, chunk):
       for index, record in enumerate(members):
         armed = arm_values([record])
         rates = [metrics["learning_rate"][0] for _, metrics, _ in armed]
-        _errorbars(axis, rates, [metrics[metric] for _, metrics, _ in armed],
-                   label(record["variant"], title), metric, index, len(members), log_x=True)
+        name = label(record["variant"], title)
+        _errorbars(axis, rates, [metrics[metric] for _, metrics, _ in armed], name, metric,
+                   index, len(members), log_x=True, style=names.index(name))
       axis.set_title(title, fontsize=9)
       axis.set_xscale("log")
       axis.xaxis.set_minor_formatter(plt.NullFormatter())  # their 3x10^-4 ... overlap
