@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from experiments import figures, logbook, statistics, verdicts, workdir as workdir_lib  # noqa: E402
 from experiments.report_tables import (INTERVAL_NOTE, MAX_LOGIT, accuracy_columns,  # noqa: E402
                                        arm_values, measure_of, metric_range, readable,
-                                       readable_arm)
+                                       readable_arm, varies_learning_rate)
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 MAX_PANELS = 3
@@ -236,12 +236,15 @@ def plot_learning_rates(records, path):
   return paths
 
 
-def plot_lengths(records, evaluations, path):
+def plot_lengths(records, evaluations, path, design=None):
   """The measure on each test set in order (the training distribution's first, then the
-  others: longer sequences, the validation stream), a line per arm, a panel per task."""
+  others: longer sequences, the validation stream), a line per arm (each variant at its chosen
+  learning rate where the sweep tried several), a panel per task."""
   measure = measure_of(records)
+  armed = ([(c.variant, c.metrics, c.record) for c in verdicts.choose(records, measure, design)]
+           if varies_learning_rate(records) else arm_values(records))
   groups = {}
-  for arm in arm_values(records):
+  for arm in armed:
     groups.setdefault(str(arm[2]["overrides"].get("task", "")), []).append(arm)
   count = min(len(groups), MAX_PANELS)
   figure, axes = _figure(count)

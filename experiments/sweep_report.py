@@ -190,7 +190,7 @@ def report(records, design, directory, title, evaluations=(), workdir=None) -> d
     report_plots.plot_chosen(records, paths["chosen"], design)
   if evaluations:
     paths["lengths"] = os.path.join(directory, "accuracy_by_test_set.png")
-    report_plots.plot_lengths(records, ("eval", *evaluations), paths["lengths"])
+    report_plots.plot_lengths(records, ("eval", *evaluations), paths["lengths"], design)
   if workdir is not None:
     paths["curves"] = os.path.join(directory, "learning_curves.png")
     report_plots.plot_curves(workdir, records, paths["curves"])
