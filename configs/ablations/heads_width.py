@@ -31,7 +31,8 @@ larger head) and one head of d_k 16 at d_model 16 (the same head, the narrow str
 farthest-point study).
 
 Modes (MODES), one sweep each, each estimated at under 30 minutes on the 2 shared CPU cores
-(from the d32 arms' own times on them, scaled by each arm's multiply-adds per token): every arm
+(from the d32 arms' own times on them and 100-step smoke runs of the d_model 64 and 128 arms at
+their longest T; the modes of one cell are those of about 15-25 minutes an arm): every arm
 trains NUM_SEEDS seeds x LEARNING_RATES as one vmapped program, STEPS steps at batch BATCH_SIZE,
 extended by one rate past an edge where the validation stream's choice sits. A mode's comparisons
 (its primary family) are h = 2 against h = 4 at each of its (d_model, T), paired by seed (arms at
@@ -58,7 +59,8 @@ STEPS, BATCH_SIZE, NUM_SEEDS, NUM_TEST = 1000, 32, 10, 500
 # One sweep each: mode -> (d_model, lengths, head counts).
 MODES = {
     "d32": (32, (8, 32, 64), HEADS),
-    "d32_T128": (32, (128,), HEADS),
+    "d32_T128_h2": (32, (128,), (2,)),
+    "d32_T128_h4": (32, (128,), (D,)),
     "d64": (64, (8, 32), HEADS),
     "d64_T64_h2": (64, (64,), (2,)),
     "d64_T64_h4": (64, (64,), (D,)),
