@@ -132,8 +132,8 @@ def _values(rows, stats) -> list[float]:
   results.csv's many replica rows only the statistics asked for and the numbers in arm names."""
   values = list(stats) + [100 * (1 - 2 * ALPHA), ALPHA, 1 - ALPHA]
   for row in rows:
-    cells = ([row["variant"], row["learning_rate"], row["seed"]] if "seed" in row
-             else row.values())
+    cells = ([row.get("variant") or row.get("arm", ""), row.get("learning_rate", ""),
+              row["seed"]] if "seed" in row else row.values())
     for cell in cells:
       try:
         values.append(float(cell))
