@@ -48,7 +48,8 @@ exclude_patterns = [
     "results/*/predictions.md",
     "results/*/*/predictions.md",
     "results/*/probe.md",
-    "results/*/predictions_accelerator.md",
+    "results/*/predictions_*.md",
+    "results/*/*/verdicts.md",
     "results/heads_binding/importance/importance.md",
 ]
 templates_path = []
