@@ -224,6 +224,10 @@ def test_no_pointer_begins_a_line(page):
   starts = [n for n, line in enumerate(page.read_text().splitlines(), 1)
             if re.match(r"\s*<!--\s*claim", line)]
   assert not starts, f"{page.name}: a claim pointer begins line(s) {starts}"
+  # The space before a pointer stays in the page when punctuation follows it ("0.031) ;").
+  spaced = [m.group(0)[-40:] for m in re.finditer(r"\s<!--\s*claim[^>]*-->[.,;:)]",
+                                                   page.read_text(), re.S)]
+  assert not spaced, f"{page.name}: write the pointer against its sentence: {spaced}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
