@@ -14,7 +14,7 @@ applies its tests (scipy.stats) to the per-seed numbers ``seed_numbers`` measure
 On a trained heads_binding sweep (every arm with at least D heads, each seed at the rate its
 report chose on the validation stream):
 
-  python -m experiments.patching_study --sweep=/work/runs/heads_binding/multi_retrieval \
+  python -m experiments.patching_study --sweep=workdir/ablations/heads_binding/multi_retrieval \
       --out=docs/results/heads_binding/patching
 """
 

@@ -2,15 +2,15 @@
 one-layer transformer needs grow with the sequence length T, and from D on, not?
 
   python -m experiments.sweep --config=configs/ablations/heads_width.py:d32 \
-      --workdir=/work/runs/heads_width/d32   # and every other mode of MODES, one sweep each
+      --workdir=workdir/ablations/heads_width/d32   # and every other mode of MODES, one sweep each
   python -m experiments.sweep --config=configs/ablations/heads_width.py:farthest_point \
-      --workdir=/work/runs/heads_width/farthest_point
+      --workdir=workdir/ablations/heads_width/farthest_point
   python -m experiments.sweep --config=configs/ablations/heads_width.py:d32_quick --workdir=/tmp/hw
   python -m experiments.sweep --config=configs/ablations/heads_width.py:accelerator \
-      --workdir=/work/runs/heads_width/accelerator
+      --workdir=workdir/ablations/heads_width/accelerator
   python -m experiments.findings --config=configs/ablations/heads_width.py \
-      --results=/work/runs/heads_width/d32/results.csv \
-      --results=/work/runs/heads_width/d64/results.csv ...   # every mode's results.csv, once
+      --results=workdir/ablations/heads_width/d32/results.csv \
+      --results=workdir/ablations/heads_width/d64/results.csv ...   # every mode's results.csv, once
 
 Yu et al. (2025, arXiv 2510.06662, Fig. 1) train one attention layer to retrieve D maxima
 max_s <w_i, x_s> at hidden size 32 and T = 8-128: the NMSE drops sharply at h ~ D, and they

@@ -4,13 +4,13 @@ as well as one with them (Kazemnejad et al. 2023), and why do randomized positio
 `even_pairs`?
 
   python -m experiments.sweep --config=configs/ablations/positional_causal.py:order \
-      --workdir=/work/runs/positional_causal/order
+      --workdir=workdir/ablations/positional_causal/order
   python -m experiments.sweep --config=configs/ablations/positional_causal.py:even_pairs \
-      --workdir=/work/runs/positional_causal/even_pairs
+      --workdir=workdir/ablations/positional_causal/even_pairs
   python -m experiments.sweep --config=configs/ablations/positional_causal.py:randomized \
-      --workdir=/work/runs/positional_causal/randomized
+      --workdir=workdir/ablations/positional_causal/randomized
   python -m experiments.sweep --config=configs/ablations/positional_causal.py:accelerator \
-      --workdir=/work/runs/positional_causal/accelerator
+      --workdir=workdir/ablations/positional_causal/accelerator
   python -m experiments.sweep --config=configs/ablations/positional_causal.py:quick \
       --workdir=/tmp/positional_causal
 
