@@ -114,3 +114,16 @@ def test_each_page_s_wall_time_is_its_arms_time(page):
     minutes = sum(float(stated.group(i)) * units[i - 1] for i in indices)
     in_arms = sum(_arm_minutes(study) for study in studies)
     assert abs(minutes - in_arms) <= max(0.5, 0.05 * in_arms), (page, studies, minutes, in_arms)
+
+
+def test_head_variants_grouping_check_is_what_its_page_says():
+  """head_variants.md: order_4 in one program per arm and in programs of 10 replicas gave every
+  run the same test loss to the last bit (160 runs)."""
+  def rows(name):
+    with open(RESULTS / "head_variants" / "grouping" / name) as f:
+      return {(r["variant"], r["seed"], r["learning_rate"]): r["eval_loss"]
+              for r in csv.DictReader(f)}
+  together, by_rate = rows("one_program.csv"), rows("programs_of_10.csv")
+  assert len(together) == 160 and together == by_rate
+  assert "same test loss to the last bit" in " ".join(
+      (RESULTS / "head_variants.md").read_text().split())
