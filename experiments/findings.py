@@ -402,8 +402,9 @@ def family_of(records, design) -> list[statistics.Comparison]:
 
 def read(sources) -> tuple[dict, dict]:
   """({source: records}, {source: primary family}) of {source: results.csv path, or a list of
-  them}: a study run as several sweeps reads as one source, each sweep's family Holm over its
-  own comparisons; an arm in two of them is refused."""
+  them}: a study run as several sweeps reads as one source, its family Holm over the
+  comparisons of all of them (splitting a study into sweeps must not shrink the family it
+  declared); an arm in two of them is refused."""
   from experiments import sweep_report  # matplotlib only here
   records, family = {}, {}
   for name, paths in sources.items():
@@ -416,6 +417,8 @@ def read(sources) -> tuple[dict, dict]:
                          "sweep's results.csv once.")
       records[name] += rows
       family[name] += family_of(rows, design)
+    if not isinstance(paths, str):
+      family[name] = statistics.adjust(family[name])
   return records, family
 
 

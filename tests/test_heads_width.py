@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs.ablations import heads_width
-from experiments import findings, study_figures, sweep
+from experiments import findings, statistics, study_figures, sweep
 
 RESULTS = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "results")
 
@@ -144,6 +144,12 @@ def test_findings_reads_a_study_of_several_sweeps_as_one_and_refuses_an_arm_twic
   assert {"h4_T64", "split_4"} <= arms
   rows = {(c.arm, c.baseline) for c in family[findings.RESULTS]}
   assert ("h3_T64", "h4_T64") in rows and ("split_2", "split_1") in rows
+  # one family over both sweeps' comparisons: Holm over all of them, as if run as one
+  alone = {(c.arm, c.baseline): c.p_adjusted for c in findings.read({"b": binding})[1]["b"]}
+  both = {(c.arm, c.baseline): c.p_adjusted for c in family[findings.RESULTS]}
+  assert all(both[pair] >= p for pair, p in alone.items())
+  assert len(both) > len(alone) and both == {
+      (c.arm, c.baseline): c.p_adjusted for c in statistics.adjust(family[findings.RESULTS])}
   with pytest.raises(ValueError, match="in two results files"):
     findings.read({findings.RESULTS: [length, length]})
 
