@@ -202,8 +202,9 @@ def _errorbars(axis, x, per_point, name, metric, index, count, log_x=False, styl
   spread = (np.asarray(x, np.float64) * (1.06 ** (index - (count - 1) / 2)) if log_x else
             np.asarray(x, np.float64) + 0.06 * (index - (count - 1) / 2))
   style = index if style is None else style
-  axis.errorbar(spread, means, yerr=errors, label=name, marker=MARKERS[(style + style // 10) % len(MARKERS)],
-                color=f"C{style % 10}", ms=4, capsize=2, lw=1.2)
+  marker = MARKERS[(style + style // 10) % len(MARKERS)]  # colours repeat after 10: shift it
+  axis.errorbar(spread, means, yerr=errors, label=name, marker=marker, color=f"C{style % 10}",
+                ms=4, capsize=2, lw=1.2)
 
 
 def plot_learning_rates(records, path):
