@@ -103,6 +103,11 @@ def grid(sweep) -> dict:
   return {name: tuple(values) for name, values in sweep.get("grid", {}).items()}
 
 
+def program_size(sweep) -> int:
+  """Replicas per compiled program: 0 for all of a variant's, 1 with vmap_replicas=False."""
+  return sweep.get("replicas_per_program", 0) if sweep.vmap_replicas else 1
+
+
 def train_variant(sweep, config, directory: str, grid_=None) -> dict:
   """All replicas (seeds x grid, or ``grid_``) of one variant: one vmapped program, or programs of
   ``replicas_per_program`` replicas each (in <directory>/programs/<first>-<last>/; one replica
@@ -111,7 +116,7 @@ def train_variant(sweep, config, directory: str, grid_=None) -> dict:
   extra_evals = {name: dict(options) for name, options in sweep.extra_evals.items()}
   grid_ = grid(sweep) if grid_ is None else grid_
   replicas = replicas_lib.replicas_of(config, sweep.num_seeds, grid_)
-  size = sweep.get("replicas_per_program", 0) if sweep.vmap_replicas else 1
+  size = program_size(sweep)
   if not 0 < size < len(replicas):
     return train_lib.train(config, directory, replicas, extra_evals=extra_evals, probes=True)
   merged, wall = {}, 0.0
@@ -248,7 +253,9 @@ def bracket(sweep, config, directory, record, spent) -> dict:
 def _train_record(sweep, name, overrides, config, directory) -> dict:
   hosts.agree(lambda: workdir_lib.claim(config, directory) if hosts.writer() else None)
   count = len(replicas_lib.replicas_of(config, sweep.num_seeds, grid(sweep)))
-  say(f"[sweep] {name}: training {count} replicas (seeds x grid)")
+  size = program_size(sweep)
+  apart = f", {size} per program" if 0 < size < count else ""
+  say(f"[sweep] {name}: training {count} replicas (seeds x grid{apart})")
   record = {"variant": name, "overrides": overrides, "provenance": provenance.collect()}
   try:
     record.update(status="ok", metrics=hosts.agree(train_variant, sweep, config, directory))
