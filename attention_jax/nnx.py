@@ -376,11 +376,8 @@ def positional_encoding(name: str, /, *, max_length: int, d_model: int, num_head
   >>> encoding = positional_encoding("rope", max_length=512, d_model=128, num_heads=8,
   ...                                rngs=nnx.Rngs(0))
   """
-  if name not in POSITIONAL_ENCODINGS:
-    raise ValueError(
-        f"unknown positional encoding {name!r}; known: {sorted(POSITIONAL_ENCODINGS)}.")
-  return POSITIONAL_ENCODINGS[name](max_length=max_length, d_model=d_model, num_heads=num_heads,
-                                    rngs=rngs)
+  return positional.registered(POSITIONAL_ENCODINGS, name)(
+      max_length=max_length, d_model=d_model, num_heads=num_heads, rngs=rngs)
 
 
 #: Names that moved out of this module -> where they live now.

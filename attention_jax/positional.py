@@ -229,7 +229,13 @@ def positional_encoding(name: str, /, *, max_length: int, num_heads: int, **kwar
 
   >>> encoding = positional_encoding("sinusoidal", max_length=512, num_heads=8)
   """
-  if name not in POSITIONAL_ENCODINGS:
-    raise ValueError(
-        f"unknown positional encoding {name!r}; known: {sorted(POSITIONAL_ENCODINGS)}.")
-  return POSITIONAL_ENCODINGS[name](max_length=max_length, num_heads=num_heads, **kwargs)
+  return registered(POSITIONAL_ENCODINGS, name)(max_length=max_length, num_heads=num_heads,
+                                                **kwargs)
+
+
+def registered(registry: dict, name: str):
+  """``registry[name]`` of a registry of positional encodings (this module's or the NNX
+  twins'), or a one-line error naming the known ones."""
+  if name not in registry:
+    raise ValueError(f"unknown positional encoding {name!r}; known: {sorted(registry)}.")
+  return registry[name]
