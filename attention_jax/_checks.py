@@ -188,3 +188,18 @@ def zeros_on_empty_rows(empty_rows, kernel: str) -> None:
     raise ValueError(
         f"{kernel} gives zeros on a query row with no key; for empty_rows={empty_rows!r} call "
         f"dot_product_attention(..., implementation=..., empty_rows={empty_rows!r}).")
+
+
+def reverse_only(kernel, name: str):
+  """``kernel`` (a custom VJP without a tangent), its forward mode refused in one line that
+  names the kernel serving it, instead of JAX's error about custom_vjp functions."""
+  def run(*args, **kwargs):
+    try:
+      return kernel(*args, **kwargs)
+    except TypeError as error:
+      if "forward-mode" not in str(error):
+        raise
+      raise ValueError(f"implementation={name!r} has reverse mode only (a custom VJP): jvp, "
+                       "jacfwd and hessian are refused; use implementation='chunked', whose "
+                       "blockwise tangent serves them.") from None
+  return run

@@ -568,21 +568,6 @@ def _fused(kernel):
   return run
 
 
-def _reverse_only(kernel, name: str):
-  """``kernel`` (a custom VJP without a tangent), its forward mode refused in one line that
-  names the kernel serving it, instead of JAX's error about custom_vjp functions."""
-  def run(*args, **kwargs):
-    try:
-      return kernel(*args, **kwargs)
-    except TypeError as error:
-      if "forward-mode" not in str(error):
-        raise
-      raise ValueError(f"implementation={name!r} has reverse mode only (a custom VJP): jvp, "
-                       "jacfwd and hessian are refused; use implementation='chunked', whose "
-                       "blockwise tangent serves them.") from None
-  return run
-
-
 def _dense(kernel):
   """Runs ``kernel`` with the structure and the mods as one dense mask, then gives the empty rows
   what ``empty_rows`` asks."""
@@ -631,7 +616,7 @@ KERNELS = {kernel.name: kernel for kernel in (
            "them); when named, a `mask_mod` as a dense mask and `return_max_scores` by a "
            "second pass through the blockwise kernel",
            _REVERSE_ONLY.format("jax's cuDNN custom VJP"),
-           _dense(_fused(_reverse_only(cudnn.cudnn_attention, "cudnn"))),
+           _dense(_fused(_checks.reverse_only(cudnn.cudnn_attention, "cudnn"))),
            serves=_FLASH + ("max_scores",), named_only=("mask_mod", "max_scores"),
            backend="gpu", measured_on=("9.0",),
            check=cudnn.check),  # Hopper: an H100 and an H200
@@ -641,7 +626,7 @@ KERNELS = {kernel.name: kernel for kernel in (
            "issue 18595); when named, a `mask_mod` as a dense mask and `return_max_scores` by "
            "a second pass through the blockwise kernel",
            _REVERSE_ONLY.format("the kernel's custom VJP"),
-           _dense(_fused(_reverse_only(pallas_tpu.pallas_tpu_attention, "pallas_tpu"))),
+           _dense(_fused(_checks.reverse_only(pallas_tpu.pallas_tpu_attention, "pallas_tpu"))),
            serves=("mask_mod", "bias", "max_scores"), named_only=("mask_mod", "max_scores"),
            backend="tpu", check=pallas_tpu.check),
     Kernel("pallas_gpu", "the fused Pallas GPU kernel",

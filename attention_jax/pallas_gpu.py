@@ -738,10 +738,6 @@ def _kernel_blocks(block_mask: block_masks.BlockMask | None, block_size: int):
                              block_mask.kv_len, blocks)
 
 
-#: The fused kernel's refusal of forward mode (its custom VJP has no tangent kernel yet).
-FORWARD_MODE_ERROR = ("implementation='pallas_gpu' (the fused kernel) has reverse mode only: jvp "
-                      "and jacfwd are refused; use implementation='chunked' there, whose "
-                      "blockwise tangent serves them.")
 
 
 def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=None,
@@ -802,15 +798,10 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   if dropout_rate:  # the dropout key of every (example, head), flattened, or one for all
     tables += (jnp.reshape(blocks_lib.head_keys(dropout_rng, batch, num_heads,
                                                 broadcast_dropout), (-1,)),)
-  try:
-    out, lse, row_max = _attention(plan, prepare(query, block_q, head_dim),
-                                   prepare(key, block_k, head_dim),
-                                   prepare(value, block_k, value_dim), (forward, backward),
-                                   tables)
-  except TypeError as error:
-    if "forward-mode" not in str(error):
-      raise
-    raise ValueError(FORWARD_MODE_ERROR) from None
+  # its custom VJP has no tangent kernel yet: forward mode is refused in one line
+  out, lse, row_max = _checks.reverse_only(_attention, "pallas_gpu")(
+      plan, prepare(query, block_q, head_dim), prepare(key, block_k, head_dim),
+      prepare(value, block_k, value_dim), (forward, backward), tables)
   out = jnp.reshape(out[:, :q_len, :, :value_dim], batch_shape + (q_len, num_heads, value_dim))
   per_row = lambda x: jnp.reshape(jnp.swapaxes(x[:, :, :q_len], 1, 2),
                                   batch_shape + (q_len, num_heads))

@@ -243,11 +243,11 @@ def test_the_forward_mode_benchmark_times_every_method(tmp_path):
 def test_a_reverse_only_kernel_refuses_forward_mode_in_one_line():
   """cuDNN's and the Pallas TPU kernel's custom VJPs have no tangent: jvp through them is one line
   naming the kernel that serves it (their reverse mode unchanged)."""
-  from attention_jax import attention
+  from attention_jax import _checks
   identity = jax.custom_vjp(lambda x: x)
   identity.defvjp(lambda x: (x, None), lambda _, g: (g,))
   for name in ("cudnn", "pallas_tpu"):
-    run = attention._reverse_only(identity, name)
+    run = _checks.reverse_only(identity, name)
     with pytest.raises(ValueError, match=f"implementation='{name}' has reverse mode only.*"
                                          "implementation='chunked'") as error:
       jax.jvp(run, (1.0,), (1.0,))
