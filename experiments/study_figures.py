@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import figures, measures, statistics  # noqa: E402
+from experiments import figures, measures, report_plots, statistics  # noqa: E402
 
 HEADS = (1, 2, 4, 8, 16)  # heads_binding's head counts on the CPU
 # Words for the extra arms' names in the legend of nmse_by_heads.
@@ -39,9 +39,7 @@ def heads_binding(by_task: dict, path: str, heads=HEADS) -> None:
     for index, (arm, style) in enumerate(series):
       counts = [1] + [h for h in heads[1:] if f"{arm}_{h}" in nmse]
       names = ["split_1"] + [f"{arm}_{h}" for h in counts[1:]]
-      cells = [statistics.mean_interval(list(nmse[n].values()), 0.0) for n in names]
-      means = np.array([c[0] for c in cells])
-      errors = np.array([[c[0] - c[1] for c in cells], [c[2] - c[0] for c in cells]])
+      means, errors = report_plots.yerr([list(nmse[n].values()) for n in names], "eval_nmse")
       label = "dₖ = d_model / h" if arm == "split" else "dₖ = d_model"
       nudge = 1.05 ** (index - (count_series - 1) / 2)
       axis.errorbar(np.array(counts) * nudge, means, yerr=errors, fmt=style, capsize=3,
@@ -87,10 +85,8 @@ def nmse_by_heads_and_length(declaration, records, directory: str) -> None:
   heads, lengths = sorted({h for h, _ in arms}), sorted({t for _, t in arms})
   figure, axis = plt.subplots(figsize=(6.0, 3.6), layout="constrained")
   for k, length in enumerate(lengths):
-    cells = [statistics.mean_interval(list(nmse[name(h, length)].values()), 0.0)
-             for h in heads]
-    means = [c[0] for c in cells]
-    errors = [[c[0] - c[1] for c in cells], [c[2] - c[0] for c in cells]]
+    means, errors = report_plots.yerr([list(nmse[name(h, length)].values()) for h in heads],
+                                      "eval_nmse")
     color = f"C{k}"
     axis.errorbar([h + 0.05 * (k - 1) for h in heads], means, yerr=errors, color=color,
                   marker="o", capsize=3, label=f"T = {length}")
@@ -118,13 +114,10 @@ def accuracy_at_chosen_rates(declaration, records, directory: str) -> None:
   for axis, task in zip(axes, study.TASKS):
     for i, encoding in enumerate(study.ENCODINGS):
       arm = f"{task}-{encoding}"
-      stats = [statistics.mean_interval(list(by_set[column][arm].values()), 0.0, 1.0)
-               for column, _ in sets]
+      mean, errors = report_plots.yerr([list(by_set[column][arm].values())
+                                        for column, _ in sets], "eval_accuracy")
       x = [j + 0.05 * (i - 2) for j in range(len(sets))]
-      mean = [m for m, _, _ in stats]
-      axis.errorbar(x, mean, yerr=[[m - low for m, low, _ in stats],
-                                   [high - m for m, _, high in stats]],
-                    marker="os^Dv"[i], capsize=3, label=encoding)
+      axis.errorbar(x, mean, yerr=errors, marker="os^Dv"[i], capsize=3, label=encoding)
     axis.axhline(0.5, color="gray", linestyle=":", linewidth=1)
     axis.set_xticks(range(len(sets)), [label for _, label in sets])
     axis.set_title(task)
@@ -148,11 +141,10 @@ def heads_width(nmse: dict, reference: dict, path: str) -> None:
     widths = sorted({d for d, hh, _ in cells if hh == h})
     for k, d_model in enumerate(widths):
       lengths = [t for d, hh, t in cells if d == d_model and hh == h]
-      found = [statistics.mean_interval(list(nmse[f"d{d_model}_h{h}_T{t}"].values()), 0.0)
-               for t in lengths]
-      axis.errorbar([t * 1.04 ** (k - (len(widths) - 1) / 2) for t in lengths],
-                    [c[0] for c in found],
-                    yerr=[[c[0] - c[1] for c in found], [c[2] - c[0] for c in found]],
+      means, errors = report_plots.yerr(
+          [list(nmse[f"d{d_model}_h{h}_T{t}"].values()) for t in lengths], "eval_nmse")
+      axis.errorbar([t * 1.04 ** (k - (len(widths) - 1) / 2) for t in lengths], means,
+                    yerr=errors,
                     marker="o", capsize=3, color=f"C{k}", label=f"d_model {d_model}")
     lengths = sorted({t for _, hh, t in cells if hh == h})
     ideal = [next((v for arm, v in reference.items() if arm.endswith(f"_h{h}_T{t}")), 0.0)
