@@ -1,0 +1,79 @@
+"""experiments.path_patching: a head's path to the read-out against a hand computation, the
+farthest_point oracle's one head, and the prediction's per-arm test."""
+
+import types
+
+import jax
+import numpy as np
+
+import attention_jax as aj
+from attention_jax import hooks
+from configs.ablations import heads_binding
+from experiments import oracles, path_patching, sweep, train
+from experiments import replicas as replicas_lib
+
+
+def _layer_norm(x, params, epsilon=1e-6):  # flax.linen.LayerNorm's default epsilon
+  centred = x - x.mean(-1, keepdims=True)
+  return centred / np.sqrt(np.mean(centred ** 2, -1, keepdims=True) + epsilon) * params[
+      "scale"] + params["bias"]
+
+
+def test_a_path_patch_moves_the_read_out_by_the_head_s_result_along_the_stream_alone():
+  with jax.enable_x64():
+    model = aj.TokenClassifier(aj.EncoderConfig(
+        vocab_size=1, input_features=3, d_model=8, num_heads=2, num_layers=1, mlp_dim=8,
+        num_classes=3, dropout_rate=0.0))
+    x, donor = (jax.random.normal(jax.random.key(k), (2, 5, 3), np.float64) for k in (1, 2))
+    variables = jax.jit(model.init)(jax.random.key(0), x)
+    names = ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.0.attn.hook_result",
+             "blocks.0.hook_mlp_out"]
+    clean_output, donor_output, patched = path_patching.path_patched(model, variables, x, donor)
+    _, clean = hooks.capture(model, variables, x, names)
+    _, donor_values = hooks.capture(model, variables, donor, names[2:3])
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
+  block = p["encoder"]["block_0"]
+  result, donor_result = clean["blocks.0.attn.hook_result"], donor_values[
+      "blocks.0.attn.hook_result"]
+  for head in range(2):
+    # the head's result difference enters the stream before LN_0; the feed-forward output is
+    # the clean one (it does not read the change); LN_1, then the read-out
+    stream = (clean["blocks.0.hook_resid_pre"] + clean["blocks.0.hook_attn_out"]
+              + donor_result[:, :, head] - result[:, :, head])
+    post = _layer_norm(_layer_norm(stream, block["norm_0"]) + clean["blocks.0.hook_mlp_out"],
+                       block["norm_1"])
+    expected = post @ p["logits"]["kernel"] + p["logits"]["bias"]
+    np.testing.assert_allclose(patched[head], expected, atol=1e-6)
+  assert not np.allclose(donor_output, clean_output, atol=1e-3)
+
+
+def test_the_oracle_s_one_head_carries_the_whole_read_out_and_the_others_none(data_dir):
+  config = sweep.variant_config(heads_binding.get_config("farthest_point_quick"),
+                                dict(heads_binding.get_config("farthest_point_quick").variants)[
+                                    "split_4"])
+  config.data_dir = data_dir
+  config.task_options.update(length=6, dimension=3, num_train=1, num_test=64)
+  task, model, _, _ = train.setup(config, replicas_lib.replicas_of(config))
+  params = model.init(jax.random.key(0), task.test.tokens[:1])["params"]
+  run = types.SimpleNamespace(task=task, model=model,
+                              params=oracles.farthest_point(model, params))
+  numbers = path_patching.seed_numbers(run, 64)
+  assert numbers["found"].shape == (1, 4) and numbers["found"][0, 0] > 0.99
+  np.testing.assert_allclose(numbers["share"][0], [1.0, 0.0, 0.0, 0.0], atol=0.02)
+  row = path_patching.seed_row(numbers)
+  assert (row["probe_layer"], row["probe_head"], row["meets"]) == (0, 0, True)
+
+
+def test_the_prediction_holds_at_9_of_10_seeds_and_fails_at_8(tmp_path):
+  rows = []
+  for arm, meeting in (("nine", 9), ("eight", 8)):
+    for seed in range(10):
+      probe_share = 0.8 if seed < meeting else 0.3
+      rows += [{"arm": arm, "seed": seed, "layer": 0, "head": head, "found": 0.9 - 0.5 * head,
+                "share": probe_share if head == 0 else 0.05} for head in range(2)]
+  rows = [{**row, "size": abs(row["share"])} for row in rows]
+  nine, eight = path_patching.summarise(rows, str(tmp_path))
+  assert (nine["meeting"], nine["holds"], eight["meeting"], eight["holds"]) == (9, "yes", 8, "no")
+  np.testing.assert_allclose(nine["p"], 11 / 1024)
+  assert nine["p_adjusted"] == 2 * nine["p"]
+  assert "| nine | 2 |" in (tmp_path / "verdicts.md").read_text()
