@@ -13,7 +13,6 @@ import attention_jax as aj
 from attention_jax import nnx as ajnnx
 from attention_jax import variants
 from attention_jax.variants import dcmha
-from examples import nnx_encoder  # the NNX encoder, an example on the library
 from conftest import assert_close
 
 D_IN, HEADS, T = 12, 4, 6
@@ -276,31 +275,6 @@ def test_load_balancing_loss_equals_its_value_at_a_uniform_router():
   expected = routed * np.sum(probs.mean(0) * chosen.mean(0))
   np.testing.assert_allclose(state[variants.LOSSES]["load_balancing"][0], 0.01 * expected,
                              rtol=1e-5)
-
-
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_linen_and_nnx_hold_the_same_tree_and_compute_the_same(name):
-  variant = VARIANTS[name]
-  _, params = _params(variant, normalize_qk=True)
-  layer = aj.MultiHeadAttention(num_heads=HEADS, head_variant=variant, normalize_qk=True)
-  twin = ajnnx.MultiHeadAttention(HEADS, D_IN, head_variant=variant, normalize_qk=True,
-                                  rngs=nnx.Rngs(0))
-  ajnnx.load_linen_params(twin, params)
-  x, (mask, bias) = _x(), _padding_and_bias()
-  expected = layer.apply({"params": params}, x, mask=mask, bias=bias)
-  assert_close(twin(x, mask=mask, bias=bias), expected, rtol=1e-6)
-  back = ajnnx.linen_params(twin)
-  assert jax.tree.structure(back) == jax.tree.structure(params)
-  # an encoder whose layers follow MOHSA's schedule, Linen -> NNX, RoPE and key lengths
-  config = aj.EncoderConfig(vocab_size=11, d_model=16, num_heads=HEADS, num_layers=2,
-                            num_classes=5, max_length=T, positional_encoding="rope",
-                            head_variant=name, head_variant_options=OPTIONS.get(name, {}))
-  tokens = jnp.array([[1, 2, 3, 4, 5, 6], [7, 8, 9, 0, 0, 0]])
-  linen = aj.TokenClassifier(config)
-  variables = linen.init(jax.random.key(0), tokens)
-  model = ajnnx.load_linen_params(nnx_encoder.TokenClassifier(config, rngs=nnx.Rngs(1)),
-                                  variables["params"])
-  assert_close(model(tokens), linen.apply(variables, tokens), rtol=1e-5)
 
 
 def test_a_layer_takes_a_variant_by_name_and_refuses_what_is_not_one():

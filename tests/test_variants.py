@@ -29,19 +29,26 @@ def _x(seed=0, shape=(2, T, D_IN)):
   return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
-def _variant(name):
-  return variants.layer_variant(name, layer=1, num_layers=2)
+def _variant(name, **options):
+  return variants.layer_variant(name, layer=1, num_layers=2, **options)
 
 
-def _layer_and_params(name, seed=1, **options):
-  """The Linen layer and its parameters redrawn at unit-ish scale, so that no part of a variant
-  is too small to be seen."""
-  layer = aj.MultiHeadAttention(num_heads=HEADS, head_variant=_variant(name), **options)
+def _layer_and_params(name, seed=1, variant=None, **options):
+  """The Linen layer (of ``variant``, default ``_variant(name)``) and its parameters redrawn at
+  unit-ish scale, so that no part of a variant is too small to be seen."""
+  layer = aj.MultiHeadAttention(num_heads=HEADS, head_variant=variant or _variant(name),
+                                **options)
   params = layer.init(jax.random.key(seed), _x())["params"]
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
   return layer, jax.tree.unflatten(tree, [0.5 * jax.random.normal(k, leaf.shape)
                                           for k, leaf in zip(keys, leaves)])
+
+
+def _mask_and_bias():
+  """A padding mask (the second sequence's last two keys) and ALiBi's bias."""
+  return {"mask": aj.padding_mask(jnp.array([[True] * T, [True] * 4 + [False] * 2])),
+          "bias": aj.alibi_bias(HEADS, T, T)}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -51,8 +58,7 @@ def test_a_variant_at_its_identity_setting_is_multi_head_attention(name):
   if identity is None:
     pytest.skip(f"{name} has no setting at which it is plain MHA (tested against its code)")
   variant, params = identity
-  mask = aj.padding_mask(jnp.array([[True] * T, [True] * 4 + [False] * 2]))
-  call = dict(mask=mask, bias=aj.alibi_bias(HEADS, T, T), is_causal=True)
+  call = dict(_mask_and_bias(), is_causal=True)
   x = _x()
   y = aj.MultiHeadAttention(num_heads=HEADS, head_variant=variant).apply({"params": params}, x,
                                                                          **call)
@@ -74,17 +80,17 @@ def test_a_causal_variant_leaks_nothing_from_the_future(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_linen_and_nnx_hold_the_same_tree_and_compute_and_record_the_same(name):
-  _, params = _layer_and_params(name, normalize_qk=True)
-  layer = aj.MultiHeadAttention(num_heads=HEADS, head_variant=_variant(name), normalize_qk=True)
-  twin = ajnnx.MultiHeadAttention(HEADS, D_IN, head_variant=_variant(name), normalize_qk=True,
+  options = {"moh": {"shared_heads": 1, "routed_heads": 2}}.get(name, {})  # not the defaults
+  layer, params = _layer_and_params(name, variant=_variant(name, **options), normalize_qk=True)
+  variant = layer.head_variant
+  twin = ajnnx.MultiHeadAttention(HEADS, D_IN, head_variant=variant, normalize_qk=True,
                                   rngs=nnx.Rngs(0))
   ajnnx.load_linen_params(twin, params)
   assert jax.tree.structure(ajnnx.linen_params(twin)) == jax.tree.structure(params)
   x = _x()
-  expected, state = layer.apply({"params": params}, x, is_causal=True, sow_weights=True,
-                                mutable=["intermediates", "losses"])
-  y, intermediates, losses = nnx.capture(twin, nnx.Intermediate, ajnnx.Losses)(
-      x, is_causal=True, sow_weights=True)
+  call = dict(_mask_and_bias(), is_causal=True, sow_weights=True)
+  expected, state = layer.apply({"params": params}, x, **call, mutable=["intermediates", "losses"])
+  y, intermediates, losses = nnx.capture(twin, nnx.Intermediate, ajnnx.Losses)(x, **call)
   assert_close(y, expected, rtol=1e-6)
   for linen_records, nnx_records in ((state["intermediates"], intermediates),
                                      (state.get("losses", {}), losses)):
@@ -95,7 +101,7 @@ def test_linen_and_nnx_hold_the_same_tree_and_compute_and_record_the_same(name):
   # a two-layer encoder (variants that follow the layer index differ between them)
   config = aj.EncoderConfig(vocab_size=11, d_model=D_IN, num_heads=HEADS, num_layers=2,
                             num_classes=5, max_length=T, positional_encoding="rope",
-                            head_variant=name)
+                            head_variant=name, head_variant_options=options)
   tokens = jnp.array([[1, 2, 3, 4, 5, 6], [7, 8, 9, 0, 0, 0]])
   linen = aj.TokenClassifier(config)
   variables = linen.init(jax.random.key(0), tokens)
