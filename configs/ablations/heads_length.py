@@ -6,8 +6,8 @@ sequence lengths T = 8, 32 and 64, one attention layer.
   python -m experiments.sweep --config=configs/ablations/heads_length.py:quick --workdir=/tmp/hl
   python -m experiments.sweep --config=configs/ablations/heads_length.py:accelerator \
       --workdir=workdir/ablations/heads_length_accelerator
-  python scripts/heads_length_probe.py --workdir=workdir/ablations/heads_length  # which head
-                                                                                 # finds which max
+  python scripts/heads_length_probe.py --sweep=workdir/ablations/heads_length  # which head
+                                                                               # finds which max
 
 Question: Yu et al. (2025, arXiv 2510.06662) prove that a one-layer transformer retrieving D
 maxima max_s <w_i, x_s> needs h >= D heads, and that below D the parameters it needs grow with
