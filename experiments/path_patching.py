@@ -60,6 +60,9 @@ from experiments.tasks import farthest_point
 PREDICTION = patching_study.PREDICTIONS["farthest_point_paths"]
 AT_LEAST = 0.5  # the probe's head carries at least half the full-input change
 UNDER = 0.1  # every other head under a tenth of it
+#: Descriptive, chosen after the data (not part of the prediction): a head "finds" the farthest
+#: point when it is the most-attended point for at least this share of the tokens.
+FINDS = 0.5
 
 
 def receivers(layer: int, num_layers: int) -> tuple[str, ...]:
@@ -150,7 +153,8 @@ def seed_numbers(run, num_examples: int = 256) -> dict[str, np.ndarray]:
 def seed_row(numbers: dict[str, np.ndarray]) -> dict:
   """A seed's summary: the probe's head (layer, head), its found share, path share and size,
   the largest |share| of the other heads, the sum of every head's share (each patched alone),
-  and whether the seed meets the prediction."""
+  whether the seed meets the prediction; and (descriptive) how many heads find the farthest
+  point (found >= FINDS), the sum of their shares and the largest |share| of the rest."""
   found, share = numbers["found"], numbers["share"]
   probe = int(np.argmax(found))
   layer, head = np.unravel_index(probe, found.shape)
@@ -158,8 +162,10 @@ def seed_row(numbers: dict[str, np.ndarray]) -> dict:
           "probe_head": int(head), "found": float(found.flat[probe]),
           "share_probe": float(share.flat[probe]), "size_probe": float(numbers["size"].flat[probe]),
           "share_other": float(np.max(np.abs(np.delete(share.ravel(), probe)))),
-          "share_total": float(np.sum(share)),
-          "meets": meets(share, found)}
+          "share_total": float(np.sum(share)), "meets": meets(share, found),
+          "finders": int(np.sum(found >= FINDS)),
+          "share_finders": float(np.sum(share[found >= FINDS])),
+          "share_rest": float(np.max(np.abs(share[found < FINDS]), initial=0.0))}
 
 
 def verdict(rows: list[dict]) -> dict:
@@ -179,19 +185,10 @@ def verdict(rows: list[dict]) -> dict:
                         and meeting >= PREDICTION["min_share_of_seeds"] * len(rows))}
 
 
-def _interval(values) -> tuple[float, float, float]:
-  """Mean and two-sided 95% t interval over seeds."""
-  values = np.asarray(values, float)
-  if np.ptp(values) == 0:  # every seed the same: the interval is that value
-    return (float(values[0]),) * 3
-  low, high = stats.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=stats.sem(values))
-  return float(values.mean()), float(low), float(high)
-
-
 def arm_summaries(per_arm: dict[str, list[dict]]) -> list[dict]:
   """One row per arm: the verdict, Holm's p over the arms (statistics.adjust), and means with
-  95% t intervals over seeds of the probe's found share, its head's path share and the largest
-  other |share|."""
+  95% t intervals over seeds (statistics.mean_interval, cut at each measure's range) of
+  ``seed_row``'s numbers."""
   found = {arm: verdict(rows) for arm, rows in per_arm.items()}
   comparisons = statistics.adjust([statistics.Comparison(
       "meets", arm, "chance", v["seeds"], v["meeting"] / v["seeds"], math.nan, math.nan,
@@ -202,8 +199,12 @@ def arm_summaries(per_arm: dict[str, list[dict]]) -> list[dict]:
     row = {"arm": arm, "heads": rows[0]["heads"], **found[arm],
            "p_adjusted": adjusted.p_adjusted}
     row["holds"] = "yes" if row["holds"] else "no"
-    for key in ("found", "share_probe", "share_other"):
-      row[key], row[f"{key}_low"], row[f"{key}_high"] = _interval([r[key] for r in rows])
+    for key, lower, upper in (("found", 0, 1), ("share_probe", -np.inf, np.inf),
+                              ("share_other", 0, np.inf), ("finders", 0, row["heads"]),
+                              ("share_finders", -np.inf, np.inf), ("share_rest", 0, np.inf),
+                              ("share_total", -np.inf, np.inf)):
+      row[key], row[f"{key}_low"], row[f"{key}_high"] = statistics.mean_interval(
+          [r[key] for r in rows], lower, upper)
     out.append(row)
   return out
 
@@ -219,6 +220,19 @@ def verdicts_table(summaries: list[dict]) -> str:
             f"{cell(r, 'share_probe', '.3f')} | {cell(r, 'share_other', '.3f')} | "
             f"{r['meeting']} of {r['seeds']} | {r['p']:.2g} | {r['p_adjusted']:.2g} | "
             f"{r['holds']} |" for r in summaries]
+  return "\n".join(lines) + "\n"
+
+
+def shared_table(summaries: list[dict]) -> str:
+  """A markdown table of ``arm_summaries``' descriptive columns: the heads that find the farthest
+  point, their summed share, the largest |share| of the others and every head's shares summed."""
+  cell = lambda row, key: (f"{row[key]:.2f} [{row[key + '_low']:.2f}, "
+                           f"{row[key + '_high']:.2f}]")
+  lines = [f"| arm | heads | heads finding it (found >= {FINDS:g}) | their summed share | largest "
+           "\\|share\\| of the others | every head's share summed |", "|" + "---|" * 6]
+  lines += [f"| {r['arm']} | {r['heads']} | " + " | ".join(
+      cell(r, key) for key in ("finders", "share_finders", "share_rest", "share_total")) + " |"
+      for r in summaries]
   return "\n".join(lines) + "\n"
 
 
@@ -267,8 +281,8 @@ def seeds_of(heads_rows: list[dict]) -> dict[str, list[dict[str, np.ndarray]]]:
 
 def summarise(heads_rows: list[dict], out: str) -> list[dict]:
   """From the per-head rows of every arm: writes path_patching.csv (``seed_row`` per arm and
-  seed), arms.csv and verdicts.md (``arm_summaries``: Holm over every arm) to ``out``, and
-  returns the summaries."""
+  seed), arms.csv, verdicts.md and shared.md (``arm_summaries``: Holm over every arm) to
+  ``out``, and returns the summaries."""
   per_arm = {arm: [seed_row(n) for n in per_seed]
              for arm, per_seed in seeds_of(heads_rows).items()}
   summaries = arm_summaries(per_arm)
@@ -278,6 +292,8 @@ def summarise(heads_rows: list[dict], out: str) -> list[dict]:
   _write_csv(os.path.join(out, "arms.csv"), summaries)
   with open(os.path.join(out, "verdicts.md"), "w") as f:
     f.write(verdicts_table(summaries))
+  with open(os.path.join(out, "shared.md"), "w") as f:
+    f.write(shared_table(summaries))
   return summaries
 
 

@@ -31,6 +31,8 @@ def test_a_path_patch_moves_the_read_out_by_the_head_s_result_along_the_stream_a
     clean_output, donor_output, patched = path_patching.path_patched(model, variables, x, donor)
     _, clean = hooks.capture(model, variables, x, names)
     _, donor_values = hooks.capture(model, variables, donor, names[2:3])
+    clean, donor_values, patched = jax.tree.map(np.asarray, (clean, donor_values, patched))
+  assert patched.dtype == np.float64
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
   block = p["encoder"]["block_0"]
   result, donor_result = clean["blocks.0.attn.hook_result"], donor_values[
@@ -77,3 +79,6 @@ def test_the_prediction_holds_at_9_of_10_seeds_and_fails_at_8(tmp_path):
   np.testing.assert_allclose(nine["p"], 11 / 1024)
   assert nine["p_adjusted"] == 2 * nine["p"]
   assert "| nine | 2 |" in (tmp_path / "verdicts.md").read_text()
+  # descriptive: one head finds it (found 0.9; the other 0.4), carrying its own share
+  assert (nine["finders"], nine["share_rest"]) == (1, 0.05)
+  np.testing.assert_allclose(nine["share_finders"], 0.75)
