@@ -47,12 +47,6 @@ def smallest_text_px(figure, dpi: float) -> float:
   return min(sizes) * dpi / 72 if sizes else float("inf")
 
 
-def shown_text_px(figure, dpi: float = 110) -> float:
-  """The smallest axis text's height in CSS pixels where the figure, saved at ``dpi``, is shown in
-  the documentation's column (at its own size where it fits, else scaled to the column)."""
-  return smallest_text_px(figure, dpi) * min(1.0, COLUMN_PX / (figure.get_figwidth() * dpi))
-
-
 def recorded_text_px(png) -> tuple[float | None, int]:
   """The smallest axis text (px) that a PNG (a path or a file) saved by ``save`` records (None
   for one saved otherwise), and the PNG's width in pixels."""

@@ -37,12 +37,12 @@ def test_the_recorded_size_is_the_smallest_axis_text(tmp_path):
   axis.tick_params(labelsize=12)
   axis.set_xlabel("x", fontsize=7)  # the smallest
   figure.text(0.0, 0.0, "footer", fontsize=3)  # a figure's own footer does not count
-  assert figures.shown_text_px(figure, dpi=100) == pytest.approx(7 * 100 / 72)
   figures.save(figure, tmp_path / "f.png", dpi=100)
   text, width = figures.recorded_text_px(tmp_path / "f.png")
   assert (text, width) == (pytest.approx(7 * 100 / 72, abs=0.05), 400)
+  assert shown_px(tmp_path / "f.png") == text  # narrower than the column: shown at its size
   wide, axis = plt.subplots(figsize=(figures.COLUMN_PX / 50, 2))  # shown at half its size
   axis.plot([0, 1])
   axis.tick_params(labelsize=10)
-  assert figures.shown_text_px(wide, dpi=100) == pytest.approx(10 * 100 / 72 / 2)
-  plt.close(wide)
+  figures.save(wide, tmp_path / "wide.png", dpi=100)
+  assert shown_px(tmp_path / "wide.png") == pytest.approx(10 * 100 / 72 / 2, abs=0.05)
