@@ -259,7 +259,8 @@ def run_app(run) -> None:
   """absl's app.run(run), with every failure to read the command line in one line naming the
   fix: a config file that is not there, a config's own error (a misspelt mode), an --config
   override of a field the config does not have (with its dotted path) or of the wrong type, and
-  absl's own flag errors (a missing --workdir)."""
+  absl's own flag errors (a missing --workdir), a sweep config given to experiments.train or a
+  training config to experiments.sweep."""
   from absl import app, flags
 
   def parse(argv):
@@ -268,9 +269,12 @@ def run_app(run) -> None:
       config = flags.FLAGS["config"].value
       if config is not None:
         config.get("any")  # a config file that failed to load raises on first use
-      return arguments
     except Exception as error:  # noqa: BLE001 -- each becomes one line below
       sys.exit(command_line_error(error, argv))
+    mismatch = config_kind_error(config, argv)
+    if mismatch:
+      sys.exit(mismatch)
+    return arguments
 
   app.run(run, flags_parser=parse)
 
@@ -293,11 +297,17 @@ def command_line_error(error: Exception, argv) -> str:
              "; run from the repository's root (the folder holding configs/)")
     return f"config error: no config file {path!r} (--config){where}."
   if isinstance(error, (AttributeError, KeyError)):  # an override of a field that is not there
-    detail = " ".join(message.encode().decode("unicode_escape").replace("'", "").split())
+    detail = " ".join(message.encode().decode("unicode_escape").replace("'", "")
+                      .replace('"', " ", 2).split())
     field, _, hint = detail.partition(" ")
     overrides = [arg.split("=", 1)[0][len("--config."):] for arg in argv
                  if arg.startswith("--config.")]
-    path = next((o for o in overrides if o.split(".")[-1] == field), field)
+    path = next((o for o in overrides if o.split(".")[-1] == field),
+                next((o for o in overrides if field in o.split(".")), field))
+    if _program(argv) == "experiments.sweep" and path.split(".")[0] in default_config():
+      return (f"config error: --config.{path} names a field the sweep config does not have; a "
+              f"sweep's training fields are under train: did you mean "
+              f"train.{_closest_training_field(path)}?")
     guess = re.search(r'Did you mean "?([\w.]+)"?', hint)
     prefix = path.rpartition(".")[0]
     suggestion = (f"; did you mean {prefix + '.' if prefix else ''}{guess.group(1)}?" if guess
@@ -308,11 +318,56 @@ def command_line_error(error: Exception, argv) -> str:
   if "Error whilst parsing config file" in message:  # the config's own error, e.g. its mode
     flag = first.split(": Error whilst", 1)[0].removeprefix("flag ")
     reason = lines[-1].split(": ", 1)[-1]
+    if "get_config() takes 0 positional arguments" in reason:  # a mode given to a plain config
+      path, _, mode = flag.removeprefix("--config=").partition(":")
+      return f"config error: {flag}: {path} takes no mode; drop ':{mode}'."
     return f"config error: {flag}: {reason}"
   first = first.removeprefix("flag ").removesuffix(".")
   if first.startswith("--config"):
     return f"config error: {first}."
   return f"command line error: {first}; python -m {_program(argv)} --helpshort lists the flags."
+
+
+def config_kind_error(config, argv) -> str | None:
+  """The one line when ``config`` is of the other command's kind (a sweep config, with its
+  ``train`` and ``num_seeds``, given to experiments.train, or a training config to
+  experiments.sweep); None when it fits.
+
+  >>> config_kind_error({"train": {}, "num_seeds": 3},
+  ...                   ["train.py", "--config=configs/ablations/heads.py:quick"])
+  'config error: --config=configs/ablations/heads.py:quick is a sweep config; run it with python
+  -m experiments.sweep --config=configs/ablations/heads.py:quick --workdir=...'
+  >>> config_kind_error({"model": {}}, ["sweep.py", "--config=configs/mqar.py"])
+  'config error: --config=configs/mqar.py is a training config; run it with python -m
+  experiments.train, or give experiments.sweep a sweep config from configs/ablations/.'
+  """
+  if config is None:
+    return None
+  program, path = _program(argv), _flag_value(argv, "config")
+  is_sweep = "train" in config and "num_seeds" in config
+  if program == "experiments.train" and is_sweep:
+    return (f"config error: --config={path} is a sweep config; run it with python -m "
+            f"experiments.sweep --config={path} --workdir=...")
+  if program == "experiments.sweep" and not is_sweep:
+    return (f"config error: --config={path} is a training config; run it with python -m "
+            f"experiments.train, or give experiments.sweep a sweep config from configs/ablations/.")
+  return None
+
+
+def _closest_training_field(path: str) -> str:
+  """``path`` with each unknown name replaced by the nearest field of configs/default.py.
+
+  >>> _closest_training_field("model.num_headz")
+  'model.num_heads'
+  """
+  import difflib
+  fields, names = default_config(), []
+  for name in path.split("."):
+    if hasattr(fields, "keys") and name not in fields:
+      name = (difflib.get_close_matches(name, list(fields.keys()), n=1) or [name])[0]
+    names.append(name)
+    fields = fields[name] if hasattr(fields, "keys") and name in fields else None
+  return ".".join(names)
 
 
 def _flag_value(argv, name: str) -> str:
