@@ -1,5 +1,5 @@
 """The direction of imports (DESIGN.md, "Layout"): no circle among the modules of attention_jax,
-experiments and scripts, and the library imports neither of the others.
+experiments, scripts, configs and examples, and the library imports none of the others.
 
 The graph is read from the source with ast, so it includes the imports inside functions (a
 circle closed only when a function runs is still a circle) and needs nothing installed.
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.quick
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-PACKAGES = ("attention_jax", "experiments", "scripts")
+PACKAGES = ("attention_jax", "experiments", "scripts", "configs", "examples")
 
 
 def modules(root: str = ROOT) -> dict[str, str]:
@@ -76,7 +76,7 @@ def test_no_module_imports_itself_round_a_circle():
   assert circles(graph()) == []
 
 
-def test_the_library_imports_neither_experiments_nor_scripts():
+def test_the_library_imports_none_of_the_others():
   outward = {module: sorted(other for other in imports if not other.startswith("attention_jax"))
              for module, imports in graph().items() if module.startswith("attention_jax")}
   assert {module: others for module, others in outward.items() if others} == {}
