@@ -201,10 +201,14 @@ def _errorbars(axis, x, per_point, name, metric, index, count, log_x=False, styl
   means, errors = yerr(per_point, metric)
   spread = (np.asarray(x, np.float64) * (1.06 ** (index - (count - 1) / 2)) if log_x else
             np.asarray(x, np.float64) + 0.06 * (index - (count - 1) / 2))
-  style = index if style is None else style
-  marker = MARKERS[(style + style // 10) % len(MARKERS)]  # colours repeat after 10: shift it
-  axis.errorbar(spread, means, yerr=errors, label=name, marker=marker, color=f"C{style % 10}",
-                ms=4, capsize=2, lw=1.2)
+  axis.errorbar(spread, means, yerr=errors, label=name, ms=4, capsize=2, lw=1.2,
+                **_line_style(index if style is None else style))
+
+
+def _line_style(index: int) -> dict:
+  """The colour and marker of a figure's line ``index``: the colours repeat after 10, so each
+  round of them shifts the markers by one (no two of the first 100 lines look alike)."""
+  return {"color": f"C{index % 10}", "marker": MARKERS[(index + index // 10) % len(MARKERS)]}
 
 
 def plot_learning_rates(records, path):
@@ -302,10 +306,11 @@ def plot_curves(workdir, records, path):
     for index, record in enumerate(members):
       c = chosen[record["variant"]]
       steps, values = logbook.curves(workdir, record, c.metrics["name"], column)
-      line, = axis.plot(steps, np.nanmean(values, 0), marker=MARKERS[index % len(MARKERS)],
-                        ms=3, label=f"{label(c.variant, title)} (lr {c.learning_rate:g})")
+      style = _line_style(index)
+      axis.plot(steps, np.nanmean(values, 0), ms=3,
+                label=f"{label(c.variant, title)} (lr {c.learning_rate:g})", **style)
       axis.fill_between(steps, np.nanmin(values, 0), np.nanmax(values, 0),
-                        color=line.get_color(), alpha=0.12)
+                        color=style["color"], alpha=0.12)
     axis.set_title(title, fontsize=9)
     axis.set_xlabel("step")
     axis.grid(alpha=0.3)
@@ -328,8 +333,8 @@ def plot_max_logits(workdir, records, path):
       names = [n for n, r in zip(record["metrics"]["name"], record["metrics"]["learning_rate"])
                if r == highest]
       steps, values = logbook.curves(workdir, record, names, MAX_LOGIT)
-      axis.plot(steps, np.mean(values, 0), marker=MARKERS[index % len(MARKERS)], ms=3,
-                label=f"{label(record['variant'], title)} (lr {highest:g})")
+      axis.plot(steps, np.mean(values, 0), ms=3,
+                label=f"{label(record['variant'], title)} (lr {highest:g})", **_line_style(index))
     axis.set_yscale("log")
     axis.set_title(title, fontsize=9)
     axis.set_xlabel("step")
