@@ -281,8 +281,8 @@ def seeds_of(heads_rows: list[dict]) -> dict[str, list[dict[str, np.ndarray]]]:
 
 def summarise(heads_rows: list[dict], out: str) -> list[dict]:
   """From the per-head rows of every arm: writes path_patching.csv (``seed_row`` per arm and
-  seed), arms.csv, verdicts.md and shared.md (``arm_summaries``: Holm over every arm) to
-  ``out``, and returns the summaries."""
+  seed), arms.csv and verdicts.md (``arm_summaries``: Holm over every arm; the prediction's
+  table, then the descriptive one) to ``out``, and returns the summaries."""
   per_arm = {arm: [seed_row(n) for n in per_seed]
              for arm, per_seed in seeds_of(heads_rows).items()}
   summaries = arm_summaries(per_arm)
@@ -291,9 +291,8 @@ def summarise(heads_rows: list[dict], out: str) -> list[dict]:
               for seed, row in enumerate(rows)])
   _write_csv(os.path.join(out, "arms.csv"), summaries)
   with open(os.path.join(out, "verdicts.md"), "w") as f:
-    f.write(verdicts_table(summaries))
-  with open(os.path.join(out, "shared.md"), "w") as f:
-    f.write(shared_table(summaries))
+    f.write(verdicts_table(summaries) + "\nDescriptive, after the data (not the prediction): how "
+            "the read-out is shared between the heads.\n\n" + shared_table(summaries))
   return summaries
 
 
