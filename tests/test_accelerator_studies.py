@@ -2,13 +2,12 @@
 accelerator studies declare: they hold on results shaped as the literature says and fail where
 the effect is absent."""
 
-import csv
-
 import numpy as np
 import pytest
 
 from configs.ablations import attention_variants, positional, scaling
-from experiments import findings, sweep, sweep_report
+from experiments import findings, sweep
+from results_helpers import accuracies, write_results
 
 
 @pytest.mark.parametrize("mode", [None, "quick", "accelerator"])
@@ -53,37 +52,17 @@ def test_the_positional_accelerator_preset_tests_at_two_four_and_eight_times_the
       seeds, steps, rates)
 
 
-def _results(path, rows):
-  """A results.csv of ``rows`` (variant, seed, learning rate, setting, {column: value}); the
-  records read back from it."""
-  columns = list(rows[0][4])
-  with open(path, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(["variant", "seed", "learning_rate", "weight_decay", "warmup_steps", "status",
-                     "diverged_at", "setting"] + columns)
-    for variant, seed, lr, setting, values in rows:
-      writer.writerow([variant, seed, lr, 0.01, 60, "ok", 0, setting]
-                      + [values[c] for c in columns])
-  return sweep_report.records_from_csv(path)
-
-
 SEEDS = 10  # enough for the exact tests to pass Holm over a table's checks
-
-
-def _accuracy(**accuracies):
-  """{<set>_accuracy: a, <set>_loss: 1 - a} for each test set's accuracy a."""
-  return {f"{name}_{kind}": value for name, a in accuracies.items()
-          for kind, value in (("accuracy", a), ("loss", 1 - a))}
 
 
 def _scaling_results(path, error):
   """The scaling sweep's results with test (and validation) error
   ``error(d_k, scale, learning_rate, seed)``."""
-  rows = [(f"dk{d}_{scale}", seed, lr, d, _accuracy(eval=1 - error(d, scale, lr, seed),
-                                                    validation=1 - error(d, scale, lr, seed)))
+  rows = [(f"dk{d}_{scale}", seed, lr, d, accuracies(eval=1 - error(d, scale, lr, seed),
+                                                     validation=1 - error(d, scale, lr, seed)))
           for d in scaling.ACCELERATOR_HEAD_DIMS for scale in scaling.ACCELERATOR_SCALES
           for lr in scaling.LEARNING_RATES for seed in range(SEEDS)]
-  return _results(path, rows)
+  return write_results(path, rows)
 
 
 def _held(module, mode, records):
@@ -115,14 +94,14 @@ def test_positional_predictions_hold_where_the_literature_says_and_fail_where_al
   noise = lambda seed, i: 0.01 * np.sin(5 * seed + i)
 
   def results(name, accuracy):  # accuracy(task, encoding, times the training length)
-    rows = [(f"{task}-{encoding}", seed, lr, encoding, _accuracy(
+    rows = [(f"{task}-{encoding}", seed, lr, encoding, accuracies(
         eval=0.99, validation=0.99 + noise(seed, lr),
         **{m: accuracy(task, encoding, 2 ** (i + 1)) + noise(seed, i)
            for i, m in enumerate(lengths)}))
             for task in positional.ACCELERATOR[0]
             for encoding in positional.ACCELERATOR_ENCODINGS
             for lr in positional.ACCELERATOR[5] for seed in range(SEEDS)]
-    return _results(tmp_path / name, rows)
+    return write_results(tmp_path / name, rows)
 
   def literature(task, encoding, times):
     if encoding == "randomized":
@@ -153,11 +132,11 @@ def test_variant_predictions_hold_where_the_papers_say_and_fail_where_no_variant
 
   def results(name, accuracy, first_token):
     rows = [(variant, seed, lr, variant, {
-        **_accuracy(eval=accuracy(variant, lr) + noise(seed, lr),
-                    validation=accuracy(variant, lr)),
+        **accuracies(eval=accuracy(variant, lr) + noise(seed, lr),
+                     validation=accuracy(variant, lr)),
         "final_first_token_weight": first_token(variant) + noise(seed, 0)})
             for variant in names for lr in attention_variants.LEARNING_RATES for seed in range(SEEDS)]
-    return _results(tmp_path / name, rows)
+    return write_results(tmp_path / name, rows)
 
   def papers(variant, lr):  # the gates and QK-norm train where plain attention fails
     tolerant = {1e-2: ("gated", "gated_headwise", "qk_norm"), 3e-2: ("qk_norm",)}
@@ -189,11 +168,11 @@ def test_control_predictions_hold_where_the_confound_explains_all_and_fail_where
   noise = lambda seed: 10 * np.sin(3 * seed)
 
   def results(name, steps):  # steps(variant) to accuracy 0.9
-    rows = [(variant, seed, lr, variant, {**_accuracy(eval=1.0, validation=1.0 - lr),
-                                          "steps_to_threshold": steps(variant) + noise(seed)})
+    rows = [(variant, seed, lr, variant, {**accuracies(eval=1.0, validation=1.0 - lr),
+                                           "steps_to_threshold": steps(variant) + noise(seed)})
             for variant in attention_variants.CONTROLS for lr in attention_variants.CONTROL_RATES
             for seed in range(SEEDS)]
-    return _results(tmp_path / name, rows)
+    return write_results(tmp_path / name, rows)
 
   def confound(variant):  # maps decide; the closed gate is slow, the open one is plain attention
     return {"mha_8": 400, "differential": 400, "gated": 800}.get(variant, 600)

@@ -1,12 +1,11 @@
 """The causal positional study (configs/ablations/positional_causal.py): its arms are what its
 docstring says, every mode's predictions can reach alpha with its seeds, and they hold on results
 shaped as the literature says and fail where NoPE falls behind by more than the margin."""
-import csv
-
 import pytest
 
 from configs.ablations import positional_causal as study
-from experiments import findings, sweep, sweep_report
+from experiments import findings, sweep
+from results_helpers import accuracies, write_results
 
 SETS = ["eval"] + [f"length_{low}_{high}" for low, high in study.TEST_LENGTHS]
 
@@ -50,20 +49,12 @@ def test_the_accelerator_preset_holds_every_design_in_one_family_that_can_reach_
 def _records(tmp_path, accuracy):
   """The order mode's results.csv and records, every arm at both rates (1e-3 chosen on the
   validation stream); ``accuracy(arm, test_set, seed)``: 0 the training lengths, 1-3 2x-8x."""
-  path = tmp_path / "results.csv"
-  columns = [f"{s}_{kind}" for s in SETS + ["validation"] for kind in ("accuracy", "loss")]
-  with open(path, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(["variant", "seed", "learning_rate", "weight_decay", "warmup_steps", "status",
-                     "diverged_at", "setting"] + columns)
-    for name, _ in study.get_config("order").variants:
-      for rate in study.LEARNING_RATES:
-        for seed in range(study.NUM_SEEDS):
-          values = [accuracy(name, i, seed) - (rate != 1e-3) * 0.01 for i in range(4)]
-          values.append(0.99 - (rate != 1e-3) * 0.01)  # validation
-          writer.writerow([name, seed, rate, 0.01, 100, "ok", 0, ""]
-                          + [v for a in values for v in (a, 1 - a)])
-  return {findings.RESULTS: sweep_report.records_from_csv(path)}
+  rows = [(name, seed, rate, "",
+           accuracies(**{s: accuracy(name, i, seed) - (rate != 1e-3) * 0.01
+                         for i, s in enumerate(SETS)}, validation=0.99 - (rate != 1e-3) * 0.01))
+          for name, _ in study.get_config("order").variants for rate in study.LEARNING_RATES
+          for seed in range(study.NUM_SEEDS)]
+  return {findings.RESULTS: write_results(tmp_path / "results.csv", rows)}
 
 
 def _held(records):

@@ -6,7 +6,7 @@ import pytest
 
 from configs.ablations import positional_registered as study
 from experiments import findings, sweep
-from test_accelerator_studies import _accuracy, _results
+from results_helpers import accuracies, write_results
 
 pytestmark = pytest.mark.quick
 
@@ -35,12 +35,12 @@ def _records(tmp_path, accuracy):
   accuracy on ``set`` (0 the training lengths, 1-3 the 2x, 4x and 8x test sets)."""
   sets = ["eval"] + [f"length_{low}_{high}" for low, high in study.TEST_LENGTHS]
   rows = [(f"{task}-{encoding}", seed, lr, "",
-           _accuracy(**{name: accuracy(task, encoding, i, seed) - (lr != 1e-3) * 0.01
-                        for i, name in enumerate(sets)},
-                     validation=0.99 - (lr != 1e-3) * 0.01))
+           accuracies(**{name: accuracy(task, encoding, i, seed) - (lr != 1e-3) * 0.01
+                         for i, name in enumerate(sets)},
+                      validation=0.99 - (lr != 1e-3) * 0.01))
           for task in study.TASKS for encoding in study.ENCODINGS for lr in study.LEARNING_RATES
           for seed in range(10)]
-  return _results(tmp_path / "results.csv", rows)
+  return write_results(tmp_path / "results.csv", rows)
 
 
 def _decide(records):

@@ -6,7 +6,7 @@ import pytest
 
 from configs.ablations import scaling_init
 from experiments import findings, sweep, verdicts
-from test_accelerator_studies import _results
+from results_helpers import write_results
 
 pytestmark = pytest.mark.quick
 
@@ -80,7 +80,7 @@ def test_the_design_checks_read_the_accuracy_and_the_chosen_rates(tmp_path):
             verdicts.STEPS_TO: 300.0})
           for d in scaling_init.HEAD_DIMS for arm in scaling_init.ARMS for lr in rates
           for seed in range(10)]
-  records = _results(tmp_path / "r.csv", rows)
+  records = write_results(tmp_path / "r.csv", rows)
   ((_, _, design),) = findings.decide(_declared(lambda name: name == "D"),
                                       {findings.RESULTS: records})
   checks = {name: held for name, held, _ in design}
