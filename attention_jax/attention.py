@@ -636,9 +636,11 @@ KERNELS = {kernel.name: kernel for kernel in (
            "or segment ids leave empty (per example where they come as arrays), and evaluate no "
            "`mask_mod` on full ones; attention dropout with the blockwise kernel's "
            "counter-based masks; a bias only written as a `score_mod`",
-           _REVERSE_ONLY.format("its custom VJP; implementation='chunked' serves forward "
-                                "mode") + "; the floating arrays a score_mod closes over get "
-           f"gradients (up to {pallas_gpu.MAX_TRAINED} entries, summed in a fixed order)",
+           "jvp, jacfwd (a fused tangent kernel, which transposes to the backward kernels), "
+           "vmap, shard_map; not hessian or the grad of a jvp (second order: "
+           "implementation='chunked'); the floating arrays a score_mod closes over get "
+           f"tangents and gradients (up to {pallas_gpu.MAX_TRAINED} entries, the gradients "
+           "summed in a fixed order)",
            _pallas_gpu, serves=("dropout", "residual", "max_scores", "soft_cap", "score_mod",
                                 "mask_mod"),
            backend="gpu", measured_on=("9.0",),

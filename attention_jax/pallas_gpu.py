@@ -1,7 +1,10 @@
 """Attention with score/mask functions as one fused kernel for NVIDIA GPUs, held to our contract:
 Pallas on Triton, with FlashAttention-2's blocking (a program per block of queries and head, an
 online softmax over the blocks of keys that are not empty, the mask_mod skipped on full ones;
-backward: one kernel for dQ, one for dK and dV, from the forward's log-sum-exp).
+backward: one kernel for dQ, one for dK and dV, from the forward's log-sum-exp; forward mode:
+one tangent kernel over the forward's blocks, bound as a primitive linear in the tangents whose
+transpose is the backward kernels, so jvp, jacfwd and linearize run it and grad runs the
+backward kernels as before; second order is refused in one line, naming the blockwise kernel).
 
 A mod is traced on scalars (``mods.py``); its jaxpr is evaluated here on whole [bq, bk] blocks
 inside the kernel: elementwise primitives on broadcast blocks, and an array the mod closed over,
@@ -9,7 +12,8 @@ indexed by scalars (``slopes[h]``, ``table[q_idx - kv_idx]``, a ``dynamic_slice`
 read from the kernel's flattened copy of it, one gather per block (Triton has no dynamic_slice).
 A floating array a score_mod closes over gets its gradient from the dQ kernel when it is being
 differentiated: each read's cotangent (the mod's own vjp on the block), summed per entry in the
-program's registers and over programs in a fixed order, so the same bits on every run.
+program's registers and over programs in a fixed order, so the same bits on every run; its
+tangent enters the tangent kernel read by read (each read's value an input of the block's jvp).
 
 The contract's structure (``is_causal``, windows, lengths, segment ids, a mask) becomes one more
 mask_mod, with the kinds of blocks it leaves (per example where it comes as arrays), so that its
@@ -40,6 +44,7 @@ from attention_jax import block_masks
 from attention_jax import blocks as blocks_lib
 from attention_jax import mods as mods_lib
 from attention_jax import structure
+from attention_jax import tangent as tangent_lib
 
 
 BLOCK = 64  # the kernel's default block of queries and keys
@@ -359,13 +364,47 @@ class _Plan:
       modded = lambda x: jnp.broadcast_to(
           evaluate(self.score.jaxpr, tables[0], x, b, h, q_idx, kv_idx), x.shape)
       s, derivative = jax.jvp(modded, (raw,), (jnp.ones_like(raw),))
-    allowed = kv_idx < self.kv_len
-    if self.allow is not None:
-      allowed = allowed & lax.cond(
-          full, lambda: jnp.ones(s.shape, jnp.bool_),
-          lambda: jnp.broadcast_to(evaluate(self.allow.jaxpr, tables[1], b, h, q_idx, kv_idx),
-                                   s.shape))
-    return jnp.where(allowed, s, -jnp.inf), derivative, raw
+    return jnp.where(self.allowed(tables, b, h, q_start, k_start, full), s, -jnp.inf), (
+        derivative), raw
+
+  def allowed(self, tables, b, h, q_start, k_start, full):
+    """Where the block at (q_start, k_start) attends [bq, bk]: keys in range that the mask_mod
+    allows (not evaluated on a ``full`` block)."""
+    q_idx, kv_idx = self.indices(q_start, k_start)
+    shape = (self.block_q, self.block_k)
+    allowed = jnp.broadcast_to(kv_idx < self.kv_len, shape)
+    if self.allow is None:
+      return allowed
+    return allowed & lax.cond(
+        full, lambda: jnp.ones(shape, jnp.bool_),
+        lambda: jnp.broadcast_to(evaluate(self.allow.jaxpr, tables[1], b, h, q_idx, kv_idx),
+                                 shape))
+
+  def logits_tangent(self, q, k, d_q, d_k, tables, d_tables, b, h, q_start, k_start, full):
+    """The logits [bq, bk] as ``logits`` gives them and their tangents (0 where masked), from
+    the tangents of the q [bq, H] and k [bk, H] blocks and of the trained tables (``d_tables``,
+    refs in ``trained``'s order): jax.jvp of the score path, each read of a trained table an
+    input whose tangent is read from its tangent's ref at the same index."""
+    dot = lambda a, c: jnp.dot(a, c.T, preferred_element_type=jnp.float32) * self.scale
+    s, ds = dot(q, k), dot(d_q, k) + dot(q, d_k)
+    if self.score is not None:
+      q_idx, kv_idx = self.indices(q_start, k_start)
+      reads = {i: [] for i in self.trained}
+      evaluate(self.score.jaxpr, [dataclasses.replace(t, reads=reads[i]) if i in reads else t
+                                  for i, t in enumerate(tables[0])], s, b, h, q_idx, kv_idx)
+
+      def modded(x, values):
+        replay = iter(values)
+        replayed = [dataclasses.replace(t, replay=replay) if i in reads else t
+                    for i, t in enumerate(tables[0])]
+        return jnp.broadcast_to(evaluate(self.score.jaxpr, replayed, x, b, h, q_idx, kv_idx),
+                                x.shape)
+      values = [value for i in self.trained for _, value in reads[i]]
+      d_values = [d_table[flat] for d_table, i in zip(d_tables, self.trained)
+                  for flat, _ in reads[i]]
+      s, ds = jax.jvp(modded, (s, values), (ds, d_values))
+    allowed = self.allowed(tables, b, h, q_start, k_start, full)
+    return jnp.where(allowed, s, -jnp.inf), jnp.where(allowed, ds, 0.0)
 
   def read_shapes(self):
     """``table_reads``' list for any block: (start, flat, cotangent), shapes in place of arrays
@@ -474,6 +513,45 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
   lse_ref[...] = jnp.where(empty, -jnp.inf, m + jnp.log(jnp.where(empty, 1.0, l)))
   if plan.max_scores:
     max_ref[0][...] = jnp.where(empty, -jnp.inf, m)  # each row's largest score
+
+
+def _tangent_kernel(order_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, dq_ref, dk_ref, dv_ref,
+                   *refs, plan):
+  """The tangents of a block of queries' out and lse, over its key blocks as the forward walks
+  them, with the forward's log-sum-exp (P = exp(S - lse), no rescaling):
+
+    dS_j = the logits' tangent (q's, k's and the trained tables')
+    d lse = sum_j P_j dS_j
+    d out = c sum_j keep_j P_j (dS_j V_j + dV_j) - d lse out
+
+  dropout's mask (keep, c = 1 / (1 - rate)) the forward's; the normaliser's tangent reads the
+  undropped P."""
+  tables, keys, rest = plan.tables(refs)
+  d_tables, (d_out_ref, d_lse_ref) = rest[:len(plan.trained)], rest[len(plan.trained):]
+  i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  q, d_q, lse = q_ref[...], dq_ref[...], lse_ref[...]
+  lse = jnp.where(lse == -jnp.inf, 0.0, lse)  # a row with no key: P = 0
+
+  def step(k_start, full, carry):
+    acc, d_lse = carry  # [bq, H_v], [bq]
+    cols = pl.ds(k_start, plan.block_k)
+    k, v, d_k, d_v = k_ref[cols, :], v_ref[cols, :], dk_ref[cols, :], dv_ref[cols, :]
+    s, ds = plan.logits_tangent(q, k, d_q, d_k, tables, d_tables, b, h, i * plan.block_q,
+                                k_start, full)
+    p = jnp.exp(s - lse[:, None])
+    kept = plan.dropout(keys, b, h, i * plan.block_q, k_start)
+    dropped = p if kept is None else jnp.where(kept, p, 0.0)
+    acc = acc + jnp.dot((dropped * ds).astype(v.dtype), v, preferred_element_type=jnp.float32)
+    acc = acc + jnp.dot(dropped.astype(d_v.dtype), d_v, preferred_element_type=jnp.float32)
+    return acc, d_lse + jnp.sum(p * ds, axis=1)
+
+  init = (jnp.zeros((plan.block_q, v_ref.shape[-1]), jnp.float32),
+          jnp.zeros((plan.block_q,), jnp.float32))
+  acc, d_lse = plan.loop(order_ref, i, b, h, step, init)
+  scale = blocks_lib.dropout_scale(plan.dropout_rate)
+  d_out = scale * acc - d_lse[:, None] * out_ref[...].astype(jnp.float32)
+  d_out_ref[...] = d_out.astype(d_out_ref.dtype)
+  d_lse_ref[...] = d_lse
 
 
 def _weights_gradient(plan, q, k, v, do, lse, delta, tables, keys, b, h, q_start, k_start,
@@ -598,8 +676,8 @@ def missing_backend() -> str | None:
 def refusal(query, key, value, request) -> str | None:
   """Why the kernel cannot serve ``request`` here, or None: no Pallas Triton backend in this
   jax, or a mod it cannot evaluate blockwise (``check``: a traced floating array it closes
-  over, control flow it refuses, or any failure of its mod interpreter), so that the automatic choice passes such calls to the
-  blockwise kernel; an attention.Kernel check."""
+  over, control flow it refuses, or any failure of its mod interpreter), so that the automatic
+  choice passes such calls to the blockwise kernel; an attention.Kernel check."""
   del query, key, value
   if reason := missing_backend():
     return reason
@@ -629,12 +707,14 @@ def _specs(plan, head_dim, value_dim):
       stat_all=pl.BlockSpec((None, None, q_pad), lambda i, b, h: (b, h, 0)))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _attention(plan, q, k, v, orders, tables):
-  return _attention_fwd(plan, q, k, v, orders, tables)[0]
+  return _attention_fwd(plan, q, k, v, orders, tables)
 
 
 def _attention_fwd(plan, q, k, v, orders, tables):
+  """The forward kernel: out [B, Tp, N, Hv], lse [B, N, Tp] and (with ``plan.max_scores``) the
+  row maxima [B, N, Tp] in a tuple."""
   batch, q_pad, num_heads, head_dim = q.shape
   value_dim = v.shape[-1]
   specs = _specs(plan, head_dim, value_dim)
@@ -645,32 +725,89 @@ def _attention_fwd(plan, q, k, v, orders, tables):
       [specs["q"], specs["k_all"], specs["v_all"]],
       (jax.ShapeDtypeStruct((batch, q_pad, num_heads, value_dim), q.dtype),)
       + (statistic,) * statistics, (specs["o"],) + (specs["stat"],) * statistics)
-  return (out, lse, tuple(row_max)), (q, k, v, out, lse, orders, tables)
+  return out, lse, tuple(row_max)
 
 
-def _attention_fwd_rule(plan, q, k, v, orders, tables):
-  """The forward pass under differentiation (``symbolic_zeros``: each argument says whether it
-  is being differentiated): the score_mod's floating tables that are get gradients."""
-  perturbed = [table.perturbed for table in tables]
-  q, k, v, orders, tables = custom_derivatives.custom_vjp_primal_tree_values(
-      (q, k, v, orders, tables))
-  outputs, residuals = _attention_fwd(plan, q, k, v, orders, tables)
-  scored = len(plan.score.consts) if plan.score is not None else 0
-  trained = tuple(jnp.zeros((0,)) if i < scored and perturbed[i] and mods_lib.is_trainable(
-      tables[i]) else None for i in range(len(tables)))  # a marker in the residuals' structure
-  return outputs, residuals + (trained,)
+SECOND_ORDER_ERROR = (
+    "implementation='pallas_gpu' serves first-order forward mode (jvp, jacfwd, linearize) and "
+    "reverse mode; second order (hessian, jax.grad of a jvp, jax.jvp of a grad) has no fused "
+    "kernel: use implementation='chunked'.")
 
 
 def _dense_zeros(x):
-  """A cotangent as an array (a symbolic zero as zeros)."""
+  """A tangent as an array (a symbolic zero as zeros)."""
   return jnp.zeros(x.shape, x.dtype) if isinstance(x, custom_derivatives.SymbolicZero) else x
 
 
-def _attention_bwd(plan, residuals, cotangents):
-  q, k, v, out, lse, orders, tables, markers = residuals
-  d_out, d_lse = _dense_zeros(cotangents[0]), _dense_zeros(cotangents[1])  # no row maxima's
-  plan = dataclasses.replace(plan, trained=tuple(
-      i for i, marker in enumerate(markers) if marker is not None))
+def _attention_jvp(plan, primals, tangents):
+  """The tangents of out and lse by the tangent kernel, bound as a primitive linear in the
+  tangents of q, k, v and of the score_mod's floating tables being differentiated, that
+  transposes to the backward kernels (attention_jax.tangent): jvp runs the tangent kernel, grad
+  the backward kernels as the custom VJP did. Row maxima get zero tangents."""
+  q, k, v, orders, tables = primals
+  d_q, d_k, d_v, _, d_tables = tangents
+  outputs = _attention(plan, q, k, v, orders, tables)
+  scored = len(plan.score.consts) if plan.score is not None else 0
+  trained = tuple(i for i in range(scored) if mods_lib.is_trainable(tables[i]) and not isinstance(
+      d_tables[i], custom_derivatives.SymbolicZero))
+  derivatives = _Derivatives(dataclasses.replace(plan, trained=trained))
+  point = (q, k, v, tuple(tables[i] for i in trained))
+  d_point = tuple(map(_dense_zeros, (d_q, d_k, d_v))) + (
+      tuple(_dense_zeros(d_tables[i]) for i in trained),)
+  d_out, d_lse = tangent_lib.linear(
+      derivatives.tangent, derivatives.cotangent, (point, (orders, tables) + outputs[:2]),
+      d_point, like=outputs[:2], second_order=SECOND_ORDER_ERROR)
+  return outputs, (d_out, d_lse, tuple(jnp.zeros_like(x) for x in outputs[2]))
+
+
+_attention.defjvp(_attention_jvp, symbolic_zeros=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Derivatives:
+  """The kernel's tangent (forward mode: the tangent kernel) and its transpose (reverse mode:
+  the backward kernels) for one plan, whose ``trained`` names the tables differentiated.
+  residuals: the point (q, k, v, the trained tables), whose tangents and cotangents these are,
+  and (orders, tables, out, lse)."""
+  plan: _Plan
+
+  def _tables(self, trained, tables) -> tuple:
+    tables = list(tables)
+    for i, table in zip(self.plan.trained, trained):
+      tables[i] = table
+    return tuple(tables)
+
+  def tangent(self, residuals, tangents):
+    (q, k, v, trained), (orders, tables, out, lse) = residuals
+    d_q, d_k, d_v, d_trained = tangents
+    return _tangent(self.plan, q, k, v, out, lse, orders, self._tables(trained, tables), d_q,
+                    d_k, d_v, d_trained)
+
+  def cotangent(self, residuals, cotangents):
+    (q, k, v, trained), (orders, tables, out, lse) = residuals
+    d_q, d_k, d_v, d_tables = _backward(self.plan, q, k, v, out, lse, orders,
+                                        self._tables(trained, tables), *cotangents)
+    return d_q, d_k, d_v, tuple(d_tables[i] for i in self.plan.trained)
+
+
+def _tangent(plan, q, k, v, out, lse, orders, tables, d_q, d_k, d_v, d_trained):
+  """The tangent kernel: the tangents of out [B, Tp, N, Hv] and lse [B, N, Tp] from those of
+  q, k, v and of the trained tables (``d_trained``, in ``plan.trained``'s order)."""
+  batch, q_pad, num_heads, head_dim = q.shape
+  specs = _specs(plan, head_dim, v.shape[-1])
+  d_trained = tuple(jnp.reshape(d, (-1,)) for d in d_trained)
+  return tuple(_call(
+      _tangent_kernel, plan, (plan.num_q, batch, num_heads),
+      (orders[0], q, k, v, out, lse, d_q, d_k, d_v, tables + d_trained),
+      [specs[name] for name in ("q", "k_all", "v_all", "o", "stat", "q", "k_all", "v_all")],
+      (jax.ShapeDtypeStruct(out.shape, out.dtype),
+       jax.ShapeDtypeStruct((batch, num_heads, q_pad), jnp.float32)),
+      (specs["o"], specs["stat"])))
+
+
+def _backward(plan, q, k, v, out, lse, orders, tables, d_out, d_lse):
+  """The backward kernels: dQ, dK, dV and the gradients of the tables ``plan.trained`` names
+  (None for the others), from the cotangents of out and of the log-sum-exp."""
   batch, q_pad, num_heads, head_dim = q.shape
   kv_pad, value_dim = k.shape[1], v.shape[-1]
   delta = jnp.einsum("bthd,bthd->bht", d_out.astype(jnp.float32), out.astype(jnp.float32))
@@ -705,11 +842,9 @@ def _attention_bwd(plan, residuals, cotangents):
       d_tables[i] = summed[start:start + tables[i].size].astype(tables[i].dtype)
   by_kv_head = lambda x: jnp.sum(jnp.reshape(x, x.shape[:2] + (-1, plan.group) + x.shape[3:]),
                                  axis=3)  # [B, S, N, H] -> [B, S, K, H]
-  return (dq, by_kv_head(dk).astype(k.dtype), by_kv_head(dv).astype(v.dtype), None,
-          tuple(d_tables))
+  return dq, by_kv_head(dk).astype(k.dtype), by_kv_head(dv).astype(v.dtype), d_tables
 
 
-_attention.defvjp(_attention_fwd_rule, _attention_bwd, symbolic_zeros=True)
 
 
 def _is_block(size: int) -> bool:
@@ -798,8 +933,7 @@ def flex_attention(query, key, value, *, scale: float, score_mod=None, mask_mod=
   if dropout_rate:  # the dropout key of every (example, head), flattened, or one for all
     tables += (jnp.reshape(blocks_lib.head_keys(dropout_rng, batch, num_heads,
                                                 broadcast_dropout), (-1,)),)
-  # its custom VJP has no tangent kernel yet: forward mode is refused in one line
-  out, lse, row_max = _checks.reverse_only(_attention, "pallas_gpu")(
+  out, lse, row_max = _attention(
       plan, prepare(query, block_q, head_dim), prepare(key, block_k, head_dim),
       prepare(value, block_k, value_dim), (forward, backward), tables)
   out = jnp.reshape(out[:, :q_len, :, :value_dim], batch_shape + (q_len, num_heads, value_dim))

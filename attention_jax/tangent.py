@@ -47,7 +47,7 @@ linear_p = core.Primitive("linear_tangent")
 linear_p.multiple_results = True
 
 
-def linear(fn, transpose, residuals, tangents, like=None, derive=None):
+def linear(fn, transpose, residuals, tangents, like=None, derive=None, second_order=None):
   """``fn(residuals, tangents)`` (a tuple of arrays, linear in the pytree ``tangents``), whose
   transpose is ``transpose(residuals, cotangents)`` (a pytree like ``tangents``). ``fn`` and
   ``transpose`` must be hashable (module functions, or functools.partial of hashable values).
@@ -55,7 +55,9 @@ def linear(fn, transpose, residuals, tangents, like=None, derive=None):
   the outputs have; without it ``fn`` is traced for its output shapes, which serves only
   outside shard_map. ``derive``: residuals are ``(point, other)``, ``point`` of ``tangents``'
   structure, and ``derive(point, other)`` recomputes ``other`` at ``point``; second order then
-  reads the point's tangents only (the module's docstring), else it differentiates ``fn``."""
+  reads the point's tangents only (the module's docstring), else it differentiates ``fn``.
+  ``second_order``: for a kernel without either, the one-line error that second order raises
+  (under a tangent of the residuals) instead."""
   res_leaves, res_tree = jax.tree.flatten(residuals)
   tan_leaves, tan_tree = jax.tree.flatten(tangents)
   if derive is not None and jax.tree.structure(residuals[0]) != tan_tree:
@@ -64,7 +66,8 @@ def linear(fn, transpose, residuals, tangents, like=None, derive=None):
   like = None if like is None else tuple(
       next(i for i, leaf in enumerate(res_leaves) if leaf is x) for x in like)
   return linear_p.bind(*res_leaves, *tan_leaves, fn=fn, transpose=transpose, res_tree=res_tree,
-                       tan_tree=tan_tree, batch_rank=0, like=like, derive=derive)
+                       tan_tree=tan_tree, batch_rank=0, like=like, derive=derive,
+                       second_order=second_order)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +95,27 @@ def _over_batch(f, batch_rank):
   return f
 
 
-def _apply(*leaves, fn, transpose, res_tree, tan_tree, batch_rank, like, derive):
+def _refusing(fn, second_order):
+  """``fn``, whose derivative (the kernel's second order, reached through a tangent or a
+  transpose evaluated on traced residuals) raises ``second_order``; ``fn`` itself without it."""
+  if second_order is None:
+    return fn
+
+  @jax.custom_jvp
+  def run(*args):
+    return fn(*args)
+
+  def refuse(primals, tangents):
+    del primals, tangents
+    raise ValueError(second_order)
+  run.defjvp(refuse)
+  return run
+
+
+def _apply(*leaves, fn, transpose, res_tree, tan_tree, batch_rank, like, derive, second_order):
   del transpose, like, derive
   split = res_tree.num_leaves
+  fn = _refusing(fn, second_order)
 
   def one(*leaves):
     return tuple(fn(jax.tree.unflatten(res_tree, leaves[:split]),
@@ -111,9 +132,10 @@ def _abstract(*avals, **params):
 
 
 def _transpose(cotangents, *leaves, fn, transpose, res_tree, tan_tree, batch_rank, like,
-               derive):
+               derive, second_order):
   del fn, derive
   split = res_tree.num_leaves
+  transpose = _refusing(transpose, second_order)
   residuals, tangents = leaves[:split], leaves[split:]
   if any(ad.is_undefined_primal(r) for r in residuals):
     raise NotImplementedError("the kernel's tangent is linear in its tangents only.")
@@ -138,6 +160,8 @@ def _jvp(primals, tangents, **params):
   res_tangents = tangents[:tan_tree.num_leaves] if derive is not None else tangents[:split]
   if all(type(t) is ad.Zero for t in res_tangents):
     return outputs, out_tangents
+  if params["second_order"] is not None:
+    raise ValueError(params["second_order"])
   res_tangents = [ad.instantiate_zeros(t) for t in res_tangents]
   if derive is None:
     through = jax.jvp(lambda *r: _apply(*r, *primals[split:], **params), tuple(primals[:split]),
@@ -148,7 +172,8 @@ def _jvp(primals, tangents, **params):
                                    jax.tree.unflatten(tan_tree, primals[split:])))
     through = linear_p.bind(*primals, *res_tangents, fn=second.apply,
                             transpose=second.cotangent, res_tree=res_tree, tan_tree=tan_tree,
-                            batch_rank=params["batch_rank"], like=params["like"], derive=None)
+                            batch_rank=params["batch_rank"], like=params["like"], derive=None,
+                            second_order=None)
   return outputs, [a + b for a, b in zip(out_tangents, through)]
 
 
