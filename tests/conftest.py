@@ -73,6 +73,15 @@ def assert_close(actual, expected, rtol=1e-5, name=""):
   assert error <= rtol * scale, f"{name}: max error {error:.3g} > {rtol} * {scale:.3g}"
 
 
+def redrawn(params, seed: int):
+  """``params`` with every entry drawn again at unit-ish scale (0.5 N(0, 1)), so that no part of
+  a model is too small to be seen (DCMHA's own initialisation makes its dynamic parts tiny)."""
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(tree, [0.5 * jax.random.normal(k, leaf.shape)
+                                   for k, leaf in zip(keys, leaves)])
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
   """A TFDS data_dir shared by every test that generates a task (each config once)."""

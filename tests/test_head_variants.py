@@ -13,7 +13,7 @@ import attention_jax as aj
 from attention_jax import nnx as ajnnx
 from attention_jax import variants
 from attention_jax.variants import dcmha
-from conftest import assert_close
+from conftest import assert_close, redrawn
 
 D_IN, HEADS, T = 12, 4, 6
 MIXING = [name for name, cls in variants.REGISTRY.items() if cls.forms_maps]
@@ -31,14 +31,9 @@ def _x(seed=0, shape=(2, T, D_IN)):
 
 
 def _params(variant, seed=1, **options):
-  """Parameters with every entry drawn at unit-ish scale, so that no part of a variant is too
-  small to be seen (DCMHA's own initialisation makes its dynamic parts tiny)."""
+  """The layer and its parameters redrawn at unit-ish scale (conftest.redrawn)."""
   layer = aj.MultiHeadAttention(num_heads=HEADS, head_variant=variant, **options)
-  params = layer.init(jax.random.key(seed), _x())["params"]
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  return layer, jax.tree.unflatten(tree, [0.5 * jax.random.normal(k, leaf.shape)
-                                          for k, leaf in zip(keys, leaves)])
+  return layer, redrawn(layer.init(jax.random.key(seed), _x())["params"], seed + 1)
 
 
 # ------------------------------------------------------------------------------------------------

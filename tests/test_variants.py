@@ -19,7 +19,7 @@ from attention_jax import multihead
 from attention_jax import nnx as ajnnx
 from attention_jax import variants
 from examples import nnx_encoder  # the NNX encoder, an example on the library
-from conftest import assert_close
+from conftest import assert_close, redrawn
 
 D_IN, HEADS, T = 16, 4, 6
 NAMES = sorted(variants.REGISTRY)
@@ -35,14 +35,10 @@ def _variant(name, **options):
 
 def _layer_and_params(name, seed=1, variant=None, **options):
   """The Linen layer (of ``variant``, default ``_variant(name)``) and its parameters redrawn at
-  unit-ish scale, so that no part of a variant is too small to be seen."""
+  unit-ish scale (conftest.redrawn)."""
   layer = aj.MultiHeadAttention(num_heads=HEADS, head_variant=variant or _variant(name),
                                 **options)
-  params = layer.init(jax.random.key(seed), _x())["params"]
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  return layer, jax.tree.unflatten(tree, [0.5 * jax.random.normal(k, leaf.shape)
-                                          for k, leaf in zip(keys, leaves)])
+  return layer, redrawn(layer.init(jax.random.key(seed), _x())["params"], seed + 1)
 
 
 def _mask_and_bias():
