@@ -23,10 +23,17 @@ The model calls ``point(name, value)`` at each; outside ``capture`` and ``patch`
 ``value`` and adds nothing to the computation, so a model asked for no hook traces to the same
 jaxpr. Inside, the hooks asked for are read and replaced as the model is traced (a context, as
 ``flax.linen.intercept_methods`` is), so both are pure functions of the variables and inputs
-and compose with ``jit``, ``vmap`` and ``grad``. Under ``nn.scan`` over layers the body has one
-set of names (``attn.hook_z``): a patch applies at every layer, and a Linen model's captured
-values (sown in the collection ``COLLECTION``) come stacked over the layers when the scan has
-``variable_axes={"hooks": 0}`` (an NNX model's values are captured outside ``nnx.scan`` only).
+and compose with ``jit``, ``vmap`` and ``grad``.
+
+Under a scan over layers (``nn.scan``, ``nnx.scan``, ``lax.scan``) the body is traced once. With
+``layer(index)`` around the body's call (``index`` the scan's counter, e.g. scanned over
+``jnp.arange(L)``), its hook points have the names of the unrolled model, ``blocks.{l}.*``: a
+patch of ``blocks.{l}.attn.hook_z`` applies at layer ``l`` alone, and ``capture`` cuts layer
+``l``'s value from the values the scan stacks [L, ...] (a Linen scan given
+``variable_axes={"hooks": 0}``; for NNX, ``layer(index, block)`` names the module the scan
+runs, whose sown state ``nnx.scan`` stacks). Without ``layer``, the body has one set of names
+(``attn.hook_z``): a patch applies at every layer, and a Linen scan's captured values come
+stacked [L, ...] under that name.
 A head variant's layout (differential's 2N sub-heads) is what hook_q, hook_k and hook_v see.
 """
 
@@ -35,6 +42,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
+import re
 import sys
 from typing import Any, Callable, NamedTuple
 
@@ -55,6 +64,9 @@ AXES = {
 COLLECTION = "hooks"
 #: The hooks on the maps [B, N, T, S].
 MAPS = ("attn.hook_attn_scores", "attn.hook_pattern")
+#: The prefix of the hook names inside ``layer(index)``: the layer is the scan's, not a name's.
+ANY_LAYER = "blocks.*"
+_LAYER_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
 
 
 class Patch(NamedTuple):
@@ -136,6 +148,8 @@ class _Session:
   captured: dict = dataclasses.field(default_factory=dict)
   reached: set = dataclasses.field(default_factory=set)
   prefix: tuple = ()
+  layer: Any = None  # inside ``layer``: the scan's traced layer index
+  owner: Any = None  # inside ``layer``: the NNX module whose state the scan stacks
 
 
 _SESSION: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("hooks", default=None)
@@ -155,8 +169,8 @@ def scope(name: str):
   1.0
   """
   session = _SESSION.get()
-  if session is None:
-    yield
+  if session is None or (session.layer is not None and re.fullmatch(r"blocks\.\d+", name)):
+    yield  # inside ``layer``, a block's own blocks.{l} gives way to the scan's index
     return
   outer = session.prefix
   session.prefix = outer + (name,)
@@ -164,6 +178,34 @@ def scope(name: str):
     yield
   finally:
     session.prefix = outer
+
+
+@contextlib.contextmanager
+def layer(index, module=None):
+  """Inside the body of a scan over layers: the hook points called inside are those of layer
+  ``index`` (an int, traced: the scan's counter), ``blocks.{index}.*`` as in the unrolled model.
+  ``module``: for an NNX model, the module the scan runs (``nnx.scan`` stacks what ``capture``
+  sows in it); a Linen model needs none. Nothing outside ``capture`` and ``patch``. The body
+  does not know the scan's length: a patch of a layer past it changes nothing.
+
+  >>> def body(x, index):  # under lax.scan, over the layers 0, 1, 2
+  ...   with layer(index):
+  ...     return point("attn.hook_z", x) + 1.0, None
+  >>> zero_at_1 = {"blocks.1.attn.hook_z": zero()}
+  >>> run = lambda x: jax.lax.scan(body, x, jnp.arange(3))[0]
+  >>> patch(run, None, jnp.ones(2), zero_at_1)  # (1 + 1) -> 0, then + 1, + 1
+  Array([2., 2.], dtype=float32)
+  """
+  session = _SESSION.get()
+  if session is None:
+    yield
+    return
+  outer = session.prefix, session.layer, session.owner
+  session.prefix, session.layer, session.owner = outer[0] + (ANY_LAYER,), index, module
+  try:
+    yield
+  finally:
+    session.prefix, session.layer, session.owner = outer
 
 
 def asks(name: str) -> bool:
@@ -174,16 +216,22 @@ def asks(name: str) -> bool:
   False
   """
   session = _SESSION.get()
-  if session is None:
-    return False
-  full = _full(session, name)
-  return full in session.wanted or full in session.patches
+  return session is not None and (_named(session, name, session.wanted)
+                                  or _named(session, name, session.patches))
 
 
 def patched(name: str) -> bool:
   """Whether the running ``patch`` replaces hook ``name`` here."""
   session = _SESSION.get()
-  return session is not None and _full(session, name) in session.patches
+  return session is not None and _named(session, name, session.patches)
+
+
+def _named(session: _Session, name: str, names) -> bool:
+  """Whether hook ``name`` here is among ``names`` (inside ``layer``: at any layer)."""
+  full = _full(session, name)
+  if session.layer is not None and full.startswith(ANY_LAYER + "."):
+    return any(_layer_of(other, full[len(ANY_LAYER) + 1:]) is not None for other in names)
+  return full in names
 
 
 def query_rows():
@@ -203,6 +251,8 @@ def point(name: str, value):
   if session is None:
     return value
   full = _full(session, name)
+  if session.layer is not None and full.startswith(ANY_LAYER + "."):
+    return _point_in_layer(session, full, value)
   if full in session.patches:
     session.reached.add(full)
     value = _as_patch(full, session.patches[full]).apply(name.rsplit(".", 1)[-1], value)
@@ -216,6 +266,45 @@ def point(name: str, value):
     else:
       session.captured[full] = value
   return value
+
+
+def _layer_of(name: str, rest: str):
+  """l where ``name`` is ``blocks.{l}.{rest}``, else None."""
+  match = _LAYER_NAME.fullmatch(name)
+  return int(match[1]) if match and match[2] == rest else None
+
+
+def _point_in_layer(session: _Session, full: str, value):
+  """``point`` inside ``layer``: each patch of ``blocks.{l}.*`` applied where the scan's index
+  is l; the value sown (every layer's, for the scan to stack) if any layer's is asked for."""
+  rest = full[len(ANY_LAYER) + 1:]
+  for name, replacement in session.patches.items():
+    at = _layer_of(name, rest)
+    if at is not None:
+      session.reached.add(name)
+      patched_value = _as_patch(name, replacement).apply(rest.rsplit(".", 1)[-1], value)
+      value = jnp.where(session.layer == at, patched_value, value)
+  if any(_layer_of(name, rest) is not None for name in session.wanted):
+    module = _linen_module()
+    if module is not None and module.is_mutable_collection(COLLECTION):
+      module.sow(COLLECTION, full, value)  # nn.scan stacks it with variable_axes={"hooks": 0}
+    elif session.owner is not None and hasattr(session.owner, "__captures__"):
+      session.owner.sow(_stacked_type(), full, value)  # nnx.scan stacks the module's state
+    else:
+      raise ValueError(f"{full!r} inside hooks.layer is captured through the scan's stacked "
+                       "state: give an NNX model's hooks.layer(index, module) the module the "
+                       "scan runs (a Linen scan: variable_axes={'hooks': 0}).")
+  return value
+
+
+@functools.cache
+def _stacked_type():
+  """The NNX variable type that ``capture`` has a scanned NNX module sow its hooked values in."""
+  from flax import nnx  # here: hooks loads NNX only for an NNX model
+
+  class HookValues(nnx.Variable):
+    """Hooked values sown inside ``hooks.layer``, stacked over the layers by ``nnx.scan``."""
+  return HookValues
 
 
 #: The flax releases whose private flax.linen.module._context.module_stack _linen_module reads.
@@ -251,23 +340,41 @@ def _as_patch(name: str, replacement) -> Patch:
 
 def _run(model, variables, inputs, call: dict, session: _Session):
   """``model`` on ``inputs`` (an array or a tuple of them): a Linen module applied to
-  ``variables`` (what it sows in ``COLLECTION`` added to ``session.captured``), or an NNX module
-  (with its state replaced by ``variables`` when given)."""
+  ``variables`` (what it sows in ``COLLECTION`` added to ``session.captured``), an NNX module
+  (with its state replaced by ``variables`` when given; what it sows inside ``layer`` added), or
+  a plain function of the inputs (``variables`` unused)."""
   inputs = inputs if isinstance(inputs, tuple) else (inputs,)
   nnx = sys.modules.get("flax.nnx")
   if nnx is not None and isinstance(model, nnx.Module):
     if variables is not None:
       model = nnx.merge(nnx.graphdef(model), variables)
+    if not session.wanted:
+      return model(*inputs, **call)
+    output, state = nnx.capture(lambda module: module(*inputs, **call), _stacked_type())(model)
+    sown = traverse_util.flatten_dict(nnx.to_pure_dict(state))
+  elif not callable(getattr(model, "apply", None)):  # a function of ``inputs``, e.g. a scan
     return model(*inputs, **call)
-  if not session.wanted:
+  elif not session.wanted:
     return model.apply(variables, *inputs, **call)
-  output, state = model.apply(variables, *inputs, mutable=[COLLECTION], **call)
-  for path, sown in traverse_util.flatten_dict(dict(state.get(COLLECTION, {}))).items():
-    if len(sown) > 1 or path[-1] in session.captured:
+  else:
+    output, state = model.apply(variables, *inputs, mutable=[COLLECTION], **call)
+    sown = traverse_util.flatten_dict(dict(state.get(COLLECTION, {})))
+  for path, values in sown.items():
+    if len(values) > 1 or path[-1] in session.captured:
       raise ValueError(f"hook point {path[-1]!r} was reached twice; give each layer a scope of "
                        "its own (hooks.scope(f'blocks.{layer}')).")
-    session.captured[path[-1]] = sown[0]
+    session.captured[path[-1]] = values[0]
   return output
+
+
+def _cut_layers(session: _Session) -> None:
+  """Adds to ``session.captured`` each ``blocks.{l}.*`` asked for that a scan stacked under
+  ``blocks.*.*`` [L, ...]: its layer l."""
+  for name in session.wanted - set(session.captured):
+    match = _LAYER_NAME.fullmatch(name)
+    stacked = session.captured.get(f"{ANY_LAYER}.{match[2]}") if match else None
+    if stacked is not None and int(match[1]) < stacked.shape[0]:
+      session.captured[name] = stacked[int(match[1])]
 
 
 @contextlib.contextmanager
@@ -284,8 +391,9 @@ def capture(model, variables, inputs, hooks, *, query_rows=None, patches=None, *
   ``variables`` and ``inputs`` (jit, vmap over seeds or inputs, grad).
 
   Args:
-    model: a Linen module (applied to ``variables``) or an NNX module (``variables``: an
-      ``nnx.State`` of it, or None for its own).
+    model: a Linen module (applied to ``variables``), an NNX module (``variables``: an
+      ``nnx.State`` of it, or None for its own), or a function of ``inputs`` (``variables``:
+      None).
     inputs: the model's positional input(s), an array or a tuple.
     hooks: hook names (the module docstring lists them).
     query_rows: int [R]: form the maps (hook_attn_scores, hook_pattern) only for these query
@@ -306,6 +414,7 @@ def capture(model, variables, inputs, hooks, *, query_rows=None, patches=None, *
   session = _Session(frozenset(hooks), dict(patches or {}), query_rows)
   with _session(session):
     output = _run(model, variables, inputs, call, session)
+  _cut_layers(session)
   _check_reached((set(hooks) - set(session.captured)) | (set(session.patches) - session.reached))
   return output, {name: session.captured[name] for name in hooks}
 

@@ -2,6 +2,7 @@
 the same layer (grouped-query, blockwise and fused kernels), the same names in Linen, NNX and the
 encoder, nothing added when no hook is asked for, and jit, vmap, grad and scan over layers."""
 
+import contextlib
 import functools
 import sys
 import types
@@ -219,14 +220,18 @@ def test_attribution_is_the_gradient_at_the_hook():
 
 
 class _Scanned(nn.Module):
-  """Two attention layers under nn.scan (lax.scan), the same body for each."""
+  """Two attention layers under nn.scan (lax.scan), the same body for each; ``by_index``: the
+  body's hook points are layer ``index``'s (hooks.layer)."""
+  by_index: bool = False
 
   @nn.compact
   def __call__(self, x):
-    body = lambda module, carry, _: (carry + aj.MultiHeadAttention(num_heads=N)(carry), None)
+    def body(module, carry, index):
+      with hooks.layer(index) if self.by_index else contextlib.nullcontext():
+        return carry + aj.MultiHeadAttention(num_heads=N, param_dtype=x.dtype)(carry), None
     scan = nn.scan(body, variable_axes={"params": 0, hooks.COLLECTION: 0},
                    split_rngs={"params": True}, length=2)
-    return scan(self, x, None)[0]
+    return scan(self, x, jnp.arange(2))[0]
 
 
 def test_a_patch_applies_at_every_layer_of_a_scan_and_captures_come_stacked():
@@ -246,6 +251,87 @@ def test_a_patch_applies_at_every_layer_of_a_scan_and_captures_come_stacked():
   _, stacked = hooks.capture(model, variables, x, ["attn.hook_q"], patches=ablate)
   np.testing.assert_allclose(stacked["attn.hook_q"], np.stack(values), atol=1e-5)  # [L, ...]
   assert not np.allclose(scanned, model.apply(variables, x), atol=1e-3)
+
+
+class _Unrolled(nn.Module):
+  """_Scanned's layers one after the other, each in its scope blocks.{l}."""
+
+  @nn.compact
+  def __call__(self, x):
+    for index in range(2):
+      with hooks.scope(f"blocks.{index}"):
+        x = x + aj.MultiHeadAttention(num_heads=N, param_dtype=x.dtype, name=f"layer_{index}")(x)
+    return x
+
+
+def test_a_linen_scan_s_hooks_by_layer_index_are_the_unrolled_model_s():
+  with jax.enable_x64():
+    _, _, x, _ = _layer_and_inputs()
+    model = _Scanned(by_index=True)
+    variables = model.init(jax.random.key(0, impl="rbg"), x)
+    stacked = next(iter(variables["params"].values()))
+    unrolled = {"params": {f"layer_{i}": jax.tree.map(lambda a: a[i], stacked) for i in range(2)}}
+    names = ["blocks.0.attn.hook_q", "blocks.1.attn.hook_z", "blocks.1.attn.hook_pattern"]
+    ablate = {"blocks.1.attn.hook_z": hooks.zero(heads=1), "blocks.0.attn.hook_v": lambda v: 2 * v}
+    out, values = hooks.capture(model, variables, x, names, patches=ablate)
+    expected, expected_values = hooks.capture(_Unrolled(), unrolled, x, names, patches=ablate)
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    for name in names:
+      np.testing.assert_allclose(values[name], expected_values[name], atol=1e-6, err_msg=name)
+    only_1 = hooks.patch(model, variables, x, {"blocks.1.attn.hook_z": hooks.zero(heads=1)})
+    np.testing.assert_allclose(only_1, hooks.patch(_Unrolled(), unrolled, x, {
+        "blocks.1.attn.hook_z": hooks.zero(heads=1)}), atol=1e-6)
+    assert not np.allclose(only_1, hooks.patch(_Unrolled(), unrolled, x, {  # not at layer 0 too
+        f"blocks.{i}.attn.hook_z": hooks.zero(heads=1) for i in range(2)}), atol=1e-3)
+
+
+class _ScannedEncoder(nnx.Module):
+  """The NNX encoder's blocks stacked and run by nnx.scan, each call in hooks.layer(index)."""
+
+  def __init__(self, encoder, blocks):
+    self.encoder, self.blocks = encoder, blocks
+
+  def __call__(self, tokens):
+    x, mask, bias = self.encoder.embed_inputs(tokens)
+    x = x.astype(self.blocks.norm_0.scale.dtype)  # a scan's carry keeps its dtype (float64 here)
+
+    @nnx.scan(in_axes=(0, nnx.Carry, 0, None, None), out_axes=nnx.Carry)
+    def run(block, x, index, mask, bias):
+      with hooks.layer(index, block):
+        return block(x, mask, bias)
+
+    return run(self.blocks, x, jnp.arange(CONFIG.num_layers), mask, bias)
+
+
+def test_an_nnx_scan_s_hooks_by_layer_index_are_the_unrolled_encoder_s():
+  with jax.enable_x64():
+    encoder = nnx_encoder.TransformerEncoder(CONFIG, rngs=nnx.Rngs(jax.random.key(1, impl="rbg")))
+    params = nnx.state(encoder, nnx.Param)
+    nnx.update(encoder, jax.tree.map(lambda a: a.astype(jnp.float64), params))
+    graphdef, _ = nnx.split(encoder.block_0)  # the blocks' weights stacked: [L, ...]
+    blocks = nnx.merge(graphdef, jax.tree.map(lambda *layers: jnp.stack(layers), *[
+        nnx.state(getattr(encoder, f"block_{i}")) for i in range(CONFIG.num_layers)]))
+    scanned = _ScannedEncoder(encoder, blocks)
+    ablate = {"blocks.1.attn.hook_z": hooks.zero(heads=2), "blocks.0.hook_mlp_out": lambda y: -y}
+    out, values = hooks.capture(scanned, None, TOKENS, NAMES, patches=ablate)
+    expected, expected_values = hooks.capture(encoder, None, TOKENS, NAMES, patches=ablate)
+    assert out.dtype == jnp.float64 and not np.allclose(out, encoder(TOKENS), atol=1e-3)
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    for name in NAMES:
+      np.testing.assert_allclose(values[name], expected_values[name], atol=1e-6, err_msg=name)
+    every_head = jax.vmap(lambda head, state: hooks.patch(scanned, state, TOKENS, {
+        "blocks.1.attn.hook_z": hooks.zero(heads=head)}), in_axes=(0, None))(
+        jnp.array([0, 3]), nnx.state(scanned))  # the state an argument, as under jit
+    np.testing.assert_allclose(every_head[1], hooks.patch(encoder, None, TOKENS, {
+        "blocks.1.attn.hook_z": hooks.zero(heads=3)}), atol=1e-6)
+    with pytest.raises(ValueError, match="hooks.layer"):  # an NNX scan names its module
+      hooks.capture(lambda x: jax.lax.scan(lambda c, i: _in_layer(c, i), x, jnp.arange(2))[0],
+                    None, jnp.ones(3), ["blocks.0.hook_resid_pre"])
+
+
+def _in_layer(carry, index):
+  with hooks.layer(index):
+    return hooks.point("hook_resid_pre", carry), None
 
 
 def test_the_patching_benchmark_s_four_ways_give_the_same_effects():
