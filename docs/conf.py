@@ -111,7 +111,8 @@ html_theme_options = {
 html_context = {"default_mode": "auto"}
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]  # code scrolls, never wraps mid-token; tables fit the column
-html_js_files = ["figures.js"]  # a linked figure opens full size instead of downloading
+html_js_files = ["figures.js",  # a linked figure opens full size instead of downloading
+                 "long_tokens.js"]  # a code token wider than its box breaks after a slash
 suppress_warnings = ["mystnb.unknown_mime_type"]
 
 # Linen modules are dataclasses: their signatures end in Flax's own fields (parent, name), which

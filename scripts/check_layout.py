@@ -1,6 +1,8 @@
 """Every page of the built site at 1280 x 800 in headless Chromium: what overflows its box.
 
-  python scripts/check_layout.py SITE_DIR [--chromium PATH] [--width 1280]
+  python scripts/check_layout.py SITE_DIR [PAGE ...] [--chromium PATH] [--width 1280]
+
+(PAGE: paths under SITE_DIR, e.g. results/heads_binding.html; default every page.)
 
 For each HTML page under SITE_DIR (sphinx-build's output), a copy with a small script is loaded
 in headless Chromium; after layout the script lists the tables, code blocks, notes and images of
@@ -106,14 +108,14 @@ def recorded_text_px(page: str, source: str) -> float | None:
   return figures.recorded_text_px(path)[0]
 
 
-def legibility(page: str, images: list) -> tuple[list[str], int]:
+def legibility(page: str, images: list) -> tuple[list[str], list[str]]:
   """The figures on ``page`` whose smallest axis text is under figures.LEGIBLE_PX as shown, and
-  how many figures record no text size."""
-  problems, unrecorded = [], 0
+  the figures that record no text size."""
+  problems, unrecorded = [], []
   for source, shown, drawn in images:
     text = recorded_text_px(page, source)
     if text is None:
-      unrecorded += 1
+      unrecorded.append(source[:80])
     elif text * shown / drawn < figures.LEGIBLE_PX:
       problems.append(f"figure text {text * shown / drawn:.1f} px as shown ({text:g} px drawn, "
                       f"shown at {shown / drawn:.0%}): {source[:60]}")
@@ -126,9 +128,9 @@ def pages(site: str) -> list[str]:
                 and not {"_static", "_sources"} & set(folder.split(os.sep)))
 
 
-def overflow(page: str, chromium: str, width: int, profile: str) -> tuple[list[str], int]:
+def overflow(page: str, chromium: str, width: int, profile: str) -> tuple[list[str], list[str]]:
   """What overflows on ``page``, loaded at ``width`` x 800 from a probing copy beside it, with its
-  illegible figures; and how many of its figures record no text size."""
+  illegible figures; and its figures that record no text size."""
   with open(page) as f:
     text = f.read()
   copy = page[:-len(".html")] + ".layout-probe.html"
@@ -145,7 +147,7 @@ def overflow(page: str, chromium: str, width: int, profile: str) -> tuple[list[s
   found = re.search(r'data-overflow="([^"]*)"', result.stdout)
   images = re.search(r'data-images="([^"]*)"', result.stdout)
   if not (found and images):
-    return ["the page did not load"], 0
+    return ["the page did not load"], []
   illegible, unrecorded = legibility(page, json.loads(html.unescape(images.group(1))))
   return json.loads(html.unescape(found.group(1))) + illegible, unrecorded
 
@@ -153,23 +155,28 @@ def overflow(page: str, chromium: str, width: int, profile: str) -> tuple[list[s
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("site", help="sphinx-build's HTML output")
+  parser.add_argument("only", nargs="*", help="pages to check, relative to site (default all)")
   parser.add_argument("--chromium", default="chromium")
   parser.add_argument("--width", type=int, default=1280)
   args = parser.parse_args()
-  found, unchecked = {}, 0
+  found, unchecked = {}, []
+  checked = ([os.path.join(args.site, page) for page in args.only] if args.only
+             else pages(args.site))
   with tempfile.TemporaryDirectory() as profile:
-    for page in pages(args.site):
+    for page in checked:
       problems, unrecorded = overflow(page, args.chromium, args.width, profile)
-      unchecked += unrecorded
+      unchecked += [f"{os.path.relpath(page, args.site)}: {source}" for source in unrecorded]
       if problems:
         found[os.path.relpath(page, args.site)] = problems
   for page, problems in found.items():
     print(page)
     for problem in problems:
       print("  ", problem)
-  print(f"{len(pages(args.site))} pages at {args.width} px: "
+  for figure in unchecked:
+    print("records no text size:", figure)
+  print(f"{len(checked)} pages at {args.width} px: "
         f"{len(found)} with something wider than its box or an illegible figure; "
-        f"{unchecked} figures record no text size (unchecked)")
+        f"{len(unchecked)} figures record no text size (unchecked)")
   sys.exit(1 if found else 0)
 
 
