@@ -5,17 +5,19 @@ the blockwise kernel and torch's compiled FlexAttention, and which blocks, warps
       [--configs 64:4:2 128x64:4:3 ...] [--tune 8192,64 ...] [--heads 16] [--rounds 3]
       [--torch-cases "causal ALiBi" ...] [--skip-torch] [--interpret] [--json FILE]
 
-1. The table, per length T and head dim H (--shapes; B = 1, --heads heads, bfloat16), forward and
-   forward+backward: the fused kernel (``pallas_gpu.flex_attention``, its default blocks) on
-   full attention, causal attention (a mask_mod), causal ALiBi (a score_mod beside it), the same
-   with attention dropout 0.1, an 8-document mask and a causal sliding window of 1024 (mask_mods,
-   each with its block mask), causal attention with a T5 relative-position bias table (32
-   buckets per head) held constant and, forward+backward, trained (its gradient too); the
-   blockwise kernel (``chunked``) on causal ALiBi; torch's ``flex_attention`` under
-   torch.compile on the same mods (its block masks made outside the timing; --torch-cases,
-   causal ALiBi unless named). The ratios follow each group: a score_mod's cost
-   (causal ALiBi / causal), dropout's (with / without), a trained table's (trained / constant),
-   block skipping (8 documents / full) and ours / torch.
+1. The table, per length T and head dim H (--shapes; B = 1, --heads heads, bfloat16), forward
+   and forward+backward: the fused kernel (``pallas_gpu.flex_attention``, its default blocks)
+   on full attention, causal attention (a mask_mod), causal ALiBi (a score_mod beside it), the
+   same with attention dropout 0.1, an 8-document mask and a causal sliding window of 1024
+   (mask_mods, each with its block mask), causal attention with a T5 relative-position bias
+   table (32 buckets per head) held constant and, forward+backward, trained (its gradient too);
+   in the forward's group also the jvp (the forward and the tangent kernel) on causal ALiBi and
+   on the T5 table with its tangent; the blockwise kernel (``chunked``) on causal ALiBi; torch's
+   ``flex_attention`` under torch.compile on the same mods (its block masks made outside the
+   timing; --torch-cases, causal ALiBi unless named). The ratios follow each group: a
+   score_mod's cost (causal ALiBi / causal), the jvp's (jvp / forward), dropout's (with /
+   without), a trained table's (trained / constant), block skipping (8 documents / full) and
+   ours / torch.
 2. Tuning (--configs BLOCK:WARPS:STAGES, BLOCK as 64 or 128x64) on causal ALiBi at the
    --tune shapes, forward and forward+backward, after that shape's table.
 
@@ -110,6 +112,23 @@ def trained_runner(attend_with, shape, dtype):
   return run
 
 
+def jvp_runner(attend_with, shape, dtype):
+  """run(calls) of jax.jvp of attend_with(table)(q, k, v) along random tangents of q, k, v and
+  the T5 table (the tangent kernel after the forward)."""
+  rng = np.random.default_rng(0)
+  q, k, v, dq, dk, dv = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(6))
+  table = t5_table(shape[2])
+  tangent = lambda *a: jax.jvp(lambda q, k, v, t: attend_with(t)(q, k, v), a[:4], a[4:])  # noqa
+  args = (q, k, v, table, dq, dk, dv, table)
+  compiled = jax.jit(tangent).lower(*args).compile()
+
+  def run(calls=1):
+    for _ in range(calls):
+      out = compiled(*args)
+    jax.block_until_ready(out)
+  return run
+
+
 def chunked(case, length, heads, block=512):
   score_mod, mask_mod = jax_mods(case, length, heads)
   block_mask = aj.make_block_mask(mask_mod, None, None, length, length, block_size=block)
@@ -169,6 +188,9 @@ def prepared(makers, shape, backward, dtype):
 RATIOS = {  # name: (numerator, denominator)
     "score_mod cost (causal ALiBi / causal)": ("fused causal ALiBi", "fused causal"),
     "dropout cost": (f"fused causal ALiBi, dropout {DROPOUT}", "fused causal ALiBi"),
+    "jvp / forward, causal ALiBi": ("fused causal ALiBi, jvp", "fused causal ALiBi"),
+    "jvp / forward, T5 table with its tangent": ("fused causal T5 bias, jvp",
+                                                 "fused causal T5 bias"),
     "trained table cost (T5 trained / constant)": ("fused causal T5 bias, trained",
                                                    "fused causal T5 bias"),
     "8 documents / full": (f"fused {DOCUMENTS} documents", "fused full"),
@@ -193,10 +215,15 @@ def group(args, length, head_dim, backward, tune=False):
     makers = {f"fused {case}": jax_make(fused(case, length, args.heads, head_dim,
                                              interpret=args.interpret))
               for case in CASES if "trained" not in case}
+    with_table = lambda case: lambda table: fused(  # noqa: E731
+        case, length, args.heads, head_dim, interpret=args.interpret, table=table)
     if backward:  # a trained table differs from a constant one only in the backward pass
       makers["fused causal T5 bias, trained"] = lambda: trained_runner(
-          lambda table: fused("causal T5 bias", length, args.heads, head_dim,
-                              interpret=args.interpret, table=table), shape, args.dtype)
+          with_table("causal T5 bias"), shape, args.dtype)
+    else:  # forward mode: the forward and the tangent kernel
+      for case in ("causal ALiBi", "causal T5 bias"):
+        makers[f"fused {case}, jvp"] = lambda case=case: jvp_runner(
+            with_table(case), shape, args.dtype)
     makers["chunked causal ALiBi"] = jax_make(chunked("causal ALiBi", length, args.heads))
     if not args.skip_torch:
       makers.update({f"torch {case}": (lambda case=case: torch_runner(
@@ -207,8 +234,8 @@ def group(args, length, head_dim, backward, tune=False):
   passname = "fwd+bwd" if backward else "fwd"
   rows = [{"part": "tune" if tune else "table", "T": length, "H": head_dim, "N": args.heads,
            "pass": passname, "method": name, "ms": 1e3 * seconds,
-           "tflops": 4 * length * length * args.heads * head_dim * (3 if backward else 1)
-           / seconds / 1e12} for name, seconds in times.items()]
+           "tflops": None if "jvp" in name else 4 * length * length * args.heads * head_dim
+           * (3 if backward else 1) / seconds / 1e12} for name, seconds in times.items()]
   rows += [{"part": "tune" if tune else "table", "T": length, "H": head_dim, "N": args.heads,
             "pass": passname, "method": name, "error": error} for name, error in errors.items()]
   for row in rows:
