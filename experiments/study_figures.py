@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import figures, measures, report_plots, statistics  # noqa: E402
+from experiments import figures, measures, report_plots  # noqa: E402
 
 HEADS = (1, 2, 4, 8, 16)  # heads_binding's head counts on the CPU
 # Words for the extra arms' names in the legend of nmse_by_heads.
@@ -46,9 +46,9 @@ def heads_binding(by_task: dict, path: str, heads=HEADS) -> None:
                     label=label, markersize=5, alpha=0.9)
     for index, name in enumerate(extra, start=len(series)):
       arm, count = name.rsplit("_", 1)
-      mean, low, high = statistics.mean_interval(list(nmse[name].values()), 0.0)
+      mean, errors = report_plots.yerr([list(nmse[name].values())], "eval_nmse")
       nudge = 1.05 ** (index - (count_series - 1) / 2)
-      axis.errorbar([int(count) * nudge], [mean], yerr=[[mean - low], [high - mean]],
+      axis.errorbar([int(count) * nudge], mean, yerr=errors,
                     fmt="^v<>DP"[(index - len(series)) % 6], capsize=3, markersize=6,
                     label=f"{ARM_WORDS.get(arm, arm)}, h = {count}")
     axis.set_xscale("log", base=2)
