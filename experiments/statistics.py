@@ -425,17 +425,22 @@ def smallest_p(test: str, n: int, family: int = 1) -> float:
   >>> smallest_p("paired_permutation", 3), smallest_p("solve_rate", 10, family=12) < 0.05
   (0.25, True)
   """
+  check_test(test)
   if n < 1:
     return 1.0
   if test in ("paired_permutation", "time_to_solve"):
     p = 2.0 / 2 ** min(n, 30)
   elif test == "permutation":
     p = 2.0 / math.comb(2 * n, n)
-  elif test == "solve_rate":
+  else:  # solve_rate
     p = float(stats.fisher_exact([[n, 0], [0, n]]).pvalue)
-  else:
-    raise ValueError(f"test must be one of {TESTS}, got {test!r}.")
   return min(1.0, family * p)
+
+
+def check_test(test: str) -> None:
+  """Refuses, in one line naming them, a test of a difference that is not one of TESTS."""
+  if test not in TESTS:
+    raise ValueError(f"test must be one of {TESTS}, got {test!r}.")
 
 
 def seeds_to_reach(test: str, family: int = 1, alpha: float = SIGNIFICANT) -> int:
@@ -487,8 +492,7 @@ def power(test: str, seeds: int, family: int, effect: float, spread: float = 0.0
   if test == "solve_rate" and not 0.0 <= base_rate <= 1.0:
     raise ValueError("a solve_rate effect needs base_rate, the reference's solve rate in "
                      f"[0, 1], got {base_rate}.")
-  if test not in TESTS:
-    raise ValueError(f"test must be one of {TESTS}, got {test!r}.")
+  check_test(test)
   ps = _simulated_ps(test, seeds, effect, spread, base_rate, simulations, _rng(seeds))
   return float(np.mean(ps * family < alpha))
 
@@ -572,8 +576,6 @@ def plan(test: str, seeds: int, family: int, *, alpha: float = SIGNIFICANT,
   >>> p.reachable, p.power < POWER, p.seeds_for_power
   (True, True, 14)
   """
-  if test not in TESTS:
-    raise ValueError(f"test must be one of {TESTS}, got {test!r}.")
   checked = Plan(test, seeds, family, alpha, smallest_p(test, seeds, family),
                  seeds_to_reach(test, family, alpha))
   if effect is None:

@@ -61,8 +61,7 @@ class Design:
   spread: float = dataclasses.field(default=0.0, compare=False)
 
   def __post_init__(self):
-    if self.test not in statistics.TESTS:
-      raise ValueError(f"test must be one of {statistics.TESTS}, got {self.test!r}.")
+    statistics.check_test(self.test)
 
   @property
   def higher_is_better(self) -> bool:

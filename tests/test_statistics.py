@@ -207,3 +207,12 @@ def test_first_step_reaching_either_way():
 def test_lr_sensitivity_is_wortsman_eq_1():
   assert statistics.lr_sensitivity([0.5, 0.2, float("nan")], 1.0) == pytest.approx(1.1 / 3)
   assert statistics.lr_sensitivity([0.3, 0.3], 1.0) == 0.0
+
+
+def test_an_unknown_test_is_refused_in_one_line_wherever_one_is_named():
+  for call in (lambda test: statistics.smallest_p(test, 0),
+               lambda test: statistics.plan(test, 5, 1),
+               lambda test: statistics.power(test, 5, 1, 0.1)):
+    with pytest.raises(ValueError, match=r"^test must be one of \('paired_permutation', "
+                                         r".*\), got 't_test'\.$"):
+      call("t_test")
