@@ -18,6 +18,7 @@ import numpy as np
 from scipy import optimize
 
 import attention_jax as aj
+from attention_jax import hooks
 from experiments import input_pipeline
 from experiments import steps as steps_lib
 from experiments.tasks import farthest_point, multi_retrieval
@@ -26,28 +27,25 @@ STATISTICS = ("logit_variance", "entropy", "max_weight", "distance", "negative_w
               "diagonal_max", "first_token_weight")
 
 
-def _is_block(module, method: str) -> bool:
-  return isinstance(module, aj.encoder.EncoderBlock) and method == "__call__"
-
-
 def capture(model, params, tokens, with_activations=False):
   """Per-layer logits and weights [L][B, N, T', T'] and the valid pairs [B, 1, T', T'] (and with
-  ``with_activations``, the largest |activation| of any block's output at a valid token)."""
-  _, state = model.apply({"params": params}, tokens, mutable="intermediates",
-                         capture_intermediates=_is_block if with_activations else False)
-  blocks = state["intermediates"]["encoder"]
-  layers = [blocks[f"block_{i}"]["attention"] for i in range(model.config.num_layers)]
-  logits = [layer["attention_logits"][0] for layer in layers]
-  weights = [layer["attention_weights"][0] for layer in layers]
+  ``with_activations``, the largest |activation| of any block's output at a valid token), read
+  at the hook points (attention_jax.hooks): each layer's attn.hook_attn_scores and
+  attn.hook_pattern, and its hook_resid_post."""
+  layers = range(model.config.num_layers)
+  maps = [[f"blocks.{layer}.attn.{hook}" for layer in layers]
+          for hook in ("hook_attn_scores", "hook_pattern")]
+  outputs = [f"blocks.{layer}.hook_resid_post" for layer in layers] if with_activations else []
+  _, values = hooks.capture(model, {"params": params}, tokens, maps[0] + maps[1] + outputs)
+  logits, weights = ([values[name] for name in names] for names in maps)
   valid = aj.encoder.inputs_to_valid(tokens, model.config)  # [B, T]
   extra = logits[0].shape[-1] - valid.shape[-1]  # 1 with a CLS token
   valid = jnp.concatenate([jnp.ones(valid.shape[:-1] + (extra,), bool), valid], axis=-1)
   pairs = (valid[:, :, None] & valid[:, None, :])[:, None]  # [B, 1, T', T']
   if not with_activations:
     return logits, weights, pairs
-  outputs = [blocks[f"block_{i}"]["__call__"][0] for i in range(model.config.num_layers)]
-  largest = jnp.max(jnp.stack([jnp.max(jnp.where(valid[..., None], jnp.abs(out), 0.0))
-                               for out in outputs]))  # over blocks, tokens and features
+  largest = jnp.max(jnp.stack([jnp.max(jnp.where(valid[..., None], jnp.abs(values[name]), 0.0))
+                               for name in outputs]))  # over blocks, tokens and features
   return logits, weights, pairs, largest
 
 
@@ -147,11 +145,9 @@ def farthest_point_found(run, num_examples: int) -> dict[str, float]:
 def stream_after_attention(model, params, x):
   """x [B, T, d] -> the first block's input plus its attention output (the residual stream right
   after the attention, before its LayerNorm), [B, T, D]."""
-  _, state = model.apply({"params": params}, x, mutable="intermediates",
-                         capture_intermediates=lambda module, _: module.name in (
-                             "embed", "attention"))
-  encoder = state["intermediates"]["encoder"]
-  return encoder["embed"]["__call__"][0] + encoder["block_0"]["attention"]["__call__"][0]
+  names = ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out"]
+  _, values = hooks.capture(model, {"params": params}, x, names)
+  return values[names[0]] + values[names[1]]
 
 
 def max_shares(run, num_examples: int) -> np.ndarray:
