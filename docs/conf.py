@@ -71,6 +71,27 @@ nb_execution_mode = "force"
 nb_execution_timeout = 600
 nb_execution_raise_on_error = True
 nb_merge_streams = True
+
+
+def _join_streams(outputs):
+  """A cell's stream messages joined as Jupyter joins them, as written, before myst-nb applies
+  the carriage returns. myst-nb ends every message with a newline first, so each redraw of a
+  progress bar ("\\r" + bar, a message of its own) stayed on the page as a line of its own."""
+  joined, streams = [], {}
+  for output in outputs or []:
+    if output["output_type"] == "stream" and output["name"] in streams:
+      streams[output["name"]]["text"] += output["text"]
+      continue
+    if output["output_type"] == "stream":
+      output = streams[output["name"]] = type(output)(output)  # a copy: the cache keeps its own
+    joined.append(output)
+  return _coalesce_streams(joined)
+
+
+import myst_nb.core.render  # noqa: E402 -- patched here, before any notebook is rendered
+
+_coalesce_streams = myst_nb.core.render.coalesce_streams
+myst_nb.core.render.coalesce_streams = _join_streams
 nb_render_markdown_format = "myst"  # the notebook's Markdown outputs hold tables
 
 # The API reference, from the docstrings.

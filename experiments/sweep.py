@@ -1,7 +1,7 @@
 """Ablation sweeps: every variant of a sweep config, several seeds each, then tables and plots.
 
   python -m experiments.sweep --config=configs/ablations/heads.py --workdir=workdir/heads
-  python -m experiments.sweep --config=configs/ablations/heads.py:quick --workdir=/tmp/heads
+  python -m experiments.sweep --config=configs/ablations/heads.py:quick --workdir=workdir/quick
   python -m experiments.sweep --config=... --workdir=... --variants=heads_1,heads_4  # a subset
 
 A sweep config (see configs/ablations/) holds ``train`` (a training config), ``variants`` (a tuple

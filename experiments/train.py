@@ -1,7 +1,7 @@
 """The one training loop: a stack of replicas (seeds x hyperparameters) trained by one compiled
 step.
 
-  python -m experiments.train --config=configs/default.py --workdir=/tmp/run [--config.seed=1]
+  python -m experiments.train --config=configs/default.py --workdir=workdir/run [--config.seed=1]
 
 runs ``main``. ``train_and_evaluate(config, workdir)`` trains one replica (Colab
 calls it directly); ``train(config, workdir, replicas)`` trains several at once, as a sweep
