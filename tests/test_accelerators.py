@@ -17,9 +17,7 @@ from jax.experimental.pallas import tpu as pltpu
 import attention_jax as aj
 from attention_jax import cudnn
 from attention_jax import pallas_tpu
-from test_attention import CASES
-from test_attention import assert_case_matches
-from test_attention import run_case
+from attention_cases import CASES, assert_case_matches, run_case
 
 
 def _default_scale(kernel):

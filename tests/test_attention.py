@@ -13,110 +13,9 @@ import pytest
 
 import attention_jax as aj
 import numpy_reference
+from attention_cases import (CASES, IMPLEMENTATIONS, assert_case_matches, attention, random_case,
+                             run_case)
 from conftest import assert_close
-
-IMPLEMENTATIONS = ["reference", "xla", "chunked", "chunked_small_blocks", None]
-
-
-def attention(*args, implementation=None, scale=None, block_q=4, block_k=3, **kwargs):
-  """dot_product_attention, or chunked attention with tiny blocks so that every path runs. Rows
-  with no key give zeros here (empty_rows="zero"), as the float64 reference computes them;
-  tests/test_dropin.py holds the default ("mean") to flax and jax.nn."""
-  if implementation == "chunked_small_blocks":
-    head_dim = args[0].shape[-1]
-    scale = head_dim ** -0.5 if scale is None else scale
-    return aj.chunked_attention(*args, scale=scale, block_q=block_q, block_k=block_k, **kwargs)
-  return aj.dot_product_attention(*args, scale=scale, implementation=implementation,
-                                  **{"empty_rows": "zero", **kwargs})
-
-
-def _random_case(seed, batch, q_len, kv_len, num_heads, num_kv_heads, head_dim,
-                 value_dim=None, mask=None, bias=None):
-  rng = np.random.default_rng(seed)
-  query = rng.standard_normal(batch + (q_len, num_heads, head_dim)).astype(np.float32)
-  key = rng.standard_normal(batch + (kv_len, num_kv_heads, head_dim)).astype(np.float32)
-  value = rng.standard_normal(
-      batch + (kv_len, num_kv_heads, value_dim or head_dim)).astype(np.float32)
-  target = batch + (num_heads, q_len, kv_len)
-  if mask == "random":  # about 1 in 4 rows fully masked
-    mask = rng.random(target) < 0.6
-    mask &= (rng.random(target[:-1] + (1,)) < 0.75)
-  elif mask == "structure":  # [B, 1, T, S]: a window, packed segments and key lengths, as
-    # dot_product_attention hands the jax.nn-style arguments to kernels that take only a mask
-    ids = np.sort(rng.integers(0, 3, size=batch + (q_len,)), axis=-1)
-    mask = numpy_reference.structure_mask(
-        q_len, kv_len, batch, window=(max(2, q_len // 8), 1), q_segments=ids,
-        kv_segments=ids,
-        kv_lengths=rng.integers(1, kv_len + 1, size=batch))
-  elif mask == "padding":  # [B, 1, 1, S]; the last batch element is all padding
-    lengths = rng.integers(1, kv_len + 1, size=batch)
-    lengths.reshape(-1)[-1] = 0
-    mask = (np.arange(kv_len) < lengths[..., None])[..., None, None, :]
-  if bias == "heads":  # [N, T, S], e.g. ALiBi
-    bias = rng.standard_normal((num_heads, q_len, kv_len)).astype(np.float32)
-  elif bias == "full":
-    bias = rng.standard_normal(target).astype(np.float32)
-  elif bias == "neg_inf":  # some -inf entries and one row entirely -inf
-    bias = rng.standard_normal(target).astype(np.float32)
-    bias[rng.random(target) < 0.3] = -np.inf
-    bias[(0,) * len(batch) + (0, 1)] = -np.inf
-  return query, key, value, mask, bias
-
-
-CASES = {
-    # name: (batch, T, S, N, K, H, options)
-    "basic": ((2,), 8, 8, 4, 4, 16, {}),
-    "cross_lengths": ((2,), 5, 9, 2, 2, 8, {}),
-    "no_batch_dims": ((), 6, 7, 2, 2, 8, {}),
-    "two_batch_dims": ((2, 3), 4, 6, 2, 2, 8, {}),
-    "gqa": ((2,), 6, 6, 8, 2, 8, {}),
-    "mqa": ((2,), 6, 6, 4, 1, 8, {}),
-    "padding_mask": ((3,), 7, 7, 2, 2, 8, {"mask": "padding"}),
-    "fully_masked_rows": ((2,), 8, 8, 4, 2, 8, {"mask": "random"}),
-    "bias_per_head": ((2,), 6, 6, 4, 4, 8, {"bias": "heads"}),
-    "bias_full_and_mask": ((2,), 6, 7, 2, 2, 8, {"bias": "full", "mask": "random"}),
-    "bias_neg_inf": ((2,), 6, 6, 2, 2, 8, {"bias": "neg_inf"}),
-    "causal": ((2,), 8, 8, 2, 2, 8, {"is_causal": True}),
-    "causal_cross": ((2,), 5, 8, 2, 2, 8, {"is_causal": True}),
-    "causal_masked_gqa": ((2,), 8, 8, 4, 2, 8, {"is_causal": True, "mask": "random"}),
-    "structure_mask": ((2,), 12, 12, 4, 2, 8, {"mask": "structure", "bias": "heads"}),
-    "scale_one": ((2,), 6, 6, 2, 2, 16, {"scale": 1.0}),
-    "scale_small": ((2,), 6, 6, 2, 2, 16, {"scale": 0.01}),
-    "scale_large": ((2,), 6, 6, 2, 2, 16, {"scale": 3.0}),
-}
-
-
-def run_case(case, attention_fn, seed=0, dtype=np.float32):
-  """Output and gradients of attention_fn(q, k, v, bias, mask, scale=, is_causal=) on a case of
-  CASES' form, with the float64 reference's. The inputs are rounded to ``dtype`` first."""
-  batch, q_len, kv_len, heads, kv_heads, head_dim, options = case
-  options = dict(options)
-  scale, is_causal = options.pop("scale", None), options.pop("is_causal", False)
-  query, key, value, mask, bias = _random_case(
-      seed, batch, q_len, kv_len, heads, kv_heads, head_dim, **options)
-  query, key, value = (np.asarray(jnp.asarray(x, dtype), np.float32) for x in (query, key, value))
-  d_output = np.random.default_rng(7).standard_normal(query.shape).astype(np.float32)
-
-  def loss(q, k, v, b):
-    q, k, v = (x.astype(dtype) for x in (q, k, v))
-    out = attention_fn(q, k, v, b, mask, scale=scale, is_causal=is_causal).astype(np.float32)
-    return jnp.sum(out * d_output), out
-
-  grad_args = (0, 1, 2) if bias is None else (0, 1, 2, 3)
-  grads, output = jax.jit(jax.grad(loss, argnums=grad_args, has_aux=True))(
-      query, key, value, bias)
-  expected, _, cache = numpy_reference.attention(query, key, value, bias, mask, scale=scale,
-                                                 is_causal=is_causal)
-  expected_grads = numpy_reference.attention_vjp(cache, d_output)
-  return output, grads, expected, expected_grads
-
-
-def assert_case_matches(results, tolerance):
-  output, grads, expected, expected_grads = results
-  assert_close(output, expected, tolerance, "output")
-  for name, grad, expected_grad in zip(("query", "key", "value", "bias"), grads,
-                                       expected_grads):
-    assert_close(grad, expected_grad, tolerance, f"d_{name}")
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
@@ -128,7 +27,7 @@ def test_values_and_gradients_match_float64_reference(case, implementation):
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_fully_masked_rows_give_zeros_and_finite_gradients(implementation):
-  query, key, value, _, _ = _random_case(0, (2,), 4, 5, 2, 2, 8)
+  query, key, value, _, _ = random_case(0, (2,), 4, 5, 2, 2, 8)
   mask = np.ones((2, 2, 4, 5), bool)
   mask[0, 1, 2] = False  # one row of one head
   mask[1] = False  # a whole batch element
@@ -148,7 +47,7 @@ def test_default_equals_jax_nn_where_both_apply(case):
   batch, q_len, kv_len, heads, kv_heads, head_dim, options = CASES[case]
   options = dict(options)
   is_causal = options.pop("is_causal", False)
-  query, key, value, mask, bias = _random_case(3, batch, q_len, kv_len, heads, kv_heads,
+  query, key, value, mask, bias = random_case(3, batch, q_len, kv_len, heads, kv_heads,
                                                head_dim, **options)
   if mask is not None:  # jax.nn averages the values of fully masked rows; keep one key
     mask = mask.copy()
@@ -164,7 +63,7 @@ def test_default_equals_jax_nn_where_both_apply(case):
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_value_dim_may_differ_only_where_supported(implementation):
-  query, key, value, _, _ = _random_case(1, (2,), 4, 6, 2, 2, 8, value_dim=12)
+  query, key, value, _, _ = random_case(1, (2,), 4, 6, 2, 2, 8, value_dim=12)
   if implementation == "xla":
     with pytest.raises(ValueError, match="value.shape == key.shape"):
       aj.dot_product_attention(query, key, value, implementation=implementation)
@@ -175,7 +74,7 @@ def test_value_dim_may_differ_only_where_supported(implementation):
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_bfloat16_softmax_in_float32_and_output_dtype(implementation):
-  query, key, value, _, _ = _random_case(2, (2,), 8, 8, 2, 2, 16)
+  query, key, value, _, _ = random_case(2, (2,), 8, 8, 2, 2, 16)
   query, key, value = (jnp.asarray(x, jnp.bfloat16) for x in (query, key, value))
   output = attention(query, key, value, implementation=implementation)
   assert output.dtype == jnp.bfloat16
@@ -185,7 +84,7 @@ def test_bfloat16_softmax_in_float32_and_output_dtype(implementation):
 
 
 def test_return_weights_are_the_softmax_and_match_reference():
-  query, key, value, mask, _ = _random_case(4, (2,), 6, 6, 4, 2, 8, mask="random")
+  query, key, value, mask, _ = random_case(4, (2,), 6, 6, 4, 2, 8, mask="random")
   output, weights = aj.dot_product_attention(query, key, value, mask=mask, return_weights=True,
                                             empty_rows="zero")
   expected_output, expected_weights, _ = numpy_reference.attention(query, key, value, mask=mask)
@@ -195,7 +94,7 @@ def test_return_weights_are_the_softmax_and_match_reference():
 
 
 def test_dropout_is_inverted_dropout_and_reproducible():
-  query, key, value, _, _ = _random_case(5, (2,), 16, 16, 2, 2, 8)
+  query, key, value, _, _ = random_case(5, (2,), 16, 16, 2, 2, 8)
   rng = jax.random.key(0)
   run = jax.jit(lambda r: aj.dot_product_attention(query, key, value, dropout_rate=0.5,
                                                    dropout_rng=r))
@@ -207,7 +106,7 @@ def test_dropout_is_inverted_dropout_and_reproducible():
 
 
 def test_select_implementation_names_the_choice():
-  query, key, value, _, _ = _random_case(6, (1,), 4, 4, 2, 2, 8)
+  query, key, value, _, _ = random_case(6, (1,), 4, 4, 2, 2, 8)
   assert aj.select_implementation(query, key, value, backend="cpu") == "reference"
   assert aj.select_implementation(query, key, value, implementation="xla") == "xla"
   assert aj.select_implementation(query, key, value, return_weights=True) == "reference"
@@ -223,7 +122,7 @@ def test_select_implementation_names_the_choice():
 def test_select_implementation_asks_the_call_itself():
   """select_implementation runs the call's own validation: a malformed call raises what the call
   raises, and what it names is what the call runs (the kernel seen running)."""
-  query, key, value, _, _ = _random_case(6, (1,), 4, 4, 2, 2, 8)
+  query, key, value, _, _ = random_case(6, (1,), 4, 4, 2, 2, 8)
   with pytest.raises(ValueError, match="empty_rows must be one of"):
     aj.select_implementation(query, key, value, empty_rows="none")
   with pytest.raises(ValueError, match="empty_rows must be one of"):
@@ -246,7 +145,7 @@ def test_select_implementation_asks_the_call_itself():
 
 
 def test_jit_vmap_grad_compose_and_jit_traces_once():
-  query, key, value, _, _ = _random_case(8, (3, 2), 6, 6, 2, 2, 8)
+  query, key, value, _, _ = random_case(8, (3, 2), 6, 6, 2, 2, 8)
 
   @jax.jit
   @chex.assert_max_traces(n=1)
@@ -321,7 +220,7 @@ def test_chunked_key_blocks_are_longer_without_a_causal_mask(length, block, coun
 @pytest.mark.parametrize("is_causal", [True, False])
 def test_long_sequences_default_to_chunked_with_several_blocks_and_stay_exact(is_causal):
   q_len = 1064  # default blocks: 2 x 536 queries; keys 2 x 536 when causal, else one block
-  query, key, value, _, _ = _random_case(9, (1,), q_len, q_len, 2, 1, 16)
+  query, key, value, _, _ = random_case(9, (1,), q_len, q_len, 2, 1, 16)
   mask = np.ones((1, 1, 1, q_len), bool)
   mask[..., -100:] = False  # padded keys at the end
   d_output = np.random.default_rng(1).standard_normal(query.shape).astype(np.float32)

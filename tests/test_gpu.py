@@ -13,12 +13,8 @@ import numpy as np
 import pytest
 
 import attention_jax as aj
+from attention_cases import CASES, assert_case_matches, attention, random_case, run_case
 from conftest import assert_close
-from test_attention import CASES
-from test_attention import _random_case
-from test_attention import assert_case_matches
-from test_attention import attention
-from test_attention import run_case
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs an NVIDIA GPU")
 
@@ -49,7 +45,7 @@ def test_cudnn_kernel_at_model_sizes(q_len, kv_len, heads, kv_heads, head_dim, o
 
 
 def test_fully_masked_rows_are_zero_with_finite_gradients_through_cudnn():
-  query, key, value, _, _ = _random_case(0, (2,), 8, 8, 2, 2, 16)
+  query, key, value, _, _ = random_case(0, (2,), 8, 8, 2, 2, 16)
   query, key, value = (jnp.asarray(x, jnp.bfloat16) for x in (query, key, value))
   mask = np.ones((2, 2, 8, 8), bool)
   mask[0, 1, 2] = False

@@ -13,10 +13,8 @@ import pytest
 
 import attention_jax as aj
 import numpy_reference
+from attention_cases import IMPLEMENTATIONS, attention, random_case
 from conftest import assert_close
-from test_attention import IMPLEMENTATIONS
-from test_attention import _random_case
-from test_attention import attention
 
 CASES = {
     # name: (batch, T, S, N, K, H, options)
@@ -68,7 +66,7 @@ def run_case(case, implementation, seed):
   is_causal = options.pop("is_causal", False)
   rng = np.random.default_rng(seed)
   args = _structure(rng, batch, q_len, kv_len, options)
-  query, key, value, mask, bias = _random_case(seed, batch, q_len, kv_len, heads, kv_heads,
+  query, key, value, mask, bias = random_case(seed, batch, q_len, kv_len, heads, kv_heads,
                                                head_dim, **options)
   window = args.get("local_window_size")
   window = (window, window) if isinstance(window, int) else window
@@ -148,7 +146,7 @@ def test_equal_to_jax_nn_where_both_apply(options, implementation):
   if set(options) == {"local_window_size"} and _jax_nn_ignores_window_without_mask():
     pytest.skip("jax.nn before 0.8.2 ignores local_window_size without a mask or is_causal "
                 "(jax commit 099f0a1708), so it is no reference for it")
-  query, key, value, _, _ = _random_case(5, (2,), 9, 9, 4, 2, 8)
+  query, key, value, _, _ = random_case(5, (2,), 9, 9, 4, 2, 8)
   ours, residual = aj.dot_product_attention(query, key, value, return_residual=True,
                                             implementation=implementation, **options)
   theirs, their_residual = jax.nn.dot_product_attention(query, key, value, return_residual=True,
@@ -203,7 +201,7 @@ def test_malformed_superset_arguments_name_themselves(arguments, match):
 def test_forward_mode_agrees_with_the_float64_vjp(implementation):
   """jvp through the implementations that support forward mode: <w, J t> = <J^T w, t> with
   J^T w from the hand-written float64 backward."""
-  query, key, value, _, bias = _random_case(9, (2,), 6, 6, 4, 2, 8, bias="heads")
+  query, key, value, _, bias = random_case(9, (2,), 6, 6, 4, 2, 8, bias="heads")
   tangents = [np.random.default_rng(i).standard_normal(x.shape).astype(np.float32)
               for i, x in enumerate((query, key, value, bias))]
   fn = functools.partial(aj.dot_product_attention, is_causal=True, implementation=implementation)
