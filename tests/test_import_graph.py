@@ -92,3 +92,19 @@ def test_the_scan_sees_a_circle_closed_inside_a_function(tmp_path):
   edges = graph(str(tmp_path))
   assert circles(edges) == [["experiments.a", "experiments.b"]]
   assert edges["attention_jax.c"] == {"scripts"}
+
+
+def test_no_test_imports_another_test_module():
+  """DESIGN.md: what tests share lives in conftest.py or a helpers module."""
+  tests = os.path.join(ROOT, "tests")
+  found = {}
+  for name in sorted(os.listdir(tests)):
+    if name.endswith(".py"):
+      with open(os.path.join(tests, name)) as f:
+        tree = ast.parse(f.read(), name)
+      found[name] = sorted(
+          {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+           for alias in node.names if alias.name.split(".")[-1].startswith("test_")}
+          | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and (node.module or "").split(".")[-1].startswith("test_")})
+  assert {name: modules for name, modules in found.items() if modules} == {}
