@@ -1,5 +1,6 @@
 """The direction of imports (DESIGN.md, "Layout"): no circle among the modules of attention_jax,
-experiments, scripts, configs and examples, and the library imports none of the others.
+experiments, scripts, configs and examples, the library imports none of the others, and no test
+imports another test.
 
 The graph is read from the source with ast, so it includes the imports inside functions (a
 circle closed only when a function runs is still a circle) and needs nothing installed.
