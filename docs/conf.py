@@ -74,23 +74,30 @@ nb_merge_streams = True
 
 
 def _join_streams(outputs):
-  """A cell's stream messages joined as Jupyter joins them, as written, before myst-nb applies
-  the carriage returns. myst-nb ends every message with a newline first, so each redraw of a
-  progress bar ("\\r" + bar, a message of its own) stayed on the page as a line of its own."""
+  """A cell's messages to each stream joined as Jupyter shows them: as written, then each
+  carriage return and backspace applied, the streams in the order they began. (myst-nb's own
+  coalescing ends every message with a newline first, so each redraw of a progress bar, a
+  message of its own, stayed on the page as a line; and it moves stdout before stderr, which put
+  the task's generation under the training it preceded.)"""
   joined, streams = [], {}
   for output in outputs or []:
-    if output["output_type"] == "stream" and output["name"] in streams:
+    if output["output_type"] != "stream":
+      joined.append(output)
+    elif output["name"] in streams:
       streams[output["name"]]["text"] += output["text"]
-      continue
-    if output["output_type"] == "stream":
-      output = streams[output["name"]] = type(output)(output)  # a copy: the cache keeps its own
-    joined.append(output)
-  return _coalesce_streams(joined)
+    else:  # a copy: the execution cache keeps its own
+      streams[output["name"]] = type(output)(output)
+      joined.append(streams[output["name"]])
+  for stream in streams.values():
+    text = stream["text"]
+    while re.search(r"[^\n\x08]\x08", text):  # a backspace takes back the character before it
+      text = re.sub(r"[^\n\x08]\x08", "", text)
+    stream["text"] = re.sub(r"[^\n]*\r(?=[^\n])", "", text).rstrip() + "\n"
+  return joined
 
 
 import myst_nb.core.render  # noqa: E402 -- patched here, before any notebook is rendered
 
-_coalesce_streams = myst_nb.core.render.coalesce_streams
 myst_nb.core.render.coalesce_streams = _join_streams
 nb_render_markdown_format = "myst"  # the notebook's Markdown outputs hold tables
 
