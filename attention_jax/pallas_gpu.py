@@ -515,17 +515,18 @@ def _forward_kernel(order_ref, q_ref, k_ref, v_ref, *refs, plan):
     max_ref[0][...] = jnp.where(empty, -jnp.inf, m)  # each row's largest score
 
 
-def _tangent_kernel(order_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, dq_ref, dk_ref, dv_ref,
-                   *refs, plan):
+def _tangent_kernel(order_ref, q_ref, k_ref, v_ref, lse_ref, dq_ref, dk_ref, dv_ref, *refs,
+                   plan):
   """The tangents of a block of queries' out and lse, over its key blocks as the forward walks
   them, with the forward's log-sum-exp (P = exp(S - lse), no rescaling):
 
     dS_j = the logits' tangent (q's, k's and the trained tables')
     d lse = sum_j P_j dS_j
-    d out = c sum_j keep_j P_j (dS_j V_j + dV_j) - d lse out
+    d out = c sum_j keep_j P_j (dS_j V_j + dV_j) - d lse out,  out = c sum_j keep_j P_j V_j
 
   dropout's mask (keep, c = 1 / (1 - rate)) the forward's; the normaliser's tangent reads the
-  undropped P."""
+  undropped P; out is summed again here in float32 (the forward's, rounded to the inputs'
+  dtype, would cost the difference its precision in 16-bit dtypes)."""
   tables, keys, rest = plan.tables(refs)
   d_tables, (d_out_ref, d_lse_ref) = rest[:len(plan.trained)], rest[len(plan.trained):]
   i, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -533,7 +534,7 @@ def _tangent_kernel(order_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, dq_ref, dk
   lse = jnp.where(lse == -jnp.inf, 0.0, lse)  # a row with no key: P = 0
 
   def step(k_start, full, carry):
-    acc, d_lse = carry  # [bq, H_v], [bq]
+    acc, out, d_lse = carry  # [bq, H_v], [bq, H_v], [bq]
     cols = pl.ds(k_start, plan.block_k)
     k, v, d_k, d_v = k_ref[cols, :], v_ref[cols, :], dk_ref[cols, :], dv_ref[cols, :]
     s, ds = plan.logits_tangent(q, k, d_q, d_k, tables, d_tables, b, h, i * plan.block_q,
@@ -541,16 +542,15 @@ def _tangent_kernel(order_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, dq_ref, dk
     p = jnp.exp(s - lse[:, None])
     kept = plan.dropout(keys, b, h, i * plan.block_q, k_start)
     dropped = p if kept is None else jnp.where(kept, p, 0.0)
-    acc = acc + jnp.dot((dropped * ds).astype(v.dtype), v, preferred_element_type=jnp.float32)
-    acc = acc + jnp.dot(dropped.astype(d_v.dtype), d_v, preferred_element_type=jnp.float32)
-    return acc, d_lse + jnp.sum(p * ds, axis=1)
+    product = lambda x, y: jnp.dot(x.astype(y.dtype), y, preferred_element_type=jnp.float32)
+    acc = acc + product(dropped * ds, v) + product(dropped, d_v)
+    return acc, out + product(dropped, v), d_lse + jnp.sum(p * ds, axis=1)
 
-  init = (jnp.zeros((plan.block_q, v_ref.shape[-1]), jnp.float32),
-          jnp.zeros((plan.block_q,), jnp.float32))
-  acc, d_lse = plan.loop(order_ref, i, b, h, step, init)
+  zeros = jnp.zeros((plan.block_q, v_ref.shape[-1]), jnp.float32)
+  acc, out, d_lse = plan.loop(order_ref, i, b, h, step,
+                              (zeros, zeros, jnp.zeros((plan.block_q,), jnp.float32)))
   scale = blocks_lib.dropout_scale(plan.dropout_rate)
-  d_out = scale * acc - d_lse[:, None] * out_ref[...].astype(jnp.float32)
-  d_out_ref[...] = d_out.astype(d_out_ref.dtype)
+  d_out_ref[...] = (scale * (acc - d_lse[:, None] * out)).astype(d_out_ref.dtype)
   d_lse_ref[...] = d_lse
 
 
@@ -798,8 +798,8 @@ def _tangent(plan, q, k, v, out, lse, orders, tables, d_q, d_k, d_v, d_trained):
   d_trained = tuple(jnp.reshape(d, (-1,)) for d in d_trained)
   return tuple(_call(
       _tangent_kernel, plan, (plan.num_q, batch, num_heads),
-      (orders[0], q, k, v, out, lse, d_q, d_k, d_v, tables + d_trained),
-      [specs[name] for name in ("q", "k_all", "v_all", "o", "stat", "q", "k_all", "v_all")],
+      (orders[0], q, k, v, lse, d_q, d_k, d_v, tables + d_trained),
+      [specs[name] for name in ("q", "k_all", "v_all", "stat", "q", "k_all", "v_all")],
       (jax.ShapeDtypeStruct(out.shape, out.dtype),
        jax.ShapeDtypeStruct((batch, num_heads, q_pad), jnp.float32)),
       (specs["o"], specs["stat"])))
