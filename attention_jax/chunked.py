@@ -556,6 +556,9 @@ def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_o
   # The products run in the compute dtype (float32 for 16-bit inputs): dS rounded to bfloat16
   # cost dQ a third more error than jax.nn's.
   q, k, v, out, d_out = (x.astype(dtype) for x in (q, k, v, out, d_out))
+  # Under shard_map: a block's gradient of a trained constant stays on its device, summed once
+  # by the caller (mods_cotangent), not by a collective per block (mods.evaluate).
+  mods = mods._replace(score_consts=mods_lib.vary_over(mods.score_consts, mods.anchor))
   trained = trainable(mods)
   like = (q, k, v, d_out, bias, mask, extras, mods)
 
@@ -585,7 +588,7 @@ def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_o
   stacked_bytes = 4 * batch * num_heads * sum(c.size for c in trained)  # d_mod of every pair
   # Under shard_map a trained constant's gradient passes a psum inside the heads' vmap, which
   # jax 0.8 cannot batch: one head at a time there.
-  small_constants = not trained or (stacked_bytes <= blocks.PAIR_BLOCK_BYTES and not _varying(q))
+  small_constants = not trained or (stacked_bytes <= blocks.PAIR_BLOCK_BYTES and not mods_lib.varying_axes(q))
   if bias is None and geometry.pairs_per_step and small_constants:
     # Nothing large carried from head to head: several query heads side by side; the gradients
     # of a key/value head (and the score_mod's constants) summed over its query heads after.
@@ -593,7 +596,7 @@ def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_o
       *d_lse_n, k_n, v_n = rest  # the log-sum-exp's cotangent where given
       d_q, d_k, d_v, _, d_mod = _backward_head(
           q_n, k_n, v_n, out_n, lse_n, d_out_n, _group_inputs(bias, mask, extras, mods, b, n),
-          pattern, geometry, None, mod_gradient_zeros(mods, dtype, q_n, k_n, d_out_n, mods),
+          pattern, geometry, None, mod_gradient_zeros(mods, dtype),
           *d_lse_n)
       return d_q, d_k, d_v, d_mod
 
@@ -604,16 +607,17 @@ def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_o
     return (d_q.reshape(q.shape), per_kv_head(d_k), per_kv_head(d_v), None,
             tuple(jnp.sum(x, axis=0) for x in d_mod))
   d_bias = None if bias is None else varying_zeros(bias.shape, dtype, *like)
-  d_mod = mod_gradient_zeros(mods, dtype, *like)
+  d_mod = mod_gradient_zeros(mods, dtype)
   (d_bias, d_mod), (d_q, d_k, d_v) = lax.scan(one_kv_head, (d_bias, d_mod),
                                               jnp.arange(batch * num_kv))
   return d_q.reshape(q.shape), d_k.reshape(k.shape), d_v.reshape(v.shape), d_bias, d_mod
 
 
-def mod_gradient_zeros(mods: Mods, dtype, *like):
-  """Zeros for the gradients of the score_mod's trainable constants (a tuple), varying like
-  the arrays ``like``."""
-  return tuple(varying_zeros(c.shape, jnp.promote_types(c.dtype, dtype), *like)
+def mod_gradient_zeros(mods: Mods, dtype):
+  """Zeros for the gradients of the score_mod's trainable constants (a tuple), each varying
+  over the shard_map axes its constant and the mods' anchor vary over, as the backward's
+  constants do (``backward``), so that every block's gradient adds to them as it is."""
+  return tuple(varying_zeros(c.shape, jnp.promote_types(c.dtype, dtype), c, mods.anchor)
                for c in trainable(mods))
 
 
@@ -645,18 +649,10 @@ def _sinks_gradient(sinks, lse, out, d_out, d_lse=None):
   return -jnp.sum(p_sink * delta, axis=(0, 2)).astype(sinks.dtype)
 
 
-def _varying(array) -> frozenset:
-  """The shard_map axes ``array`` varies over (empty outside shard_map): ``aval.vma`` in the
-  jax versions that have it, ``aval.mat.varying`` in later ones."""
-  aval = jax.typeof(array)
-  vma = getattr(aval, "vma", None)
-  return frozenset(getattr(getattr(aval, "mat", None), "varying", ()) if vma is None else vma)
-
-
 def _cotangent_like(gradient, primal):
   """``gradient`` in the dtype of ``primal``, summed over the shard_map axes it varies over and
   ``primal`` does not (a table or sinks replicated over the shards that use them)."""
-  extra = tuple(sorted(_varying(gradient) - _varying(primal)))
+  extra = tuple(sorted(mods_lib.varying_axes(gradient) - mods_lib.varying_axes(primal)))
   gradient = lax.psum(gradient, extra) if extra else gradient
   return gradient.astype(primal.dtype)
 
@@ -726,6 +722,7 @@ class _Derivatives:
                                              self.geometry, out, lse, d_out, d_lse)
     d_sinks = None if mods.sinks is None else _sinks_gradient(mods.sinks, lse, out, d_out, d_lse)
     d_mods = mods_cotangent(mods, d_mod, d_sinks)  # summed over the shard_map axes they vary over
+    d_bias = None if d_bias is None else _cotangent_like(d_bias, bias)
     return d_q, d_k, d_v, d_bias, trainable(mods, d_mods.score_consts), d_mods.sinks
 
 

@@ -266,7 +266,7 @@ class _RingDerivatives:
     like = (q, k, v, d_out, d_lse, extras, mods)
     zeros = lambda shape: chunked.varying_zeros(shape, dtype, *like)
     init = (zeros(q.shape), zeros(k.shape), zeros(v.shape),
-            chunked.mod_gradient_zeros(mods, dtype, *like),
+            chunked.mod_gradient_zeros(mods, dtype),
             _passing(k, v, extras))
     (d_q, d_k, d_v, d_mod, _), _ = lax.scan(step, init, None,
                                             length=lax.axis_size(self.axis_name))

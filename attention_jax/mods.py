@@ -122,8 +122,55 @@ def _trace(mod, name, anchor, score_dtype=None):
   jaxpr = closed.jaxpr
 
   def fn(consts, *scalars):
-    return jax.core.eval_jaxpr(jaxpr, consts, *scalars)[0]
+    return evaluate(jaxpr, consts, *scalars)[0]
   return Mod(mod, fn, tuple(closed.consts), anchor, jaxpr)
+
+
+def evaluate(jaxpr, consts, *args) -> list:
+  """``jaxpr`` on ``consts`` and ``args``, as jax.core.eval_jaxpr, except that a constant may
+  come in varying over shard_map axes it was traced invariant over: the ``pvary`` that tracing
+  put on it then adds only the axes it lacks, and calls (jit) are evaluated inline, so that their
+  bodies do the same. A kernel's backward passes its trained constants so (``vary_over``): each
+  block's gradient of a constant then stays on its device and is summed over the devices once,
+  not by a collective inside the block loop, whose trip count may differ between devices."""
+  env = {}
+  read = lambda var: var.val if isinstance(var, jex_core.Literal) else env[var]
+  env.update(zip(jaxpr.constvars, consts))
+  env.update(zip(jaxpr.invars, args))
+  for eqn in jaxpr.eqns:
+    inputs = [read(var) for var in eqn.invars]
+    body = eqn.params.get("jaxpr") if eqn.primitive.name in ("pjit", "jit", "closed_call") else None
+    if eqn.primitive.name == "pvary":
+      outputs = [_pvary_missing(eqn, x) for x in inputs]
+    elif body is not None:
+      outputs = evaluate(body.jaxpr, body.consts, *inputs)
+    else:
+      with eqn.ctx.manager:
+        outputs = eqn.primitive.bind(*inputs, **eqn.primitive.get_bind_params(eqn.params))
+      outputs = outputs if eqn.primitive.multiple_results else [outputs]
+    env.update(zip(eqn.outvars, outputs))
+  return [read(var) for var in jaxpr.outvars]
+
+
+def _pvary_missing(eqn, x):
+  """``x`` varying over the axes of the ``pvary`` equation ``eqn``: its primitive over those
+  that ``x`` does not vary over yet."""
+  missing = tuple(axis for axis in eqn.params["axes"] if axis not in varying_axes(x))
+  return eqn.primitive.bind(x, **{**eqn.params, "axes": missing}) if missing else x
+
+
+def varying_axes(array) -> frozenset:
+  """The shard_map axes ``array`` varies over (empty outside shard_map): ``aval.vma`` in the
+  jax versions that have it, ``aval.mat.varying`` in later ones."""
+  aval = jax.typeof(array)
+  vma = getattr(aval, "vma", None)
+  return frozenset(getattr(getattr(aval, "mat", None), "varying", ()) if vma is None else vma)
+
+
+def vary_over(consts: tuple, anchor) -> tuple:
+  """The trainable ``consts`` varying like ``anchor`` (at least), the others as they are (see
+  ``evaluate``)."""
+  return tuple(vary_like(c, anchor) if is_trainable(c) else c for c in consts)
 
 
 _SIGNATURES = {"score_mod": "score, batch, head, q_idx, kv_idx",

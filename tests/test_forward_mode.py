@@ -167,9 +167,9 @@ def transforms(f, p, t, w):
           "forward over reverse": jax.jvp(jax.grad(loss), (p,), (t,))[1],
           "reverse over forward": jax.grad(lambda p: jnp.sum(jvp(p) * w) + loss(p))(p)}
 
-def run(strategy, dtype):
+def run(strategy, dtype, f=None):
   cast = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, dtype), tree)
-  out = jax.jit(functools.partial(transforms, attention(strategy)))(
+  out = jax.jit(functools.partial(transforms, f or attention(strategy)))(
       cast(point), cast(tangent), cast(cotangent))
   return jax.tree.map(lambda x: np.asarray(x, np.float64), out)
 
@@ -182,13 +182,46 @@ for strategy in ("ring", "all_gather"):
     for (path, a), b in zip(jax.tree.leaves_with_path(got[name]), jax.tree.leaves(expected[name])):
       errors[f"{strategy} {name}{jax.tree_util.keystr(path)}"] = float(
           np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+# A user's own shard_map over the batch (check_vma on), the bias and the table replicated: their
+# gradients are summed over the shards once (the table's came out 2x, the bias's failed before).
+from jax.sharding import PartitionSpec as P
+from attention_jax.chunked import chunked_attention
+batch_mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+bias_shape = (1, N, T, T)
+point, tangent = ({**p, "bias": rng.standard_normal(bias_shape)} for p in (point, tangent))
+
+def users(kernel):
+  def inner(q, k, v, table, bias, lengths):
+    options = dict(bias=bias, is_causal=True, query_seq_lengths=lengths,
+                   key_value_seq_lengths=lengths,
+                   score_mod=lambda s, b, h, q_idx, kv_idx: s + table[q_idx - kv_idx + T - 1])
+    if kernel == "reference":
+      return aj.dot_product_attention(q, k, v, implementation="reference", **options)
+    return chunked_attention(q, k, v, scale=H ** -0.5, block_q=8, block_k=8, **options)
+  def f(p):
+    arguments = (p["q"], p["k"], p["v"], p["table"], p["bias"], lengths)
+    if kernel == "reference":
+      return inner(*arguments)
+    return jax.shard_map(inner, mesh=batch_mesh, in_specs=(P("data"),) * 3 + (P(), P(), P("data")),
+                         out_specs=P("data"))(*arguments)
+  return f
+
+with jax.enable_x64():
+  expected = run(None, jnp.float64, users("reference"))
+got = run(None, jnp.float32, users("chunked"))
+for name in expected:
+  for (path, a), b in zip(jax.tree.leaves_with_path(got[name]), jax.tree.leaves(expected[name])):
+    errors[f"shard_map {name}{jax.tree_util.keystr(path)}"] = float(
+        np.max(np.abs(a - b)) / np.max(np.abs(b)))
 print(json.dumps(errors))
 """
 
 
 def test_forward_mode_and_second_order_through_context_parallelism():
   """Both strategies on 8 simulated devices (the ring in the zigzag layout), causal, grouped
-  queries, lengths and a score_mod's table, against the unsharded float64 reference."""
+  queries, lengths and a score_mod's table, against the unsharded float64 reference; and the
+  blockwise kernel inside a user's shard_map over the batch with a replicated bias and table."""
   import json
   import os
   import subprocess
@@ -199,7 +232,8 @@ def test_forward_mode_and_second_order_through_context_parallelism():
                           capture_output=True, text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
   assert result.returncode == 0, result.stderr[-3000:]
   errors = json.loads(result.stdout.strip().splitlines()[-1])
-  assert len(errors) == 2 * (3 + 2 * 4)  # jvp, linearize, jacfwd; the second orders per input
+  # jvp, linearize, jacfwd; the second orders per input (q, k, v, table; and bias in shard_map)
+  assert len(errors) == 2 * (3 + 2 * 4) + 3 + 2 * 5
   for case, relative_error in errors.items():
     assert relative_error <= 1e-5, (case, relative_error)
 
