@@ -26,16 +26,15 @@ import argparse
 import functools
 import json
 import os
-import platform
 import sys
 
-import flax
 import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
 from attention_jax import hooks  # noqa: E402
+from experiments import provenance  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
 
 
@@ -99,10 +98,8 @@ def main(argv=None):
     print(f"{name:12s} {1e3 * t:9.2f} ms  x{t / times['by layer']:7.1f} the by-layer time",
           flush=True)
   print(f"{result['patches']} patches; effects agree to {disagreement:.1e}")
-  result["machine"] = {"python": platform.python_version(), "jax": jax.__version__,
-                       "flax": flax.__version__, "backend": jax.default_backend(),
-                       "device": jax.devices()[0].device_kind, "cpus": os.cpu_count(),
-                       **{k: v for k, v in vars(args).items() if k != "json"}}
+  result["machine"] = provenance.benchmark(
+      backend=jax.default_backend(), **{k: v for k, v in vars(args).items() if k != "json"})
   if args.json:
     with open(args.json, "w") as f:
       json.dump(result, f, indent=1)

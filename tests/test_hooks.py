@@ -4,6 +4,9 @@ encoder, nothing added when no hook is asked for, and jit, vmap, grad and scan o
 
 import contextlib
 import functools
+import json
+import pathlib
+import re
 import sys
 import types
 
@@ -346,3 +349,18 @@ def test_the_patching_benchmark_s_four_ways_give_the_same_effects():
   for effect in effects[1:]:
     np.testing.assert_allclose(effect, effects[0], atol=1e-6)
   assert effects[0].shape == (4,) and np.all(effects[0] > 0)
+
+
+def test_the_patching_guide_s_table_is_its_benchmark_file_s():
+  guide = pathlib.Path(__file__).parent.parent / "docs" / "guides" / "patching.md"
+  measured = json.loads(guide.with_name("patching_benchmark.json").read_text())
+  rows = re.findall(r"^\| (by layer|vmapped|a Python loop of \d+ (jitted|eager))\b[^|]*\| "
+                    r"(\d+) \| ([\d.]+) \|$", guide.read_text(), re.M)
+  ways = {"by layer": "by layer", "vmapped": "vmapped", "jitted": "loop, jit",
+          "eager": "loop, eager"}
+  assert len(rows) == 4
+  for first, loop, ms, ratio in rows:
+    way = ways[loop or first]
+    assert int(ms) == round(measured["ms"][way]), way
+    assert float(ratio) == round(measured["over by layer"][way], 1), way
+  assert measured["machine"]["commit"].split("+")[0] in guide.read_text()
