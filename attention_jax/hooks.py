@@ -64,7 +64,7 @@ AXES = {
 COLLECTION = "hooks"
 #: The hooks on the maps [B, N, T, S].
 MAPS = ("attn.hook_attn_scores", "attn.hook_pattern")
-#: The prefix of the hook names inside ``layer(index)``: the layer is the scan's, not a name's.
+#: The prefix of the hook names inside ``layer(index)``, whose layer is the scan's index.
 ANY_LAYER = "blocks.*"
 _LAYER_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
 
