@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
-import json
 import math
 import os
 

@@ -20,33 +20,49 @@ def _layer_norm(x, params, epsilon=1e-6):  # flax.linen.LayerNorm's default epsi
 
 
 def test_a_path_patch_moves_the_read_out_by_the_head_s_result_along_the_stream_alone():
+  """Two layers: a layer-1 head's path is the one-layer case (LN_0, LN_1 with the clean
+  feed-forward output, the read-out); a layer-0 head's goes on through layer 1's LayerNorms with
+  layer 1's attention and feed-forward outputs clean."""
+  layers = 2
   with jax.enable_x64():
     model = aj.TokenClassifier(aj.EncoderConfig(
-        vocab_size=1, input_features=3, d_model=8, num_heads=2, num_layers=1, mlp_dim=8,
+        vocab_size=1, input_features=3, d_model=8, num_heads=2, num_layers=layers, mlp_dim=8,
         num_classes=3, dropout_rate=0.0))
     x, donor = (jax.random.normal(jax.random.key(k), (2, 5, 3), np.float64) for k in (1, 2))
     variables = jax.jit(model.init)(jax.random.key(0), x)
-    names = ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out", "blocks.0.attn.hook_result",
-             "blocks.0.hook_mlp_out"]
-    clean_output, donor_output, patched = path_patching.path_patched(model, variables, x, donor)
-    _, clean = hooks.capture(model, variables, x, names)
-    _, donor_values = hooks.capture(model, variables, donor, names[2:3])
-    clean, donor_values, patched = jax.tree.map(np.asarray, (clean, donor_values, patched))
-  assert patched.dtype == np.float64
+    names = [f"blocks.{l}.{name}" for l in range(layers) for name in (
+        "hook_resid_pre", "hook_attn_out", "attn.hook_result", "hook_mlp_out")]
+
+    @jax.jit
+    def run(variables, x, donor):
+      patched = [path_patching.path_patched(model, variables, x, donor, l) for l in range(layers)]
+      values = [hooks.capture(model, variables, inputs, names)[1] for inputs in (x, donor)]
+      return patched[0][0], [p[2] for p in patched], *values
+
+    clean_output, patched, clean, donor_values = run(variables, x, donor)
+    clean, donor_values, patched, clean_output = jax.tree.map(
+        np.asarray, (clean, donor_values, patched, clean_output))
+  assert patched[0].dtype == np.float64
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
-  block = p["encoder"]["block_0"]
-  result, donor_result = clean["blocks.0.attn.hook_result"], donor_values[
-      "blocks.0.attn.hook_result"]
-  for head in range(2):
-    # the head's result difference enters the stream before LN_0; the feed-forward output is
-    # the clean one (it does not read the change); LN_1, then the read-out
-    stream = (clean["blocks.0.hook_resid_pre"] + clean["blocks.0.hook_attn_out"]
-              + donor_result[:, :, head] - result[:, :, head])
-    post = _layer_norm(_layer_norm(stream, block["norm_0"]) + clean["blocks.0.hook_mlp_out"],
-                       block["norm_1"])
-    expected = post @ p["logits"]["kernel"] + p["logits"]["bias"]
-    np.testing.assert_allclose(patched[head], expected, atol=1e-6)
-  assert not np.allclose(donor_output, clean_output, atol=1e-3)
+  blocks = [p["encoder"][f"block_{l}"] for l in range(layers)]
+  for layer in range(layers):
+    result = f"blocks.{layer}.attn.hook_result"
+    for head in range(2):
+      # the head's result difference enters the stream before its block's LN_0; every sublayer
+      # after it adds its clean output; the LayerNorms on the stream, then the read-out
+      stream = (clean[f"blocks.{layer}.hook_resid_pre"] + clean[f"blocks.{layer}.hook_attn_out"]
+                + donor_values[result][:, :, head] - clean[result][:, :, head])
+      stream = _layer_norm(stream, blocks[layer]["norm_0"])
+      stream = _layer_norm(stream + clean[f"blocks.{layer}.hook_mlp_out"],
+                           blocks[layer]["norm_1"])
+      for later in range(layer + 1, layers):
+        stream = _layer_norm(stream + clean[f"blocks.{later}.hook_attn_out"],
+                             blocks[later]["norm_0"])
+        stream = _layer_norm(stream + clean[f"blocks.{later}.hook_mlp_out"],
+                             blocks[later]["norm_1"])
+      expected = stream @ p["logits"]["kernel"] + p["logits"]["bias"]
+      np.testing.assert_allclose(patched[layer][head], expected, atol=1e-6)
+      assert not np.allclose(patched[layer][head], clean_output, atol=1e-3)  # it moved
 
 
 def test_the_oracle_s_one_head_carries_the_whole_read_out_and_the_others_none(data_dir):
