@@ -40,6 +40,7 @@ STUDIES = {
     "heads_binding/multi_retrieval/results.csv": ("heads_binding", "multi_retrieval"),
     "heads_binding/multi_retrieval_10seeds/results.csv": ("heads_binding", "multi_retrieval"),
     "heads_binding/farthest_point/results.csv": ("heads_binding", "farthest_point"),
+    "heads_binding/farthest_point_10seeds/results.csv": ("heads_binding", "farthest_point"),
     "heads_binding/multi_retrieval_accelerator/results.csv": (
         "heads_binding", "multi_retrieval_accelerator"),
     "attention_variants/results.csv": ("attention_variants", None),

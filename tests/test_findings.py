@@ -30,7 +30,7 @@ TABLES = [
      "heads_binding/multi_retrieval_accelerator/results.csv"),
     ("heads_binding.py:multi_retrieval", "heads_binding/predictions.md",
      "multi_retrieval=heads_binding/multi_retrieval_10seeds/results.csv;"
-     "farthest_point=heads_binding/farthest_point/results.csv"),
+     "farthest_point=heads_binding/farthest_point_10seeds/results.csv"),
     ("heads_binding.py:multi_retrieval", "heads_binding/predictions_5seeds.md",
      "multi_retrieval=heads_binding/multi_retrieval/results.csv;"
      "farthest_point=heads_binding/farthest_point/results.csv"),
