@@ -47,6 +47,7 @@ STUDIES = {
     "attention_variants/controls/results.csv": ("attention_variants", "controls"),
     "positional/results.csv": ("positional", None),
     "positional_registered/results.csv": ("positional_registered", None),
+    "positional_causal/order/results.csv": ("positional_causal", "order"),
     "farthest_floor/results.csv": ("farthest_floor", None),
 }
 # A superseded run's rows kept beside a study -> its comparisons.csv (no report, no figures)

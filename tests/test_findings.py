@@ -26,6 +26,8 @@ TABLES = [
     ("heads_length.py", "heads_length/predictions.md", "heads_length/results.csv"),
     ("positional_registered.py", "positional_registered/predictions.md",
      "positional_registered/results.csv"),
+    ("positional_causal.py:order", "positional_causal/predictions_order.md",
+     "positional_causal/order/results.csv"),
     ("heads_binding.py:multi_retrieval_accelerator", "heads_binding/predictions_accelerator.md",
      "heads_binding/multi_retrieval_accelerator/results.csv"),
     ("heads_binding.py:multi_retrieval", "heads_binding/predictions.md",

@@ -24,6 +24,8 @@ SEEDS = {
     "farthest point's floor": (r"(\d+) for [^;]*farthest point's floor", ["farthest_floor"]),
     "pre-registered positional": (r"(\d+) for [^;]*pre-registered positional",
                                   ["positional_registered"]),
+    "causal positions": (r"(\d+) for [^;]*positions in a causal model",
+                         ["positional_causal/order"]),
     "heads and length": (r"(\d+) for heads and length", ["heads_length"]),
     "heads binding, CPU": (r"(\d+) for heads binding on the CPU",
                            ["heads_binding/multi_retrieval_10seeds",
