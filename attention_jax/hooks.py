@@ -261,8 +261,7 @@ def point(name: str, value):
     if module is not None and module.is_mutable_collection(COLLECTION):
       module.sow(COLLECTION, full, value)  # Linen's store, which nn.scan stacks over layers
     elif full in session.captured:
-      raise ValueError(f"hook point {full!r} was reached twice; give each layer a scope of its "
-                       "own (hooks.scope(f'blocks.{layer}')).")
+      raise ValueError(_reached_twice(full))
     else:
       session.captured[full] = value
   return value
@@ -309,6 +308,12 @@ def _stacked_type():
 
 #: The flax releases whose private flax.linen.module._context.module_stack _linen_module reads.
 MODULE_STACK_CHECKED = "flax 0.12.6 to 0.12.12"
+
+
+def _reached_twice(name: str) -> str:
+  """The one-line refusal of a hook point captured twice in one call."""
+  return (f"hook point {name!r} was reached twice; give each layer a scope of its own "
+          "(hooks.scope(f'blocks.{layer}')).")
 
 
 def _linen_module():
@@ -361,8 +366,7 @@ def _run(model, variables, inputs, call: dict, session: _Session):
     sown = traverse_util.flatten_dict(dict(state.get(COLLECTION, {})))
   for path, values in sown.items():
     if len(values) > 1 or path[-1] in session.captured:
-      raise ValueError(f"hook point {path[-1]!r} was reached twice; give each layer a scope of "
-                       "its own (hooks.scope(f'blocks.{layer}')).")
+      raise ValueError(_reached_twice(path[-1]))
     session.captured[path[-1]] = values[0]
   return output
 

@@ -31,7 +31,7 @@ import numpy as np
 from scipy import stats
 
 from attention_jax import hooks
-from experiments import probe_reports, probes
+from experiments import probe_reports, probes, statistics
 
 #: The claims, their tests, alphas and margins (fixed before any run).
 PREDICTIONS = {
@@ -167,10 +167,10 @@ def verdicts(rows: list[dict]) -> dict[str, dict]:
   chance = float(stats.binom.sf(maxima - 2, maxima, 1 / heads))
   agree = sum(row["agreeing"] >= maxima - 1 for row in rows)
   spec = PREDICTIONS["agreement"]
-  p = stats.binomtest(agree, len(rows), chance, alternative="greater").pvalue
-  out = {"agreement": {"seeds": len(rows), "agreeing_seeds": agree, "chance": chance,
-                       "p": float(p), "holds": bool(p < spec["alpha"] and agree
-                                                    >= spec["min_share_of_seeds"] * len(rows))}}
+  p, holds = statistics.seeds_beyond_chance(agree, len(rows), chance, spec["alpha"],
+                                            spec["min_share_of_seeds"])
+  out = {"agreement": {"seeds": len(rows), "agreeing_seeds": agree, "chance": chance, "p": p,
+                       "holds": holds}}
   for name, key, centre in (("transfer", "slope_on", 1.0), ("specificity", "slope_off", 0.0)):
     spec = PREDICTIONS[name]
     low, high = _interval([row[key] for row in rows], spec["alpha"])

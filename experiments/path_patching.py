@@ -49,7 +49,6 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import stats
 
 from attention_jax import hooks
 from experiments import patching_study, probe_reports, probes, statistics
@@ -178,10 +177,9 @@ def verdict(rows: list[dict]) -> dict:
   False
   """
   meeting = sum(bool(row["meets"]) for row in rows)
-  p = float(stats.binomtest(meeting, len(rows), 0.5, alternative="greater").pvalue)
-  return {"seeds": len(rows), "meeting": meeting, "p": p,
-          "holds": bool(p < PREDICTION["alpha"]
-                        and meeting >= PREDICTION["min_share_of_seeds"] * len(rows))}
+  p, holds = statistics.seeds_beyond_chance(meeting, len(rows), 0.5, PREDICTION["alpha"],
+                                            PREDICTION["min_share_of_seeds"])
+  return {"seeds": len(rows), "meeting": meeting, "p": p, "holds": holds}
 
 
 def arm_summaries(per_arm: dict[str, list[dict]]) -> list[dict]:

@@ -397,6 +397,20 @@ def equivalence(a, b, margin: float, paired: bool = True) -> float:
   return equivalence_test("", "", "", a, b, margin, paired=paired).p
 
 
+def seeds_beyond_chance(meeting: int, seeds: int, chance: float, alpha: float,
+                        min_share: float) -> tuple[float, bool]:
+  """A prediction that each seed meets a criterion: scipy.stats.binomtest of ``meeting`` of
+  ``seeds`` against the chance ``chance`` (one-sided, greater), and whether it holds (p below
+  ``alpha`` and at least ``min_share`` of the seeds meeting it).
+
+  >>> p, holds = seeds_beyond_chance(9, 10, 0.5, 0.05, 0.8)
+  >>> round(p, 4), holds
+  (0.0107, True)
+  """
+  p = float(stats.binomtest(meeting, seeds, chance, alternative="greater").pvalue)
+  return p, bool(p < alpha and meeting >= min_share * seeds)
+
+
 def adjust(comparisons) -> list[Comparison]:
   """The comparisons with ``p_adjusted``: Holm's step-down correction over the whole family
   (a NaN p stays NaN and does not count). Controls the chance of any false positive at 5%.
