@@ -206,7 +206,7 @@ def test_benchmark_flex_times_block_skipping_and_plots_it(tmp_path):
 def test_benchmark_fused_runs_every_case_and_ratio_in_the_interpreter(tmp_path):
   """The fused kernel's table in Pallas' interpreter (how this script is smoke-tested off a
   GPU): every case forward and forward+backward, the trained table in the backward only, the
-  ratios, and a tuning row; a malformed shape is refused in one line."""
+  jvp of two cases, the ratios, and a tuning row; a malformed shape is refused in one line."""
   output = tmp_path / "fused.json"
   result = subprocess.run([sys.executable, "scripts/benchmark_fused.py", "--interpret",
                            "--shapes", "128,16", "--tune", "128,16", "--configs", "32:4:2",
@@ -217,7 +217,11 @@ def test_benchmark_fused_runs_every_case_and_ratio_in_the_interpreter(tmp_path):
   timed = {(row["pass"], row["method"]) for row in rows if row["part"] == "table"}
   assert ("fwd+bwd", "fused causal T5 bias, trained") in timed
   assert ("fwd", "fused causal T5 bias, trained") not in timed
-  assert len(timed) == 2 * 9 - 1  # 8 fused cases and chunked, each pass
+  assert ("fwd", "fused causal ALiBi, jvp") in timed
+  assert ("fwd", "fused causal T5 bias, jvp") in timed
+  # 8 fused cases and chunked, each pass (the trained table backward only), and two jvp rows
+  assert len(timed) == 2 * 9 - 1 + 2
+  assert "jvp / forward, causal ALiBi" in {row["ratio"] for row in rows if row["part"] == "ratio"}
   ratios = {row["ratio"] for row in rows if row["part"] == "ratio"}
   assert "trained table cost (T5 trained / constant)" in ratios and "dropout cost" in ratios
   assert any(row["part"] == "tune" and row["method"] == "fused 32:4:2" for row in rows)
