@@ -145,8 +145,11 @@ def evaluate(jaxpr, consts, *args) -> list:
     elif body is not None:
       outputs = evaluate(body.jaxpr, body.consts, *inputs)
     else:
+      params = eqn.primitive.get_bind_params(eqn.params)
+      # (subfunctions, params) in jax 0.8, the params alone in jax 0.10
+      subfuns, params = params if isinstance(params, tuple) else ((), params)
       with eqn.ctx.manager:
-        outputs = eqn.primitive.bind(*inputs, **eqn.primitive.get_bind_params(eqn.params))
+        outputs = eqn.primitive.bind(*subfuns, *inputs, **params)
       outputs = outputs if eqn.primitive.multiple_results else [outputs]
     env.update(zip(eqn.outvars, outputs))
   return [read(var) for var in jaxpr.outvars]
