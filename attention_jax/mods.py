@@ -159,7 +159,10 @@ def _pvary_missing(eqn, x):
   """``x`` varying over the axes of the ``pvary`` equation ``eqn``: its primitive over those
   that ``x`` does not vary over yet."""
   missing = tuple(axis for axis in eqn.params["axes"] if axis not in varying_axes(x))
-  return eqn.primitive.bind(x, **{**eqn.params, "axes": missing}) if missing else x
+  if not missing:
+    return x
+  out = eqn.primitive.bind(x, **{**eqn.params, "axes": missing})
+  return out[0] if eqn.primitive.multiple_results else out  # one list per call in jax 0.8
 
 
 def varying_axes(array) -> frozenset:
