@@ -209,17 +209,24 @@ def write(sweep: str, out: str, num_examples: int = 256) -> dict[str, dict]:
   return found
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--sweep", required=True, help="a multi_retrieval sweep's workdir "
-                      "(results.csv, variants/)")
-  parser.add_argument("--out", required=True, help="where patching.csv and patching.json go")
+def run_command_line(doc: str, name: str, write_fn, sweep_help: str, out_help: str):
+  """A patching study's command line (--sweep, --out, --examples): ``write_fn``'s result, or
+  its expected failure as one line."""
+  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+  parser.add_argument("--sweep", required=True, help=sweep_help)
+  parser.add_argument("--out", required=True, help=out_help)
   parser.add_argument("--examples", type=int, default=256, help="test examples patched per seed")
   args = parser.parse_args()
   try:
-    found = write(args.sweep, args.out, args.examples)
+    return write_fn(args.sweep, args.out, args.examples)
   except (ValueError, FileNotFoundError) as error:
-    raise SystemExit(f"patching_study: {error}")
+    raise SystemExit(f"{name}: {error}") from None
+
+
+def main():
+  found = run_command_line(__doc__, "patching_study", write,
+                           "a multi_retrieval sweep's workdir (results.csv, variants/)",
+                           "where patching.csv and patching.json go")
   for arm, result in found.items():
     print(arm, {name: v["holds"] for name, v in result.items()})
 

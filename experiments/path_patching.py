@@ -40,7 +40,6 @@ per sweep into the same folder, which then holds every arm's rows and verdicts:
 
 from __future__ import annotations
 
-import argparse
 import csv
 import functools
 import math
@@ -312,16 +311,9 @@ def write(sweep: str, out: str, num_examples: int = 256) -> list[dict]:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--sweep", required=True, help="a farthest_point sweep's workdir "
-                      "(results.csv, variants/); run once per sweep of a study, same --out")
-  parser.add_argument("--out", required=True, help="where the CSVs and verdicts.md go")
-  parser.add_argument("--examples", type=int, default=256, help="test examples patched per seed")
-  args = parser.parse_args()
-  try:
-    summaries = write(args.sweep, args.out, args.examples)
-  except (ValueError, FileNotFoundError) as error:
-    raise SystemExit(f"path_patching: {error}")
+  summaries = patching_study.run_command_line(
+      __doc__, "path_patching", write, "a farthest_point sweep's workdir (results.csv, "
+      "variants/); run once per sweep of a study, same --out", "where the CSVs and verdicts.md go")
   for row in summaries:
     print(row["arm"], f"{row['meeting']} of {row['seeds']}", f"p {row['p']:.2g}", row["holds"])
 
