@@ -165,9 +165,15 @@ def design_lines(design: verdicts.Design, chosen, seeds: int, one_rate: bool) ->
   if one_rate:
     rates = "one learning rate for every variant, so none was chosen"
   elif on == verdicts.VALIDATION:
+    measured = f"{verdicts.VALIDATION}_{chosen[0].chosen_for}" if chosen else ""
+    elsewhere = bool(chosen) and not timed and design.primary not in (
+        measured, f"eval_{chosen[0].chosen_for}")
     rates = ("each variant's learning rate chosen on the validation stream (a test split of "
              "another data seed) for "
-             + ("its censored time-to-threshold" if timed else f"its final {design.primary}")
+             + ("its censored time-to-threshold" if timed else
+                f"its final {measured} (the validation stream does not measure "
+                f"{design.primary}; ties broken by the lower validation loss)" if elsewhere
+                else f"its final {design.primary}")
              + ", reported on the test set; every comparison also at a matched rate, the "
              "reference's")
     if design.test == "time_to_solve" and not timed:

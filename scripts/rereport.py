@@ -48,6 +48,7 @@ STUDIES = {
     "positional/results.csv": ("positional", None),
     "positional_registered/results.csv": ("positional_registered", None),
     "positional_causal/order/results.csv": ("positional_causal", "order"),
+    "positional_causal/even_pairs/results.csv": ("positional_causal", "even_pairs"),
     "farthest_floor/results.csv": ("farthest_floor", None),
 }
 # A superseded run's rows kept beside a study -> its comparisons.csv (no report, no figures)

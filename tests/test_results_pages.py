@@ -25,7 +25,7 @@ SEEDS = {
     "pre-registered positional": (r"(\d+) for [^;]*pre-registered positional",
                                   ["positional_registered"]),
     "causal positions": (r"(\d+) for [^;]*positions in a causal model",
-                         ["positional_causal/order"]),
+                         ["positional_causal/order", "positional_causal/even_pairs"]),
     "heads and length": (r"(\d+) for heads and length", ["heads_length"]),
     "heads binding, CPU": (r"(\d+) for heads binding on the CPU",
                            ["heads_binding/multi_retrieval_10seeds",
