@@ -49,6 +49,7 @@ STUDIES = {
     "positional_registered/results.csv": ("positional_registered", None),
     "positional_causal/order/results.csv": ("positional_causal", "order"),
     "positional_causal/even_pairs/results.csv": ("positional_causal", "even_pairs"),
+    "positional_causal/randomized/results.csv": ("positional_causal", "randomized"),
     "farthest_floor/results.csv": ("farthest_floor", None),
 }
 # A superseded run's rows kept beside a study -> its comparisons.csv (no report, no figures)

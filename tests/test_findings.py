@@ -30,6 +30,8 @@ TABLES = [
      "positional_causal/order/results.csv"),
     ("positional_causal.py:even_pairs", "positional_causal/predictions_even_pairs.md",
      "positional_causal/even_pairs/results.csv"),
+    ("positional_causal.py:randomized", "positional_causal/predictions_randomized.md",
+     "positional_causal/randomized/results.csv"),
     ("heads_binding.py:multi_retrieval_accelerator", "heads_binding/predictions_accelerator.md",
      "heads_binding/multi_retrieval_accelerator/results.csv"),
     ("heads_binding.py:multi_retrieval", "heads_binding/predictions.md",
