@@ -5,10 +5,15 @@ Every check raises ``ValueError`` naming the argument, what was expected and wha
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
+import numpy as np
+
+from attention_jax import tangent as tangent_lib
 
 
 def check_qkv(query, key, value, *, folded: bool = False) -> None:
@@ -191,15 +196,61 @@ def zeros_on_empty_rows(empty_rows, kernel: str) -> None:
 
 
 def reverse_only(kernel, name: str):
-  """``kernel`` (a custom VJP without a tangent), its forward mode refused in one line that
-  names the kernel serving it, instead of JAX's error about custom_vjp functions."""
+  """``kernel`` (a custom VJP without a tangent) as a custom JVP whose tangent is a linear map
+  (``tangent.linear``) that transposes to the kernel's own backward: reverse mode runs the
+  kernel's forward and backward as before, and forward mode, wherever the kernel is traced
+  (inside jit, jax.checkpoint, vmap or a scan), raises one line naming the kernel that serves it
+  instead of JAX's error about custom_vjp functions. The floating arrays among the arguments
+  get cotangents; the rest are held fixed."""
   def run(*args, **kwargs):
-    try:
-      return kernel(*args, **kwargs)
-    except TypeError as error:
-      if "forward-mode" not in str(error):
-        raise
-      raise ValueError(f"implementation={name!r} has reverse mode only (a custom VJP): jvp, "
-                       "jacfwd and hessian are refused; use implementation='chunked', whose "
-                       "blockwise tangent serves them.") from None
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))
+             and jnp.issubdtype(leaf.dtype, jnp.inexact)]
+
+    def call(*arrays):
+      filled = list(leaves)
+      for i, array in zip(slots, arrays):
+        filled[i] = array
+      positional, named = jax.tree.unflatten(tree, filled)
+      return kernel(*positional, **named)
+
+    message = forward_mode_refusal(name)
+    refused = jax.custom_jvp(call)
+
+    def tangent_rule(primals, tangents):
+      try:
+        out, pullback = jax.vjp(call, *primals)
+      except TypeError as error:  # a jvp of the gradient reached the kernel's custom VJP
+        if "forward-mode" not in str(error):
+          raise
+        raise ValueError(message) from None
+      outs, out_tree = jax.tree.flatten(out)
+      residuals, pullback_tree = jax.tree.flatten(pullback)
+      d_outs = tangent_lib.linear(functools.partial(_refuse, message),
+                                  functools.partial(_pull, pullback_tree, out_tree),
+                                  (tuple(outs), tuple(residuals)), tuple(tangents),
+                                  like=tuple(outs), second_order=message)
+      return out, jax.tree.unflatten(out_tree, d_outs)
+    refused.defjvp(tangent_rule)
+    return refused(*(leaves[i] for i in slots))
   return run
+
+
+def forward_mode_refusal(name: str) -> str:
+  """The one line with which a reverse-only kernel refuses forward mode."""
+  return (f"implementation={name!r} has reverse mode only (a custom VJP without a tangent): "
+          "forward mode through it (jax.jvp, jax.jacfwd, jax.linearize) and second order "
+          "(jax.hessian, a jvp of a grad, a grad of a jvp) are refused; use "
+          "implementation='chunked', whose tangent serves them all (on a GPU, 'pallas_gpu' "
+          "serves first order).")
+
+
+def _refuse(message, residuals, tangents):
+  del residuals, tangents
+  raise ValueError(message)
+
+
+def _pull(pullback_tree, out_tree, residuals, cotangents):
+  """The kernel's backward: its VJP from the residuals it saved, applied to ``cotangents``."""
+  pullback = jax.tree.unflatten(pullback_tree, residuals[1])
+  return pullback(jax.tree.unflatten(out_tree, list(cotangents)))

@@ -274,16 +274,48 @@ def test_the_forward_mode_benchmark_times_every_method(tmp_path):
   assert all(row["ms"] > 0 for row in rows) and rows[0]["time vs forward"] == 1.0
 
 
-def test_a_reverse_only_kernel_refuses_forward_mode_in_one_line():
-  """cuDNN's and the Pallas TPU kernel's custom VJPs have no tangent: jvp through them is one line
-  naming the kernel that serves it (their reverse mode unchanged)."""
+def _reverse_only_stand_in(name):
+  """A kernel in cuDNN's calling convention around a custom VJP whose backward is twice the true
+  gradient (so that a test can tell it ran), wrapped as attention.py wraps cuDNN's."""
   from attention_jax import _checks
-  identity = jax.custom_vjp(lambda x: x)
-  identity.defvjp(lambda x: (x, None), lambda _, g: (g,))
-  for name in ("cudnn", "pallas_tpu"):
-    run = _checks.reverse_only(identity, name)
+  product = jax.custom_vjp(lambda x, y: x * y)
+  product.defvjp(lambda x, y: (x * y, (x, y)),
+                 lambda saved, g: (2 * g * saved[1], 2 * g * saved[0]))
+  kernel = lambda q, k, bias, mask, *, scale: product(q * scale, jnp.where(mask, k, 0.0))
+  return _checks.reverse_only(kernel, name)
+
+
+REVERSE_ONLY_TRANSFORMS = {  # name: the transform of a scalar function f at q
+    "jvp": lambda f, q: jax.jvp(f, (q,), (q,)),
+    "jvp of a jit": lambda f, q: jax.jvp(jax.jit(f), (q,), (q,)),
+    "jvp of a checkpoint": lambda f, q: jax.jvp(jax.checkpoint(f), (q,), (q,)),
+    "jvp in a scan": lambda f, q: jax.jvp(lambda q: jax.lax.scan(
+        lambda c, _: (c + f(q), None), 0.0, None, length=2)[0], (q,), (q,)),
+    "vmap of a jvp": lambda f, q: jax.vmap(lambda t: jax.jvp(f, (q,), (t,))[1])(q[None]),
+    "linearize": lambda f, q: jax.linearize(f, q)[1](q),
+    "jacfwd": lambda f, q: jax.jacfwd(f)(q),
+    "hessian": lambda f, q: jax.hessian(f)(q),
+    "jit of a hessian": lambda f, q: jax.jit(jax.hessian(f))(q),
+    "grad of a jvp": lambda f, q: jax.grad(lambda q: jax.jvp(f, (q,), (q,))[1])(q),
+}
+
+
+@pytest.mark.parametrize("name", ("cudnn", "pallas_tpu"))
+def test_a_reverse_only_kernel_refuses_forward_mode_in_one_line(name):
+  """cuDNN's and the Pallas TPU kernel's custom VJPs have no tangent: forward mode and second
+  order through them are one line naming the kernel that serves them wherever the kernel is
+  traced (inside jit, checkpoint, scan, vmap; JAX's raw error escaped there before); reverse
+  mode runs the kernel's own backward, also under jit, checkpoint and vmap."""
+  run = _reverse_only_stand_in(name)
+  q, mask = jnp.arange(3.0), jnp.array([True, False, True])
+  f = lambda q: jnp.sum(run(q, q, None, mask, scale=0.5))
+  for transform, apply in REVERSE_ONLY_TRANSFORMS.items():
     with pytest.raises(ValueError, match=f"implementation='{name}' has reverse mode only.*"
+                                         "jax.jvp, jax.jacfwd, jax.linearize.*jax.hessian.*"
                                          "implementation='chunked'") as error:
-      jax.jvp(run, (1.0,), (1.0,))
-    assert "\n" not in str(error.value)
-    assert jax.grad(run)(2.0) == 1.0
+      apply(f, q)
+    assert "\n" not in str(error.value), transform
+  twice = np.array([0.0, 0.0, 4.0])  # the stand-in's backward: 2 (k * scale + q * scale * mask)
+  for gradient in (jax.grad(f), jax.jit(jax.grad(f)), jax.grad(jax.checkpoint(f))):
+    np.testing.assert_array_equal(gradient(q), twice)
+  np.testing.assert_array_equal(jax.vmap(jax.grad(f))(q[None]), twice[None])
