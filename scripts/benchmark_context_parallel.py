@@ -21,7 +21,6 @@ allocates per device and carry over to real devices of any kind.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -38,6 +37,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_jax as aj  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
+from scripts.benchmark_structure import print_table  # noqa: E402
+from scripts.benchmark_structure import write_json  # noqa: E402
 
 
 def per_device_program(strategy, num_devices, length, args):
@@ -113,15 +114,14 @@ def main():
   rows = []
   counts = [2 ** i for i in range(1, int(np.log2(args.devices)) + 1)]
   print(f"causal forward+backward, T = {args.length}, N = {args.heads}, K = {args.kv_heads}, "
-        f"H = {args.head_dim}, float32, {args.rounds} rounds")
-  print(f"{'strategy':>14} {'P':>3} {'MiB/device':>11} {'ms (median)':>12}")
+        f"H = {args.head_dim}, float32, median of {args.rounds} rounds")
   for strategy, devices in [("single device", 1)] + [(s, p) for p in counts
                                                       for s in aj.context_parallel.STRATEGIES]:
     run, used = per_device_program(strategy, devices, args.length, args)
     seconds = median_times({strategy: run}, args.rounds)[strategy]
     rows.append({"part": "scaling", "strategy": strategy, "devices": devices,
                  "length": args.length, "mib_per_device": used / 2 ** 20, "ms": seconds * 1e3})
-    print(f"{strategy:>14} {devices:>3} {used / 2 ** 20:>11.1f} {seconds * 1e3:>12.1f}")
+  print_table(rows, {"mib_per_device": ".1f", "ms": ".1f"})
 
   budget = args.budget_mib * 2 ** 20
   print(f"\nlongest T whose forward+backward fits {args.budget_mib:g} MiB per device")
@@ -130,7 +130,7 @@ def main():
     best = longest_fitting(strategy, devices, budget, args)
     rows.append({"part": "budget", "strategy": strategy, "devices": devices,
                  "budget_mib": args.budget_mib, "longest_length": best})
-    print(f"{strategy:>14} P={devices}: {best}")
+  print_table([row for row in rows if row["part"] == "budget"])
 
   print(f"\non paper, TPU pod: T = {args.pod_length}, P = {args.pod_devices}, bf16, "
         f"{args.link_gb_s:g} GB/s per link, {args.peak_tflops:g} TFLOP/s per chip")
@@ -141,11 +141,8 @@ def main():
     rows.append({"part": "paper", "strategy": strategy, "length": args.pod_length,
                  "devices": args.pod_devices, "bytes_moved": moved, "flops": flops,
                  "comm_to_compute": ratio})
-    print(f"{strategy:>14}: {moved / 2 ** 20:.1f} MiB moved, {flops / 1e9:.1f} GFLOP, "
-          f"communication / compute time = {ratio:.3f}")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(rows, f, indent=1)
+  print_table([row for row in rows if row["part"] == "paper"], {"comm_to_compute": ".3f"})
+  write_json(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 
@@ -34,6 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from attention_jax import chunked  # noqa: E402
 from scripts.benchmark_structure import compiled  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
+from scripts.benchmark_structure import print_table  # noqa: E402
+from scripts.benchmark_structure import write_json  # noqa: E402
 
 
 def custom_vjp_attention(query, key, value):
@@ -102,15 +103,9 @@ def main(argv=None):
   table = [row for length in args.lengths for row in rows(length, args.heads, args.rounds)]
   print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, causal, B 1, "
         f"{args.heads} heads of 64, float32; medians of {args.rounds} rounds")
-  print(f"{'T':>6} {'method':<18} {'ms':>9} {'temp MiB':>9} {'time/fwd':>9} {'temp/fwd':>9}")
-  show = lambda x, f: "-" if x is None else format(x, f)
-  for row in table:
-    print(f"{row['T']:>6} {row['method']:<18} {row['ms']:>9.1f} "
-          f"{show(row['temp MiB'], '9.2f')} {show(row['time vs forward'], '9.2f')} "
-          f"{show(row['temp vs forward'], '9.2f')}")
-  if args.json:
-    with open(args.json, "w") as file:
-      json.dump(table, file, indent=1)
+  print_table(table, {"ms": ".1f", "temp MiB": ".2f", "time vs forward": ".2f",
+                      "temp vs forward": ".2f"})
+  write_json(table, args.json)
 
 
 if __name__ == "__main__":

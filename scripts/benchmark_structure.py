@@ -69,6 +69,34 @@ def median_times(runs, rounds):
   return timed({name: lambda calls=1, run=run: run() for name, run in runs.items()}, rounds, 0.0)
 
 
+def print_table(rows, formats=None):
+  """Print ``rows`` ({column: value}) as aligned columns, every column in the order it first
+  appears: a float by ``formats.get(column, ".3g")``, None or a missing value as "-", a column of
+  numbers right-aligned."""
+  columns = list(dict.fromkeys(column for row in rows for column in row))
+  formats = formats or {}
+
+  def shown(value, column):
+    if value is None:
+      return "-"
+    return format(value, formats.get(column, ".3g")) if isinstance(value, float) else str(value)
+
+  lines = [columns] + [[shown(row.get(column), column) for column in columns] for row in rows]
+  widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+  numbers = [all(isinstance(row.get(column), (int, float, type(None))) for row in rows)
+             for column in columns]
+  for line in lines:
+    print(" ".join(text.rjust(width) if right else text.ljust(width)
+                   for text, width, right in zip(line, widths, numbers)).rstrip())
+
+
+def write_json(rows, path):
+  """Write ``rows`` to ``path`` as JSON (nothing where ``path`` is None)."""
+  if path:
+    with open(path, "w") as f:
+      json.dump(rows, f, indent=1)
+
+
 def timed_rows(part, methods, arrays, rounds, baseline, backward=True, **columns):
   """A row per method: its median time, XLA's temporary memory (where known) and its time over
   ``baseline``'s; ``columns``: {name: {method: value}}, more columns per method."""
@@ -233,13 +261,10 @@ def main():
   if "blocks" in args.parts:
     rows += block_rows(args.structure_length, args.heads, args.window_widths, args.documents,
                        args.rounds)
-  for row in rows:
-    cells = [f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
-             for key, value in row.items() if value is not None]
-    print(" | ".join(cells))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(rows, f, indent=1)
+  for part in dict.fromkeys(row["part"] for row in rows):
+    print()
+    print_table([row for row in rows if row["part"] == part])
+  write_json(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,15 @@ def test_benchmark_structure_times_windows_and_measures_gqa_memory(tmp_path):
   assert all(row["ms"] > 0 for row in rows)
 
 
+def test_the_benchmarks_table_aligns_columns_and_shows_a_missing_value_as_a_dash(capsys):
+  load_script("benchmark_structure").print_table(
+      [{"method": "forward", "ms": 12.345, "temp MiB": None}, {"method": "jvp", "ms": 2.0}],
+      {"ms": ".1f"})
+  assert capsys.readouterr().out.splitlines() == ["method    ms temp MiB",
+                                                  "forward 12.3        -",
+                                                  "jvp      2.0        -"]
+
+
 def test_benchmark_context_parallel_reports_memory_per_device_and_the_paper_ratio(tmp_path):
   output = tmp_path / "context_parallel.json"
   result = subprocess.run([sys.executable, "scripts/benchmark_context_parallel.py", "--devices",
