@@ -64,7 +64,22 @@ class _Params(nnx.Module):
     return {name: getattr(self, name)[...] for name in self.names}
 
 
-class MultiHeadAttention(nnx.Module):
+class Stochastic(nnx.Module):
+  """A module with dropout (or other draws) inside: its ``deterministic`` is set in the
+  constructor, by ``model.train()`` / ``model.eval()`` or ``nnx.view`` (``set_view``, as on
+  ``nnx.Dropout``), and a call's own ``deterministic`` overrides it (``_deterministic``)."""
+
+  def set_view(self, deterministic: bool | None = None):
+    """Called by ``nnx.view``, as on ``nnx.Dropout``."""
+    if deterministic is not None:
+      self.deterministic = deterministic
+
+  def _deterministic(self, deterministic: bool | None) -> bool | None:
+    """The call's ``deterministic``, else the module's."""
+    return self.deterministic if deterministic is None else deterministic
+
+
+class MultiHeadAttention(Stochastic):
   """Multi-head attention as a Flax NNX module: a drop-in for ``flax.nnx.MultiHeadAttention``
 (same arguments, state, parameters for the same ``rngs``, dropout masks, decode cache, sown
 weights and partitioning metadata), computed by ``multihead.multi_head_attention_step``.
@@ -136,11 +151,6 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
     self.rngs = rngs["dropout"].fork() if keep_rngs and dropout_rate > 0.0 else None
     self.cached_key = self.cached_value = self.cache_index = nnx.data(None)
 
-  def set_view(self, deterministic: bool | None = None):
-    """Called by ``nnx.view``, as on ``nnx.Dropout``."""
-    if deterministic is not None:
-      self.deterministic = deterministic
-
   def init_cache(self, input_shape, dtype=jnp.float32):
     """An empty key/value cache for inputs of ``input_shape`` [..., L, D_in] (L: the longest
     sequence), as ``flax.nnx.MultiHeadAttention.init_cache``."""
@@ -167,7 +177,7 @@ nnx.Intermediate)`` and ``nnx.capture(..., Losses)``, whatever ``sow_weights`` s
     the call, else the module, else an error; keys from the call's rngs, else the module's)."""
     if self.dropout_rate <= 0.0:
       return None
-    deterministic = self.deterministic if deterministic is None else deterministic
+    deterministic = self._deterministic(deterministic)
     if deterministic is None:
       raise ValueError("dropout_rate > 0 needs deterministic: set it in the constructor, by "
                        "model.train() / model.eval(), or at the call.")
@@ -316,13 +326,15 @@ class LearnedEncoding(NoPositionalEncoding):
     return positional.add_learned_table(x, self.table[...])
 
 
-class RandomizedEncoding(NoPositionalEncoding):
+class RandomizedEncoding(NoPositionalEncoding, Stochastic):
   """``positional.RandomizedEncoding`` in NNX: its draws from the "dropout" stream of ``rngs``.
 
   >>> encoding = positional_encoding("randomized", max_length=64, d_model=32, num_heads=4,
   ...                                rngs=nnx.Rngs(0))
   >>> encoding.embed(jnp.zeros((2, 10, 32)), deterministic=False).shape  # [B, T, D]
   (2, 10, 32)
+  >>> nnx.view(encoding, deterministic=False).deterministic  # as nnx.Dropout's
+  False
   """
 
   def __init__(self, *, max_length: int, d_model: int, num_heads: int, rngs: nnx.Rngs,
@@ -332,8 +344,7 @@ class RandomizedEncoding(NoPositionalEncoding):
     self.rngs = rngs["dropout"].fork()
 
   def embed(self, x, deterministic: bool | None = None):
-    deterministic = self.deterministic if deterministic is None else deterministic
-    key = None if deterministic else self.rngs()
+    key = None if self._deterministic(deterministic) else self.rngs()
     return positional.add_randomized_sinusoidal(x, key, self.max_length)
 
 

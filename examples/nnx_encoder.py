@@ -22,21 +22,10 @@ from attention_jax import encoder as encoder_lib
 from attention_jax import masks as masks_lib
 from attention_jax.nnx import POSITIONAL_ENCODINGS
 from attention_jax.nnx import MultiHeadAttention
+from attention_jax.nnx import Stochastic
 from attention_jax.nnx import linen_params
 from attention_jax.nnx import positional_encoding
 from attention_jax.products import dense_dot_general
-
-
-class _Dropping(nnx.Module):
-  """A module with dropout inside, whose call passes ``deterministic`` down explicitly."""
-
-  def set_view(self, deterministic: bool | None = None):
-    """Called by ``nnx.view``, as on ``nnx.Dropout``."""
-    if deterministic is not None:
-      self.deterministic = deterministic
-
-  def _deterministic(self, deterministic: bool | None) -> bool:
-    return self.deterministic if deterministic is None else deterministic
 
 
 def _check_attention_module(config: encoder_lib.EncoderConfig):
@@ -46,7 +35,7 @@ def _check_attention_module(config: encoder_lib.EncoderConfig):
         f"encoder uses attention_jax.nnx.MultiHeadAttention, so leave attention_module=None.")
 
 
-class FeedForward(_Dropping):
+class FeedForward(Stochastic):
   """Position-wise FFN(x) = max(0, x W_1 + b_1) W_2 + b_2: [..., D] -> [..., D].
 
   >>> x = jnp.ones((2, 10, 32))  # [B, T, D]
@@ -67,7 +56,7 @@ class FeedForward(_Dropping):
     return self.output(self.dropout(y, deterministic=deterministic))  # [..., D]
 
 
-class EncoderBlock(_Dropping):
+class EncoderBlock(Stochastic):
   """The twin of ``attention_jax.EncoderBlock``: [B, T, D] -> same; RoPE comes from the config,
   the other encodings act outside the block.
 
@@ -114,7 +103,7 @@ class EncoderBlock(_Dropping):
                                     pre_layer_norm=self.config.pre_layer_norm)
 
 
-class TransformerEncoder(_Dropping):
+class TransformerEncoder(Stochastic):
   """The twin of ``attention_jax.TransformerEncoder``: token ids [B, T] -> [B, T', D].
 
   >>> from attention_jax import EncoderConfig
@@ -167,7 +156,7 @@ class TransformerEncoder(_Dropping):
     return self.final_norm(x) if self.config.pre_layer_norm else x
 
 
-class _Classifier(_Dropping):
+class _Classifier(Stochastic):
   """An encoder and a linear read-out, of the pooled vector or (``per_token``) of every one."""
   per_token = False
 
