@@ -20,7 +20,6 @@ report chose on the validation stream):
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -209,22 +208,17 @@ def write(sweep: str, out: str, num_examples: int = 256) -> dict[str, dict]:
   return found
 
 
-def run_command_line(doc: str, name: str, write_fn, sweep_help: str, out_help: str):
-  """A patching study's command line (--sweep, --out, --examples): ``write_fn``'s result, or
-  its expected failure as one line."""
-  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-  parser.add_argument("--sweep", required=True, help=sweep_help)
-  parser.add_argument("--out", required=True, help=out_help)
-  parser.add_argument("--examples", type=int, default=256, help="test examples patched per seed")
-  args = parser.parse_args()
-  try:
-    return write_fn(args.sweep, args.out, args.examples)
-  except (ValueError, FileNotFoundError) as error:
-    raise SystemExit(f"{name}: {error}") from None
+def run_command_line(doc: str, write_fn, sweep_help: str, out_help: str):
+  """A patching study's command line (probe_reports.command_line with --out required and
+  --examples): ``write_fn(sweep, out, examples)``'s result."""
+  return probe_reports.command_line(
+      doc, lambda args: write_fn(args.sweep, args.out, args.examples),
+      sweep=dict(required=True, help=sweep_help), out=dict(required=True, help=out_help),
+      examples=dict(type=int, default=256, help="test examples patched per seed"))
 
 
 def main():
-  found = run_command_line(__doc__, "patching_study", write,
+  found = run_command_line(__doc__, write,
                            "a multi_retrieval sweep's workdir (results.csv, variants/)",
                            "where patching.csv and patching.json go")
   for arm, result in found.items():

@@ -312,7 +312,7 @@ def write(sweep: str, out: str, num_examples: int = 256) -> list[dict]:
 
 def main():
   summaries = patching_study.run_command_line(
-      __doc__, "path_patching", write, "a farthest_point sweep's workdir (results.csv, "
+      __doc__, write, "a farthest_point sweep's workdir (results.csv, "
       "variants/); run once per sweep of a study, same --out", "where the CSVs and verdicts.md go")
   for row in summaries:
     print(row["arm"], f"{row['meeting']} of {row['seeds']}", f"p {row['p']:.2g}", row["holds"])

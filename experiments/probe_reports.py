@@ -1,7 +1,8 @@
 """Probes of a trained run or sweep, after the run (descriptive): every seed of an arm at the
 learning rate its report chose on the validation stream, probed (experiments/probes.py), and the
-tables and plots of what the probes found. The command lines: scripts/head_importance.py,
-scripts/farthest_floor_probe.py, scripts/heads_length_probe.py and scripts/head_diagnostics.py.
+tables and plots of what the probes found. The command lines (``command_line``):
+scripts/head_importance.py, scripts/farthest_floor_probe.py, scripts/heads_length_probe.py,
+scripts/head_diagnostics.py, and the patching studies'.
 
   head importance (Michel et al. 2019)   write_head_importance   importance.md, importance.png
   the farthest-point probe               write_farthest_point    probe.md
@@ -11,6 +12,8 @@ scripts/farthest_floor_probe.py, scripts/heads_length_probe.py and scripts/head_
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 import json
 import os
 
@@ -262,3 +265,27 @@ def write_head_diagnostics(workdir: str, replica: int, num_examples: int, num_ma
   attention_maps.write(run.model, run.params, run.task, num_maps,
                        os.path.join(out, "attention_maps"))
   return text
+
+
+def command_line(doc: str, write: Callable[[argparse.Namespace], object], source: str = "sweep",
+                 argv: list[str] | None = None, **flags: dict):
+  """A probe's command line: ``--{source}`` (the trained sweep's or run's workdir), ``--out``
+  (default: that workdir) and a ``--name`` per ``flags`` ({name: argparse's keywords}, which may
+  also redefine the first two); returns ``write(arguments)``, and ends with an expected failure
+  (no such workdir, nothing to probe) as one line.
+
+  >>> command_line("A probe.", lambda a: (a.sweep, a.out, a.top), argv=["--sweep=runs/s"],
+  ...              top=dict(type=int, default=1, help="heads counted"))
+  ('runs/s', 'runs/s', 1)
+  """
+  parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+  flags = {source: dict(required=True, help=f"the {source}'s workdir (results.csv, variants/)"),
+           "out": dict(default=None, help=f"output directory (default: the {source}'s)")} | flags
+  for name, keywords in flags.items():
+    parser.add_argument(f"--{name}", **keywords)
+  arguments = parser.parse_args(argv)
+  arguments.out = arguments.out or getattr(arguments, source)
+  try:
+    return write(arguments)
+  except (ValueError, FileNotFoundError) as error:
+    raise SystemExit(f"{parser.prog}: {error}") from None

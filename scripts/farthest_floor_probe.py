@@ -11,7 +11,6 @@ examples. Writes probe.md (experiments.probe_reports.write_farthest_point).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -20,11 +19,8 @@ from experiments import probe_reports  # noqa: E402
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--sweep", required=True, help="the sweep's workdir (results.csv, variants/)")
-  parser.add_argument("--out", default=None, help="output directory (default: the sweep's)")
-  args = parser.parse_args()
-  print(probe_reports.write_farthest_point(args.sweep, args.out or args.sweep))
+  print(probe_reports.command_line(
+      __doc__, lambda args: probe_reports.write_farthest_point(args.sweep, args.out)))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ attention_maps/ into --out (default: the workdir).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -20,16 +19,14 @@ from experiments import probe_reports  # noqa: E402
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True, help="a training run or a sweep variant")
-  parser.add_argument("--replica", type=int, default=0,
-                      help="which replica (seed x hyperparameters) of the run, by index")
-  parser.add_argument("--examples", type=int, default=512, help="test examples for statistics")
-  parser.add_argument("--maps", type=int, default=2, help="examples to draw attention maps for")
-  parser.add_argument("--out", default=None, help="output directory (default: the workdir)")
-  args = parser.parse_args()
-  print(probe_reports.write_head_diagnostics(args.workdir, args.replica, args.examples,
-                                             args.maps, args.out or args.workdir))
+  print(probe_reports.command_line(
+      __doc__, lambda args: probe_reports.write_head_diagnostics(
+          args.workdir, args.replica, args.examples, args.maps, args.out),
+      source="workdir", workdir=dict(required=True, help="a training run or a sweep variant"),
+      replica=dict(type=int, default=0,
+                   help="which replica (seed x hyperparameters) of the run, by index"),
+      examples=dict(type=int, default=512, help="test examples for statistics"),
+      maps=dict(type=int, default=2, help="examples to draw attention maps for")))
 
 
 if __name__ == "__main__":

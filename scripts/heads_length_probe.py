@@ -15,7 +15,6 @@ maximum has its own head at every length (probe_reports.every_maximum_its_head).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -25,12 +24,8 @@ from experiments import probe_reports  # noqa: E402
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--sweep", required=True, help="the sweep's workdir (results.csv, variants/)")
-  parser.add_argument("--out", default=None, help="output directory (default: the sweep's)")
-  args = parser.parse_args()
-  print(probe_reports.write_max_shares(args.sweep, args.out or args.sweep, D,
-                                       [name(D, t) for t in LENGTHS]))
+  print(probe_reports.command_line(__doc__, lambda args: probe_reports.write_max_shares(
+      args.sweep, args.out, D, [name(D, t) for t in LENGTHS])))
 
 
 if __name__ == "__main__":

@@ -65,3 +65,11 @@ def test_the_max_share_probe_finds_a_head_per_maximum_in_the_oracle(data_dir):
       {**{arm: [share] * 6 for arm in lengths}, lengths[-1]: [shared] * 6}, lengths)
   assert not held and "maximum 2 of h4_T64" in measured
   assert "| h4_T8 | 1.00 [1.00, 1.00] |" in probe_reports.max_share_table({lengths[0]: [share] * 6})
+
+
+def test_a_probe_command_line_ends_a_missing_sweep_in_one_line(tmp_path):
+  missing = str(tmp_path / "no_sweep")
+  with pytest.raises(SystemExit) as ended:
+    probe_reports.command_line("A probe.", lambda args: probe_reports.write_farthest_point(
+        args.sweep, args.out), argv=[f"--sweep={missing}"])
+  assert missing in str(ended.value) and "\n" not in str(ended.value)
