@@ -66,7 +66,7 @@ def linear(fn, transpose, residuals, tangents, like=None, derive=None, second_or
   like = None if like is None else tuple(
       next(i for i, leaf in enumerate(res_leaves) if leaf is x) for x in like)
   return linear_p.bind(*res_leaves, *tan_leaves, fn=fn, transpose=transpose, res_tree=res_tree,
-                       tan_tree=tan_tree, batch_rank=0, like=like, derive=derive,
+                       tan_tree=tan_tree, batch=(), like=like, derive=derive,
                        second_order=second_order)
 
 
@@ -89,10 +89,18 @@ class _Second:
     return jax.jvp(at, (point,), (t,))[1]
 
 
-def _over_batch(f, batch_rank):
-  for _ in range(batch_rank):
-    f = jax.vmap(f)
+def _over_batch(f, batch, extra=0):
+  """``f`` vmapped once per level of ``batch`` (innermost first; each level: per operand, 0 where
+  it is batched at that level, None where not), every output batched; ``extra`` operands after
+  the leaves (cotangents) batched at every level."""
+  for axes, _ in batch:
+    f = jax.vmap(f, in_axes=axes + (0,) * extra)
   return f
+
+
+def _unbatched_shape(shape, batch, operand):
+  """``shape`` of leaf ``operand`` without the levels it is batched at."""
+  return tuple(shape)[sum(axes[operand] is not None for axes, _ in batch):]
 
 
 def _refusing(fn, second_order):
@@ -112,7 +120,7 @@ def _refusing(fn, second_order):
   return run
 
 
-def _apply(*leaves, fn, transpose, res_tree, tan_tree, batch_rank, like, derive, second_order):
+def _apply(*leaves, fn, transpose, res_tree, tan_tree, batch, like, derive, second_order):
   del transpose, like, derive
   split = res_tree.num_leaves
   fn = _refusing(fn, second_order)
@@ -120,18 +128,21 @@ def _apply(*leaves, fn, transpose, res_tree, tan_tree, batch_rank, like, derive,
   def one(*leaves):
     return tuple(fn(jax.tree.unflatten(res_tree, leaves[:split]),
                     jax.tree.unflatten(tan_tree, leaves[split:])))
-  return list(_over_batch(one, batch_rank)(*leaves))
+  return list(_over_batch(one, batch)(*leaves))
 
 
 def _abstract(*avals, **params):
-  if params["like"] is not None:
-    return [avals[i] for i in params["like"]]
+  if params["like"] is not None:  # every output batched at every level
+    batch = params["batch"]
+    return [avals[i].update(shape=tuple(size for _, size in reversed(batch))
+                            + _unbatched_shape(avals[i].shape, batch, i))
+            for i in params["like"]]
   shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]  # outside shard_map only
   outs = jax.eval_shape(lambda *x: _apply(*x, **params), *shapes)
   return [jax.core.ShapedArray(o.shape, o.dtype) for o in outs]
 
 
-def _transpose(cotangents, *leaves, fn, transpose, res_tree, tan_tree, batch_rank, like,
+def _transpose(cotangents, *leaves, fn, transpose, res_tree, tan_tree, batch, like,
                derive, second_order):
   del fn, derive
   split = res_tree.num_leaves
@@ -144,8 +155,12 @@ def _transpose(cotangents, *leaves, fn, transpose, res_tree, tan_tree, batch_ran
   def one(*args):
     res = jax.tree.unflatten(res_tree, args[:split])
     return jax.tree.leaves(transpose(res, tuple(args[split:])))
-  grads = _over_batch(one, batch_rank)(*residuals, *cotangents)
-  grads = [g.astype(t.aval.dtype) for g, t in zip(grads, tangents)]
+  levels = tuple((axes[:split], size) for axes, size in batch)
+  grads = _over_batch(one, levels, extra=len(cotangents))(*residuals, *cotangents)
+  # a tangent not batched at a level: its cotangent sums over that level's axis
+  grads = [g.sum(tuple(depth for depth, (axes, _) in enumerate(reversed(batch))
+                       if axes[split + i] is None)).astype(t.aval.dtype)
+           for i, (g, t) in enumerate(zip(grads, tangents))]
   return [None] * split + [g if ad.is_undefined_primal(t) else None
                            for g, t in zip(grads, tangents)]
 
@@ -170,18 +185,22 @@ def _jvp(primals, tangents, **params):
     second = _Second(params["fn"], params["transpose"], derive)
     res_tree = jax.tree.structure((jax.tree.unflatten(params["res_tree"], primals[:split]),
                                    jax.tree.unflatten(tan_tree, primals[split:])))
+    # the point's tangents are batched where the point is
+    batch = tuple((axes + axes[:tan_tree.num_leaves], size) for axes, size in params["batch"])
     through = linear_p.bind(*primals, *res_tangents, fn=second.apply,
                             transpose=second.cotangent, res_tree=res_tree, tan_tree=tan_tree,
-                            batch_rank=params["batch_rank"], like=params["like"], derive=None,
+                            batch=batch, like=params["like"], derive=None,
                             second_order=None)
   return outputs, [a + b for a, b in zip(out_tangents, through)]
 
 
 def _batch(args, dims, **params):
+  """One more level of batching, outermost: the batched operands' axes moved to the front, the
+  unbatched ones left as they are (a vmap over tangents holds one copy of the residuals)."""
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-  args = [jnp.broadcast_to(a, (size,) + a.shape) if d is None
-          else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
-  params = dict(params, batch_rank=params["batch_rank"] + 1)
+  args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+  axes = tuple(None if d is None else 0 for d in dims)
+  params = dict(params, batch=params["batch"] + ((axes, size),))
   outputs = linear_p.bind(*args, **params)
   return outputs, [0] * len(outputs)
 

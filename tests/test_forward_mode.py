@@ -262,6 +262,52 @@ def test_the_tangent_of_a_long_causal_call_holds_no_t_by_s_array():
   assert _largest_array(hvp, x, x, x) <= forward
 
 
+def test_a_vmap_over_tangents_holds_one_copy_of_the_residuals():
+  """jacfwd-style: a vmap of a jvp over V tangent directions with the point shared keeps the
+  residuals (q, k, v, the output, the [T, S] mask) unbatched: no array of V x T x S (the
+  tangent primitive broadcast every unbatched operand V times before)."""
+  length, directions = 512, 8
+  x = jax.ShapeDtypeStruct((1, length, 2, 16), jnp.float32)
+  t = jax.ShapeDtypeStruct((directions, 1, length, 2, 16), jnp.float32)
+  mask = jnp.tril(jnp.ones((length, length), bool))
+  f = lambda q, k, v: chunked_attention(q, k, v, None, mask, scale=0.25, block_q=64, block_k=64)
+  along = jax.vmap(lambda d, q, k, v: jax.jvp(f, (q, k, v), (d, d, d))[1],
+                   in_axes=(0, None, None, None))
+  second = jax.vmap(jax.grad(lambda q, d: jnp.sum(jax.jvp(f, (q, q, q), (d, d, d))[1])),
+                    in_axes=(None, 0))
+  bound = max(_largest_array(f, x, x, x), directions * length * 2 * 16)
+  assert bound < directions * length * length // 4
+  assert _largest_array(along, t, x, x, x) <= bound
+  assert _largest_array(second, x, t) <= bound
+
+
+def test_a_vmap_over_some_tangents_agrees_with_a_loop():
+  """The batched tangent primitive with some operands unbatched: a vmap over query tangents with
+  the key tangent shared, its gradient in that shared tangent (summed over the directions), and
+  a vmap of grad of a jvp, each equal to the loop over directions."""
+  shapes = {"q": (1, T, N, H), "k": (1, T, K, H), "v": (1, T, K, H)}
+  p, t = (jax.tree.map(jnp.asarray, _arrays(seed, shapes)) for seed in (0, 1))
+  directions = jnp.asarray(np.random.default_rng(2).standard_normal((2,) + shapes["q"]),
+                           jnp.float32)
+  w = jnp.asarray(_arrays(3, {"w": shapes["q"]})["w"], jnp.float32)
+  mask = np.random.default_rng(4).random((T, T)) < 0.7
+  f = lambda q, k, v: chunked_attention(q, k, v, None, mask, scale=H ** -0.5, block_q=BLOCK,
+                                        block_k=BLOCK, is_causal=True)
+  jvp = lambda d, d_k: jax.jvp(f, (p["q"], p["k"], p["v"]), (d, d_k, t["v"]))[1]
+  in_k = lambda d_k, over: jnp.sum(over(lambda d: jnp.sum(jvp(d, d_k) * w)))
+  vmapped = lambda g: jax.vmap(g)(directions)
+  looped = lambda g: jnp.stack([g(d) for d in directions])
+  hvp = lambda d: jax.grad(lambda q: jnp.sum(jax.jvp(f, (q, p["k"], p["v"]),
+                                                     (d, t["k"], t["v"]))[1] * w))(p["q"])
+  both = jax.jit(lambda over: {  # the same three, batched and looped, in one program each
+      "vmap of a jvp": over(lambda d: jvp(d, t["k"])),
+      "grad in the shared key tangent": jax.grad(in_k)(t["k"], over),
+      "vmap of grad of a jvp": over(hvp)}, static_argnums=0)
+  batched, expected = both(vmapped), both(looped)
+  for name, value in expected.items():
+    assert_close(batched[name], value, 1e-5, name)
+
+
 def test_the_forward_mode_benchmark_times_every_method(tmp_path):
   import json
   from conftest import load_script
