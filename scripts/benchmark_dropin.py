@@ -14,7 +14,6 @@ module once, in an order shuffled per round; medians over rounds, and ours / fla
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -28,6 +27,7 @@ import attention_jax as aj  # noqa: E402
 from experiments import provenance  # noqa: E402
 from attention_jax import nnx as ajnnx  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
+from scripts.benchmark_structure import write_json  # noqa: E402
 
 
 def linen_step(module_cls, x, heads, causal):
@@ -84,9 +84,7 @@ def main(argv=None):
               flush=True)
   machine = provenance.benchmark(batch=args.batch, width=args.width, heads=args.heads,
                                  rounds=args.rounds)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"machine": machine, "rows": rows}, f, indent=1)
+  write_json({"machine": machine, "rows": rows}, args.json)
   return rows
 
 

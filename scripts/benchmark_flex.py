@@ -298,9 +298,7 @@ def main():
     provenance = (f"python {command} | commit {info['commit']} | {info['date']} | "
                   f"{info['machine']} | jax {info['jax']}")
     plot([row for row in rows if row["part"] == "sparsity"], args.plot, provenance)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"machine": info, "rounds": args.rounds, "rows": rows}, f, indent=1)
+  benchmark_structure.write_json({"machine": info, "rounds": args.rounds, "rows": rows}, args.json)
 
 
 if __name__ == "__main__":

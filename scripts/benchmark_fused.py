@@ -30,7 +30,6 @@ in Pallas' interpreter (a CPU smoke test of this script, not a timing).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -44,6 +43,7 @@ import attention_jax as aj  # noqa: E402
 from experiments import provenance  # noqa: E402
 from attention_jax import pallas_gpu  # noqa: E402
 from scripts.benchmark_attention import jax_runner, timed  # noqa: E402
+from scripts.benchmark_structure import write_json  # noqa: E402
 
 DOCUMENTS, WINDOW, DROPOUT = 8, 1024, 0.1
 BUCKETS, MAX_DISTANCE = 32, 128  # T5's relative-position buckets (one direction: causal)
@@ -298,9 +298,7 @@ def main():
     print(f"== T {length}, H {head_dim}, {'fwd+bwd' if backward else 'fwd'}"
           f"{', tuning' if tune else ''}", flush=True)
     rows += group(args, length, head_dim, backward, tune)
-    if args.json:
-      with open(args.json, "w") as f:
-        json.dump({"machine": info, "rounds": args.rounds, "rows": rows}, f, indent=1)
+    write_json({"machine": info, "rounds": args.rounds, "rows": rows}, args.json)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 
@@ -36,6 +35,7 @@ import attention_jax as aj  # noqa: E402
 from attention_jax import hooks  # noqa: E402
 from experiments import provenance  # noqa: E402
 from scripts.benchmark_structure import median_times  # noqa: E402
+from scripts.benchmark_structure import write_json  # noqa: E402
 
 
 def ablation(layers: int, heads: int):
@@ -100,9 +100,7 @@ def main(argv=None):
   print(f"{result['patches']} patches; effects agree to {disagreement:.1e}")
   result["machine"] = provenance.benchmark(
       backend=jax.default_backend(), **{k: v for k, v in vars(args).items() if k != "json"})
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(result, f, indent=1)
+  write_json(result, args.json)
   return result
 
 

@@ -90,11 +90,12 @@ def print_table(rows, formats=None):
                    for text, width, right in zip(line, widths, numbers)).rstrip())
 
 
-def write_json(rows, path):
-  """Write ``rows`` to ``path`` as JSON (nothing where ``path`` is None)."""
+def write_json(results, path):
+  """Write ``results`` (rows, or a dict with them) to ``path`` as JSON (nothing where ``path``
+  is None)."""
   if path:
     with open(path, "w") as f:
-      json.dump(rows, f, indent=1)
+      json.dump(results, f, indent=1)
 
 
 def timed_rows(part, methods, arrays, rounds, baseline, backward=True, **columns):
