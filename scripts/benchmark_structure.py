@@ -73,14 +73,9 @@ def print_table(rows, formats=None):
   """Print ``rows`` ({column: value}) as aligned columns, every column in the order it first
   appears: a float by ``formats.get(column, ".3g")``, None or a missing value as "-", a column of
   numbers right-aligned."""
-  columns = list(dict.fromkeys(column for row in rows for column in row))
-  formats = formats or {}
-
-  def shown(value, column):
-    if value is None:
-      return "-"
-    return format(value, formats.get(column, ".3g")) if isinstance(value, float) else str(value)
-
+  columns, formats = list(dict.fromkeys(column for row in rows for column in row)), formats or {}
+  shown = lambda value, column: ("-" if value is None else str(value) if not isinstance(
+      value, float) else format(value, formats.get(column, ".3g")))
   lines = [columns] + [[shown(row.get(column), column) for column in columns] for row in rows]
   widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
   numbers = [all(isinstance(row.get(column), (int, float, type(None))) for row in rows)
