@@ -29,7 +29,9 @@ over the study's family, so that the page's comparisons table and its prediction
 disagree. The other tested checks are corrected together (Holm, over those checks and the
 declared null checks no test could decide, which count at p = 1: the family is what was declared
 before the run) before any is called held. A prediction holds when all its checks do; it is not
-tested when none fails and one could not be tested. The kinds:
+tested when none fails and one could not be tested. A check naming an arm the results given do
+not hold (a study run in part, some of its sweeps) is "not run" and counts in that Holm family
+at p = 1, as an undecidable null check does: running less never loosens the rest. The kinds:
 
 - "above" a b: a's value above b's, the exact sign-flip test's (unpaired: the permutation
   test's) Holm-adjusted p < alpha;
@@ -61,6 +63,7 @@ from experiments import report_tables, statistics, verdicts
 from experiments.measures import RESULTS, Measure
 
 NOT_TESTED = "not tested for equivalence (no margin declared before the run)"
+NOT_RUN = "not run: no results of {} in the files given"
 STUDY_FAMILY = "in the study's family"
 OTHER_CHECKS = "over the other checks"
 
@@ -109,6 +112,16 @@ class Study:
     if self.given is not None:
       return measure.with_differences(self.given[name])
     return measure.of(self.records[measure.source])
+
+  def has(self, arm: str) -> bool:
+    """Whether any record (or value read already) is of ``arm``, or of both arms of a
+    difference a measure declares under that name."""
+    for measure in self.measures.values():
+      if arm in dict(measure.differences):
+        return all(map(self.has, dict(measure.differences)[arm]))
+    if self.given is not None:
+      return any(arm in values for values in self.given.values())
+    return any(r["variant"] == arm for records in self.records.values() for r in records)
 
   def chosen(self, options) -> list[verdicts.Chosen]:
     records = self.records[self.measures[options.get("measure", "primary")].source]
@@ -253,12 +266,24 @@ KINDS = {"above": above, "not_above": not_above, "within": within,
          "near_chance": near_chance, "reaches": reaches, "rates_inside": rates_inside}
 
 
+def _arms(arguments) -> list[str]:
+  """The arms a check's arguments name (strings, also inside a chain)."""
+  names = []
+  for argument in arguments:
+    names += [argument] if isinstance(argument, str) else (
+        _arms(argument) if isinstance(argument, (tuple, list)) else [])
+  return names
+
+
 def _check(study, check):
   kind, *arguments = check
   options = arguments.pop() if arguments and isinstance(arguments[-1], dict) else {}
   if kind not in KINDS:
     raise ValueError(f"a prediction's check must be one of {sorted(KINDS)}, got {kind!r}; "
                      "fix the config's predictions.")
+  missing = [arm for arm in _arms(arguments) if not study.has(arm)]
+  if missing:  # a study run in part (some of its sweeps): the check waits for the rest
+    return (f"{kind}: {', '.join(_arms(arguments))}", None, NOT_RUN.format(", ".join(missing)))
   return KINDS[kind](study, options, *arguments)
 
 
@@ -323,8 +348,9 @@ def held(decided) -> dict:
 
 
 def _not_tested(held_, text) -> bool:
-  """Whether a decided check is a declared null check that no test could decide (no margin)."""
-  return held_ is None and str(text).endswith(NOT_TESTED)
+  """Whether a decided check is a declared null check that no test could decide (no margin), or
+  one whose arms were not run: each counts in the family at p = 1."""
+  return held_ is None and (str(text).endswith(NOT_TESTED) or str(text).startswith("not run:"))
 
 
 def outcome(checks) -> bool | None:
@@ -343,7 +369,7 @@ def table(decided, setting: str) -> str:
     for i, (check, check_held, text) in enumerate(checks):
       verdict = {True: "yes", False: "no", None: "untestable"}[check_held]
       if _not_tested(check_held, text):
-        verdict = "not tested"
+        verdict = "not run" if str(text).startswith("not run:") else "not tested"
       lines.append(f"| {name if i == 0 else ''} | {where if i == 0 else ''} | {check} | {text} | "
                    f"{verdict} | {held_all if i == 0 else ''} |")
   return "\n".join(lines) + "\n"
@@ -452,6 +478,7 @@ def main(argv=None) -> None:
   except (ValueError, KeyError, OSError) as error:
     parser.exit(1, f"findings: {type(error).__name__}: {error}\n")
   if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
       f.write(text)
     if declaration.get("figure"):

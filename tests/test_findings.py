@@ -151,6 +151,22 @@ def test_design_checks_read_every_seed_and_the_grid_edges():
   assert [held for _, held, _ in checks] == [False, True, True]
 
 
+def test_a_check_whose_arms_were_not_run_waits_and_still_counts_in_the_family():
+  """A study run in part (some of its sweeps): a check naming an arm with no results is "not
+  run", its prediction not tested, and it counts at p = 1 in Holm's family, so that running
+  less never loosens the checks that did run."""
+  values = _arms(high=0.5, low=0.1)
+  declaration = {"setting": "s", "measures": {"primary": {"column": "eval_nmse"}},
+                 "predictions": (("P", "s", (("above", "high", "low"),
+                                             ("above", "later", "low"))),)}
+  (_, _, (ran, waiting)), = decided = findings.decide(
+      declaration, {findings.RESULTS: _records(values)})
+  assert waiting[1] is None and waiting[2] == findings.NOT_RUN.format("later")
+  assert ran[1] is True and "Holm 0.016 " in ran[2]  # 2/256, doubled by the check not run
+  assert findings.outcome(decided[0][2]) is None
+  assert "| not run |" in findings.table(decided, "s")
+
+
 def test_an_unknown_kind_is_refused_naming_the_kinds():
   with pytest.raises(ValueError, match="must be one of"):
     _decide(_arms(a=0.1), ("bigger", "a", "a"))
