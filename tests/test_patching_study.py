@@ -1,15 +1,12 @@
 """experiments.patching_study: the per-seed patching numbers and the predictions' tests."""
 
-import types
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import attention_jax as aj
-from configs.ablations import heads_length
-from experiments import oracles, patching_study, sweep, train
-from experiments import replicas as replicas_lib
+from experiments import oracles, patching_study
+from training_helpers import four_maxima_config, oracle_run
 
 
 def test_patching_a_head_from_itself_moves_nothing_and_from_a_donor_moves_its_output():
@@ -44,14 +41,8 @@ def test_verdicts_reject_when_effect_and_probe_disagree():
 
 
 def test_the_oracle_of_multi_retrieval_has_each_head_carry_its_own_maximum(data_dir):
-  config = sweep.variant_config(heads_length.get_config("quick"),
-                                dict(heads_length.get_config().variants)["h4_T8"])
-  config.data_dir = data_dir
-  config.task_options.update(num_train=1, num_test=256)
-  task, model, _, _ = train.setup(config, replicas_lib.replicas_of(config))
-  params = model.init(jax.random.key(0), task.test.tokens[:1])["params"]
-  run = types.SimpleNamespace(config=config, task=task, model=model, params=oracles.multi_retrieval(
-      model, params, config.task_options.to_dict()))
+  config = four_maxima_config(data_dir)
+  run, _ = oracle_run(config, oracles.multi_retrieval, config.task_options.to_dict())
   numbers = patching_study.seed_numbers(run, 128)
   assert numbers["agreeing"] == 4 and (numbers["heads"], numbers["maxima"]) == (4, 4)
   assert abs(numbers["slope_on"] - 1) < 0.1 and abs(numbers["slope_off"]) < 0.1

@@ -1,16 +1,14 @@
 """experiments.path_patching: a head's path to the read-out against a hand computation, the
 farthest_point oracle's one head, and the prediction's per-arm test."""
 
-import types
-
 import jax
 import numpy as np
 
 import attention_jax as aj
 from attention_jax import hooks
 from configs.ablations import heads_binding
-from experiments import oracles, path_patching, sweep, train
-from experiments import replicas as replicas_lib
+from experiments import oracles, path_patching, sweep
+from training_helpers import oracle_run
 
 
 def _layer_norm(x, params, epsilon=1e-6):  # flax.linen.LayerNorm's default epsilon
@@ -71,10 +69,7 @@ def test_the_oracle_s_one_head_carries_the_whole_read_out_and_the_others_none(da
                                     "split_4"])
   config.data_dir = data_dir
   config.task_options.update(length=6, dimension=3, num_train=1, num_test=64)
-  task, model, _, _ = train.setup(config, replicas_lib.replicas_of(config))
-  params = model.init(jax.random.key(0), task.test.tokens[:1])["params"]
-  run = types.SimpleNamespace(task=task, model=model,
-                              params=oracles.farthest_point(model, params))
+  run, _ = oracle_run(config, oracles.farthest_point)
   numbers = path_patching.seed_numbers(run, 64)
   assert numbers["found"].shape == (1, 4) and numbers["found"][0, 0] > 0.99
   np.testing.assert_allclose(numbers["share"][0], [1.0, 0.0, 0.0, 0.0], atol=0.02)

@@ -2,25 +2,12 @@
 importance's summaries, and the farthest-point and max-share probes on the tasks' hand-set
 solutions, where the answer is known."""
 
-import types
-
-import jax
 import numpy as np
 import pytest
 
 from configs.ablations import heads_length
-from experiments import oracles, probe_reports, probes, sweep, train
-from experiments import replicas as replicas_lib
-from training_helpers import tiny_config
-
-
-def _oracle_run(config, solution, *options):
-  """A Trained-like run of ``config`` at its task's hand-set solution (and at random init)."""
-  task, model, _, _ = train.setup(config, replicas_lib.replicas_of(config))
-  params = model.init(jax.random.key(0), task.test.tokens[:1])["params"]
-  run = types.SimpleNamespace(config=config, task=task, model=model)
-  return (types.SimpleNamespace(**vars(run), params=solution(model, params, *options)),
-          types.SimpleNamespace(**vars(run), params=params))
+from experiments import oracles, probe_reports, probes
+from training_helpers import four_maxima_config, oracle_run, tiny_config
 
 
 def test_essential_heads_and_the_top_share():
@@ -37,7 +24,7 @@ def test_the_farthest_point_probe_sees_the_oracle_find_every_point_and_carry_the
       "model.d_model": 48, "model.num_heads": 1, "model.num_layers": 1,
       "model.positional_encoding": "none"})
   config.task_options = {"num_train": 1, "num_test": 256}
-  solved, untrained = _oracle_run(config, oracles.farthest_point)
+  solved, untrained = oracle_run(config, oracles.farthest_point)
   found = probes.farthest_point_found(solved, probe_reports.NUM_EXAMPLES)
   assert found["found"] > 0.99 and found["weight"] > 0.99 and found["readable"] < 0.01
   found = probes.farthest_point_found(untrained, probe_reports.NUM_EXAMPLES)
@@ -47,11 +34,8 @@ def test_the_farthest_point_probe_sees_the_oracle_find_every_point_and_carry_the
 
 
 def test_the_max_share_probe_finds_a_head_per_maximum_in_the_oracle(data_dir):
-  config = sweep.variant_config(heads_length.get_config("quick"),
-                                dict(heads_length.get_config().variants)["h4_T8"])
-  config.data_dir = data_dir
-  config.task_options.update(num_train=1, num_test=256)
-  solved, _ = _oracle_run(config, oracles.multi_retrieval, config.task_options.to_dict())
+  config = four_maxima_config(data_dir)
+  solved, _ = oracle_run(config, oracles.multi_retrieval, config.task_options.to_dict())
   share = probes.max_shares(solved, probe_reports.NUM_EXAMPLES)
   assert share.shape == (4, 4)
   np.testing.assert_allclose(np.diag(share), 1.0)  # head i attends to the argmax of maximum i

@@ -1,9 +1,15 @@
-"""Shared by the training, sweep and workdir tests: a tiny config and the command that runs it."""
+"""Shared by the training, sweep, workdir and probe tests: a tiny config and the command that
+runs it; runs at a task's hand-set solution."""
 
 import os
 import sys
+import types
 
-from experiments import config_check
+import jax
+
+from configs.ablations import heads_length
+from experiments import config_check, sweep, train
+from experiments import replicas as replicas_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Eight simulated CPU devices, also on a machine whose default backend is a GPU.
@@ -39,3 +45,22 @@ def command(workdir, data_dir, **overrides):
   flags = [f"--config.{k}={v}" for k, v in {**TINY, "data_dir": data_dir, **overrides}.items()]
   return [sys.executable, "-m", "experiments.train", "--config=configs/default.py",
           f"--workdir={workdir}"] + flags
+
+
+def oracle_run(config, solution, *options):
+  """(solved, untrained): Trained-like runs of ``config`` (config, task, model, params) at its
+  task's hand-set solution, ``solution(model, params, *options)``, and at random init."""
+  task, model, _, _ = train.setup(config, replicas_lib.replicas_of(config))
+  params = model.init(jax.random.key(0), task.test.tokens[:1])["params"]
+  run = dict(config=config, task=task, model=model)
+  return (types.SimpleNamespace(**run, params=solution(model, params, *options)),
+          types.SimpleNamespace(**run, params=params))
+
+
+def four_maxima_config(data_dir):
+  """heads_length's quick h4_T8 arm (four heads, four maxima, T = 8), 256 test examples."""
+  config = sweep.variant_config(heads_length.get_config("quick"),
+                                dict(heads_length.get_config().variants)["h4_T8"])
+  config.data_dir = data_dir
+  config.task_options.update(num_train=1, num_test=256)
+  return config
