@@ -729,9 +729,10 @@ def _attention_fwd(plan, q, k, v, orders, tables):
 
 
 SECOND_ORDER_ERROR = (
-    "implementation='pallas_gpu' serves first-order forward mode (jvp, jacfwd, linearize) and "
-    "reverse mode; second order (hessian, jax.grad of a jvp, jax.jvp of a grad) has no fused "
-    "kernel: use implementation='chunked'.")
+    "implementation='pallas_gpu' serves reverse mode (grad) and first-order forward mode (jvp, "
+    "jacfwd, linearize); second order (jax.hessian, a grad of a jvp, a jvp of a grad, a grad of "
+    "a grad) has no fused kernel: use implementation='chunked', which serves jax.hessian, a jvp "
+    "of a grad and a grad of a jvp.")
 
 
 def _dense_zeros(x):

@@ -36,6 +36,7 @@ Array([4., 6.], dtype=float32)
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -87,6 +88,42 @@ class _Second:
     (point, other), t = residuals
     at = lambda p: self.transpose((p, self.derive(p, other)), cotangents)
     return jax.jvp(at, (point,), (t,))[1]
+
+
+#: The one line with which reverse mode over a kernel's gradient or second derivative is refused.
+REVERSE_TWICE = (
+    "The blockwise kernel serves first order (grad, jvp, jacfwd, linearize), second order as "
+    "forward over reverse (jax.hessian, a jvp of a grad) or reverse over forward (a grad of a "
+    "jvp), and forward mode over any of those; reverse mode over a gradient or a second "
+    "derivative (a grad of a grad, a grad of a hessian) is refused, as its loops have dynamic "
+    "bounds, which JAX cannot transpose: take the outer derivative with jax.jvp or jax.jacfwd "
+    "(jax.hessian rather than jax.jacrev(jax.grad(f))).")
+
+
+def _forward_only(f, message):
+  """``f(*leaves) -> tuple``, whose forward mode is served (its jvp) and whose reverse mode (the
+  transpose of that jvp) raises ``message``: an identity bound as a linear map that refuses its
+  transpose, which JAX transposes first, before the loops it cannot."""
+  @jax.custom_jvp
+  def run(*leaves):
+    return tuple(f(*leaves))
+
+  def rule(primals, tangents):
+    outs, d_outs = jax.jvp(lambda *x: tuple(f(*x)), primals, tangents)
+    return outs, tuple(linear(_identity, functools.partial(_refuse, message), (outs,),
+                              tuple(d_outs), like=outs))
+  run.defjvp(rule)
+  return run
+
+
+def _identity(residuals, tangents):
+  del residuals
+  return tuple(tangents)
+
+
+def _refuse(message, residuals, cotangents):
+  del residuals, cotangents
+  raise ValueError(message)
 
 
 def _over_batch(f, batch, extra=0):
@@ -142,11 +179,33 @@ def _abstract(*avals, **params):
   return [jax.core.ShapedArray(o.shape, o.dtype) for o in outs]
 
 
+def _is_second(method) -> bool:
+  return isinstance(getattr(method, "__self__", None), _Second)
+
+
+def _forward_only_pytree(transpose, message):
+  """``transpose(residuals, cotangents)`` through ``_forward_only`` (which takes leaves)."""
+  def run(residuals, cotangents):
+    leaves, tree = jax.tree.flatten((residuals, cotangents))
+    out_tree = []
+
+    def flat(*leaves):
+      out, treedef = jax.tree.flatten(transpose(*jax.tree.unflatten(tree, leaves)))
+      out_tree[:] = [treedef]
+      return out
+    outs = _forward_only(flat, message)(*leaves)
+    return jax.tree.unflatten(out_tree[0], outs)
+  return run
+
+
 def _transpose(cotangents, *leaves, fn, transpose, res_tree, tan_tree, batch, like,
                derive, second_order):
-  del fn, derive
+  del fn
   split = res_tree.num_leaves
-  transpose = _refusing(transpose, second_order)
+  if second_order is not None:
+    transpose = _refusing(transpose, second_order)
+  elif derive is not None or _is_second(transpose):  # a backward: forward mode through it only
+    transpose = _forward_only_pytree(transpose, REVERSE_TWICE)
   residuals, tangents = leaves[:split], leaves[split:]
   if any(ad.is_undefined_primal(r) for r in residuals):
     raise NotImplementedError("the kernel's tangent is linear in its tangents only.")
@@ -179,8 +238,10 @@ def _jvp(primals, tangents, **params):
     raise ValueError(params["second_order"])
   res_tangents = [ad.instantiate_zeros(t) for t in res_tangents]
   if derive is None:
-    through = jax.jvp(lambda *r: _apply(*r, *primals[split:], **params), tuple(primals[:split]),
-                      tuple(res_tangents))[1]
+    at = lambda *r: _apply(*r, *primals[split:], **params)
+    if _is_second(params["fn"]):  # third order: forward mode served, reverse over it refused
+      at = _forward_only(at, REVERSE_TWICE)
+    through = jax.jvp(at, tuple(primals[:split]), tuple(res_tangents))[1]
   else:
     second = _Second(params["fn"], params["transpose"], derive)
     res_tree = jax.tree.structure((jax.tree.unflatten(params["res_tree"], primals[:split]),

@@ -308,6 +308,50 @@ def test_a_vmap_over_some_tangents_agrees_with_a_loop():
     assert_close(batched[name], value, 1e-5, name)
 
 
+def test_third_order_by_forward_mode_agrees_and_reverse_over_reverse_is_one_line():
+  """Third derivatives with forward mode outermost (jvp of a jvp of a jvp, jacfwd of a hessian)
+  agree with the float64 reference; reverse mode over a gradient or a second derivative (a grad
+  of a grad, a grad of a hessian, a grad of a grad of a jvp) is one line naming the orders served
+  (JAX's raw error about dynamic loop bounds before), as is second order through the fused
+  kernel."""
+  from attention_jax import pallas_gpu
+  shapes = {"q": (1, 16, 2, H), "w": (1, 16, 2, H)}
+  p = {name: jnp.asarray(x, jnp.float32) for name, x in _arrays(0, shapes).items()}
+
+  def f(implementation, p):
+    def at(s):
+      q = p["q"] * s
+      if implementation == "chunked":
+        out = chunked_attention(q, q, q, scale=H ** -0.5, block_q=BLOCK, block_k=BLOCK,
+                                is_causal=True)
+      else:
+        out = aj.dot_product_attention(q, q, q, is_causal=True, implementation="reference")
+      return jnp.sum(out * p["w"])
+    return at
+  jvp = lambda g: lambda s: jax.jvp(g, (s,), (jnp.ones_like(s),))[1]
+  third = lambda g: {"jvp of a jvp of a jvp": jvp(jvp(jvp(g)))(jnp.float32(1.0)),
+                     "jacfwd of a hessian": jax.jacfwd(jax.hessian(g))(jnp.float32(1.0))}
+  got = jax.jit(lambda p: third(f("chunked", p)))(p)
+  with jax.enable_x64():
+    expected = jax.jit(lambda p: third(f("reference", p)))(
+        jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), p))
+  for name, value in expected.items():
+    assert_close(got[name], value, 1e-4, name)
+  chunked = f("chunked", p)
+  for name, transform in {"grad of a grad": jax.grad(jax.grad(chunked)),
+                          "grad of a hessian": jax.grad(jax.hessian(chunked)),
+                          "grad of a grad of a jvp": jax.grad(jax.grad(jvp(chunked)))}.items():
+    with pytest.raises(ValueError, match="serves first order.*jax.hessian.*grad of a grad.*"
+                                         "is refused.*jax.jvp or jax.jacfwd") as error:
+      jax.jit(transform)(jnp.float32(1.0))
+    assert "\n" not in str(error.value), name
+  fused = lambda s: jnp.sum(pallas_gpu.flex_attention(p["q"] * s, p["q"], p["q"], scale=0.25,
+                                                      block_size=16, interpret=True)[0])
+  with pytest.raises(ValueError, match="pallas_gpu' serves reverse mode.*grad of a grad\\) has "
+                                       "no fused kernel.*'chunked', which serves jax.hessian"):
+    jax.jit(jax.grad(jax.grad(fused)))(jnp.float32(1.0))
+
+
 def test_the_forward_mode_benchmark_times_every_method(tmp_path):
   import json
   from conftest import load_script
