@@ -11,9 +11,10 @@ cut at a note's edge), code that wraps (a code block rendered on more lines than
 should scroll sideways; a token of inline code split across lines), the words of headers split
 across lines other than at a hyphen or a slash ("defa|ult"), pages without a title, and figures
 whose smallest axis text is under 9 px as shown (the size a PNG saved by experiments.figures.save
-records, times the figure's shown width over its drawn width; figures that record none are
-counted as unchecked). Mathematics is left out (MathJax's glyphs overhang their boxes by a few
-pixels, visibly nothing). Exit status 1 if any page has one.
+records, or, for a PNG that records none, the size scripts/figure_text.py measures from its
+pixels, times the figure's shown width over its drawn width; a figure with neither is counted
+as unchecked). Mathematics is left out (MathJax's glyphs overhang their boxes by a few pixels,
+visibly nothing). Exit status 1 if any page has one, or any figure is unchecked.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import figures  # noqa: E402
+from scripts import figure_text  # noqa: E402
 
 PROBE = """
 window.addEventListener('load', () => {
@@ -97,29 +99,38 @@ window.addEventListener('load', () => {
 SKIPPED = ("genindex.html", "search.html", "py-modindex.html")
 
 
-def recorded_text_px(page: str, source: str) -> float | None:
-  """The smallest axis text (px) that the figure at ``source`` (relative to ``page``, or a data
-  URI) records, or None."""
+def text_px(page: str, source: str) -> tuple[float | None, str]:
+  """The smallest axis text (px) of the figure at ``source`` (relative to ``page``, or a data
+  URI), and how it is known: "recorded" (experiments.figures.save), "measured" from the pixels
+  (scripts/figure_text.py), or (None, "") for neither."""
   if source.startswith("data:image/png;base64,"):
-    return figures.recorded_text_px(io.BytesIO(base64.b64decode(source.partition(",")[2])))[0]
-  path = os.path.join(os.path.dirname(page), html.unescape(source).split("#")[0])
-  if not source.lower().endswith(".png") or not os.path.exists(path):
-    return None
-  return figures.recorded_text_px(path)[0]
+    png = io.BytesIO(base64.b64decode(source.partition(",")[2]))
+  else:
+    png = os.path.join(os.path.dirname(page), html.unescape(source).split("#")[0])
+    if not source.lower().endswith(".png") or not os.path.exists(png):
+      return None, ""
+  recorded = figures.recorded_text_px(png)[0]
+  if recorded is not None:
+    return recorded, "recorded"
+  if isinstance(png, io.BytesIO):
+    png.seek(0)
+  measured = figure_text.smallest_text_px(png)
+  return (measured, "measured") if measured is not None else (None, "")
 
 
-def legibility(page: str, images: list) -> tuple[list[str], list[str]]:
-  """The figures on ``page`` whose smallest axis text is under figures.LEGIBLE_PX as shown, and
-  the figures that record no text size."""
-  problems, unrecorded = [], []
+def legibility(page: str, images: list) -> tuple[list[str], list[str], int]:
+  """The figures on ``page`` whose smallest axis text is under figures.LEGIBLE_PX as shown, the
+  figures whose text size is neither recorded nor measurable, and how many were measured."""
+  problems, unchecked, measured = [], [], 0
   for source, shown, drawn in images:
-    text = recorded_text_px(page, source)
+    text, how = text_px(page, source)
+    measured += how == "measured"
     if text is None:
-      unrecorded.append(source[:80])
+      unchecked.append(source[:80])
     elif text * shown / drawn < figures.LEGIBLE_PX:
-      problems.append(f"figure text {text * shown / drawn:.1f} px as shown ({text:g} px drawn, "
-                      f"shown at {shown / drawn:.0%}): {source[:60]}")
-  return problems, unrecorded
+      problems.append(f"figure text {text * shown / drawn:.1f} px as shown ({text:.1f} px drawn, "
+                      f"{how}, shown at {shown / drawn:.0%}): {source[:60]}")
+  return problems, unchecked, measured
 
 
 def pages(site: str) -> list[str]:
@@ -128,9 +139,10 @@ def pages(site: str) -> list[str]:
                 and not {"_static", "_sources"} & set(folder.split(os.sep)))
 
 
-def overflow(page: str, chromium: str, width: int, profile: str) -> tuple[list[str], list[str]]:
+def overflow(page: str, chromium: str, width: int, profile: str
+             ) -> tuple[list[str], list[str], int]:
   """What overflows on ``page``, loaded at ``width`` x 800 from a probing copy beside it, with its
-  illegible figures; and its figures that record no text size."""
+  illegible figures; its figures whose text size is unknown; how many were measured."""
   with open(page) as f:
     text = f.read()
   copy = page[:-len(".html")] + ".layout-probe.html"
@@ -147,9 +159,9 @@ def overflow(page: str, chromium: str, width: int, profile: str) -> tuple[list[s
   found = re.search(r'data-overflow="([^"]*)"', result.stdout)
   images = re.search(r'data-images="([^"]*)"', result.stdout)
   if not (found and images):
-    return ["the page did not load"], []
-  illegible, unrecorded = legibility(page, json.loads(html.unescape(images.group(1))))
-  return json.loads(html.unescape(found.group(1))) + illegible, unrecorded
+    return ["the page did not load"], [], 0
+  illegible, unchecked, measured = legibility(page, json.loads(html.unescape(images.group(1))))
+  return json.loads(html.unescape(found.group(1))) + illegible, unchecked, measured
 
 
 def main():
@@ -159,13 +171,14 @@ def main():
   parser.add_argument("--chromium", default="chromium")
   parser.add_argument("--width", type=int, default=1280)
   args = parser.parse_args()
-  found, unchecked = {}, []
+  found, unchecked, measured = {}, [], 0
   checked = ([os.path.join(args.site, page) for page in args.only] if args.only
              else pages(args.site))
   with tempfile.TemporaryDirectory() as profile:
     for page in checked:
-      problems, unrecorded = overflow(page, args.chromium, args.width, profile)
-      unchecked += [f"{os.path.relpath(page, args.site)}: {source}" for source in unrecorded]
+      problems, unknown, count = overflow(page, args.chromium, args.width, profile)
+      unchecked += [f"{os.path.relpath(page, args.site)}: {source}" for source in unknown]
+      measured += count
       if problems:
         found[os.path.relpath(page, args.site)] = problems
   for page, problems in found.items():
@@ -173,11 +186,12 @@ def main():
     for problem in problems:
       print("  ", problem)
   for figure in unchecked:
-    print("records no text size:", figure)
+    print("text size neither recorded nor measurable:", figure)
   print(f"{len(checked)} pages at {args.width} px: "
         f"{len(found)} with something wider than its box or an illegible figure; "
-        f"{len(unchecked)} figures record no text size (unchecked)")
-  sys.exit(1 if found else 0)
+        f"{measured} figures' text measured from their pixels (they record no size); "
+        f"{len(unchecked)} unchecked")
+  sys.exit(1 if found or unchecked else 0)
 
 
 if __name__ == "__main__":
