@@ -51,6 +51,8 @@ STUDIES = {
     "positional_causal/even_pairs/results.csv": ("positional_causal", "even_pairs"),
     "positional_causal/randomized/results.csv": ("positional_causal", "randomized"),
     "farthest_floor/results.csv": ("farthest_floor", None),
+    "heads_width/d32/results.csv": ("heads_width", "d32"),
+    "heads_width/farthest_point/results.csv": ("heads_width", "farthest_point"),
 }
 # A superseded run's rows kept beside a study -> its comparisons.csv (no report, no figures)
 COMPARISONS_ONLY = {

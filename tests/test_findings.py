@@ -24,6 +24,8 @@ TABLES = [
      "attention_variants/controls/results.csv"),
     ("farthest_floor.py", "farthest_floor/predictions.md", "farthest_floor/results.csv"),
     ("heads_length.py", "heads_length/predictions.md", "heads_length/results.csv"),
+    ("heads_width.py", "heads_width/predictions.md",
+     "heads_width/d32/results.csv;heads_width/farthest_point/results.csv"),
     ("positional_registered.py", "positional_registered/predictions.md",
      "positional_registered/results.csv"),
     ("positional_causal.py:order", "positional_causal/predictions_order.md",
@@ -58,10 +60,11 @@ def _verdicts(text: str) -> list[tuple]:
 def test_the_engine_gives_every_committed_table_its_verdicts_and_p_values(config, table,
                                                                          results):
   declaration = findings.declaration_of(f"configs/ablations/{config}")
-  sources = dict(item.split("=") if "=" in item else (findings.RESULTS, item)
-                 for item in results.split(";"))
-  records, family = findings.read({name: os.path.join(RESULTS, path)
-                                    for name, path in sources.items()})
+  sources = {}  # a source named twice (or unnamed twice): its sweeps, read as one
+  for item in results.split(";"):
+    name, path = item.split("=") if "=" in item else (findings.RESULTS, item)
+    sources.setdefault(name, []).append(os.path.join(RESULTS, path))
+  records, family = findings.read(sources)
   made = findings.table(findings.decide(declaration, records, family=family),
                         declaration["setting"])
   with open(os.path.join(RESULTS, table)) as f:

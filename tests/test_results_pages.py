@@ -27,6 +27,8 @@ SEEDS = {
     "causal positions": (r"(\d+) for [^;]*positions in a causal model",
                          ["positional_causal/order", "positional_causal/even_pairs",
                           "positional_causal/randomized"]),
+    "heads against width": (r"(\d+) for [^;]*heads against width",
+                            ["heads_width/d32", "heads_width/farthest_point"]),
     "heads and length": (r"(\d+) for heads and length", ["heads_length"]),
     "heads binding, CPU": (r"(\d+) for heads binding on the CPU",
                            ["heads_binding/multi_retrieval_10seeds",
