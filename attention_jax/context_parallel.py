@@ -440,6 +440,8 @@ def context_parallel_attention(
   out = jax.shard_map(lambda kwargs: per_device(**kwargs), mesh=mesh, in_specs=(specs,),
                       out_specs=spec(query, -3), axis_names={axis_name},
                       check_vma=False)(arrays)
+  if padding:  # the padded length is whole shards, the caller's need not be: gathered first
+    out = _onto(out, PartitionSpec(), mesh)
   out = from_zigzag(out, size) if zigzag else out
   return out[..., :length, :, :]
 

@@ -238,3 +238,41 @@ def test_a_run_config_is_refused_by_the_librarys_own_check(setting, words):
   with pytest.raises(config_check.ConfigError, match=words) as error:
     config_check.validate(config)
   assert "\n" not in str(error.value)
+
+
+PADDED_ON_EXPLICIT_AXES = r"""
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType
+import attention_jax as aj
+
+x = jnp.asarray(np.random.default_rng(0).standard_normal((1, 30, 2, 8)), jnp.float32)
+errors = {}
+for types in (AxisType.Explicit,):  # automatic axes served it before
+  mesh = jax.make_mesh((8,), ("seq",), axis_types=(types,))
+  for causal in (True, False):  # padded to 32: 16 zigzag chunks, or 8 contiguous ones
+    f = lambda x: aj.context_parallel_attention(x, x, x, mesh=mesh, axis_name="seq",
+                                                is_causal=causal)
+    ref = lambda x: aj.dot_product_attention(x, x, x, is_causal=causal,
+                                             implementation="reference")
+    with jax.set_mesh(mesh):
+      out, grad = jax.jit(lambda x: (f(x), jax.grad(lambda x: jnp.sum(f(x) ** 2))(x)))(x)
+    for name, got, want in (("out", out, ref(x)),
+                            ("grad", grad, jax.grad(lambda x: jnp.sum(ref(x) ** 2))(x))):
+      errors[f"{types} causal={causal} {name}"] = float(jnp.max(jnp.abs(got - want))
+                                                        / jnp.max(jnp.abs(want)))
+print(json.dumps(errors))
+"""
+
+
+def test_a_length_padded_to_whole_shards_on_a_mesh_with_explicit_axes():
+  """T = 30 on 8 devices (padded inside to 32) on jax.make_mesh's explicit axes, causal (zigzag)
+  or not: values and gradients equal the reference (it failed on the padded output's sharding
+  before; automatic axes served it)."""
+  result = subprocess.run([sys.executable, "-c", PADDED_ON_EXPLICIT_AXES], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
+  assert result.returncode == 0, result.stderr[-3000:]
+  errors = json.loads(result.stdout.strip().splitlines()[-1])
+  assert len(errors) == 4
+  for case, relative_error in errors.items():
+    assert relative_error <= 1e-5, (case, relative_error)
