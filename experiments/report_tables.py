@@ -40,14 +40,19 @@ def readable(name: str) -> str:
 
   >>> readable("eval_accuracy"), readable("length_21_40_accuracy"), readable("length_21_40")
   ('Test accuracy', 'Test accuracy, length 21-40', 'length 21-40')
+  >>> readable("validation_length_41_80"), readable("validation_length_41_80_accuracy")
+  ('validation stream, length 41-80', 'Validation accuracy, length 41-80')
   >>> readable("final_logit_variance")
   'Final logit variance'
   """
   if name in READABLE:
     return READABLE[name]
-  match = re.fullmatch(r"length_(\d+)_(\d+)(?:_(accuracy|loss|nmse))?", name)
+  match = re.fullmatch(r"(validation_)?length_(\d+)_(\d+)(?:_(accuracy|loss|nmse))?", name)
   if match:
-    low, high, measure = match.groups()
+    validation, low, high, measure = match.groups()
+    if validation:
+      return (f"Validation {measure}, " if measure else "validation stream, ") + (
+          f"length {low}-{high}")
     return (f"Test {measure}, " if measure else "") + f"length {low}-{high}"
   return name.replace("_", " ").capitalize()
 
@@ -164,10 +169,11 @@ def design_lines(design: verdicts.Design, chosen, seeds: int, one_rate: bool) ->
   timed = bool(chosen) and chosen[0].chosen_for == verdicts.TIME_TO_THRESHOLD
   if one_rate:
     rates = "one learning rate for every variant, so none was chosen"
-  elif on == verdicts.VALIDATION:
-    measured = f"{verdicts.VALIDATION}_{chosen[0].chosen_for}" if chosen else ""
-    elsewhere = bool(chosen) and not timed and design.primary not in (
-        measured, f"eval_{chosen[0].chosen_for}")
+  elif on.startswith(verdicts.VALIDATION):
+    measured = f"{on}_{chosen[0].chosen_for}" if chosen else ""
+    for_primary = (measured == f"{verdicts.VALIDATION}_{design.primary}"
+                   or design.primary == f"eval_{chosen[0].chosen_for}") if chosen else True
+    elsewhere = not (timed or for_primary)
     rates = ("each variant's learning rate chosen on the validation stream (a test split of "
              "another data seed) for "
              + ("its censored time-to-threshold" if timed else

@@ -47,12 +47,12 @@ def rows(records, design: verdicts.Design | None = None) -> list[dict]:
 
 def write_csv(records, path, design: verdicts.Design | None = None):
   settings = sorted({k for record in records for k in workdir_lib.flatten(record["overrides"])})
-  columns = (["variant", "seed", *HYPERPARAMETERS, "status", "diverged_at"] + settings
-             + report_tables.metric_names(records) + ["num_classes", "parameters", "error"]
-             + [c for c in (verdicts.STEPS_TO, verdicts.VALIDATION_STEPS_TO, FINAL_LOGIT,
-                            PEAK_LOGIT)
-                if any(c in r.get("metrics", {}) for r in records)]
-             + list(verdicts.COLUMNS) * (design is not None) + list(provenance.FIELDS))
+  columns = list(dict.fromkeys(  # a metric also named below (a time-to-threshold) written once
+      ["variant", "seed", *HYPERPARAMETERS, "status", "diverged_at"] + settings
+      + report_tables.metric_names(records) + ["num_classes", "parameters", "error"]
+      + [c for c in (verdicts.STEPS_TO, verdicts.VALIDATION_STEPS_TO, FINAL_LOGIT, PEAK_LOGIT)
+         if any(c in r.get("metrics", {}) for r in records)]
+      + list(verdicts.COLUMNS) * (design is not None) + list(provenance.FIELDS)))
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, columns, restval="")
     writer.writeheader()
@@ -163,7 +163,7 @@ def report(records, design, directory, title, evaluations=(), workdir=None) -> d
   sweep's, holding the replicas' metrics.jsonl) also learning curves and logit maxima. Returns
   the paths by kind."""
   finished = [r for r in records if r["status"] == "ok"]
-  evaluations = tuple(e for e in evaluations if e != verdicts.VALIDATION)
+  evaluations = tuple(e for e in evaluations if not e.startswith(verdicts.VALIDATION))
   measure = measure_of(records)
   chosen = verdicts.choose(records, measure, design)
   comparisons = verdicts.compare_both(chosen, design) if finished else []

@@ -190,13 +190,29 @@ def for_time(records, design: "Design | None") -> bool:
           and all(VALIDATION_STEPS_TO in r["metrics"] for r in finished))
 
 
+def _primary_stream(records, design: "Design | None", measure: str) -> str | None:
+  """The validation stream's twin of the test set a ``design``'s primary measure is read on
+  ("validation_length_41_80" for "length_41_80_accuracy") where every finished record has it."""
+  if design is None or not design.primary.endswith(f"_{measure}") or (
+      design.primary == f"eval_{measure}"):
+    return None
+  column = f"{VALIDATION}_{design.primary}"
+  finished = [r for r in records if r["status"] == "ok"]
+  return (column.removesuffix(f"_{measure}") if finished and
+          all(column in r["metrics"] for r in finished) else None)
+
+
 def choose(records, measure: str, design: "Design | None" = None) -> list[Chosen]:
   """Each finished variant at the learning rate of its grid that the validation stream scores
   best (the test set only for records that have none, and then said so): for a ``design`` whose
   test is time_to_solve, the shortest mean censored time-to-threshold (VALIDATION_STEPS_TO; ties
-  broken by the final measure), else the best mean final ``measure``."""
+  broken by the final measure), else the best mean final ``measure`` on the validation stream's
+  twin of the primary's test set where the records have one (``length_41_80`` on another data
+  seed: configs.ablations.validation_streams), else on the validation stream."""
   prefix, chosen = chosen_on(records), []
   timed = for_time(records, design) and prefix == VALIDATION
+  if not timed and prefix == VALIDATION:
+    prefix = _primary_stream(records, design, measure) or prefix
   for record in records:
     if record["status"] != "ok":
       continue

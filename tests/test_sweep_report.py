@@ -30,6 +30,7 @@ def _records():
                                 "length_5_20_accuracy": list(rng.uniform(0, 1, 6)),
                                 "validation_accuracy": accuracy,
                                 "validation_loss": [0.01, 1.5, 0.02, 0.05, 0.04, 0.01],
+                                verdicts.VALIDATION_STEPS_TO: [200.0] * 6,
                                 "final_entropy": list(rng.uniform(0, 2, 6)),
                                 "init_entropy": list(rng.uniform(0, 2, 6))}})
   return records
@@ -63,6 +64,9 @@ def test_the_report_is_made_again_from_results_csv_alone(tmp_path):
   sweep_report.write_csv(records, tmp_path / "results.csv", DESIGN)
   again, design = sweep_report.read_csv(tmp_path / "results.csv")
   assert design == DESIGN
+  with open(tmp_path / "results.csv") as f:
+    header = f.readline().strip().split(",")
+  assert len(header) == len(set(header))  # each column once
   assert [r["variant"] for r in again] == ["heads_1", "heads_4"]
   for record, read in zip(records, again):
     assert read["overrides"] == workdir_lib.flatten(record["overrides"])

@@ -53,6 +53,26 @@ def test_rates_are_chosen_on_validation_and_edges_flagged():
   assert chosen["a"].chosen_on == "validation"
 
 
+def test_a_primary_read_on_a_longer_test_set_is_chosen_for_on_its_validation_twin():
+  # Every rate is at 1.0 on the training lengths (validation_accuracy); the validation stream's
+  # length_41_80 prefers 1e-3, while the training-length tie-break (loss) would prefer 3e-3.
+  def arm(name):
+    record = _record(name, lambda rate, seed: (1.0, 1.0), rates=(1e-3, 3e-3))
+    metrics, rates = record["metrics"], record["metrics"]["learning_rate"]
+    metrics["validation_loss"] = [0.1 if r == 3e-3 else 0.2 for r in rates]
+    metrics["validation_length_41_80_accuracy"] = [0.9 if r == 1e-3 else 0.7 for r in rates]
+    metrics["validation_length_41_80_loss"] = [0.3] * len(rates)
+    return record
+  design = dataclasses.replace(_design(["base"]), primary="length_41_80_accuracy")
+  (chosen,) = verdicts.choose([arm("base")], "accuracy", design)
+  assert (chosen.learning_rate, chosen.chosen_on) == (1e-3, "validation_length_41_80")
+  # without the twin (results from before it): the training lengths, the tie broken by the loss
+  old = arm("base")
+  del old["metrics"]["validation_length_41_80_accuracy"]
+  (chosen,) = verdicts.choose([old], "accuracy", design)
+  assert (chosen.learning_rate, chosen.chosen_on) == (3e-3, "validation")
+
+
 def test_only_the_declared_comparisons_are_made_against_the_declared_reference():
   records = [_record(name, lambda rate, seed, d=d: (0.6 + d + 0.01 * seed, 0.6 + d))
              for name, d in (("base", 0.0), ("x", 0.3), ("y", 0.35))]

@@ -16,6 +16,21 @@ from configs import default
 VALIDATION = {"validation": {"seed": 1, "num_train": 1}}
 
 
+def validation_streams(extra_evals: dict, primary: str) -> dict:
+  """VALIDATION, and where ``primary`` is read on an extra test set (``length_41_80_accuracy``
+  on ``length_41_80``), that set on the validation stream's data seed too
+  (``validation_length_41_80``), so that each variant's rate is chosen for the outcome measured.
+
+  >>> sorted(validation_streams({"length_41_80": {"min_length": 41}}, "length_41_80_accuracy"))
+  ['validation', 'validation_length_41_80']
+  >>> sorted(validation_streams({"length_41_80": {"min_length": 41}}, ""))
+  ['validation']
+  """
+  (name, seed), = VALIDATION.items()
+  on = [extra for extra in extra_evals if primary.startswith(f"{extra}_")]
+  return {name: seed, **{f"{name}_{extra}": {**extra_evals[extra], **seed} for extra in on}}
+
+
 #: The level a study's family of comparisons is tested at, after Holm. A study declares it and
 #: the sweep refuses, before training, a design whose test and seeds cannot reach it; a quick
 #: smoke test declares none (it claims nothing).
@@ -60,7 +75,8 @@ def sweep_config(mode, *, steps: int, eval_every: int, warmup: int, variants, ba
       {"learning_rate": learning_rates} if learning_rates else {})
   sweep.vmap_replicas = True  # the replicas of a variant train in one vmapped program
   sweep.replicas_per_program = 0  # or programs of this many replicas each (0: all in one)
-  sweep.extra_evals = ml_collections.ConfigDict({**(extra_evals or {}), **VALIDATION})
+  sweep.extra_evals = ml_collections.ConfigDict(
+      {**(extra_evals or {}), **validation_streams(extra_evals or {}, primary)})
   sweep.variants = tuple(variants)
   sweep.baseline = baseline
   sweep.contrasts = tuple(tuple(pair) for pair in contrasts)
