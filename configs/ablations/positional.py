@@ -21,7 +21,8 @@ this is an encoder classifier reading a CLS token, which sees both sides of ever
 `:accelerator` is the study sized for one GPU or TPU: the two order-dependent tasks trained on
 lengths up to 64 and tested at 2x, 4x and 8x (up to 512), the five encodings and randomized
 positions (drawn from 0..512), 10 seeds x 2 learning rates, 1500
-steps, the learning rate chosen on a validation stream of the training lengths; its
+steps, the learning rate chosen for the 8x accuracy on the validation stream's longest strings
+(another data seed); its
 predictions, fixed before it ran, are ``predictions`` below (python -m experiments.findings).
 `:quick` (even_pairs only, tested at 61-80) is a smoke test of the pipeline. The results, with
 their runtime and provenance: docs/results/positional.md.

@@ -17,8 +17,9 @@ as well as one with them (Kazemnejad et al. 2023), and why do randomized positio
 The model, data and training are configs/ablations/positional_registered.py's, so that this study
 reads against that one: 2 layers at d_model 64 (4 heads, feed-forward 128), batch 32, trained on
 lengths up to 10 (`order`: 2-10) and tested on 1000 strings at 2x (11-20), 4x (21-40) and 8x
-(41-80); `order` 2000 steps, `even_pairs` 3000; each arm's rate chosen from 3e-4 and 1e-3 on a
-validation stream of the training lengths, bracketed by one rate; 10 seeds.
+(41-80); `order` 2000 steps, `even_pairs` 3000; each arm's rate chosen from 3e-4 and 1e-3 for its 8x
+accuracy on the validation stream's 41-80 strings (another data seed; the committed runs predate
+that stream and chose on the training lengths), bracketed by one rate; 10 seeds.
 
 The causal arms set ``model.causal`` (every layer attends to positions up to its own) and read
 the sequence's label at its last real token (``model.pooling = "last"``), the one position that
