@@ -437,6 +437,8 @@ def read(sources) -> tuple[dict, dict]:
     records[name], family[name] = [], []
     for path in [paths] if isinstance(paths, str) else paths:
       rows, design = sweep_report.read_csv(path)
+      for row in rows:  # so that each arm's rate is chosen as its sweep chose it
+        row["design"] = design
       twice = sorted({r["variant"] for r in rows} & {r["variant"] for r in records[name]})
       if twice:
         raise ValueError(f"arms {twice} are in two results files of {name!r}; give each "

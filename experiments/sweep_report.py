@@ -109,7 +109,7 @@ def read_csv(path) -> tuple[list[dict], verdicts.Design | None]:
         "provenance": {k: row[k] for k in provenance.FIELDS if row.get(k)}})
     metrics = record["metrics"]
     metrics["name"].append(f"seed_{row['seed']}_{len(metrics['name'])}")
-    for column in columns:
+    for column in dict.fromkeys(columns):  # once each (older CSVs repeat a column)
       if column in (*NOT_MEASURES, *settings):
         continue
       value = row[column]

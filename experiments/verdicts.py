@@ -209,18 +209,19 @@ def choose(records, measure: str, design: "Design | None" = None) -> list[Chosen
   broken by the final measure), else the best mean final ``measure`` on the validation stream's
   twin of the primary's test set where the records have one (``length_41_80`` on another data
   seed: configs.ablations.validation_streams), else on the validation stream."""
-  prefix, chosen = chosen_on(records), []
-  timed = for_time(records, design) and prefix == VALIDATION
-  if not timed and prefix == VALIDATION:
-    prefix = _primary_stream(records, design, measure) or prefix
+  on, chosen = chosen_on(records), []
   for record in records:
     if record["status"] != "ok":
       continue
+    # a record read from a results.csv carries its sweep's design (experiments.findings.read)
+    own = design if design is not None else record.get("design")
+    timed = on == VALIDATION and for_time([record], own)
+    prefix = on if timed or on != VALIDATION else (_primary_stream([record], own, measure) or on)
     rates = _by_rate(record)
     arms = {rate: {name: [values[i] for i in indices]
                    for name, values in record["metrics"].items()}
             for rate, indices in rates.items()}
-    score = ((lambda r: (_time_score(arms[r], design), *_score(arms[r], prefix, measure)))
+    score = ((lambda r: (_time_score(arms[r], own), *_score(arms[r], prefix, measure)))
              if timed else (lambda r: _score(arms[r], prefix, measure)))
     rate = max(arms, key=score)
     edge = ("" if len(rates) < 2 else "lowest" if rate == min(rates)

@@ -67,6 +67,15 @@ def test_the_report_is_made_again_from_results_csv_alone(tmp_path):
   with open(tmp_path / "results.csv") as f:
     header = f.readline().strip().split(",")
   assert len(header) == len(set(header))  # each column once
+  # a CSV that repeats a column (written before that was fixed) reads it once, aligned
+  with open(tmp_path / "results.csv") as f:
+    lines = f.read().splitlines()
+  at = header.index("eval_accuracy")
+  with open(tmp_path / "repeated.csv", "w") as f:
+    f.write("\n".join(f"{line},{line.split(',')[at]}" for line in lines) + "\n")
+  twice, _ = sweep_report.read_csv(tmp_path / "repeated.csv")
+  assert all(len(values) == len(r["metrics"]["seed"])
+             for r in twice for values in r["metrics"].values())
   assert [r["variant"] for r in again] == ["heads_1", "heads_4"]
   for record, read in zip(records, again):
     assert read["overrides"] == workdir_lib.flatten(record["overrides"])
