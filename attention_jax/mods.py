@@ -110,6 +110,10 @@ def _trace(mod, name, anchor, score_dtype=None):
                      "write conditions with jnp.where(condition, a, b) or lax.cond, and index "
                      "arrays with jnp (not Python lists or numpy).") from None
   except TypeError as error:
+    if "carry" in str(error):  # a loop whose carry starts invariant and comes out varying
+      raise ValueError(f"{name}: a loop's carry must keep its type, and under shard_map the "
+                       "indices vary over the mesh axes: start the carry from the score or an "
+                       "index (e.g. jnp.zeros_like(score)), not from a constant.") from None
     raise ValueError(f"{name} must take {len(examples)} arguments ({_SIGNATURES[name]}): "
                      f"{error}") from None
   (out,) = closed.out_avals if len(closed.out_avals) == 1 else (None,)
@@ -142,6 +146,8 @@ def evaluate(jaxpr, consts, *args) -> list:
     body = eqn.params.get("jaxpr") if eqn.primitive.name in ("pjit", "jit", "closed_call") else None
     if eqn.primitive.name == "pvary":
       outputs = [_pvary_missing(eqn, x) for x in inputs]
+    elif eqn.primitive.name in _CONTROL_FLOW:  # their bodies evaluated as this one is
+      outputs = list(_CONTROL_FLOW[eqn.primitive.name](eqn.params, inputs))
     elif body is not None:
       outputs = evaluate(body.jaxpr, body.consts, *inputs)
     else:
@@ -153,6 +159,65 @@ def evaluate(jaxpr, consts, *args) -> list:
       outputs = outputs if eqn.primitive.multiple_results else [outputs]
     env.update(zip(eqn.outvars, outputs))
   return [read(var) for var in jaxpr.outvars]
+
+
+def _closed(closed, anchor, *args) -> list:
+  """A closed jaxpr (a branch or loop body) by ``evaluate``, its outputs varying like ``anchor``
+  (the union of its caller's operands: a branch's or a carry's type then matches the others')."""
+  return [vary_like(x, anchor) for x in evaluate(closed.jaxpr, closed.consts, *args)]
+
+
+def _cond(params, inputs):
+  """lax.cond and lax.switch as the vmap over a mod's entries makes them (its index varies from
+  entry to entry): every branch evaluated, then each entry's own selected. No branch jaxpr is
+  bound, whose pvary would be evaluated again on constants that vary already."""
+  index, *operands = inputs
+  anchor = anchor_of(*inputs)
+  branches = [_closed(branch, anchor, *operands) for branch in params["branches"]]
+  index = jnp.clip(jnp.asarray(index, jnp.int32), 0, len(branches) - 1)
+  return [functools.reduce(lambda chosen, i: jnp.where(index == i, outs[i], chosen),
+                           range(len(outs) - 2, -1, -1), outs[-1])
+          for outs in zip(*branches)]
+
+
+def _scan(params, inputs):
+  body, (num_consts, num_carry) = params["jaxpr"], scan_layout(params)
+  consts, carry = inputs[:num_consts], inputs[num_consts:num_consts + num_carry]
+  xs = inputs[num_consts + num_carry:]
+  anchor = anchor_of(*inputs)
+
+  def step(carry, x):
+    outs = _closed(body, anchor, *consts, *carry, *x)
+    return outs[:num_carry], outs[num_carry:]
+  carry, ys = jax.lax.scan(step, [vary_like(c, anchor) for c in carry], list(xs),
+                           length=params["length"], reverse=params["reverse"],
+                           unroll=params.get("unroll", 1))
+  return list(carry) + list(ys)
+
+
+def scan_layout(params) -> tuple[int, int]:
+  """(constants, carries) among a scan's inputs: jax 0.10 names the counts, jax 0.12 gives the
+  groups (constants, carries, xs) as flat trees of leaves."""
+  if "num_consts" in params:
+    return params["num_consts"], params["num_carry"]
+  groups = params["ft_in"]
+  consts, carry, _ = groups.unflatten() if hasattr(groups, "unflatten") else groups
+  count = lambda group: len(jax.tree_util.tree_leaves(group, is_leaf=lambda x: x is None))
+  return count(consts), count(carry)
+
+
+def _while(params, inputs):
+  num_cond, num_body = params["cond_nconsts"], params["body_nconsts"]
+  cond_consts, body_consts = inputs[:num_cond], inputs[num_cond:num_cond + num_body]
+  anchor = anchor_of(*inputs)
+  carry = [vary_like(c, anchor) for c in inputs[num_cond + num_body:]]
+  return jax.lax.while_loop(
+      lambda carry: _closed(params["cond_jaxpr"], anchor, *cond_consts, *carry)[0],
+      lambda carry: _closed(params["body_jaxpr"], anchor, *body_consts, *carry), carry)
+
+
+#: Higher-order primitives whose bodies ``evaluate`` evaluates too (their constants may vary).
+_CONTROL_FLOW = {"cond": _cond, "scan": _scan, "while": _while}
 
 
 def _pvary_missing(eqn, x):

@@ -238,6 +238,105 @@ def test_forward_mode_and_second_order_through_context_parallelism():
     assert relative_error <= 1e-5, (case, relative_error)
 
 
+CONTROL_FLOW_IN_A_MOD = r"""
+import functools, json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import attention_jax as aj
+from attention_jax.chunked import chunked_attention
+
+mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+B, T, N, H = 2, 16, 2, 8
+rng = np.random.default_rng(0)
+shapes = {"q": (B, T, N, H), "k": (B, T, N, H), "v": (B, T, N, H), "table": (2 * T - 1,)}
+point, tangent = ({n: rng.standard_normal(s) for n, s in shapes.items()} for _ in range(2))
+w = rng.standard_normal(shapes["q"])
+lengths = np.array([11, 16], np.int32)
+
+def by_cond(table):  # a different read of the table above and below the diagonal
+  return lambda s, b, h, qi, ki: jax.lax.cond(qi >= ki, lambda: s + table[qi - ki + T - 1],
+                                              lambda: s - 0.5 * table[ki - qi + T - 1])
+
+def by_scan(table):  # three decaying reads, accumulated onto the score
+  def mod(s, b, h, qi, ki):
+    step = lambda c, i: (c + table[jnp.clip(qi - ki + T - 1 - i, 0, 2 * T - 2)] * 0.5 ** i, None)
+    return jax.lax.scan(step, s, jnp.arange(3))[0]
+  return mod
+
+def users(kernel, mod):
+  def inner(q, k, v, table, lengths):
+    options = dict(key_value_seq_lengths=lengths, score_mod=mod(table))
+    if kernel == "reference":
+      return aj.dot_product_attention(q, k, v, implementation="reference", **options)
+    return chunked_attention(q, k, v, scale=H ** -0.5, block_q=8, block_k=8, **options)
+  def f(p):
+    arguments = (p["q"], p["k"], p["v"], p["table"], lengths)
+    if kernel == "reference":
+      return inner(*arguments)
+    return jax.shard_map(inner, mesh=mesh, in_specs=(P("data"),) * 3 + (P(), P("data")),
+                         out_specs=P("data"))(*arguments)
+  return f
+
+def transforms(f, p, t, w):
+  loss = lambda p: jnp.sum(f(p) * w)
+  jvp = lambda p: jax.jvp(f, (p,), (t,))[1]
+  return {"grad": jax.grad(loss)(p)["table"],
+          "reverse over forward": jax.grad(lambda p: jnp.sum(jvp(p) * w))(p)["table"]}
+
+def run(f, dtype):
+  cast = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, dtype), tree)
+  out = jax.jit(functools.partial(transforms, f))(cast(point), cast(tangent), cast(w))
+  return jax.tree.map(lambda x: np.asarray(x, np.float64), out)
+
+errors = {}
+for name, mod in (("cond", by_cond), ("scan", by_scan)):
+  with jax.enable_x64():
+    expected = run(users("reference", mod), jnp.float64)
+  got = run(users("chunked", mod), jnp.float32)
+  for transform in expected:
+    errors[f"{name} {transform}"] = float(np.max(np.abs(got[transform] - expected[transform]))
+                                          / np.max(np.abs(expected[transform])))
+print(json.dumps(errors))
+"""
+
+
+def test_a_trained_table_read_through_cond_or_scan_in_a_mod_inside_a_users_shard_map():
+  """A score_mod whose closed-over table flows into lax.cond or lax.scan, the blockwise kernel
+  inside a user's shard_map over the batch (the table replicated, lengths per shard): the
+  table's gradient and its reverse-over-forward second derivative against the float64
+  reference (lax.cond failed before: its branch's pvary met a table that varies already)."""
+  import json
+  import os
+  import subprocess
+  import sys
+  from training_helpers import EIGHT_CPU_DEVICES
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = subprocess.run([sys.executable, "-c", CONTROL_FLOW_IN_A_MOD], cwd=root,
+                          capture_output=True, text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
+  assert result.returncode == 0, result.stderr[-3000:]
+  errors = json.loads(result.stdout.strip().splitlines()[-1])
+  assert len(errors) == 4
+  for case, relative_error in errors.items():
+    assert relative_error <= 1e-5, (case, relative_error)
+
+
+def test_a_loop_carry_from_a_constant_in_a_mod_under_shard_map_is_one_line():
+  """Under shard_map a mod's indices vary over the mesh axes; a loop whose carry starts from a
+  constant then changes its type: one line naming the fix (it read 'must take 5 arguments')."""
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  table = jnp.arange(4.0)
+  mod = lambda s, b, h, qi, ki: s + jax.lax.fori_loop(0, 2, lambda i, c: c + table[qi % 4],
+                                                      0.0)
+  x = jnp.ones((1, 8, 1, 8))
+  f = jax.shard_map(lambda x: chunked_attention(x, x, x, scale=0.5, block_q=8, block_k=8,
+                                                score_mod=mod), mesh=mesh, in_specs=P("data"),
+                    out_specs=P("data"))
+  with pytest.raises(ValueError, match="score_mod: a loop's carry.*jnp.zeros_like") as error:
+    f(x)
+  assert "\n" not in str(error.value)
+
+
 def _largest_array(fn, *args) -> int:
   """The most elements of any array in the lowered program of ``fn`` (every loop body and the
   tangent primitive's expansion included)."""
