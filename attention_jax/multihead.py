@@ -277,7 +277,6 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
                  dropout_rate > 0.0) else {}
   hooks = variant.hooks(state)  # None unless the variant forms its own maps
   mask, bias = (_per_head(x, query.shape[-2], num_heads) for x in (mask, bias))
-  maps_too = return_maps and hooks is not None  # the maps from the call that applies them
   # the hooked maps: patched on the path that forms them, or captured (every row: beside the
   # kernel; query_rows: from the kernel's log-sum-exp)
   patch_maps, hook_rows = hook_maps.maps_patched(), None
@@ -285,6 +284,7 @@ def multi_head_attention_step(params, inputs_q, inputs_k=None, inputs_v=None, *,
   if capture_maps:
     hook_rows = hooks_lib.query_rows()
     return_maps = return_maps or hook_rows is None
+  maps_too = return_maps and hooks is not None  # the maps from the call that applies them
   lse_asked = hook_rows is not None and not attention_args.get("return_residual")
   with jax.named_scope("dot_product_attention"), attention_lib.default_precision(precision):
     call = dict(bias=bias, mask=mask, scale=scale, is_causal=is_causal,

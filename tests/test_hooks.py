@@ -364,3 +364,18 @@ def test_the_patching_guide_s_table_is_its_benchmark_file_s():
     assert int(ms) == round(measured["ms"][way]), way
     assert float(ratio) == round(measured["over by layer"][way], 1), way
   assert measured["machine"]["commit"].split("+")[0] in guide.read_text()
+
+
+@pytest.mark.parametrize("name", ["qk_norm_learned", "talking_heads", "dcmha", "differential"])
+def test_a_variant_that_forms_its_own_maps_is_captured_as_it_applies_them(name):
+  """hook_attn_scores and hook_pattern of a variant with its own logits or weights (a learned
+  gain, mixed heads, a difference of maps) are the maps it applies, as attention_maps gives them
+  (the capture once formed the plain maps beside the call, without the variant's hooks)."""
+  layer = aj.MultiHeadAttention(num_heads=N, head_variant=name)
+  x = jax.random.normal(jax.random.key(1), (B, T, D))
+  variables = layer.init(jax.random.key(0), x)
+  logits, weights = aj.multihead.attention_maps(
+      variables["params"], x, head_variant=aj.variants.get(name))
+  _, captured = hooks.capture(layer, variables, x, ["attn.hook_attn_scores", "attn.hook_pattern"])
+  np.testing.assert_allclose(captured["attn.hook_attn_scores"], logits, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(captured["attn.hook_pattern"], weights, rtol=1e-6, atol=1e-6)
