@@ -68,13 +68,15 @@ def test_slanted_labels_and_blank_images_are_not_measured(tmp_path):
 
 def test_the_layout_check_measures_a_figure_that_records_nothing(tmp_path):
   page = str(tmp_path / "page.html")
-  recorded, _ = _curves(8, 110, tmp_path / "recorded.png")
+  _curves(8, 110, tmp_path / "recorded.png")
   _curves(8, 110, tmp_path / "unrecorded.png", record=False)
   Image.fromarray(np.full((50, 80, 3), 255, np.uint8)).save(tmp_path / "blank.png")
-  shown = [("recorded.png", 440, 440), ("unrecorded.png", 220, 440), ("blank.png", 80, 80)]
+  shown = [("recorded.png", 440, 440), ("unrecorded.png", 440, 440), ("unrecorded.png", 220, 440),
+           ("blank.png", 80, 80)]
   problems, unchecked, measured = check_layout.legibility(page, shown)
-  assert measured == 1 and unchecked == ["blank.png"]
-  assert len(problems) == 1 and "measured, shown at 50%" in problems[0]  # 12.2 px at half size
+  assert measured == 2 and unchecked == ["blank.png"]
+  # 12.2 px, measured less its tolerance: legible at full size, not at half size.
+  assert len(problems) == 1 and "less its tolerance, shown at 50%" in problems[0]
 
 
 def _shown_pngs() -> set[str]:
