@@ -186,15 +186,6 @@ def check_custom(num_heads: int, *, sinks, normalizer, return_residual, hooks=No
                      "return; call without it.")
 
 
-def zeros_on_empty_rows(empty_rows, kernel: str) -> None:
-  """The blockwise kernels give zeros on a query row with no key; their former ``empty_rows``
-  argument is accepted as "zero" (what they do) and refused otherwise, naming where it lives."""
-  if empty_rows not in (None, "zero"):
-    raise ValueError(
-        f"{kernel} gives zeros on a query row with no key; for empty_rows={empty_rows!r} call "
-        f"dot_product_attention(..., implementation=..., empty_rows={empty_rows!r}).")
-
-
 def reverse_only(kernel, name: str):
   """``kernel`` (a custom VJP without a tangent) as a custom JVP whose tangent is a linear map
   (``tangent.linear``) that transposes to the kernel's own backward: reverse mode runs the

@@ -315,9 +315,9 @@ def structure_mask(mask, q_len: int, kv_len: int, *, local_window_size=None,
                                                                     key_segment_ids))
 
 
-#: What a query row with no key to attend to returns (``empty_rows=``): "mean" (jax.nn's and
-#: flax's uniform weights) or "zero"; rows past ``query_seq_lengths`` are zeros either way.
-EMPTY_ROWS = ("mean", "zero")
+#: What a query row with no key to attend to returns (``empty_rows=``), the default first: the
+#: library's one list (``masks.EMPTY_ROWS``), applied by ``masks.fill_empty_rows`` on every path.
+EMPTY_ROWS = masks_lib.EMPTY_ROWS
 
 def matmul_precision(precision) -> str | None:
   """flax's ``precision`` (a lax.Precision, its name, or a pair) as the name that
@@ -497,21 +497,16 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
 
 
 def _blockwise(kernel):
-  """Runs a blockwise kernel (zeros on a row with no key) with the options both share, asking
-  for its residual (-inf on such a row) when ``empty_rows`` needs to know which rows those are."""
+  """Runs a blockwise kernel with the options both share (``empty_rows`` applied by the kernel
+  function, through ``masks.blockwise_empty_rows``)."""
   def run(query, key, value, r: Request):
-    mean = r.empty_rows == "mean"
-    result = kernel(query, key, value, r, dict(
+    return kernel(query, key, value, r, dict(
         scale=r.scale, is_causal=r.is_causal, local_window_size=r.window,
-        logits_soft_cap=r.logits_soft_cap, return_residual=r.return_residual or mean,
+        logits_soft_cap=r.logits_soft_cap, return_residual=r.return_residual,
         score_mod=r.score_mod, mask_mod=r.mask_mod, block_mask=r.block_mask,
         return_max_scores=r.return_max_scores, dropout_rate=r.dropout_rate,
-        dropout_rng=r.dropout_rng, broadcast_dropout=r.broadcast_dropout, **r.structure))
-    if not mean:
-      return result
-    output, residual, *extras = result
-    extras = [residual] * r.return_residual + extras
-    return _mean_rows((output, *extras) if extras else output, jnp.isfinite(residual), value, r)
+        dropout_rng=r.dropout_rng, broadcast_dropout=r.broadcast_dropout,
+        empty_rows=r.empty_rows, **r.structure))
   return run
 
 
@@ -532,10 +527,9 @@ def _mean_rows(result, has_key, value, r: Request):
   jax.nn's answer there, the mean of the values (and uniform weights, if returned); ``has_key``
   [..., T, N] says which rows have a key. Rows past ``query_seq_lengths`` stay zeros."""
   output, *extras = result if isinstance(result, tuple) else (result,)
-  lengths = r.structure["query_seq_lengths"]
-  query_valid = None if lengths is None else masks_lib.lengths_to_valid(lengths, output.shape[-3])
   weights = extras[0] if r.return_weights else None
-  output, weights = masks_lib.uniform_empty_rows(output, has_key, value, weights, query_valid)
+  output, weights = masks_lib.fill_empty_rows(output, has_key, value, r.empty_rows,
+                                              r.structure["query_seq_lengths"], weights)
   extras = [weights] + extras[1:] if r.return_weights else extras
   return (output, *extras) if extras else output
 
@@ -563,7 +557,8 @@ def _fused(kernel):
     if not r.return_max_scores:
       return result
     largest = chunked.chunked_attention(query, key, value, bias, mask, scale=r.scale,
-                                        is_causal=r.is_causal, return_max_scores=True)[-1]
+                                        is_causal=r.is_causal, return_max_scores=True,
+                                        empty_rows="zero")[-1]
     return (*(result if isinstance(result, tuple) else (result,)), largest)
   return run
 

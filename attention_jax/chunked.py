@@ -735,10 +735,10 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
                       mask_mod=None, block_mask=None, sinks=None, normalizer: str = "softmax",
                       sigmoid_bias: float | None = None, dropout_rate: float = 0.0,
                       dropout_rng=None, broadcast_dropout: bool = True,
-                      return_max_scores: bool = False, empty_rows: str | None = None):
+                      return_max_scores: bool = False, empty_rows: str = "mean"):
   """Memory-efficient attention, blockwise in both directions; validated arguments as
-  ``dot_product_attention``'s; a query row with no key gives zeros (``dot_product_attention``'s
-  ``empty_rows`` decides what it returns there). Blocks of ``block_q``
+  ``dot_product_attention``'s; a query row with no key gives what ``empty_rows`` asks
+  (``masks.EMPTY_ROWS``: "mean", jax.nn's answer, by default; or "zero"). Blocks of ``block_q``
   queries and ``block_k`` keys (default: equal blocks, a multiple of 8, of at most
   blocks.DEFAULT_BLOCK_Q and blocks.DEFAULT_BLOCK_K, or DEFAULT_BLOCK_K_CAUSAL under a causal
   mask or with segment ids; under a window, square ones of about half its width,
@@ -753,7 +753,29 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256).shape
   (2, 512, 4, 64)
   """
-  _checks.zeros_on_empty_rows(empty_rows, "chunked_attention")
+  can_be_empty = sinks is None and normalizer == "softmax" and any(
+      x is not None for x in (mask, local_window_size, key_value_seq_lengths, query_segment_ids,
+                              mask_mod, block_mask))
+  return masks_lib.blockwise_empty_rows(
+      lambda residual: _chunked_attention(
+          query, key, value, bias, mask, scale=scale, is_causal=is_causal,
+          local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
+          query_segment_ids=query_segment_ids, key_segment_ids=key_segment_ids,
+          query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+          return_residual=residual, block_q=block_q, block_k=block_k, score_mod=score_mod,
+          mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, normalizer=normalizer,
+          sigmoid_bias=sigmoid_bias, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+          broadcast_dropout=broadcast_dropout, return_max_scores=return_max_scores),
+      value, empty_rows, return_residual=return_residual, can_be_empty=can_be_empty,
+      query_seq_lengths=query_seq_lengths)
+
+
+def _chunked_attention(query, key, value, bias, mask, *, scale, is_causal, local_window_size,
+                       logits_soft_cap, query_segment_ids, key_segment_ids, query_seq_lengths,
+                       key_value_seq_lengths, return_residual, block_q, block_k, score_mod,
+                       mask_mod, block_mask, sinks, normalizer, sigmoid_bias, dropout_rate,
+                       dropout_rng, broadcast_dropout, return_max_scores):
+  """``chunked_attention`` with zeros on a row with no key."""
   if block_mask is not None:
     block_q, block_k = block_mask.block_q, block_mask.block_k
     mask_mod = block_mask.mask_mod if mask_mod is None else mask_mod

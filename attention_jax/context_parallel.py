@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec
 from attention_jax import _checks
 from attention_jax import blocks
 from attention_jax import chunked
+from attention_jax import masks as masks_lib
 from attention_jax import reference
 from attention_jax import tangent as tangent_lib
 
@@ -279,8 +280,12 @@ def context_parallel_attention_shard(
     layout: str = "contiguous", is_causal: bool = False, scale: float | None = None,
     query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
     key_segment_ids=None, local_window_size=None, logits_soft_cap: float | None = None,
-    block_q: int | None = None, block_k: int | None = None, score_mod=None, mask_mod=None):
+    block_q: int | None = None, block_k: int | None = None, score_mod=None, mask_mod=None,
+    return_residual: bool = False):
   """The per-device part of ``context_parallel_attention``, for use inside your own shard_map.
+  A query row with no key gives zeros here, and a log-sum-exp of -inf (``return_residual``: its
+  [..., T/P, N] after the output), from which ``context_parallel_attention`` gives what
+  ``empty_rows`` asks.
 
   query [..., T/P, N, H], key [..., S/P, K, H], value [..., S/P, K, H_v] -> [..., T/P, N, H_v]:
   this device's shards along ``axis_name``, in ``layout`` ("contiguous" or "zigzag", see
@@ -361,7 +366,7 @@ def context_parallel_attention_shard(
   else:
     out, lse = _ring(inputs.q, inputs.k, inputs.v, inputs.extras, inputs.mods, pattern, geometry,
                      axis_name)
-  return chunked.finish(out, lse, query)
+  return chunked.finish(out, lse, query, return_residual)
 
 
 def context_parallel_attention(
@@ -369,13 +374,15 @@ def context_parallel_attention(
     is_causal: bool = False, scale: float | None = None, load_balance: bool = True,
     query_seq_lengths=None, key_value_seq_lengths=None, query_segment_ids=None,
     key_segment_ids=None, local_window_size=None, logits_soft_cap: float | None = None,
-    block_q: int | None = None, block_k: int | None = None, score_mod=None, mask_mod=None):
+    block_q: int | None = None, block_k: int | None = None, score_mod=None, mask_mod=None,
+    empty_rows: str = "mean"):
   """Self-attention over a sequence sharded along ``axis_name`` of ``mesh``.
 
   query [..., T, N, H], key [..., T, K, H], value [..., T, K, H_v], global arrays -> [..., T, N,
   H_v], sharded the same way; the other mesh axes are left to the compiler. The sequence is
   padded inside to a multiple of P (2P in the zigzag layout). The arguments mean what they mean
-  for ``dot_product_attention``; a general bias or mask needs strategy="all_gather". The mods
+  for ``dot_product_attention`` (``empty_rows`` too: "mean", jax.nn's answer on a row with no
+  key, by default); a general bias or mask needs strategy="all_gather". The mods
   see positions in the whole sequence. ``load_balance`` runs causal and windowed attention in
   the zigzag layout (keep activations in ``to_zigzag`` order and call
   ``context_parallel_attention_shard(layout="zigzag")`` to save the two permutations).
@@ -399,6 +406,27 @@ def context_parallel_attention(
                                   query_segment_ids, key_segment_ids))
   general_mask = None if mask is None or _is_key_mask(mask) else mask
   _check_request(query, key, bias, general_mask, strategy)
+  can_be_empty = any(x is not None for x in (mask, key_value_seq_lengths, query_segment_ids,
+                                             local_window_size, mask_mod))
+  run = functools.partial(
+      _sharded, query, key, value, bias, mask, mesh=mesh, axis_name=axis_name,
+      strategy=strategy, is_causal=is_causal, scale=scale, zigzag=zigzag, chunks=chunks,
+      query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+      query_segment_ids=query_segment_ids, key_segment_ids=key_segment_ids,
+      local_window_size=local_window_size, logits_soft_cap=logits_soft_cap, block_q=block_q,
+      block_k=block_k, score_mod=score_mod, mask_mod=mask_mod)
+  return masks_lib.blockwise_empty_rows(run, value, empty_rows, return_residual=False,
+                                        can_be_empty=can_be_empty,
+                                        query_seq_lengths=query_seq_lengths)
+
+
+def _sharded(query, key, value, bias, mask, return_residual, *, mesh, axis_name, strategy,
+             is_causal, scale, zigzag, chunks, query_seq_lengths, key_value_seq_lengths,
+             query_segment_ids, key_segment_ids, local_window_size, logits_soft_cap, block_q,
+             block_k, score_mod, mask_mod):
+  """``context_parallel_attention`` with zeros on a row with no key (and, ``return_residual``,
+  the log-sum-exp [..., T, N], -inf there)."""
+  size, length = mesh.shape[axis_name], query.shape[-3]
   padding = -length % chunks
   if padding:  # to whole chunks; the padded keys are past every sequence length
     if key_value_seq_lengths is None:
@@ -434,16 +462,21 @@ def context_parallel_attention(
       context_parallel_attention_shard, axis_name=axis_name, strategy=strategy,
       layout="zigzag" if zigzag else "contiguous", is_causal=is_causal, scale=scale,
       local_window_size=local_window_size, logits_soft_cap=logits_soft_cap, block_q=block_q,
-      block_k=block_k, score_mod=score_mod, mask_mod=mask_mod)
+      block_k=block_k, score_mod=score_mod, mask_mod=mask_mod, return_residual=return_residual)
+  rows = PartitionSpec(*[None] * (query.ndim - 3), axis_name, None)  # the lse [..., T, N]
   # check_vma off: under vmap, the batching rule of lax.cond (the kernel's block skipping) mixes
   # device-varying and device-invariant values (jax 0.10.2), which the check rejects.
-  out = jax.shard_map(lambda kwargs: per_device(**kwargs), mesh=mesh, in_specs=(specs,),
-                      out_specs=spec(query, -3), axis_names={axis_name},
-                      check_vma=False)(arrays)
-  if padding:  # the padded length is whole shards, the caller's need not be: gathered first
-    out = _onto(out, PartitionSpec(), mesh)
-  out = from_zigzag(out, size) if zigzag else out
-  return out[..., :length, :, :]
+  outs = jax.shard_map(lambda kwargs: per_device(**kwargs), mesh=mesh, in_specs=(specs,),
+                       out_specs=(spec(query, -3), rows) if return_residual else spec(query, -3),
+                       axis_names={axis_name}, check_vma=False)(arrays)
+  outs = outs if return_residual else (outs,)
+  cut = []
+  for x, axis in zip(outs, (-3, -2)):
+    if padding:  # the padded length is whole shards, the caller's need not be: gathered first
+      x = _onto(x, PartitionSpec(), mesh)
+    x = from_zigzag(x, size, axis=axis) if zigzag else x
+    cut.append(jax.lax.slice_in_dim(x, 0, length, axis=x.ndim + axis))
+  return tuple(cut) if return_residual else cut[0]
 
 
 def _onto(x, spec, mesh):
@@ -460,7 +493,7 @@ IMPLEMENTATION = "chunked"
 
 def check_request(*, strategy: str = "ring", implementation: str | None = None,
                   per_row: bool = False, dropout_rate: float = 0.0, returns=(), custom=(),
-                  empty_rows: str = "zero") -> None:
+                  empty_rows: str = "mean") -> None:
   """Raises ValueError, in one line, for what context-parallel attention does not serve; every
   refusal of ``ContextParallel`` and ``context_parallel_attention`` is stated here (a run
   config's check calls it too).
@@ -481,9 +514,8 @@ def check_request(*, strategy: str = "ring", implementation: str | None = None,
     raise ValueError(f"context-parallel attention runs the {IMPLEMENTATION} kernel on every "
                      f"device; implementation={implementation!r} is not served, use "
                      f"implementation=None or {IMPLEMENTATION!r}.")
-  if empty_rows != "zero":
-    raise ValueError(f"context-parallel attention gives zeros on a query row with no key; "
-                     f"empty_rows={empty_rows!r} is not served, use empty_rows='zero'.")
+  if empty_rows not in masks_lib.EMPTY_ROWS:
+    raise ValueError(f"empty_rows must be one of {masks_lib.EMPTY_ROWS}, got {empty_rows!r}.")
   if custom:
     raise ValueError(f"context-parallel attention does not serve {', '.join(custom)}; pass a "
                      "mask as a mask_mod (the ring evaluates it on every block), or call "
@@ -532,7 +564,7 @@ class ContextParallel:
   ``implementation``: None or "chunked", the kernel every device runs. Refused in one line
   (``check_request``): another implementation, attention dropout, returned weights, logits,
   log-sum-exp or row maxima, block masks, sinks, hooks and sigmoid attention; a row with no key
-  gives zeros (``empty_rows="zero"``).
+  gives what ``empty_rows`` asks, as on one device ("mean", jax.nn's answer, by default).
 
   >>> from attention_jax import MultiHeadAttention
   >>> mesh = jax.make_mesh((jax.device_count(),), ("seq",))
@@ -548,7 +580,7 @@ class ContextParallel:
 
   def __call__(self, query, key, value, bias=None, mask=None, *, dropout_rate=0.0,
                dropout_rng=None, implementation=None, dtype=None, precision=None,
-               empty_rows="zero", **options):
+               empty_rows="mean", **options):
     del dropout_rng, precision  # the chunked kernel runs on every device
     returns = [name for name in ("return_weights", "return_logits", "return_residual",
                                  "return_max_scores") if options.pop(name, False)]
@@ -562,4 +594,5 @@ class ContextParallel:
       query, key, value = (x.astype(dtype) for x in (query, key, value))
     return context_parallel_attention(query, key, value, bias, mask, mesh=self.mesh,
                                       axis_name=self.axis_name, strategy=self.strategy,
-                                      load_balance=self.load_balance, **options)
+                                      load_balance=self.load_balance, empty_rows=empty_rows,
+                                      **options)

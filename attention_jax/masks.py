@@ -172,6 +172,48 @@ def zero_empty_rows(output, mask, kv_len: int, *, is_causal: bool):
   return jnp.where(has_key[..., None], output, jnp.zeros((), output.dtype))
 
 
+#: What a query row with no key to attend to returns (``empty_rows=``), the library's one default
+#: first, on every path: "mean", jax.nn's and flax's answer (uniform weights: the mean of the
+#: values), or "zero" (zeros and zero weights); rows past ``query_seq_lengths`` are zeros either
+#: way.
+EMPTY_ROWS = ("mean", "zero")
+
+
+def fill_empty_rows(output, has_key, value, empty_rows, query_seq_lengths=None, weights=None):
+  """The one place ``empty_rows`` is applied: ``output`` [..., T, N, H_v] of a kernel that gives
+  zeros on a query row with no key (``has_key`` [..., T, N], see ``rows_with_keys``), with what
+  ``empty_rows`` asks there (``uniform_empty_rows`` for "mean"). Returns (output, weights).
+
+  >>> value = jnp.arange(6.0).reshape(1, 3, 1, 2)  # [B, S, K, H]
+  >>> has_key = jnp.array([[[True], [False]]])  # [B, T, N]: row 1 has no key
+  >>> fill_empty_rows(jnp.zeros((1, 2, 1, 2)), has_key, value, "mean")[0][0, 1, 0]
+  Array([2., 3.], dtype=float32)
+  """
+  if empty_rows not in EMPTY_ROWS:
+    raise ValueError(f"empty_rows must be one of {EMPTY_ROWS}, got {empty_rows!r}.")
+  if empty_rows == "zero":
+    return output, weights
+  query_valid = (None if query_seq_lengths is None
+                 else lengths_to_valid(query_seq_lengths, output.shape[-3]))
+  return uniform_empty_rows(output, has_key, value, weights, query_valid)
+
+
+def blockwise_empty_rows(run, value, empty_rows, *, return_residual: bool, can_be_empty: bool,
+                         query_seq_lengths=None):
+  """``fill_empty_rows`` for a blockwise kernel's call ``run(return_residual)`` -> out or (out,
+  lse, *extras), zeros and a log-sum-exp of -inf on a row with no key: the log-sum-exp is asked
+  for (and dropped again unless ``return_residual``) only when ``can_be_empty`` and
+  ``empty_rows`` is not "zero"."""
+  if empty_rows not in EMPTY_ROWS:
+    raise ValueError(f"empty_rows must be one of {EMPTY_ROWS}, got {empty_rows!r}.")
+  if empty_rows == "zero" or not can_be_empty:
+    return run(return_residual)
+  output, lse, *extras = run(True)
+  output, _ = fill_empty_rows(output, jnp.isfinite(lse), value, empty_rows, query_seq_lengths)
+  extras = [lse] * return_residual + extras
+  return (output, *extras) if extras else output
+
+
 def uniform_empty_rows(output, has_key, value, weights=None, query_valid=None):
   """jax.nn's and flax's answer for the query rows that have no key to attend to, given a
   kernel's zeros there: their masked logits are all equal, so the softmax is uniform and the row

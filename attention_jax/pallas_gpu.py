@@ -42,6 +42,7 @@ from jax.experimental import pallas as pl
 from attention_jax import _checks
 from attention_jax import block_masks
 from attention_jax import blocks as blocks_lib
+from attention_jax import masks as masks_lib
 from attention_jax import mods as mods_lib
 from attention_jax import structure
 from attention_jax import tangent as tangent_lib
@@ -953,13 +954,33 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
                          interpret: bool = False,
                          return_max_scores: bool = False, dropout_rate: float = 0.0,
                          dropout_rng=None, broadcast_dropout: bool = True,
-                         empty_rows: str | None = None):
+                         empty_rows: str = "mean"):
   """``dot_product_attention`` through the fused kernel: query [..., T, N, H], key/value
   [..., S, K, H] -> [..., T, N, H_v] (and the residual [..., T, N] with ``return_residual``);
-  a query row with no key gives zeros (``dot_product_attention``'s ``empty_rows`` decides what
-  it returns there). Inputs are assumed validated and servable (attention.KERNELS);
-  ``local_window_size`` as (left, right) or None."""
-  _checks.zeros_on_empty_rows(empty_rows, "pallas_gpu_attention")
+  a query row with no key gives what ``empty_rows`` asks (``masks.EMPTY_ROWS``: "mean", jax.nn's
+  answer, by default; or "zero"). Inputs are assumed validated and servable
+  (attention.KERNELS); ``local_window_size`` as (left, right) or None."""
+  can_be_empty = any(x is not None for x in (mask, local_window_size, key_value_seq_lengths,
+                                             query_segment_ids, mask_mod, block_mask))
+  run = lambda residual: _fused_attention(  # noqa: E731
+      query, key, value, mask, scale=scale, is_causal=is_causal,
+      local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
+      query_seq_lengths=query_seq_lengths, key_value_seq_lengths=key_value_seq_lengths,
+      query_segment_ids=query_segment_ids, key_segment_ids=key_segment_ids,
+      score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, return_residual=residual,
+      interpret=interpret, return_max_scores=return_max_scores, dropout_rate=dropout_rate,
+      dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout)
+  return masks_lib.blockwise_empty_rows(run, value, empty_rows, return_residual=return_residual,
+                                        can_be_empty=can_be_empty,
+                                        query_seq_lengths=query_seq_lengths)
+
+
+def _fused_attention(query, key, value, mask, *, scale, is_causal, local_window_size,
+                     logits_soft_cap, query_seq_lengths, key_value_seq_lengths,
+                     query_segment_ids, key_segment_ids, score_mod, mask_mod, block_mask,
+                     return_residual, interpret, return_max_scores, dropout_rate, dropout_rng,
+                     broadcast_dropout):
+  """``pallas_gpu_attention`` with zeros on a row with no key."""
   q_len, kv_len = query.shape[-3], key.shape[-3]
   blocks, kinds = _kernel_blocks(block_mask, BLOCK)
   mask_mod, block_mask = structure.translate(

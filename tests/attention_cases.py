@@ -20,7 +20,8 @@ def attention(*args, implementation=None, scale=None, block_q=4, block_k=3, **kw
   if implementation == "chunked_small_blocks":
     head_dim = args[0].shape[-1]
     scale = head_dim ** -0.5 if scale is None else scale
-    return aj.chunked_attention(*args, scale=scale, block_q=block_q, block_k=block_k, **kwargs)
+    return aj.chunked_attention(*args, scale=scale, block_q=block_q, block_k=block_k,
+                                **{"empty_rows": "zero", **kwargs})
   return aj.dot_product_attention(*args, scale=scale, implementation=implementation,
                                   **{"empty_rows": "zero", **kwargs})
 

@@ -238,18 +238,24 @@ def test_long_sequences_default_to_chunked_with_several_blocks_and_stay_exact(is
     assert_close(grad, expected_grad, 1e-5)
 
 
-def test_the_kernels_give_zeros_on_an_empty_row_and_dot_product_attention_its_one_default():
-  """One default (dot_product_attention's "mean", jax.nn's), applied by the dispatch: the blockwise
-  kernels called directly agree (zeros), and every implementation named gives the mean."""
+def test_the_kernels_and_dot_product_attention_share_one_empty_rows_default():
+  """One default ("mean", jax.nn's), applied by masks.fill_empty_rows on every path: the blockwise
+  kernels called directly give the mean too, zeros with empty_rows="zero", as does every
+  implementation named."""
   from attention_jax import pallas_gpu
   keys = jax.random.split(jax.random.key(0), 3)
   q, k, v = (jax.random.normal(key, (2, 16, 2, 8)) for key in keys)
   mask = jnp.ones((2, 1, 16, 16), bool).at[1, :, 3].set(False)  # example 1, row 3: no key
-  chunked = aj.chunked_attention(q, k, v, None, mask, scale=0.5)
-  fused = pallas_gpu.pallas_gpu_attention(q, k, v, mask, scale=0.5, interpret=True)
+  chunked = aj.chunked_attention(q, k, v, None, mask, scale=0.5, empty_rows="zero")
+  fused = pallas_gpu.pallas_gpu_attention(q, k, v, mask, scale=0.5, interpret=True,
+                                          empty_rows="zero")
   assert_close(fused, chunked, rtol=1e-5)
   assert float(jnp.max(jnp.abs(chunked[1, 3]))) == 0.0
   mean = jnp.mean(v[1], axis=0)  # [K, H]: the row's uniform weights
+  for default in (aj.chunked_attention(q, k, v, None, mask, scale=0.5),
+                  pallas_gpu.pallas_gpu_attention(q, k, v, mask, scale=0.5, interpret=True)):
+    assert_close(default[1, 3], mean, rtol=1e-5)
+    assert_close(default[0], chunked[0], rtol=1e-5)
   for implementation in ("reference", "xla", "chunked"):
     out = aj.dot_product_attention(q, k, v, mask=mask, scale=0.5, implementation=implementation)
     assert_close(out[1, 3], mean, rtol=1e-5)

@@ -336,7 +336,7 @@ def test_the_contracts_structure_as_mods_gives_the_reference(options):
   arrays = {name: value for name, value in options.items() if isinstance(value, np.ndarray)}
   options = {name: value for name, value in options.items() if name not in arrays}
   fused = lambda q, k, v, arrays: pallas_gpu.pallas_gpu_attention(
-      q, k, v, local_window_size=window, interpret=True, **arrays, **options)
+      q, k, v, local_window_size=window, interpret=True, empty_rows="zero", **arrays, **options)
   dense = lambda q, k, v, arrays: aj.dot_product_attention(
       q, k, v, local_window_size=window, implementation="reference", empty_rows="zero",
       **arrays, **options)

@@ -1,6 +1,5 @@
 """Malformed calls raise ValueError at trace time, naming the problem."""
 
-import importlib
 import types
 
 import jax
@@ -206,17 +205,30 @@ def test_deprecated_variant_fields_still_work_for_one_release_with_one_line():
   assert model.head_variant_options == (("schedule", "half_index"),)
 
 
-@pytest.mark.parametrize("name", ["chunked", "pallas_gpu"])
-def test_the_blockwise_kernels_former_empty_rows_names_where_it_lives(name):
-  """The blockwise kernels give zeros on an empty row: their former ``empty_rows="zero"`` still
-  runs, another value is refused in one line naming dot_product_attention's argument."""
-  kernel = getattr(importlib.import_module(f"attention_jax.{name}"), f"{name}_attention")
-  q = jnp.ones((1, 8, 2, 8))
-  mask = jnp.zeros((1, 1, 8, 8), bool)
-  interpret = {"interpret": True} if name == "pallas_gpu" else {}
-  if name == "chunked":
-    out = kernel(q, q, q, mask=mask, scale=0.5, empty_rows="zero")
-    assert not jnp.any(out)
-  with pytest.raises(ValueError, match=r"gives zeros on a query row with no key; for "
-                     r"empty_rows='mean' call dot_product_attention\(\.\.\., implementation="):
-    kernel(q, q, q, mask=mask, scale=0.5, empty_rows="mean", **interpret)
+def test_every_path_gives_jax_nn_s_answer_on_a_row_with_no_key_by_default():
+  """One empty_rows default ("mean"), applied by masks.fill_empty_rows on every path: the kernel
+  functions, dot_product_attention and context parallelism give jax.nn's answer on a row with
+  no key (the mean of the values) unless empty_rows="zero" asks for zeros; another value is one
+  line."""
+  from attention_jax import chunked, context_parallel, pallas_gpu
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, 8, 2, 8)), jnp.float32) for _ in range(3))
+  mask = jnp.ones((1, 1, 8, 8), bool).at[..., 3, :].set(False)  # row 3 has no key
+  expected = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=0.5)
+  mesh = jax.make_mesh((1,), ("seq",))
+  paths = {
+      "chunked_attention": lambda **kw: chunked.chunked_attention(q, k, v, mask=mask, scale=0.5,
+                                                                 **kw),
+      "pallas_gpu_attention": lambda **kw: pallas_gpu.pallas_gpu_attention(
+          q, k, v, mask=mask, scale=0.5, interpret=True, **kw),
+      "dot_product_attention": lambda **kw: aj.dot_product_attention(
+          q, k, v, mask=mask, scale=0.5, implementation="chunked", **kw),
+      "ContextParallel": lambda **kw: context_parallel.ContextParallel(mesh, "seq", "all_gather")(
+          q, k, v, mask=mask, scale=0.5, **kw)}
+  for name, attend in paths.items():
+    np.testing.assert_allclose(attend(), expected, rtol=1e-5, atol=1e-6, err_msg=name)
+    zeros = attend(empty_rows="zero")
+    assert not jnp.any(zeros[:, 3]) and jnp.allclose(zeros[:, :3], expected[:, :3], atol=1e-6)
+    with pytest.raises(ValueError, match=r"empty_rows must be one of \('mean', 'zero'\), got "
+                                         r"'nan'\."):
+      attend(empty_rows="nan")
