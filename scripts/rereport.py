@@ -52,6 +52,8 @@ STUDIES = {
     "positional_causal/randomized/results.csv": ("positional_causal", "randomized"),
     "farthest_floor/results.csv": ("farthest_floor", None),
     "heads_width/d32/results.csv": ("heads_width", "d32"),
+    "scale_optimiser/adam_dk16/results.csv": ("scale_optimiser", "adam_dk16"),
+    "scale_optimiser/adam_dk64/results.csv": ("scale_optimiser", "adam_dk64"),
     "heads_width/farthest_point/results.csv": ("heads_width", "farthest_point"),
 }
 # A superseded run's rows kept beside a study -> its comparisons.csv (no report, no figures)

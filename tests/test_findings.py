@@ -24,6 +24,8 @@ TABLES = [
      "attention_variants/controls/results.csv"),
     ("farthest_floor.py", "farthest_floor/predictions.md", "farthest_floor/results.csv"),
     ("heads_length.py", "heads_length/predictions.md", "heads_length/results.csv"),
+    ("scale_optimiser.py:adam", "scale_optimiser/predictions_adam.md",
+     "scale_optimiser/adam_dk16/results.csv;scale_optimiser/adam_dk64/results.csv"),
     ("heads_width.py", "heads_width/predictions.md",
      "heads_width/d32/results.csv;heads_width/farthest_point/results.csv"),
     ("positional_registered.py", "positional_registered/predictions.md",

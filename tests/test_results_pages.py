@@ -27,6 +27,8 @@ SEEDS = {
     "causal positions": (r"(\d+) for [^;]*positions in a causal model",
                          ["positional_causal/order", "positional_causal/even_pairs",
                           "positional_causal/randomized"]),
+    "scale apart from the optimiser": (r"(\d+) for [^;]*the scale apart from the optimiser",
+                                      ["scale_optimiser/adam_dk16", "scale_optimiser/adam_dk64"]),
     "heads against width": (r"(\d+) for [^;]*heads against width",
                             ["heads_width/d32", "heads_width/farthest_point"]),
     "heads and length": (r"(\d+) for heads and length", ["heads_length"]),
