@@ -189,9 +189,13 @@ def _finish(figure, axes, count) -> float:
   if len(axes) > count:
     axes[count].legend(handles, labels, loc="center", fontsize=figures.SMALLEST, frameon=False)
     return 0.0
-  figure.legend(handles, labels, fontsize=figures.SMALLEST, loc="lower center", ncol=3,
+  # as many columns (up to 3) as the longest label leaves room for across the figure: an entry
+  # is its marker (about 4 characters) and its label, a character about 0.6 of the font size
+  entry = (4 + max(map(len, labels), default=0)) * 0.6 * figures.SMALLEST / 72  # inches
+  columns = max(1, min(3, int(figure.get_figwidth() // entry)))
+  figure.legend(handles, labels, fontsize=figures.SMALLEST, loc="lower center", ncol=columns,
                 frameon=False)
-  return (0.2 * -(-len(labels) // 3) + 0.1) / figure.get_figheight()
+  return (0.2 * -(-len(labels) // columns) + 0.1) / figure.get_figheight()
 
 
 def _errorbars(axis, x, per_point, name, metric, index, count, log_x=False, style=None):

@@ -125,3 +125,19 @@ def test_the_design_paragraph_counts_the_comparisons_this_run_tested():
   chosen = verdicts.choose(records, "accuracy", design)
   (line, _) = report_tables.design_lines(design, chosen, 3, False)
   assert "and 1 comparison," in line and "declares 2; 1 of them" in line
+
+
+@pytest.mark.parametrize("label", ["h4", "dk64 QK-norm learned temperature"])
+def test_the_legend_under_the_panels_fits_the_figure_s_width(label):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  figure, axes = plt.subplots(1, 1, figsize=(4.8, 4), squeeze=False)
+  for i in range(4):
+    axes[0, 0].plot([0, 1], [i, i], label=f"{label} {i}")
+  report_plots._finish(figure, list(axes.flat), 1)
+  figure.canvas.draw()
+  (legend,) = figure.legends
+  box = legend.get_window_extent()
+  assert 0 <= box.x0 and box.x1 <= figure.bbox.width, (box, figure.bbox.width)
+  plt.close(figure)
