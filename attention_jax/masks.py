@@ -201,7 +201,7 @@ def fill_empty_rows(output, has_key, value, empty_rows, query_seq_lengths=None, 
 def blockwise_empty_rows(run, value, empty_rows, *, return_residual: bool, can_be_empty: bool,
                          query_seq_lengths=None):
   """``fill_empty_rows`` for a blockwise kernel's call ``run(return_residual)`` -> out or (out,
-  lse, *extras), zeros and a log-sum-exp of -inf on a row with no key: the log-sum-exp is asked
+  lse, ``*extras``), zeros and a log-sum-exp of -inf on a row with no key: the log-sum-exp is asked
   for (and dropped again unless ``return_residual``) only when ``can_be_empty`` and
   ``empty_rows`` is not "zero"."""
   if empty_rows not in EMPTY_ROWS:
