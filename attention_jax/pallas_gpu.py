@@ -152,7 +152,7 @@ def _cond(params, inputs):
 
 def _scan(params, inputs):
   """lax.scan without inputs to scan over (lax.fori_loop with static bounds is one), unrolled."""
-  num_consts, num_carry = _scan_layout(params)
+  num_consts, num_carry = mods_lib.scan_layout(params)
   body = params["jaxpr"]
   consts, carry = inputs[:num_consts], inputs[num_consts:num_consts + num_carry]
   if len(inputs) > num_consts + num_carry or len(
@@ -165,17 +165,6 @@ def _scan(params, inputs):
   for _ in range(params["length"]):
     carry = _run_closed(body, list(consts) + list(carry))
   return carry
-
-
-def _scan_layout(params) -> tuple[int, int]:
-  """(constants, carries) among a scan's inputs: jax 0.10 names the counts, jax 0.12 gives the
-  groups (constants, carries, xs) as flat trees of leaves."""
-  if "num_consts" in params:
-    return params["num_consts"], params["num_carry"]
-  groups = params["ft_in"]
-  consts, carry, _ = groups.unflatten() if hasattr(groups, "unflatten") else groups
-  count = lambda group: len(jax.tree_util.tree_leaves(group, is_leaf=lambda x: x is None))
-  return count(consts), count(carry)
 
 
 def _while(params, inputs):
