@@ -52,6 +52,7 @@ STUDIES = {
     "positional_causal/randomized/results.csv": ("positional_causal", "randomized"),
     "farthest_floor/results.csv": ("farthest_floor", None),
     "heads_width/d32/results.csv": ("heads_width", "d32"),
+    "heads_width/d64/results.csv": ("heads_width", "d64"),
     "scale_optimiser/adam_dk16/results.csv": ("scale_optimiser", "adam_dk16"),
     "scale_optimiser/adam_dk64/results.csv": ("scale_optimiser", "adam_dk64"),
     "heads_width/farthest_point/results.csv": ("heads_width", "farthest_point"),

@@ -27,7 +27,8 @@ TABLES = [
     ("scale_optimiser.py:adam", "scale_optimiser/predictions_adam.md",
      "scale_optimiser/adam_dk16/results.csv;scale_optimiser/adam_dk64/results.csv"),
     ("heads_width.py", "heads_width/predictions.md",
-     "heads_width/d32/results.csv;heads_width/farthest_point/results.csv"),
+     "heads_width/d32/results.csv;heads_width/d64/results.csv;"
+     "heads_width/farthest_point/results.csv"),
     ("positional_registered.py", "positional_registered/predictions.md",
      "positional_registered/results.csv"),
     ("positional_causal.py:order", "positional_causal/predictions_order.md",
