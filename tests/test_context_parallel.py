@@ -4,7 +4,6 @@
 under vmap: values and gradients against the
 unsharded float64 numpy reference. Malformed calls are one-line ValueErrors."""
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 import attention_jax as aj
-from training_helpers import EIGHT_CPU_DEVICES
+from training_helpers import EIGHT_CPU_DEVICES, on_eight_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # One worker runs the module, so that its one 8-device subprocess (the fixture) runs once.
@@ -153,10 +152,7 @@ print(json.dumps({"results": results, "errors": errors}))
 
 @pytest.fixture(scope="module")
 def outcome():
-  result = subprocess.run([sys.executable, "-c", PROGRAM], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
-  assert result.returncode == 0, result.stderr[-3000:]
-  return json.loads(result.stdout.strip().splitlines()[-1])
+  return on_eight_devices(PROGRAM)
 
 
 def test_both_strategies_equal_the_float64_reference_on_eight_devices(outcome):
@@ -272,10 +268,7 @@ def test_a_length_padded_to_whole_shards_on_a_mesh_with_explicit_axes():
   or not: values and gradients equal jax.nn's (it failed on the padded output's sharding before;
   automatic axes served it), rows with no key included (the mean of the values, jax.nn's answer
   and the library's one empty_rows default; zeros before)."""
-  result = subprocess.run([sys.executable, "-c", PADDED_ON_EXPLICIT_AXES], cwd=ROOT,
-                          capture_output=True, text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
-  assert result.returncode == 0, result.stderr[-3000:]
-  errors = json.loads(result.stdout.strip().splitlines()[-1])
+  errors = on_eight_devices(PADDED_ON_EXPLICIT_AXES)
   assert len(errors) == 4
   for case, relative_error in errors.items():
     assert relative_error <= 1e-5, (case, relative_error)

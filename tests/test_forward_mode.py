@@ -222,16 +222,8 @@ def test_forward_mode_and_second_order_through_context_parallelism():
   """Both strategies on 8 simulated devices (the ring in the zigzag layout), causal, grouped
   queries, lengths and a score_mod's table, against the unsharded float64 reference; and the
   blockwise kernel inside a user's shard_map over the batch with a replicated bias and table."""
-  import json
-  import os
-  import subprocess
-  import sys
-  from training_helpers import EIGHT_CPU_DEVICES
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  result = subprocess.run([sys.executable, "-c", CONTEXT_PARALLEL], cwd=root,
-                          capture_output=True, text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
-  assert result.returncode == 0, result.stderr[-3000:]
-  errors = json.loads(result.stdout.strip().splitlines()[-1])
+  from training_helpers import on_eight_devices
+  errors = on_eight_devices(CONTEXT_PARALLEL)
   # jvp, linearize, jacfwd; the second orders per input (q, k, v, table; and bias in shard_map)
   assert len(errors) == 2 * (3 + 2 * 4) + 3 + 2 * 5
   for case, relative_error in errors.items():
@@ -305,16 +297,8 @@ def test_a_trained_table_read_through_cond_or_scan_in_a_mod_inside_a_users_shard
   inside a user's shard_map over the batch (the table replicated, lengths per shard): the
   table's gradient and its reverse-over-forward second derivative against the float64
   reference (lax.cond failed before: its branch's pvary met a table that varies already)."""
-  import json
-  import os
-  import subprocess
-  import sys
-  from training_helpers import EIGHT_CPU_DEVICES
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  result = subprocess.run([sys.executable, "-c", CONTROL_FLOW_IN_A_MOD], cwd=root,
-                          capture_output=True, text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
-  assert result.returncode == 0, result.stderr[-3000:]
-  errors = json.loads(result.stdout.strip().splitlines()[-1])
+  from training_helpers import on_eight_devices
+  errors = on_eight_devices(CONTROL_FLOW_IN_A_MOD)
   assert len(errors) == 4
   for case, relative_error in errors.items():
     assert relative_error <= 1e-5, (case, relative_error)

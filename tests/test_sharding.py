@@ -2,16 +2,7 @@
 heads, with check_vma on, as by default) and under jit with NamedSharding inputs, on 8 simulated
 devices: values and gradients equal to the unsharded float64 reference."""
 
-import json
-import os
-import subprocess
-import sys
-
-import pytest
-
-from training_helpers import EIGHT_CPU_DEVICES
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from training_helpers import on_eight_devices
 
 PROGRAM = r"""
 import json, sys
@@ -74,10 +65,7 @@ print(json.dumps(results))
 
 
 def test_every_cpu_implementation_runs_sharded_on_eight_devices():
-  result = subprocess.run([sys.executable, "-c", PROGRAM], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
-  assert result.returncode == 0, result.stderr[-3000:]
-  errors = json.loads(result.stdout.strip().splitlines()[-1])
+  errors = on_eight_devices(PROGRAM)
   assert len(errors) == 13
   for case, relative_error in errors.items():
     assert relative_error <= 1e-5, (case, relative_error)

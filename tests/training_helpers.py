@@ -16,6 +16,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EIGHT_CPU_DEVICES = {  # for a subprocess's environment (keeping the flags conftest.py set)
     "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8",
     "JAX_PLATFORMS": "cpu"}
+
+
+def on_eight_devices(program: str):
+  """The JSON ``program`` (Python source) prints last, run in a fresh Python on eight simulated
+  CPU devices; a failure of the program fails the test with its stderr."""
+  import json
+  import subprocess
+  result = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, **EIGHT_CPU_DEVICES})
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 TINY = {
     "task_options.max_length": 12, "task_options.num_train": 512, "task_options.num_test": 64,
     "model.d_model": 16, "model.num_heads": 2, "model.num_layers": 1, "model.mlp_dim": 32,
