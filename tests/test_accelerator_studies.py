@@ -44,8 +44,9 @@ def test_the_positional_accelerator_preset_tests_at_two_four_and_eight_times_the
   assert all(low == previous + 1 for (low, _), (_, previous) in
              zip(test_lengths, ((0, train_length),) + test_lengths[:-1]))
   assert config.train.model.max_length == test_lengths[-1][1]  # the embedding covers every test
+  longest = "length_{}_{}".format(*test_lengths[-1])  # the primary's set, validated on too
   assert set(config.extra_evals) == {f"length_{low}_{high}" for low, high in test_lengths} | {
-      "validation"}
+      "validation", f"validation_{longest}"}
   assert {name for name, _ in config.variants} == {
       f"{task}-{name}" for task in tasks for name in positional.ACCELERATOR_ENCODINGS}
   assert (config.num_seeds, config.train.num_train_steps, tuple(config.grid.learning_rate)) == (
