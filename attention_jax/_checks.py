@@ -217,7 +217,7 @@ def reverse_only(kernel, name: str):
         raise ValueError(message) from None
       outs, out_tree = jax.tree.flatten(out)
       residuals, pullback_tree = jax.tree.flatten(pullback)
-      d_outs = tangent_lib.linear(functools.partial(_refuse, message),
+      d_outs = tangent_lib.linear(functools.partial(tangent_lib.refuse, message),
                                   functools.partial(_pull, pullback_tree, out_tree),
                                   (tuple(outs), tuple(residuals)), tuple(tangents),
                                   like=tuple(outs), second_order=message)
@@ -234,11 +234,6 @@ def forward_mode_refusal(name: str) -> str:
           "(jax.hessian, a jvp of a grad, a grad of a jvp) are refused; use "
           "implementation='chunked', whose tangent serves them all (on a GPU, 'pallas_gpu' "
           "serves first order).")
-
-
-def _refuse(message, residuals, tangents):
-  del residuals, tangents
-  raise ValueError(message)
 
 
 def _pull(pullback_tree, out_tree, residuals, cotangents):

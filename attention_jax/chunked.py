@@ -588,7 +588,8 @@ def backward(q, k, v, bias, mask, extras, mods, pattern, geometry, out, lse, d_o
   stacked_bytes = 4 * batch * num_heads * sum(c.size for c in trained)  # d_mod of every pair
   # Under shard_map a trained constant's gradient passes a psum inside the heads' vmap, which
   # jax 0.8 cannot batch: one head at a time there.
-  small_constants = not trained or (stacked_bytes <= blocks.PAIR_BLOCK_BYTES and not mods_lib.varying_axes(q))
+  small_constants = not trained or (stacked_bytes <= blocks.PAIR_BLOCK_BYTES
+                                    and not mods_lib.varying_axes(q))
   if bias is None and geometry.pairs_per_step and small_constants:
     # Nothing large carried from head to head: several query heads side by side; the gradients
     # of a key/value head (and the score_mod's constants) summed over its query heads after.
@@ -753,9 +754,10 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
   >>> chunked_attention(q, k, v, scale=0.125, is_causal=True, block_q=256, block_k=256).shape
   (2, 512, 4, 64)
   """
-  can_be_empty = sinks is None and normalizer == "softmax" and any(
-      x is not None for x in (mask, local_window_size, key_value_seq_lengths, query_segment_ids,
-                              mask_mod, block_mask))
+  # with sinks a row always has the sink; sigmoid attention weighs each key on its own (an
+  # empty row is zeros by definition): "mean" applies to softmax rows only
+  structure = () if sinks is not None or normalizer != "softmax" else (
+      mask, local_window_size, key_value_seq_lengths, query_segment_ids, mask_mod, block_mask)
   return masks_lib.blockwise_empty_rows(
       lambda residual: _chunked_attention(
           query, key, value, bias, mask, scale=scale, is_causal=is_causal,
@@ -766,7 +768,7 @@ def chunked_attention(query, key, value, bias=None, mask=None, *, scale: float,
           mask_mod=mask_mod, block_mask=block_mask, sinks=sinks, normalizer=normalizer,
           sigmoid_bias=sigmoid_bias, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
           broadcast_dropout=broadcast_dropout, return_max_scores=return_max_scores),
-      value, empty_rows, return_residual=return_residual, can_be_empty=can_be_empty,
+      value, empty_rows, return_residual=return_residual, structure=structure,
       query_seq_lengths=query_seq_lengths)
 
 

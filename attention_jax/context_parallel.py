@@ -406,8 +406,6 @@ def context_parallel_attention(
                                   query_segment_ids, key_segment_ids))
   general_mask = None if mask is None or _is_key_mask(mask) else mask
   _check_request(query, key, bias, general_mask, strategy)
-  can_be_empty = any(x is not None for x in (mask, key_value_seq_lengths, query_segment_ids,
-                                             local_window_size, mask_mod))
   run = functools.partial(
       _sharded, query, key, value, bias, mask, mesh=mesh, axis_name=axis_name,
       strategy=strategy, is_causal=is_causal, scale=scale, zigzag=zigzag, chunks=chunks,
@@ -415,9 +413,9 @@ def context_parallel_attention(
       query_segment_ids=query_segment_ids, key_segment_ids=key_segment_ids,
       local_window_size=local_window_size, logits_soft_cap=logits_soft_cap, block_q=block_q,
       block_k=block_k, score_mod=score_mod, mask_mod=mask_mod)
-  return masks_lib.blockwise_empty_rows(run, value, empty_rows, return_residual=False,
-                                        can_be_empty=can_be_empty,
-                                        query_seq_lengths=query_seq_lengths)
+  return masks_lib.blockwise_empty_rows(
+      run, value, empty_rows, return_residual=False, query_seq_lengths=query_seq_lengths,
+      structure=(mask, key_value_seq_lengths, query_segment_ids, local_window_size, mask_mod))
 
 
 def _sharded(query, key, value, bias, mask, return_residual, *, mesh, axis_name, strategy,

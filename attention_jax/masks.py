@@ -198,15 +198,17 @@ def fill_empty_rows(output, has_key, value, empty_rows, query_seq_lengths=None, 
   return uniform_empty_rows(output, has_key, value, weights, query_valid)
 
 
-def blockwise_empty_rows(run, value, empty_rows, *, return_residual: bool, can_be_empty: bool,
+def blockwise_empty_rows(run, value, empty_rows, *, return_residual: bool, structure,
                          query_seq_lengths=None):
   """``fill_empty_rows`` for a blockwise kernel's call ``run(return_residual)`` -> out or (out,
-  lse, ``*extras``), zeros and a log-sum-exp of -inf on a row with no key: the log-sum-exp is asked
-  for (and dropped again unless ``return_residual``) only when ``can_be_empty`` and
-  ``empty_rows`` is not "zero"."""
+  lse, ``*extras``), zeros and a log-sum-exp of -inf on a row with no key. ``structure``: the
+  call's arguments that can leave a row with no key (a mask, a window, key lengths, segment
+  ids, a mask_mod or block mask; a causal mask alone cannot); the log-sum-exp is asked for (and
+  dropped again unless ``return_residual``) only when one of them is given and ``empty_rows``
+  is not "zero"."""
   if empty_rows not in EMPTY_ROWS:
     raise ValueError(f"empty_rows must be one of {EMPTY_ROWS}, got {empty_rows!r}.")
-  if empty_rows == "zero" or not can_be_empty:
+  if empty_rows == "zero" or all(x is None for x in structure):
     return run(return_residual)
   output, lse, *extras = run(True)
   output, _ = fill_empty_rows(output, jnp.isfinite(lse), value, empty_rows, query_seq_lengths)

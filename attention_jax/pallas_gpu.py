@@ -949,8 +949,6 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
   a query row with no key gives what ``empty_rows`` asks (``masks.EMPTY_ROWS``: "mean", jax.nn's
   answer, by default; or "zero"). Inputs are assumed validated and servable
   (attention.KERNELS); ``local_window_size`` as (left, right) or None."""
-  can_be_empty = any(x is not None for x in (mask, local_window_size, key_value_seq_lengths,
-                                             query_segment_ids, mask_mod, block_mask))
   run = lambda residual: _fused_attention(  # noqa: E731
       query, key, value, mask, scale=scale, is_causal=is_causal,
       local_window_size=local_window_size, logits_soft_cap=logits_soft_cap,
@@ -959,9 +957,11 @@ def pallas_gpu_attention(query, key, value, mask=None, *, scale: float, is_causa
       score_mod=score_mod, mask_mod=mask_mod, block_mask=block_mask, return_residual=residual,
       interpret=interpret, return_max_scores=return_max_scores, dropout_rate=dropout_rate,
       dropout_rng=dropout_rng, broadcast_dropout=broadcast_dropout)
-  return masks_lib.blockwise_empty_rows(run, value, empty_rows, return_residual=return_residual,
-                                        can_be_empty=can_be_empty,
-                                        query_seq_lengths=query_seq_lengths)
+  return masks_lib.blockwise_empty_rows(
+      run, value, empty_rows, return_residual=return_residual,
+      query_seq_lengths=query_seq_lengths, structure=(
+          mask, local_window_size, key_value_seq_lengths, query_segment_ids, mask_mod,
+          block_mask))
 
 
 def _fused_attention(query, key, value, mask, *, scale, is_causal, local_window_size,

@@ -110,7 +110,7 @@ def _forward_only(f, message):
 
   def rule(primals, tangents):
     outs, d_outs = jax.jvp(lambda *x: tuple(f(*x)), primals, tangents)
-    return outs, tuple(linear(_identity, functools.partial(_refuse, message), (outs,),
+    return outs, tuple(linear(_identity, functools.partial(refuse, message), (outs,),
                               tuple(d_outs), like=outs))
   run.defjvp(rule)
   return run
@@ -121,8 +121,10 @@ def _identity(residuals, tangents):
   return tuple(tangents)
 
 
-def _refuse(message, residuals, cotangents):
-  del residuals, cotangents
+def refuse(message, residuals, arrays):
+  """A ``fn`` or ``transpose`` for ``linear`` that is never served: raises ``message`` (bind it
+  with functools.partial)."""
+  del residuals, arrays
   raise ValueError(message)
 
 

@@ -13,8 +13,9 @@ across lines other than at a hyphen or a slash ("defa|ult"), pages without a tit
 whose smallest axis text is under 9 px as shown (the size a PNG saved by experiments.figures.save
 records, or, for a PNG that records none, the size scripts/figure_text.py measures from its
 pixels less the measure's tolerance, times the figure's shown width over its drawn width; a
-figure with neither is counted as unchecked). Mathematics is left out (MathJax's glyphs overhang their boxes by a few pixels,
-visibly nothing). Exit status 1 if any page has one, or any figure is unchecked.
+figure with neither is counted as unchecked). Mathematics is left out (MathJax's glyphs
+overhang their boxes by a few pixels, visibly nothing). Exit status 1 if any page has one, or
+any figure is unchecked.
 """
 
 from __future__ import annotations
