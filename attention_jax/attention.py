@@ -523,9 +523,11 @@ def _chunked(query, key, value, r: Request, options):  # whole blocks outside th
 
 
 def _mean_rows(result, has_key, value, r: Request):
-  """``empty_rows="mean"``, for every kernel: a kernel's result (zeros on a row with no key) with
-  jax.nn's answer there, the mean of the values (and uniform weights, if returned); ``has_key``
-  [..., T, N] says which rows have a key. Rows past ``query_seq_lengths`` stay zeros."""
+  """``empty_rows="mean"`` for the kernels run on one dense mask (``_dense``; the blockwise ones
+  apply it themselves, masks.blockwise_empty_rows): a kernel's result (zeros on a row with no
+  key) with jax.nn's answer there, the mean of the values (and uniform weights, if returned);
+  ``has_key`` [..., T, N] says which rows have a key. Rows past ``query_seq_lengths`` stay
+  zeros."""
   output, *extras = result if isinstance(result, tuple) else (result,)
   weights = extras[0] if r.return_weights else None
   output, weights = masks_lib.fill_empty_rows(output, has_key, value, r.empty_rows,
