@@ -157,8 +157,25 @@ def _named(options, name: str) -> str:
   return f"{name} at {options['at']}" if "at" in options else name
 
 
+def _unmeasured(study, options, name, a, b) -> Check | None:
+  """A check of times to a threshold that neither arm reaches in any seed: every value sits at
+  the censoring horizon, so the data bound both times from below and compare nothing (a
+  difference of 0 there is no evidence of "same" or of "no faster"). Untestable, at p = 1."""
+  measure = study.measures[options.get("measure", "primary")]
+  if measure.read != "steps":
+    return None
+  values = study.values(options)
+  if all(v >= measure.censored_at for v in (*values[a].values(), *values[b].values())):
+    return Check(name, f"neither arm reaches the threshold in any seed (every time censored at "
+                       f"{measure.censored_at:g}): not measurable", 1.0, lambda q: None)
+  return None
+
+
 def above(study, options, a, b) -> Check:
   name = _named(options, f"{a} > {b}")
+  unmeasured = _unmeasured(study, options, name, a, b)
+  if unmeasured is not None:
+    return unmeasured
   found = study.in_family(options, a, b)
   if found is not None:
     row, sign = found
@@ -177,11 +194,14 @@ def not_above(study, options, a, b) -> Check:
 
 
 def within(study, options, a, b, margin) -> Check:
+  name = _named(options, f"{a} ~ {b} (within {margin:g})")
+  unmeasured = _unmeasured(study, options, name, a, b)
+  if unmeasured is not None:
+    return unmeasured
   values = study.values(options)
   c = difference(values, a, b)
   p = statistics.equivalence(*_pair(values, a, b), margin)
-  return Check(_named(options, f"{a} ~ {b} (within {margin:g})"),
-                _text(c) + f"; TOST p {p:.2g}", p, lambda q: q < study.alpha)
+  return Check(name, _text(c) + f"; TOST p {p:.2g}", p, lambda q: q < study.alpha)
 
 
 def _mean(values, a) -> float:

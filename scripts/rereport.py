@@ -55,6 +55,7 @@ STUDIES = {
     "heads_width/d64/results.csv": ("heads_width", "d64"),
     "scale_optimiser/adam_dk16/results.csv": ("scale_optimiser", "adam_dk16"),
     "scale_optimiser/adam_dk64/results.csv": ("scale_optimiser", "adam_dk64"),
+    "scale_optimiser/sgd_dk16/results.csv": ("scale_optimiser", "sgd_dk16"),
     "heads_width/farthest_point/results.csv": ("heads_width", "farthest_point"),
 }
 # A superseded run's rows kept beside a study -> its comparisons.csv (no report, no figures)

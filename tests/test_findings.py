@@ -26,6 +26,8 @@ TABLES = [
     ("heads_length.py", "heads_length/predictions.md", "heads_length/results.csv"),
     ("scale_optimiser.py:adam", "scale_optimiser/predictions_adam.md",
      "scale_optimiser/adam_dk16/results.csv;scale_optimiser/adam_dk64/results.csv"),
+    ("scale_optimiser.py:sgd", "scale_optimiser/predictions_sgd.md",
+     "scale_optimiser/sgd_dk16/results.csv"),
     ("heads_width.py", "heads_width/predictions.md",
      "heads_width/d32/results.csv;heads_width/d64/results.csv;"
      "heads_width/farthest_point/results.csv"),
@@ -120,6 +122,24 @@ def test_within_needs_the_difference_inside_the_margin_by_tost():
   values = _arms(a=0.30, b=0.31, far=0.5)
   assert _decide(values, ("within", "a", "b", 0.05), ("within", "far", "b", 0.05)) == [
       True, False]
+
+
+def test_times_that_neither_arm_reaches_are_not_measurable_not_equal():
+  """Steps to a threshold censored at 1300 in every seed of both arms: a difference of 0 that
+  says nothing, so "within" and "above" are untestable there, not held or failed."""
+  horizon = 1300.0
+  never = dict.fromkeys(range(SEEDS), math.nan)
+  values = {"a": never, "b": never, "solved": {s: 200.0 + 10 * s for s in range(SEEDS)}}
+  declaration = {"setting": "s", "measures": {"primary": {
+      "column": "steps_to_threshold", "read": "steps", "censored_at": horizon}},
+      "predictions": (("P0", "s", (("within", "a", "b", 100),)),
+                      ("P1", "s", (("above", "a", "b"),)),
+                      ("P2", "s", (("above", "a", "solved"),)))}
+  records = _records(values, "steps_to_threshold")
+  decided = findings.decide(declaration, {findings.RESULTS: records})
+  assert [checks[0][1] for _, _, checks in decided] == [None, None, True]
+  assert "not measurable" in decided[0][2][0][2]
+  assert "| untestable | **not tested** |" in findings.table(decided, "s")
 
 
 def test_recovers_half_reads_the_means_and_is_untestable_without_a_gap():
