@@ -46,7 +46,14 @@ at p = 1, as an undecidable null check does: running less never loosens the rest
   (option ``every_seed``: every seed's value below / above it);
 - "near_chance" a level: the interval of a's mean accuracy at most level;
 - "reaches" a level: a's test accuracy at least ``level`` in every seed at its chosen rate;
-- "rates_inside": every arm's chosen learning rate lies inside the rates it tried.
+- "rates_inside": every arm's chosen learning rate lies inside the rates it tried;
+- "rate_transfers" arms transfers: whether the best learning rate moves along ``arms`` (one
+  setting each, e.g. d_k 16, 64, 256): per seed, the index in the grid of the rate with the best
+  validation accuracy (ties: the lower validation loss); Friedman's test across the arms, seeds as
+  blocks, at alpha unadjusted (option ``steps``, 1: the most the mean index may move from the
+  first arm to the last). With ``transfers`` True it holds where the test does not reject and the
+  mean index moves at most ``steps`` (a declared rule, not an equivalence test); with False,
+  where the test rejects.
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ class Check:
   held: Callable[[float], bool | None]
   p_adjusted: float | None = None
   null: bool = False  # a declared null check: at best not tested, refuted where held is False
+  unadjusted: bool = False  # declared at alpha without Holm's correction (its text says so)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,10 +288,40 @@ def rates_inside(study, options):
           "; ".join(edges) or f"all {len(choices)} arms")
 
 
+def _best_rate_index(record, seed) -> int:
+  """The index in ``record``'s grid of the rate whose validation accuracy is best for ``seed``
+  (ties: the lower validation loss)."""
+  m = record["metrics"]
+  grid = sorted(set(map(float, m["learning_rate"])))
+  rows = [i for i, s in enumerate(m["seed"]) if int(s) == seed]
+  best = max(rows, key=lambda i: (float(m["validation_accuracy"][i]),
+                                  -float(m["validation_loss"][i])))
+  return grid.index(float(m["learning_rate"][best]))
+
+
+def rate_transfers(study, options, arms, transfers):
+  by_arm = {r["variant"]: r for r in study.records[RESULTS] if r["variant"] in arms}
+  seeds = sorted(set.intersection(*(set(map(int, by_arm[a]["metrics"]["seed"])) for a in arms)))
+  index = np.array([[_best_rate_index(by_arm[a], s) for a in arms] for s in seeds])  # [seeds, arms]
+  p = statistics.friedman(index)
+  means = index.mean(axis=0)
+  steps = options.get("steps", 1)
+  moved = abs(means[-1] - means[0])
+  name = f"best rate {'transfers' if transfers else 'moves'} along {', '.join(arms)}"
+  text = (f"best-rate index (mean over {len(seeds)} seeds) "
+          + ", ".join(f"{a} {m:.2g}" for a, m in zip(arms, means))
+          + f"; moved {moved:.2g} (at most {steps:g}); Friedman p {p:.2g}, at "
+          f"{study.alpha:g} unadjusted, as declared")
+  held_ = ((lambda q: q >= study.alpha and moved <= steps) if transfers
+           else (lambda q: q < study.alpha))
+  return Check(name, text, p, held_, p_adjusted=p, unadjusted=True)
+
+
 KINDS = {"above": above, "not_above": not_above, "within": within,
          "largest_drop": largest_drop, "recovers_half": recovers_half,
          "short_of_half": short_of_half, "below": below, "above_level": above_level,
-         "near_chance": near_chance, "reaches": reaches, "rates_inside": rates_inside}
+         "near_chance": near_chance, "reaches": reaches, "rates_inside": rates_inside,
+         "rate_transfers": rate_transfers}
 
 
 def _arms(arguments) -> list[str]:
@@ -353,7 +391,7 @@ def decide(declaration, records=None, *, values=None, family=None) -> list[tuple
         q, family_words = ((check.p_adjusted, STUDY_FAMILY) if check.p_adjusted is not None
                            else (holm[id(check)], OTHER_CHECKS))
         verdict = None if math.isnan(q) else check.held(q)
-        text = f"{check.text}; Holm {q:.2g} {family_words}"
+        text = check.text if check.unadjusted else f"{check.text}; Holm {q:.2g} {family_words}"
         if check.null and verdict is None:
           text += f"; {NOT_TESTED}"
         check = (check.name, verdict, text)

@@ -397,6 +397,20 @@ def equivalence(a, b, margin: float, paired: bool = True) -> float:
   return equivalence_test("", "", "", a, b, margin, paired=paired).p
 
 
+def friedman(blocks) -> float:
+  """Friedman's test that the settings (columns of ``blocks``, [seeds, settings]) differ, seeds
+  as blocks: scipy's p, and 1 where every block is constant (nothing moves; its statistic is
+  0/0 there).
+
+  >>> friedman([[2, 2, 2]] * 10), round(friedman([[1, 2, 3]] * 10), 4)
+  (1.0, 0.0)
+  """
+  blocks = np.asarray(blocks)
+  if (blocks == blocks[:, :1]).all():
+    return 1.0
+  return float(stats.friedmanchisquare(*blocks.T).pvalue)
+
+
 def seeds_beyond_chance(meeting: int, seeds: int, chance: float, alpha: float,
                         min_share: float) -> tuple[float, bool]:
   """A prediction that each seed meets a criterion: scipy.stats.binomtest of ``meeting`` of

@@ -142,6 +142,39 @@ def test_times_that_neither_arm_reaches_are_not_measurable_not_equal():
   assert "| untestable | **not tested** |" in findings.table(decided, "s")
 
 
+def _rate_records(best: dict, rates=(1e-4, 1e-3, 1e-2), seeds=10) -> list[dict]:
+  """Records over a grid of ``rates`` whose validation accuracy peaks, per seed, at the rate
+  index best[arm](seed); the other rates tie at 0.5 and are told apart by the loss."""
+  records = []
+  for arm, index in best.items():
+    metrics = {k: [] for k in ("seed", "learning_rate", "validation_accuracy", "validation_loss")}
+    for s in range(seeds):
+      for i, rate in enumerate(rates):
+        metrics["seed"].append(s)
+        metrics["learning_rate"].append(rate)
+        metrics["validation_accuracy"].append(0.9 if i == index(s) else 0.5)
+        metrics["validation_loss"].append(0.1 if i == index(s) else 1.0 - 0.1 * i)
+    records.append({"variant": arm, "status": "ok", "metrics": metrics})
+  return records
+
+
+def test_rate_transfers_reads_each_seeds_best_rate_by_friedman_s_test():
+  stay = {f"stay{d}": (lambda s: 1 + (s % 4 == 0)) for d in (16, 64, 256)}  # 1 or 2 alike
+  move = {f"move{d}": (lambda s, i=i: min(i + (s % 3 == 0), 2))
+          for i, d in enumerate((16, 64, 256))}
+  declaration = {"setting": "s", "measures": {"primary": {"column": "eval_nmse"}},
+                 "predictions": tuple(
+                     (f"P{i}", "s", (("rate_transfers", tuple(f"{kind}{d}" for d in (16, 64, 256)),
+                                      transfers),))
+                     for i, (kind, transfers) in enumerate(
+                         (("stay", True), ("stay", False), ("move", True), ("move", False))))}
+  decided = findings.decide(declaration, {findings.RESULTS: _rate_records({**stay, **move})})
+  assert [checks[0][1] for _, _, checks in decided] == [True, False, False, True]
+  # the moving arms' mean index: 0.4, 1.4, 2 (seeds 0, 3, 6, 9 one step up, capped at 2)
+  assert "move16 0.4, move64 1.4, move256 2" in decided[3][2][0][2]
+  assert "unadjusted" in decided[3][2][0][2] and "Holm" not in decided[3][2][0][2]
+
+
 def test_recovers_half_reads_the_means_and_is_untestable_without_a_gap():
   values = _arms(worse=0.6, better=0.2, most=0.3, little=0.55)
   assert _decide(values, ("recovers_half", "most", "worse", "better"),

@@ -153,8 +153,9 @@ def predictions(mode="adam") -> dict:
     none_qlr_half above inv_sqrt at d_k 64.
   mup (Yang et al. 2022):
   - M1 (1/d_k trains as well at its own best rate): inv within MARGIN of inv_sqrt at d_k 16
-    and 64. The rate transfer is read by the module docstring's Friedman rule, not here: the
-    prediction is that 1/d_k's best rate transfers and 1/sqrt(d_k)'s does not.
+    and 64.
+  - M2, M3 (the rate transfer, by the module docstring's Friedman rule, at alpha unadjusted):
+    1/d_k's best rate transfers across d_k 16, 64 and 256 (M2) and 1/sqrt(d_k)'s does not (M3).
   Every mode, the design D: inv_sqrt reaches 0.95 in every seed, every chosen rate inside the
   rates tried (adam, sgd); Wortsman et al.'s threshold is read descriptively on the page.
   """
@@ -178,7 +179,12 @@ def predictions(mode="adam") -> dict:
                   + (("A3", f"d_k {at}", within("qk_norm_learned", both)),),
           "sgd": (("S1", f"d_k {at}", within("none_qlr_full", both)),)
                  + ((("S2", f"d_k {large}", above("none_qlr_half")),) if has_large else ()),
-          "mup": (("M1", f"d_k {at}", within("inv", both)),) if both else ()}
+          "mup": ((("M1", f"d_k {at}", within("inv", both)),) if both else ())
+                 + tuple((label, "d_k " + ", ".join(map(str, SPLITS["mup"])),
+                          (("rate_transfers", tuple(name(arm, d) for d in SPLITS["mup"]),
+                            transfers),))
+                         for label, arm, transfers in (("M2", "inv", True),
+                                                       ("M3", "inv_sqrt", False)))}
   return {
       "setting": "arms",
       "measures": {
