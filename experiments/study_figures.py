@@ -167,7 +167,40 @@ def nmse_by_length_and_width(declaration, records, directory: str) -> None:
               os.path.join(directory, "nmse_by_length.png"))
 
 
+def rate_transfer(declaration, records, directory: str) -> None:
+  """scale_optimiser's mup design: rate_transfer.png, validation accuracy against the learning
+  rate (mean and 95% interval over seeds), a panel per logit scale (arms dk<d_k>_<scale>) and a
+  line per d_k, each line's best mean marked: where the best rate sits as d_k grows."""
+  by_scale = {}
+  for record in records[measures.RESULTS]:
+    head_dim, _, scale = record["variant"].partition("_")
+    by_scale.setdefault(scale, {})[int(head_dim.removeprefix("dk"))] = record["metrics"]
+  words = {"inv_sqrt": "1/sqrt(d_k)", "inv": "1/d_k (muP)"}
+  figure, axes = plt.subplots(1, len(by_scale), figsize=(3.8 * len(by_scale), 3.6),
+                              squeeze=False, sharey=True, layout="constrained")
+  for axis, scale in zip(axes[0], sorted(by_scale, key=len, reverse=True)):
+    for k, (head_dim, m) in enumerate(sorted(by_scale[scale].items())):
+      rates = sorted(set(map(float, m["learning_rate"])))
+      per_rate = [[float(a) for a, r in zip(m["validation_accuracy"], m["learning_rate"])
+                   if float(r) == rate] for rate in rates]
+      means, errors = report_plots.yerr(per_rate, "eval_accuracy")
+      axis.errorbar(rates, means, yerr=errors, marker="o", capsize=3, color=f"C{k}",
+                    label=f"d_k {head_dim}")
+      best = int(np.argmax(means))
+      axis.plot(rates[best], means[best], marker="*", markersize=14, color=f"C{k}",
+                markeredgecolor="black")
+    axis.set_xscale("log")
+    tried = sorted({float(r) for m in by_scale[scale].values() for r in m["learning_rate"]})
+    axis.set_xticks(tried, [f"{r:.2g}" for r in tried], minor=False)
+    axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    axis.set_xlabel("learning rate")
+    axis.set_title(words.get(scale, scale))
+    axis.legend(fontsize=8)
+  axes[0][0].set_ylabel("validation accuracy (mean, 95% interval)\n★ best mean rate")
+  figures.save(figure, os.path.join(directory, "rate_transfer.png"), dpi=110)
+
+
 FIGURES = {"nmse_by_heads": nmse_by_heads, "nmse_by_heads_accelerator": nmse_by_heads_accelerator,
            "nmse_by_heads_and_length": nmse_by_heads_and_length,
            "nmse_by_length_and_width": nmse_by_length_and_width,
-           "accuracy_at_chosen_rates": accuracy_at_chosen_rates}
+           "accuracy_at_chosen_rates": accuracy_at_chosen_rates, "rate_transfer": rate_transfer}

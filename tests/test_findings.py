@@ -175,6 +175,14 @@ def test_rate_transfers_reads_each_seeds_best_rate_by_friedman_s_test():
   assert "unadjusted" in decided[3][2][0][2] and "Holm" not in decided[3][2][0][2]
 
 
+def test_the_rate_transfer_figure_draws_a_panel_per_scale(tmp_path):
+  from experiments import study_figures
+  records = _rate_records({f"dk{d}_{scale}": (lambda s: 1) for d in (16, 64, 256)
+                           for scale in ("inv", "inv_sqrt")})
+  study_figures.rate_transfer(None, {findings.RESULTS: records}, str(tmp_path))
+  assert (tmp_path / "rate_transfer.png").stat().st_size > 10_000
+
+
 def test_recovers_half_reads_the_means_and_is_untestable_without_a_gap():
   values = _arms(worse=0.6, better=0.2, most=0.3, little=0.55)
   assert _decide(values, ("recovers_half", "most", "worse", "better"),

@@ -186,6 +186,7 @@ def predictions(mode="adam") -> dict:
                          for label, arm, transfers in (("M2", "inv", True),
                                                        ("M3", "inv_sqrt", False)))}
   return {
+      **({"figure": "rate_transfer"} if base == "mup" else {}),
       "setting": "arms",
       "measures": {
           "primary": {"column": "steps_to_threshold", "read": "steps",
