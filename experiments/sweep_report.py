@@ -248,10 +248,47 @@ def write_from_csv(csv_path) -> dict:
                 extra_evaluations(records))
 
 
+def merge_csv(paths, out_path) -> None:
+  """One results.csv at ``out_path`` from the results.csv of sweeps that ran one design in parts
+  (its learning rates split over several half-hour sweeps): every row as written, each with its
+  own provenance. Refused where the parts declare different designs or repeat a run (a
+  variant, seed and learning rate twice)."""
+  columns, table, designs, seen = [], [], set(), set()
+  for path in paths:
+    with open(path, newline="") as f:
+      reader = csv.DictReader(f)
+      part = list(reader)
+    columns += [c for c in reader.fieldnames if c not in columns]
+    designs.add(verdicts.Design.of_rows(part))
+    runs = {(r["variant"], r["seed"], r["learning_rate"]) for r in part if r["status"] == "ok"}
+    if runs & seen:
+      raise ValueError(f"{path} repeats runs of an earlier part, e.g. "
+                       f"{sorted(runs & seen)[0]}; give each part once.")
+    seen |= runs
+    table += part
+  if len(designs) != 1:
+    raise ValueError("the parts declare different designs (arms, comparisons or test): merge "
+                     "only the parts of one sweep config's mode.")
+  os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+  with open(out_path, "w", newline="") as f:
+    writer = csv.DictWriter(f, columns, restval="")
+    writer.writeheader()
+    writer.writerows(table)
+
+
 if __name__ == "__main__":
   parser = argparse.ArgumentParser(description=write_from_csv.__doc__)
   parser.add_argument("--from_csv", required=True, nargs="+", help="results.csv files")
-  for csv_path in parser.parse_args().from_csv:
+  parser.add_argument("--merge", default=None, help="write the parts given by --from_csv (one "
+                      "design's learning rates run as several sweeps) as this one results.csv, "
+                      "and its report beside it")
+  args = parser.parse_args()
+  if args.merge:
+    try:
+      merge_csv(args.from_csv, args.merge)
+    except (OSError, ValueError, KeyError) as error:
+      raise SystemExit(f"error: {args.merge}: {error}") from None
+  for csv_path in [args.merge] if args.merge else args.from_csv:
     try:
       paths = write_from_csv(csv_path)
     except (OSError, ValueError, KeyError, StopIteration) as error:

@@ -97,3 +97,16 @@ def test_each_mode_of_the_study_is_valid_and_powered_and_its_controls_reparametr
         name.split("_", 1)[1], 1.0)
     assert value["query_lr_scale"] == pytest.approx(expected)
   assert config.train.optimizer == ("sgd" if mode.startswith("sgd") else "adamw")
+
+
+def test_the_rate_splits_of_a_d_k_train_its_whole_grid_once_and_declare_one_design():
+  from configs.ablations import scale_optimiser
+  from experiments import verdicts
+  whole = scale_optimiser.get_config("mup_dk256")
+  parts = [scale_optimiser.get_config(f"mup_dk256_lr{rate}")
+           for rate in scale_optimiser.RATE_SPLITS["mup_dk256"]]
+  assert sorted(r for part in parts for r in part.grid.learning_rate) == sorted(
+      whole.grid.learning_rate)
+  assert {verdicts.Design.of_sweep(c, "accuracy") for c in parts} == {
+      verdicts.Design.of_sweep(whole, "accuracy")}
+  assert all(part.variants == whole.variants and part.bracket == 0 for part in parts)

@@ -89,6 +89,37 @@ def test_the_report_is_made_again_from_results_csv_alone(tmp_path):
     assert os.path.getsize(path) > (5000 if path.endswith(".png") else 100), kind
 
 
+def _by_rate(records, rate):
+  """``records`` cut to the runs at learning rate ``rate``: one part of a sweep split by rate."""
+  part = []
+  for record in records:
+    keep = [i for i, r in enumerate(record["metrics"]["learning_rate"]) if r == rate]
+    part.append({**record, "metrics": {k: [v[i] for i in keep]
+                                       for k, v in record["metrics"].items()}})
+  return part
+
+
+def test_a_design_run_as_sweeps_split_by_rate_merges_into_the_whole_sweep_s_report(tmp_path):
+  records = _records()
+  sweep_report.write_csv(records, tmp_path / "whole.csv", DESIGN)
+  for rate in (1e-3, 1e-2):
+    sweep_report.write_csv(_by_rate(records, rate), tmp_path / f"part_{rate:g}.csv", DESIGN)
+  parts = [str(tmp_path / "part_0.001.csv"), str(tmp_path / "part_0.01.csv")]
+  sweep_report.merge_csv(parts, tmp_path / "merged" / "results.csv")
+  whole, merged = (verdicts.compare_both(
+      verdicts.choose(*(lambda r: (r, sweep_report.measure_of(r)))(
+          sweep_report.read_csv(path)[0]), DESIGN), DESIGN)
+      for path in (tmp_path / "whole.csv", tmp_path / "merged" / "results.csv"))
+  assert merged == whole and whole
+  with pytest.raises(ValueError, match="repeats runs"):
+    sweep_report.merge_csv(parts + parts[:1], tmp_path / "twice.csv")
+  other = DESIGN.__class__(**{**DESIGN.__dict__, "baseline": "heads_4",
+                              "comparisons": (("heads_1", "heads_4"),)})
+  sweep_report.write_csv(_by_rate(records, 1e-2), tmp_path / "other.csv", other)
+  with pytest.raises(ValueError, match="different designs"):
+    sweep_report.merge_csv(parts[:1] + [str(tmp_path / "other.csv")], tmp_path / "mixed.csv")
+
+
 def test_table_intervals_stay_inside_the_measures_range_in_one_style():
   assert report_tables.mean_cell([0.0001, 0.0002, 0.0009], "eval_nmse").startswith("0.0004 [")
   cell = report_tables.mean_cell([0.5, 1.0, 1.0], "eval_accuracy")

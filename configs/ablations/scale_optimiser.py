@@ -46,6 +46,10 @@ seeds and test cannot reach alpha):
   each: a whole mode is more than 30 minutes on the 2 shared cores (one arm of adam at d_k 64, 30
   replicas, ran at about 3 steps a second under load: about 7 minutes an arm), so the CPU study
   runs as these splits, each split's predictions the rows at its d_k;
+- ``mup_dk256_lr1e-4``, ..., ``mup_dk256_lr1e-2`` (RATE_SPLITS): d_k 256 at one rate each (its
+  projections are four times d_k 64's, and d_k 64 took most of a half hour at three rates), then ``python -m
+  experiments.sweep_report --merge=<dir>/mup_dk256/results.csv --from_csv <each part's
+  results.csv>`` writes the one results.csv (and report) of mup_dk256 that findings reads;
 - ``accelerator``: the adam mode's arms on one GPU, d_k 64, 256 and 1024, 2000 steps;
 - ``quick``: a smoke test of the pipeline.
 
@@ -66,9 +70,13 @@ from configs import mqar
 from configs.ablations import check_mode, sweep_config
 
 SPLITS = {"adam": (16, 64), "sgd": (16, 64), "mup": (16, 64, 256)}
-#: each design whole, or one d_k of it ("adam_dk64"): one d_k is one sweep of at most 30 minutes
+#: a d_k too slow for one half-hour sweep: its grid split further, a rate per sweep
+RATE_SPLITS = {"mup_dk256": ("1e-4", "3e-4", "1e-3", "3e-3", "1e-2")}
+#: each design whole, or one d_k of it ("adam_dk64"): one d_k is one sweep of at most 30 minutes,
+#: or one rate of it ("mup_dk256_lr3e-4"), the parts merged into one results.csv after
 MODES = ("adam", "sgd", "mup", "quick", "accelerator") + tuple(
-    f"{base}_dk{d}" for base, dims in SPLITS.items() for d in dims)
+    f"{base}_dk{d}" for base, dims in SPLITS.items() for d in dims) + tuple(
+    f"{split}_lr{rate}" for split, rates in RATE_SPLITS.items() for rate in rates)
 HEAD_DIMS = {"adam": (16, 64), "sgd": (16, 64), "mup": (16, 64, 256), "quick": (16,)}
 ARMS = {"adam": ("inv_sqrt", "none", "none_qlr_half", "qk_norm_learned"),
         "sgd": ("inv_sqrt", "none", "none_qlr_half", "none_qlr_full"),
@@ -110,8 +118,14 @@ def design(mode):
   mode = mode or "adam"
   if mode == "accelerator":
     return "adam", ACCELERATOR_HEAD_DIMS, ACCELERATOR_STEPS
-  base, _, head_dim = mode.partition("_dk")
+  base, _, head_dim = mode.split("_lr")[0].partition("_dk")
   return base, (int(head_dim),) if head_dim else HEAD_DIMS[base], STEPS
+
+
+def learning_rates(mode) -> tuple[float, ...]:
+  """The grid ``mode`` trains: its design's, or one rate of it for a rate split."""
+  split, _, rate = (mode or "adam").partition("_lr")
+  return (float(rate),) if rate else LEARNING_RATES[design(split)[0]]
 
 
 def get_config(mode="adam"):
@@ -127,7 +141,7 @@ def get_config(mode="adam"):
       bracket=0 if base == "mup" else 2,
       contrasts=((name(arm, d), name("inv_sqrt", d)) for d in head_dims for arm in arms[1:]),
       variants=(variant(arm, d, length) for d in head_dims for arm in arms),
-      seeds=NUM_SEEDS, learning_rates=LEARNING_RATES[base],
+      seeds=NUM_SEEDS, learning_rates=learning_rates(mode),
       predictions=f"configs/ablations/scale_optimiser.py:{mode}")
   sweep.train.grad_clip_norm = 0.0
   sweep.train.optimizer = OPTIMIZER.get(base, "adamw")
