@@ -39,6 +39,10 @@ at p = 1, as an undecidable null check does: running less never loosens the rest
   margin cannot be given after the run: "not tested for equivalence (no margin declared before
   the run)"), and it fails where a is shown above b, tested as "above" is;
 - "within" a b margin: a within ``margin`` of b, shown by two one-sided tests (TOST);
+- on times to a threshold (a measure read as "steps"), the seeds in which neither arm reaches
+  it carry no difference: "within" leaves them out (counting them as 0 would pull toward
+  "within"), and a check whose arms reach it in no seed is untestable, at p = 1 in the family
+  it would have been decided in;
 - "recovers_half" a worse better: a's mean at most halfway from the worse arm's to the better's
   (untestable unless worse is above better at raw p < alpha); "short_of_half": the opposite;
 - "largest_drop" chain at: the largest fall of the mean along the arms ``chain`` is at ``at``;
@@ -165,30 +169,40 @@ def _named(options, name: str) -> str:
   return f"{name} at {options['at']}" if "at" in options else name
 
 
-def _unmeasured(study, options, name, a, b) -> Check | None:
-  """A check of times to a threshold that neither arm reaches in any seed: every value sits at
-  the censoring horizon, so the data bound both times from below and compare nothing (a
-  difference of 0 there is no evidence of "same" or of "no faster"). Untestable, at p = 1."""
+def _both_censored(study, options, a, b) -> set[int]:
+  """The seeds in which neither arm reaches the threshold of a times-to-threshold measure: both
+  times sit at the censoring horizon, which bounds them from below and compares nothing."""
   measure = study.measures[options.get("measure", "primary")]
   if measure.read != "steps":
-    return None
+    return set()
   values = study.values(options)
-  if all(v >= measure.censored_at for v in (*values[a].values(), *values[b].values())):
-    return Check(name, f"neither arm reaches the threshold in any seed (every time censored at "
-                       f"{measure.censored_at:g}): not measurable", 1.0, lambda q: None)
-  return None
+  return {s for s in set(values[a]) & set(values[b])
+          if min(values[a][s], values[b][s]) >= measure.censored_at}
+
+
+def _unmeasured(study, options, a, b) -> str | None:
+  """Why a check of times to a threshold cannot be decided: neither arm reaches it in any seed
+  (a difference of 0 there is no evidence of "same" or of "no faster"); None where one does."""
+  values = study.values(options)
+  if _both_censored(study, options, a, b) != set(values[a]) & set(values[b]):
+    return None
+  horizon = study.measures[options.get("measure", "primary")].censored_at
+  return (f"neither arm reaches the threshold in any seed (every time censored at "
+          f"{horizon:g}): not measurable")
 
 
 def above(study, options, a, b) -> Check:
   name = _named(options, f"{a} > {b}")
-  unmeasured = _unmeasured(study, options, name, a, b)
-  if unmeasured is not None:
-    return unmeasured
+  unmeasured = _unmeasured(study, options, a, b)
   found = study.in_family(options, a, b)
   if found is not None:
     row, sign = found
+    if unmeasured:  # untestable, its row still in the study's family
+      return Check(name, unmeasured, row.p, lambda q: None, row.p_adjusted)
     return Check(name, _family_text(row, sign, a, b), row.p,
                  lambda q: sign * row.estimate > 0 and q < study.alpha, row.p_adjusted)
+  if unmeasured:
+    return Check(name, unmeasured, 1.0, lambda q: None)
   c = difference(study.values(options), a, b, options.get("paired", True))
   return Check(name, _text(c), c.p, lambda q: c.estimate > 0 and q < study.alpha)
 
@@ -202,14 +216,21 @@ def not_above(study, options, a, b) -> Check:
 
 
 def within(study, options, a, b, margin) -> Check:
+  """TOST on the seeds paired; seeds in which neither arm reaches a threshold (times censored in
+  both) carry no difference and are left out, since counting them as 0 would pull toward
+  "within"."""
   name = _named(options, f"{a} ~ {b} (within {margin:g})")
-  unmeasured = _unmeasured(study, options, name, a, b)
-  if unmeasured is not None:
-    return unmeasured
-  values = study.values(options)
+  unmeasured = _unmeasured(study, options, a, b)
+  if unmeasured:
+    return Check(name, unmeasured, 1.0, lambda q: None)
+  left = _both_censored(study, options, a, b)
+  values = {arm: {s: v for s, v in by_seed.items() if s not in left}
+            for arm, by_seed in study.values(options).items() if arm in (a, b)}
   c = difference(values, a, b)
   p = statistics.equivalence(*_pair(values, a, b), margin)
-  return Check(name, _text(c) + f"; TOST p {p:.2g}", p, lambda q: q < study.alpha)
+  note = (f"; {len(left)} seed(s) where neither arm reaches the threshold left out" if left
+          else "")
+  return Check(name, _text(c) + f"; TOST p {p:.2g}" + note, p, lambda q: q < study.alpha)
 
 
 def _mean(values, a) -> float:
@@ -288,32 +309,50 @@ def rates_inside(study, options):
           "; ".join(edges) or f"all {len(choices)} arms")
 
 
-def _best_rate_index(record, seed) -> int:
-  """The index in ``record``'s grid of the rate whose validation accuracy is best for ``seed``
-  (ties: the lower validation loss)."""
-  m = record["metrics"]
-  grid = sorted(set(map(float, m["learning_rate"])))
-  rows = [i for i, s in enumerate(m["seed"]) if int(s) == seed]
-  best = max(rows, key=lambda i: (float(m["validation_accuracy"][i]),
-                                  -float(m["validation_loss"][i])))
-  return grid.index(float(m["learning_rate"][best]))
+def _runs(record) -> dict[tuple[int, float], int]:
+  """{(seed, learning rate): the row of ``record``'s metrics} of its finished runs."""
+  seeds = record["metrics"]["seed"]
+  return {(int(seeds[i]), rate): i for rate, rows in verdicts.by_rate(record).items()
+          for i in rows}
 
 
 def rate_transfers(study, options, arms, transfers):
-  by_arm = {r["variant"]: r for r in study.records[RESULTS] if r["variant"] in arms}
-  seeds = sorted(set.intersection(*(set(map(int, by_arm[a]["metrics"]["seed"])) for a in arms)))
-  index = np.array([[_best_rate_index(by_arm[a], s) for a in arms] for s in seeds])  # [seeds, arms]
+  records = study.records[study.measures[options.get("measure", "primary")].source]
+  runs = {r["variant"]: _runs(r) for r in records if r["variant"] in arms}
+  by_arm = {r["variant"]: r for r in records if r["variant"] in arms}
+  grid = sorted({rate for a in arms for _, rate in runs[a]})
+  every_seed = [{s for s, _ in runs[a]} for a in arms]
+  seeds = sorted(set.intersection(*every_seed))
+  name = f"best rate {'transfers' if transfers else 'moves'} along {', '.join(arms)}"
+  lacking = [f"{a} at seed {s}, rate {r:g}" for a in arms for s in seeds for r in grid
+             if (s, r) not in runs[a]]
+  if len(grid) < 2 or len(arms) < 3 or lacking:
+    why = (f"{len(grid)} rate(s) tried" if len(grid) < 2 else f"{len(arms)} settings, "
+           "Friedman's test needs 3" if len(arms) < 3 else
+           f"not every arm ran every rate ({lacking[0]} missing: a part not merged?)")
+    return Check(name, f"{why}: not measurable", 1.0, lambda q: None, p_adjusted=1.0,
+                 unadjusted=True)
+  on = verdicts.chosen_on(list(by_arm.values()))  # validation, else eval (said in the text)
+
+  def best(arm, seed) -> int:  # index in the grid of the best accuracy (ties: lower loss)
+    m, rows = by_arm[arm]["metrics"], runs[arm]
+    return max(range(len(grid)), key=lambda k: verdicts.score(
+        {column: [m[column][rows[seed, grid[k]]]] for column in (f"{on}_accuracy", f"{on}_loss")},
+        on, "accuracy"))
+
+  index = np.array([[best(a, s) for a in arms] for s in seeds])  # [seeds, arms]
   p = statistics.friedman(index)
   means = index.mean(axis=0)
   steps = options.get("steps", 1)
   moved = abs(means[-1] - means[0])
-  name = f"best rate {'transfers' if transfers else 'moves'} along {', '.join(arms)}"
-  text = (f"best-rate index (mean over {len(seeds)} seeds) "
+  dropped = max(len(s) for s in every_seed) - len(seeds)
+  text = (f"best-rate index on the {on} stream (mean over {len(seeds)} seeds"
+          + (f", {dropped} not in every arm left out" if dropped else "") + ") "
           + ", ".join(f"{a} {m:.2g}" for a, m in zip(arms, means))
           + f"; moved {moved:.2g} (at most {steps:g}); Friedman p {p:.2g}, at "
           f"{study.alpha:g} unadjusted, as declared")
-  held_ = ((lambda q: q >= study.alpha and moved <= steps) if transfers
-           else (lambda q: q < study.alpha))
+  held_ = ((lambda q: bool(q >= study.alpha and moved <= steps)) if transfers
+           else (lambda q: bool(q < study.alpha)))
   return Check(name, text, p, held_, p_adjusted=p, unadjusted=True)
 
 

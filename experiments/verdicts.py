@@ -140,7 +140,7 @@ class Chosen:
 
   def at(self, rate: float) -> "Chosen | None":
     """This variant at another ``rate`` of its grid (None where the grid lacks it)."""
-    indices = _by_rate(self.record).get(float(rate))
+    indices = by_rate(self.record).get(float(rate))
     if indices is None:
       return None
     metrics = {name: [values[i] for i in indices]
@@ -158,14 +158,14 @@ def chosen_on(records) -> str:
                                         for r in finished) else "eval"
 
 
-def _by_rate(record) -> dict[float, list[int]]:
+def by_rate(record) -> dict[float, list[int]]:
   rates = {}
   for index, rate in enumerate(record["metrics"]["learning_rate"]):
     rates.setdefault(float(rate), []).append(index)
   return rates
 
 
-def _score(metrics, prefix: str, measure: str) -> tuple[float, float]:
+def score(metrics, prefix: str, measure: str) -> tuple[float, float]:
   """Higher is better: the mean measure on ``prefix`` (negated for an NMSE), then -loss."""
   sign = 1.0 if MEASURES[measure] else -1.0
   values = np.asarray(metrics[f"{prefix}_{measure}"], np.float64)
@@ -217,13 +217,13 @@ def choose(records, measure: str, design: "Design | None" = None) -> list[Chosen
     own = design if design is not None else record.get("design")
     timed = on == VALIDATION and for_time([record], own)
     prefix = on if timed or on != VALIDATION else (_primary_stream([record], own, measure) or on)
-    rates = _by_rate(record)
+    rates = by_rate(record)
     arms = {rate: {name: [values[i] for i in indices]
                    for name, values in record["metrics"].items()}
             for rate, indices in rates.items()}
-    score = ((lambda r: (_time_score(arms[r], own), *_score(arms[r], prefix, measure)))
-             if timed else (lambda r: _score(arms[r], prefix, measure)))
-    rate = max(arms, key=score)
+    rank = ((lambda r: (_time_score(arms[r], own), *score(arms[r], prefix, measure)))
+            if timed else (lambda r: score(arms[r], prefix, measure)))
+    rate = max(arms, key=rank)
     edge = ("" if len(rates) < 2 else "lowest" if rate == min(rates)
             else "highest" if rate == max(rates) else "")
     chosen.append(Chosen(record["variant"], rate, arms[rate], edge, prefix, record,

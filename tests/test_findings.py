@@ -173,6 +173,26 @@ def test_rate_transfers_reads_each_seeds_best_rate_by_friedman_s_test():
   # the moving arms' mean index: 0.4, 1.4, 2 (seeds 0, 3, 6, 9 one step up, capped at 2)
   assert "move16 0.4, move64 1.4, move256 2" in decided[3][2][0][2]
   assert "unadjusted" in decided[3][2][0][2] and "Holm" not in decided[3][2][0][2]
+  # a diverged run (NaN) never wins, first in its seed's rows or not; a grid with a hole, or
+  # two settings, decides nothing
+  nan_first = _rate_records({f"stay{d}": (lambda s: 1) for d in (16, 64, 256)})
+  for record in nan_first:
+    m = record["metrics"]
+    order = sorted(range(len(m["seed"])), key=lambda i: -m["learning_rate"][i])
+    record["metrics"] = {k: [v[i] for i in order] for k, v in m.items()}
+    m = record["metrics"]
+    m["validation_accuracy"][0], m["validation_loss"][0] = math.nan, math.nan
+  holey = _rate_records({f"stay{d}": (lambda s: 1) for d in (16, 64, 256)})
+  for k, v in holey[1]["metrics"].items():
+    holey[1]["metrics"][k] = v[1:]
+  arms3 = tuple(f"stay{d}" for d in (16, 64, 256))
+  for records, arms, expected, words in (
+      (nan_first, arms3, True, "stay16 1, stay64 1, stay256 1"),
+      (holey, arms3, None, "stay64 at seed 0, rate 0.0001 missing"),
+      (nan_first, arms3[:2], None, "2 settings, Friedman's test needs 3")):
+    declaration = {**declaration, "predictions": (("P", "s", (("rate_transfers", arms, True),)),)}
+    [(_, _, [(_, held, text)])] = findings.decide(declaration, {findings.RESULTS: records})
+    assert held is expected and words in text, text
 
 
 def test_the_rate_transfer_figure_draws_a_panel_per_scale(tmp_path):
