@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments import figures, measures, report_plots  # noqa: E402
+from experiments import figures, measures, report_plots, verdicts  # noqa: E402
 
 HEADS = (1, 2, 4, 8, 16)  # heads_binding's head counts on the CPU
 # Words for the extra arms' names in the legend of nmse_by_heads.
@@ -174,23 +174,25 @@ def rate_transfer(declaration, records, directory: str) -> None:
   by_scale = {}
   for record in records[measures.RESULTS]:
     head_dim, _, scale = record["variant"].partition("_")
-    by_scale.setdefault(scale, {})[int(head_dim.removeprefix("dk"))] = record["metrics"]
+    by_scale.setdefault(scale, {})[int(head_dim.removeprefix("dk"))] = record
   words = {"inv_sqrt": "1/sqrt(d_k)", "inv": "1/d_k (muP)"}
   figure, axes = plt.subplots(1, len(by_scale), figsize=(3.8 * len(by_scale), 3.6),
                               squeeze=False, sharey=True, layout="constrained")
   for axis, scale in zip(axes[0], sorted(by_scale, key=len, reverse=True)):
-    for k, (head_dim, m) in enumerate(sorted(by_scale[scale].items())):
-      rates = sorted(set(map(float, m["learning_rate"])))
-      per_rate = [[float(a) for a, r in zip(m["validation_accuracy"], m["learning_rate"])
-                   if float(r) == rate] for rate in rates]
-      means, errors = report_plots.yerr(per_rate, "eval_accuracy")
+    for k, (head_dim, record) in enumerate(sorted(by_scale[scale].items())):
+      rows = sorted(verdicts.by_rate(record).items())
+      rates = [rate for rate, _ in rows]
+      accuracy = record["metrics"]["validation_accuracy"]
+      means, errors = report_plots.yerr([[accuracy[i] for i in at] for _, at in rows],
+                                        "eval_accuracy")
       axis.errorbar(rates, means, yerr=errors, marker="o", capsize=3, color=f"C{k}",
                     label=f"d_k {head_dim}")
-      best = int(np.argmax(means))
+      best = int(np.argmax(np.nan_to_num(means, nan=-np.inf)))  # a diverged rate is never best
       axis.plot(rates[best], means[best], marker="*", markersize=14, color=f"C{k}",
                 markeredgecolor="black")
     axis.set_xscale("log")
-    tried = sorted({float(r) for m in by_scale[scale].values() for r in m["learning_rate"]})
+    tried = sorted({rate for record in by_scale[scale].values()
+                    for rate in verdicts.by_rate(record)})
     axis.set_xticks(tried, [f"{r:.2g}" for r in tried], minor=False)
     axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     axis.set_xlabel("learning rate")

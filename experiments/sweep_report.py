@@ -251,14 +251,18 @@ def write_from_csv(csv_path) -> dict:
 def merge_csv(paths, out_path) -> None:
   """One results.csv at ``out_path`` from the results.csv of sweeps that ran one design in parts
   (its learning rates split over several half-hour sweeps): every row as written, each with its
-  own provenance. Refused where the parts declare different designs or repeat a run (a
-  variant, seed and learning rate twice)."""
-  columns, table, designs, seen = [], [], set(), set()
+  own provenance. Refused where the parts declare different designs, write different columns,
+  repeat a run (a variant, seed and learning rate twice) or leave a hole (a variant without a
+  seed and rate that another has: a part not given)."""
+  columns, table, designs, seen = None, [], set(), set()
   for path in paths:
     with open(path, newline="") as f:
       reader = csv.DictReader(f)
       part = list(reader)
-    columns += [c for c in reader.fieldnames if c not in columns]
+    if columns is not None and reader.fieldnames != columns:
+      raise ValueError(f"{path} writes other columns than {paths[0]} (different versions of the "
+                       "sweep?): merge only the parts of one sweep config's mode at one commit.")
+    columns = reader.fieldnames
     designs.add(verdicts.Design.of_rows(part))
     runs = {(r["variant"], r["seed"], r["learning_rate"]) for r in part if r["status"] == "ok"}
     if runs & seen:
@@ -269,6 +273,13 @@ def merge_csv(paths, out_path) -> None:
   if len(designs) != 1:
     raise ValueError("the parts declare different designs (arms, comparisons or test): merge "
                      "only the parts of one sweep config's mode.")
+  cells = {(seed, rate) for _, seed, rate in seen}
+  for variant in sorted({v for v, _, _ in seen}):
+    missing = cells - {(s, r) for v, s, r in seen if v == variant}
+    if missing:
+      seed, rate = sorted(missing)[0]
+      raise ValueError(f"{variant} has no run at seed {seed}, learning rate {rate} that another "
+                       "variant has: give every part of the sweep.")
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   with open(out_path, "w", newline="") as f:
     writer = csv.DictWriter(f, columns, restval="")

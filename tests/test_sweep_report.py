@@ -118,6 +118,16 @@ def test_a_design_run_as_sweeps_split_by_rate_merges_into_the_whole_sweep_s_repo
   sweep_report.write_csv(_by_rate(records, 1e-2), tmp_path / "other.csv", other)
   with pytest.raises(ValueError, match="different designs"):
     sweep_report.merge_csv(parts[:1] + [str(tmp_path / "other.csv")], tmp_path / "mixed.csv")
+  # a part with one variant's runs missing, or written with other columns
+  lacking = [records[0]] + _by_rate(records[1:], 1e-2)
+  sweep_report.write_csv(lacking, tmp_path / "lacking.csv", DESIGN)
+  with pytest.raises(ValueError, match="heads_4 has no run at seed 0, learning rate 0.001"):
+    sweep_report.merge_csv([str(tmp_path / "lacking.csv")], tmp_path / "holey.csv")
+  fewer = [{**r, "metrics": {k: v for k, v in r["metrics"].items() if k != "init_entropy"}}
+           for r in _by_rate(records, 1e-2)]
+  sweep_report.write_csv(fewer, tmp_path / "fewer.csv", DESIGN)
+  with pytest.raises(ValueError, match="other columns"):
+    sweep_report.merge_csv(parts[:1] + [str(tmp_path / "fewer.csv")], tmp_path / "cols.csv")
 
 
 def test_table_intervals_stay_inside_the_measures_range_in_one_style():

@@ -59,10 +59,14 @@ paired test's smallest p (2/1024) survives Holm over the family. Wortsman et al.
 largest attention logit passes about 1e4 diverge; every run records its peak largest logit
 (peak_max_attention_logit) and where it diverged (diverged_at): the page tabulates the two.
 Rate transfer (mup mode): per d_k and arm, the index in the grid of the rate with the best mean
-validation accuracy over the seeds; "transfers" is decided by the per-seed best-rate index:
-a Friedman test (scipy.stats.friedmanchisquare) across the three d_k, seeds as blocks, per arm;
-1/d_k transfers when that test does not reject at 0.05 and the mean index moves by at most one
-grid step between 16 and 256; 1/sqrt(d_k) does not when it rejects. Predictions, committed before
+validation accuracy over the seeds (drawn: study_figures.rate_transfer); "transfers" is decided
+by the per-seed best-rate index (the rate with the seed's best validation accuracy; ties, as at
+accuracy 1, to the lower validation loss, as the sweeps' own rate choice breaks them): a
+Friedman test (scipy.stats.friedmanchisquare) across the three d_k, seeds as blocks, per arm;
+1/d_k transfers when that test does not reject at 0.05 and the mean over seeds of that index
+moves by at most one grid step between 16 and 256; 1/sqrt(d_k) does not when it rejects (M2,
+M3; findings' rate_transfers). Not rejecting is not an equivalence test, and a rejection does
+not size the move: the page reads both beside the figure. Predictions, committed before
 any full run: ``predictions`` below (python -m experiments.findings).
 """
 
