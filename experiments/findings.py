@@ -30,8 +30,9 @@ disagree. The other tested checks are corrected together (Holm, over those check
 declared null checks no test could decide, which count at p = 1: the family is what was declared
 before the run) before any is called held. A prediction holds when all its checks do; it is not
 tested when none fails and one could not be tested. A check naming an arm the results given do
-not hold (a study run in part, some of its sweeps) is "not run" and counts in that Holm family
-at p = 1, as an undecidable null check does: running less never loosens the rest. The kinds:
+not hold (a study run in part, some of its sweeps) is "not run" and, where run it would be
+tested in that Holm family (HOLM_KINDS), counts there at p = 1, as an undecidable null check
+does: running less never loosens the rest. The kinds:
 
 - "above" a b: a's value above b's, the exact sign-flip test's (unpaired: the permutation
   test's) Holm-adjusted p < alpha;
@@ -356,6 +357,9 @@ def rate_transfers(study, options, arms, transfers):
   return Check(name, text, p, held_, p_adjusted=p, unadjusted=True)
 
 
+# The kinds decided by a p in the family of the other checks (the rest read means or designs,
+# or, as rate_transfers, are declared at alpha unadjusted)
+HOLM_KINDS = ("above", "not_above", "within")
 KINDS = {"above": above, "not_above": not_above, "within": within,
          "largest_drop": largest_drop, "recovers_half": recovers_half,
          "short_of_half": short_of_half, "below": below, "above_level": above_level,
@@ -417,8 +421,10 @@ def decide(declaration, records=None, *, values=None, family=None) -> list[tuple
             if isinstance(check, Check) and check.p_adjusted is None]
   # The family is what was declared before the run: a null check that no test could decide (no
   # margin) still counts in it, at p = 1, so that leaving it untested never loosens the others.
+  # (a check not run counts there only if it is of a kind tested in that family once run)
   untested = sum(1 for _, _, checks in rows for check in checks
-                 if not isinstance(check, Check) and _not_tested(*check[1:]))
+                 if not isinstance(check, Check) and _not_tested(*check[1:])
+                 and str(check[0]).startswith(tuple(f"{k}:" for k in HOLM_KINDS)))
   adjusted = statistics.adjust(statistics.Comparison("", "", "", 0, 0, 0, 0, p, "")
                                for p in [check.p for check in tested] + [1.0] * untested)
   holm = {id(check): c.p_adjusted for check, c in zip(tested, adjusted)}

@@ -252,6 +252,12 @@ def test_a_check_whose_arms_were_not_run_waits_and_still_counts_in_the_family():
   assert ran[1] is True and "Holm 0.016 " in ran[2]  # 2/256, doubled by the check not run
   assert findings.outcome(decided[0][2]) is None
   assert "| not run |" in findings.table(decided, "s")
+  # a check not run counts only if, run, it would be tested in that family: a level or a
+  # design check, or one declared unadjusted, would not
+  for kind in (("below", "later", 0.5), ("rate_transfers", ("later", "low", "high"), True)):
+    declaration = {**declaration, "predictions": (("P", "s", (("above", "high", "low"), kind)),)}
+    (_, _, (ran, _)), = findings.decide(declaration, {findings.RESULTS: _records(values)})
+    assert "Holm 0.0078 " in ran[2], kind  # 2/256 alone
 
 
 def test_an_unknown_kind_is_refused_naming_the_kinds():
