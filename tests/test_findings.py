@@ -28,6 +28,8 @@ TABLES = [
      "scale_optimiser/adam_dk16/results.csv;scale_optimiser/adam_dk64/results.csv"),
     ("scale_optimiser.py:sgd", "scale_optimiser/predictions_sgd.md",
      "scale_optimiser/sgd_dk16/results.csv"),
+    ("scale_optimiser.py:mup", "scale_optimiser/predictions_mup.md",
+     "scale_optimiser/mup_dk16/results.csv;scale_optimiser/mup_dk64/results.csv"),
     ("heads_width.py", "heads_width/predictions.md",
      "heads_width/d32/results.csv;heads_width/d64/results.csv;"
      "heads_width/farthest_point/results.csv"),
