@@ -53,6 +53,8 @@ STUDIES = {
     "farthest_floor/results.csv": ("farthest_floor", None),
     "heads_width/d32/results.csv": ("heads_width", "d32"),
     "heads_width/d64/results.csv": ("heads_width", "d64"),
+    "heads_width/d64_T64_h2/results.csv": ("heads_width", "d64_T64_h2"),
+    "heads_width/d64_T64_h4/results.csv": ("heads_width", "d64_T64_h4"),
     "scale_optimiser/adam_dk16/results.csv": ("scale_optimiser", "adam_dk16"),
     "scale_optimiser/adam_dk64/results.csv": ("scale_optimiser", "adam_dk64"),
     "scale_optimiser/sgd_dk16/results.csv": ("scale_optimiser", "sgd_dk16"),
