@@ -47,9 +47,9 @@ seeds and test cannot reach alpha):
   replicas, ran at about 3 steps a second under load: about 7 minutes an arm), so the CPU study
   runs as these splits, each split's predictions the rows at its d_k;
 - ``mup_dk256_lr1e-4``, ..., ``mup_dk256_lr1e-2`` (RATE_SPLITS): d_k 256 at one rate each (its
-  projections are four times d_k 64's, and d_k 64 took most of a half hour at three rates), then ``python -m
-  experiments.sweep_report --merge=<dir>/mup_dk256/results.csv --from_csv <each part's
-  results.csv>`` writes the one results.csv (and report) of mup_dk256 that findings reads;
+  projections are four times d_k 64's, and d_k 64 took most of a half hour at three rates);
+  then ``python -m experiments.sweep_report --merge=<dir>/mup_dk256/results.csv --from_csv
+  <each part's results.csv>`` writes the one results.csv (and report) that findings reads;
 - ``accelerator``: the adam mode's arms on one GPU, d_k 64, 256 and 1024, 2000 steps;
 - ``quick``: a smoke test of the pipeline.
 
