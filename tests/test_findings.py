@@ -33,6 +33,8 @@ TABLES = [
     ("heads_width.py", "heads_width/predictions.md",
      "heads_width/d32/results.csv;heads_width/d64/results.csv;"
      "heads_width/d64_T64_h2/results.csv;heads_width/d64_T64_h4/results.csv;"
+     "heads_width/d128_T8/results.csv;heads_width/d128_T32_h2/results.csv;"
+     "heads_width/d128_T32_h4/results.csv;"
      "heads_width/farthest_point/results.csv"),
     ("positional_registered.py", "positional_registered/predictions.md",
      "positional_registered/results.csv"),
