@@ -29,7 +29,8 @@ TABLES = [
     ("scale_optimiser.py:sgd", "scale_optimiser/predictions_sgd.md",
      "scale_optimiser/sgd_dk16/results.csv"),
     ("scale_optimiser.py:mup", "scale_optimiser/predictions_mup.md",
-     "scale_optimiser/mup_dk16/results.csv;scale_optimiser/mup_dk64/results.csv"),
+     "scale_optimiser/mup_dk16/results.csv;scale_optimiser/mup_dk64/results.csv;"
+     "scale_optimiser/mup_dk256/results.csv"),
     ("heads_width.py", "heads_width/predictions.md",
      "heads_width/d32/results.csv;heads_width/d64/results.csv;"
      "heads_width/d64_T64_h2/results.csv;heads_width/d64_T64_h4/results.csv;"

@@ -30,7 +30,7 @@ SEEDS = {
     "scale apart from the optimiser": (r"(\d+) for [^;]*the scale apart from the optimiser",
                                       ["scale_optimiser/adam_dk16", "scale_optimiser/adam_dk64",
                                        "scale_optimiser/sgd_dk16", "scale_optimiser/mup_dk16",
-                                       "scale_optimiser/mup_dk64"]),
+                                       "scale_optimiser/mup_dk64", "scale_optimiser/mup_dk256"]),
     "heads against width": (r"(\d+) for [^;]*heads against width",
                             ["heads_width/d32", "heads_width/d64", "heads_width/d64_T64_h2",
                              "heads_width/d64_T64_h4", "heads_width/d128_T8",
