@@ -170,31 +170,24 @@ def _named(options, name: str) -> str:
   return f"{name} at {options['at']}" if "at" in options else name
 
 
-def _both_censored(study, options, a, b) -> set[int]:
-  """The seeds in which neither arm reaches the threshold of a times-to-threshold measure: both
-  times sit at the censoring horizon, which bounds them from below and compares nothing."""
+def _censored(study, options, values, a, b) -> tuple[set[int], str | None]:
+  """(the seeds in which neither arm reaches the threshold of a times-to-threshold measure, and
+  why the check cannot be decided where that is every seed). Both times sit at the censoring
+  horizon there, which bounds them from below and compares nothing: a difference of 0 is no
+  evidence of "same" or of "no faster"."""
   measure = study.measures[options.get("measure", "primary")]
   if measure.read != "steps":
-    return set()
-  values = study.values(options)
-  return {s for s in set(values[a]) & set(values[b])
-          if min(values[a][s], values[b][s]) >= measure.censored_at}
-
-
-def _unmeasured(study, options, a, b) -> str | None:
-  """Why a check of times to a threshold cannot be decided: neither arm reaches it in any seed
-  (a difference of 0 there is no evidence of "same" or of "no faster"); None where one does."""
-  values = study.values(options)
-  if _both_censored(study, options, a, b) != set(values[a]) & set(values[b]):
-    return None
-  horizon = study.measures[options.get("measure", "primary")].censored_at
-  return (f"neither arm reaches the threshold in any seed (every time censored at "
-          f"{horizon:g}): not measurable")
+    return set(), None
+  paired = set(values[a]) & set(values[b])
+  both = {s for s in paired if min(values[a][s], values[b][s]) >= measure.censored_at}
+  return both, (f"neither arm reaches the threshold in any seed (every time censored at "
+                f"{measure.censored_at:g}): not measurable" if both == paired else None)
 
 
 def above(study, options, a, b) -> Check:
   name = _named(options, f"{a} > {b}")
-  unmeasured = _unmeasured(study, options, a, b)
+  values = study.values(options)
+  _, unmeasured = _censored(study, options, values, a, b)
   found = study.in_family(options, a, b)
   if found is not None:
     row, sign = found
@@ -204,7 +197,7 @@ def above(study, options, a, b) -> Check:
                  lambda q: sign * row.estimate > 0 and q < study.alpha, row.p_adjusted)
   if unmeasured:
     return Check(name, unmeasured, 1.0, lambda q: None)
-  c = difference(study.values(options), a, b, options.get("paired", True))
+  c = difference(values, a, b, options.get("paired", True))
   return Check(name, _text(c), c.p, lambda q: c.estimate > 0 and q < study.alpha)
 
 
@@ -221,12 +214,11 @@ def within(study, options, a, b, margin) -> Check:
   both) carry no difference and are left out, since counting them as 0 would pull toward
   "within"."""
   name = _named(options, f"{a} ~ {b} (within {margin:g})")
-  unmeasured = _unmeasured(study, options, a, b)
+  values = study.values(options)
+  left, unmeasured = _censored(study, options, values, a, b)
   if unmeasured:
     return Check(name, unmeasured, 1.0, lambda q: None)
-  left = _both_censored(study, options, a, b)
-  values = {arm: {s: v for s, v in by_seed.items() if s not in left}
-            for arm, by_seed in study.values(options).items() if arm in (a, b)}
+  values = {arm: {s: v for s, v in values[arm].items() if s not in left} for arm in (a, b)}
   c = difference(values, a, b)
   p = statistics.equivalence(*_pair(values, a, b), margin)
   note = (f"; {len(left)} seed(s) where neither arm reaches the threshold left out" if left
@@ -422,9 +414,10 @@ def decide(declaration, records=None, *, values=None, family=None) -> list[tuple
   # The family is what was declared before the run: a null check that no test could decide (no
   # margin) still counts in it, at p = 1, so that leaving it untested never loosens the others.
   # (a check not run counts there only if it is of a kind tested in that family once run)
-  untested = sum(1 for _, _, checks in rows for check in checks
+  untested = sum(1 for (_, _, declared), (_, _, checks) in zip(declaration["predictions"], rows)
+                 for (kind, *_), check in zip(declared, checks)
                  if not isinstance(check, Check) and _not_tested(*check[1:])
-                 and str(check[0]).startswith(tuple(f"{k}:" for k in HOLM_KINDS)))
+                 and kind in HOLM_KINDS)
   adjusted = statistics.adjust(statistics.Comparison("", "", "", 0, 0, 0, 0, p, "")
                                for p in [check.p for check in tested] + [1.0] * untested)
   holm = {id(check): c.p_adjusted for check, c in zip(tested, adjusted)}
