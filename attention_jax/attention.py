@@ -449,8 +449,7 @@ def dot_product_attention(query, key, value, bias=None, mask=None, broadcast_dro
                           qk_attn_weights_einsum=qk_attn_weights_einsum,
                           attn_weights_value_einsum=attn_weights_value_einsum)
   del force_fp32_for_softmax  # the softmax is float32 or wider whatever it says
-  if empty_rows not in EMPTY_ROWS:
-    raise ValueError(f"empty_rows must be one of {EMPTY_ROWS}, got {empty_rows!r}.")
+  masks_lib.check_empty_rows(empty_rows)
   query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
   if promote_dtype is not None:
     query, key, value = promote_dtype((query, key, value), dtype=dtype)

@@ -512,8 +512,7 @@ def check_request(*, strategy: str = "ring", implementation: str | None = None,
     raise ValueError(f"context-parallel attention runs the {IMPLEMENTATION} kernel on every "
                      f"device; implementation={implementation!r} is not served, use "
                      f"implementation=None or {IMPLEMENTATION!r}.")
-  if empty_rows not in masks_lib.EMPTY_ROWS:
-    raise ValueError(f"empty_rows must be one of {masks_lib.EMPTY_ROWS}, got {empty_rows!r}.")
+  masks_lib.check_empty_rows(empty_rows)
   if custom:
     raise ValueError(f"context-parallel attention does not serve {', '.join(custom)}; pass a "
                      "mask as a mask_mod (the ring evaluates it on every block), or call "

@@ -179,6 +179,12 @@ def zero_empty_rows(output, mask, kv_len: int, *, is_causal: bool):
 EMPTY_ROWS = ("mean", "zero")
 
 
+def check_empty_rows(empty_rows) -> None:
+  """Refuses, in one line, an ``empty_rows`` outside EMPTY_ROWS."""
+  if empty_rows not in EMPTY_ROWS:
+    raise ValueError(f"empty_rows must be one of {EMPTY_ROWS}, got {empty_rows!r}.")
+
+
 def fill_empty_rows(output, has_key, value, empty_rows, query_seq_lengths=None, weights=None):
   """The one place ``empty_rows`` is applied: ``output`` [..., T, N, H_v] of a kernel that gives
   zeros on a query row with no key (``has_key`` [..., T, N], see ``rows_with_keys``), with what
@@ -189,8 +195,7 @@ def fill_empty_rows(output, has_key, value, empty_rows, query_seq_lengths=None, 
   >>> fill_empty_rows(jnp.zeros((1, 2, 1, 2)), has_key, value, "mean")[0][0, 1, 0]
   Array([2., 3.], dtype=float32)
   """
-  if empty_rows not in EMPTY_ROWS:
-    raise ValueError(f"empty_rows must be one of {EMPTY_ROWS}, got {empty_rows!r}.")
+  check_empty_rows(empty_rows)
   if empty_rows == "zero":
     return output, weights
   query_valid = (None if query_seq_lengths is None
@@ -206,8 +211,7 @@ def blockwise_empty_rows(run, value, empty_rows, *, return_residual: bool, struc
   ids, a mask_mod or block mask; a causal mask alone cannot); the log-sum-exp is asked for (and
   dropped again unless ``return_residual``) only when one of them is given and ``empty_rows``
   is not "zero"."""
-  if empty_rows not in EMPTY_ROWS:
-    raise ValueError(f"empty_rows must be one of {EMPTY_ROWS}, got {empty_rows!r}.")
+  check_empty_rows(empty_rows)
   if empty_rows == "zero" or all(x is None for x in structure):
     return run(return_residual)
   output, lse, *extras = run(True)
