@@ -70,10 +70,11 @@ def query_rate_factor(config):
 
 
 def _query_multiplier(path, leaf, factor):
-  """factor on the query kernel's entries ({"query": {"kernel"}}, or index 0 of a fused qkv
-  kernel [D_in, 3, N, H]), 1 elsewhere."""
+  """factor on the query projection's entries, kernel and bias ({"query": {"kernel", "bias"}},
+  or index 0 of a fused qkv kernel [D_in, 3, N, H] and bias [3, N, H]), 1 elsewhere: the bias
+  too, since reparametrising W_Q (q = x W_Q + b_Q) scales both."""
   keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
-  if len(keys) < 2 or keys[-1] != "kernel":
+  if len(keys) < 2 or keys[-1] not in ("kernel", "bias"):
     return 1.0
   if keys[-2] == "query":
     return factor
@@ -83,8 +84,9 @@ def _query_multiplier(path, leaf, factor):
 
 
 def scale_query_updates(factor):
-  """An optax transformation multiplying W_Q's updates by ``factor`` (after the optimiser's
-  learning rate: W_Q's rate times factor, its decoupled weight decay included).
+  """An optax transformation multiplying W_Q's updates (its kernel's and bias's) by ``factor``
+  (after the optimiser's learning rate: W_Q's rate times factor, its decoupled weight decay
+  included).
 
   >>> import jax.numpy as jnp
   >>> params = {"query": {"kernel": jnp.ones((2, 1, 2))}, "key": {"kernel": jnp.ones((2, 1, 2))}}

@@ -1,6 +1,8 @@
 """W_Q's learning-rate scale and the SGD-with-momentum choice of experiments/optim.py, against
 optax.multi_transform and a hand-written momentum recursion."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -17,8 +19,9 @@ def _config(**options):
 
 
 def _params(key=0):
-  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(key), 3)
-  return {"layer": {"query": {"kernel": jax.random.normal(k1, (4, 2, 3))},
+  k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(key), 4)
+  return {"layer": {"query": {"kernel": jax.random.normal(k1, (4, 2, 3)),
+                              "bias": jax.random.normal(k4, (2, 3))},
                     "key": {"kernel": jax.random.normal(k2, (4, 2, 3))},
                     "out": {"bias": jax.random.normal(k3, (4,))}}}
 
@@ -57,22 +60,27 @@ def test_sgd_with_momentum_follows_the_heavy_ball_recursion_with_the_query_facto
   params = _params(2)
   ours = _run(optim.optimizer(_config(optimizer="sgd", momentum=0.9, query_lr_scale=0.5)), params)
   expected = {}
-  for name, factor in (("query", 0.5), ("key", 1.0)):
-    p = np.asarray(params["layer"][name]["kernel"], np.float64)
+  leaves = (("query", "kernel", 0.5), ("query", "bias", 0.5), ("key", "kernel", 1.0))
+  for name, leaf, factor in leaves:
+    p = np.asarray(params["layer"][name][leaf], np.float64)
     velocity = np.zeros_like(p)
     for step in range(3):
       velocity = np.sin(p * (step + 1)) + 0.9 * velocity  # optax.trace: g + momentum * v
       p = p - 1e-2 * factor * velocity
-    expected[name] = p
-  for name in ("query", "key"):
-    np.testing.assert_allclose(ours["layer"][name]["kernel"], expected[name], rtol=1e-5, atol=1e-6)
+    expected[name, leaf] = p
+  for name, leaf, _ in leaves:
+    np.testing.assert_allclose(ours["layer"][name][leaf], expected[name, leaf], rtol=1e-5,
+                               atol=1e-6)
 
 
-def test_a_fused_qkv_kernel_scales_only_its_query_slot():
-  updates = {"qkv": {"kernel": jnp.ones((2, 3, 1, 2))}}
+def test_a_fused_qkv_kernel_and_bias_scale_only_their_query_slot():
+  updates = {"qkv": {"kernel": jnp.ones((2, 3, 1, 2)), "bias": jnp.ones((3, 1, 2))},
+             "out": {"bias": jnp.ones((2,))}}
   tx = optim.scale_query_updates(0.25)
   scaled, _ = tx.update(updates, tx.init(updates))
   np.testing.assert_array_equal(scaled["qkv"]["kernel"][0, :, 0, 0], [0.25, 1.0, 1.0])
+  np.testing.assert_array_equal(scaled["qkv"]["bias"][:, 0, 0], [0.25, 1.0, 1.0])
+  np.testing.assert_array_equal(scaled["out"]["bias"], [1.0, 1.0])
 
 
 def test_an_unknown_optimizer_or_a_bad_factor_is_a_one_line_error():
@@ -82,7 +90,7 @@ def test_an_unknown_optimizer_or_a_bad_factor_is_a_one_line_error():
     optim.optimizer(_config(query_lr_scale=-1.0))
 
 
-@pytest.mark.parametrize("mode", ["adam", "sgd_dk64", "mup_dk256"])
+@pytest.mark.parametrize("mode", ["adam", "sgd_dk64", "sgd_unscaled", "mup_dk256"])
 def test_each_mode_of_the_study_is_valid_and_powered_and_its_controls_reparametrise_w_q(mode):
   from configs.ablations import scale_optimiser
   from experiments import findings, sweep, verdicts
@@ -93,7 +101,8 @@ def test_each_mode_of_the_study_is_valid_and_powered_and_its_controls_reparametr
   overrides = dict(config.variants)
   for name, value in overrides.items():
     d_k = value["model"]["head_dim"]
-    expected = {"none_qlr_half": d_k ** -0.5, "none_qlr_full": 1.0 / d_k}.get(
+    expected = {"none_qlr_half": d_k ** -0.5, "none_qlr_full": 1.0 / d_k,
+                "inv_sqrt_qup_half": d_k ** 0.5, "inv_sqrt_qup_full": d_k}.get(
         name.split("_", 1)[1], 1.0)
     assert value["query_lr_scale"] == pytest.approx(expected)
   assert config.train.optimizer == ("sgd" if mode.startswith("sgd") else "adamw")
@@ -110,3 +119,35 @@ def test_the_rate_splits_of_a_d_k_train_its_whole_grid_once_and_declare_one_desi
   assert {verdicts.Design.of_sweep(c, "accuracy") for c in parts} == {
       verdicts.Design.of_sweep(whole, "accuracy")}
   assert all(part.variants == whole.variants and part.bracket == 0 for part in parts)
+
+
+def test_under_sgd_the_scaled_arm_with_w_q_started_and_rated_up_is_the_unscaled_model():
+  """sgd_unscaled's exact control: q.k / sqrt(d_k) with W_Q initialised x d_k^1/2 and its rate
+  x d_k (weight decay 0) follows the unscaled model's trajectory, step for step, up to rounding;
+  Adam's factor (x d_k^1/2) does not."""
+  from configs.ablations import scale_optimiser
+  from experiments import steps, train
+  sweep_config = scale_optimiser.get_config("sgd_unscaled_dk16")
+  batch = None
+  outputs = {}
+  for arm in ("none", "inv_sqrt_qup_full", "inv_sqrt_qup_half"):
+    config = sweep_config.train.copy_and_resolve_references()
+    config.update_from_flattened_dict({"query_lr_scale": dict(sweep_config.variants)[
+        f"dk16_{arm}"]["query_lr_scale"], **{f"model.{k}": v for k, v in dict(
+            sweep_config.variants)[f"dk16_{arm}"]["model"].items()}})
+    replica = {"seed": 0, "learning_rate": 0.01, "weight_decay": 0.0, "warmup_steps": 0.0}
+    task, model, tx, init = train.setup(config, [replica])
+    state = jax.tree.map(lambda x: x[0], init())
+    if batch is None:
+      tokens, labels = jax.random.randint(jax.random.PRNGKey(1), (2, 16, task.max_length), 1,
+                                          task.vocab_size)
+      batch = {"tokens": tokens, "labels": labels % task.num_classes}
+    step = jax.jit(functools.partial(steps.train_step, model=model, tx=tx,
+                                     learning_rate=lambda step, hparams: hparams["learning_rate"],
+                                     compute_dtype=jnp.float32, label_smoothing=0.0,
+                                     num_classes=task.num_classes))
+    for _ in range(5):
+      state, _ = step(state, batch)
+    outputs[arm] = model.apply({"params": state.params}, batch["tokens"])
+  np.testing.assert_allclose(outputs["inv_sqrt_qup_full"], outputs["none"], rtol=1e-4, atol=1e-4)
+  assert np.abs(np.asarray(outputs["inv_sqrt_qup_half"] - outputs["none"])).max() > 1e-3

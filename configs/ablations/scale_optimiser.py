@@ -28,6 +28,9 @@ times s again). So the arms, at d_k 16 and 64:
   positive control); under SGD not, since SGD needs the rate x d_k^-1;
 - ``none_qlr_full`` (SGD only): W_Q initialised x d_k^-1/2 and its rate x d_k^-1: under SGD with
   momentum the paper's arm exactly, up to weight decay (the SGD positive control);
+- ``inv_sqrt_qup_half``, ``inv_sqrt_qup_full`` (sgd_unscaled): the same two controls the other
+  way, the paper's scale with W_Q initialised x d_k^1/2 and its rate x d_k^1/2 (Adam's) or x d_k
+  (SGD's: the unscaled model exactly, with weight decay 0), against ``none`` as the baseline;
 - ``qk_norm_learned`` (Adam only): L2-normalised queries and keys times a learned gain started at
   log2(L^2 - L) (Henry et al. 2020; attention_jax/variants/qk_norm_learned.py), L the task's
   sequence length (task_options.length of configs/mqar.py, 8: g0 = log2(56), 5.8).
@@ -39,10 +42,13 @@ seeds and test cannot reach alpha):
   qk_norm_learned at d_k 16 and 64;
 - ``sgd`` (SGD with momentum 0.9, rates 1e-2, 3e-2, 1e-1 bracketed): inv_sqrt, none,
   none_qlr_half, none_qlr_full at d_k 16 and 64;
+- ``sgd_unscaled`` (SGD with momentum 0.9, rates 1e-3, 3e-3, 1e-2, one more past an edge; 3000
+  steps; weight decay 0): none (the baseline: the one arm that learned under SGD),
+  inv_sqrt, inv_sqrt_qup_half, inv_sqrt_qup_full at d_k 16 and 64;
 - ``mup`` (AdamW, rates 1e-4 .. 1e-2 in half decades, not bracketed: the position of the best
   rate in the grid is the measure): inv_sqrt and muP's 1/d_k (``inv``, Yang et al. 2022) at d_k
   16, 64 and 256;
-- ``adam_dk16``, ``adam_dk64``, ``sgd_dk16``, ..., ``mup_dk256``: one d_k of a mode, one sweep
+- ``adam_dk16``, ``adam_dk64``, ``sgd_dk16``, ``sgd_unscaled_dk16``, ..., ``mup_dk256``: one d_k of a mode, one sweep
   each: a whole mode is more than 30 minutes on the 2 shared cores (one arm of adam at d_k 64, 30
   replicas, ran at about 3 steps a second under load: about 7 minutes an arm), so the CPU study
   runs as these splits, each split's predictions the rows at its d_k;
@@ -73,22 +79,29 @@ any full run: ``predictions`` below (python -m experiments.findings).
 from configs import mqar
 from configs.ablations import check_mode, sweep_config
 
-SPLITS = {"adam": (16, 64), "sgd": (16, 64), "mup": (16, 64, 256)}
+SPLITS = {"adam": (16, 64), "sgd": (16, 64), "sgd_unscaled": (16, 64), "mup": (16, 64, 256)}
 #: a d_k too slow for one half-hour sweep: its grid split further, a rate per sweep
 RATE_SPLITS = {"mup_dk256": ("1e-4", "3e-4", "1e-3", "3e-3", "1e-2")}
 #: each design whole, or one d_k of it ("adam_dk64"): one d_k is one sweep of at most 30 minutes,
 #: or one rate of it ("mup_dk256_lr3e-4"), the parts merged into one results.csv after
-MODES = ("adam", "sgd", "mup", "quick", "accelerator") + tuple(
+MODES = ("adam", "sgd", "sgd_unscaled", "mup", "quick", "accelerator") + tuple(
     f"{base}_dk{d}" for base, dims in SPLITS.items() for d in dims) + tuple(
     f"{split}_lr{rate}" for split, rates in RATE_SPLITS.items() for rate in rates)
-HEAD_DIMS = {"adam": (16, 64), "sgd": (16, 64), "mup": (16, 64, 256), "quick": (16,)}
+HEAD_DIMS = {**SPLITS, "quick": (16,)}
+#: each design's arms, its baseline first
 ARMS = {"adam": ("inv_sqrt", "none", "none_qlr_half", "qk_norm_learned"),
         "sgd": ("inv_sqrt", "none", "none_qlr_half", "none_qlr_full"),
+        "sgd_unscaled": ("none", "inv_sqrt", "inv_sqrt_qup_half", "inv_sqrt_qup_full"),
         "mup": ("inv_sqrt", "inv"), "quick": ("inv_sqrt", "none_qlr_half", "qk_norm_learned")}
 LEARNING_RATES = {"adam": (3e-4, 1e-3, 3e-3), "sgd": (1e-2, 3e-2, 1e-1),
+                  "sgd_unscaled": (1e-3, 3e-3, 1e-2),
                   "mup": (1e-4, 3e-4, 1e-3, 3e-3, 1e-2), "quick": (1e-3,)}
-OPTIMIZER = {"sgd": "sgd"}
+OPTIMIZER = {"sgd": "sgd", "sgd_unscaled": "sgd"}
 STEPS, EVAL_EVERY, NUM_SEEDS = 1200, 100, 10
+#: a design's own steps, weight decay and rates added past the grid's edge (bracket), where not
+#: STEPS, the config's 0.01 and 2
+DESIGN_STEPS, WEIGHT_DECAY, BRACKET = {"sgd_unscaled": 3000}, {"sgd_unscaled": 0.0}, {
+    "mup": 0, "sgd_unscaled": 1}
 ACCELERATOR_HEAD_DIMS, ACCELERATOR_STEPS = (64, 256, 1024), 2000
 MARGIN = 100  # steps: one evaluation interval, the resolution of the measure
 
@@ -98,13 +111,16 @@ def model_overrides(arm: str, head_dim: int, length: int) -> dict:
   return {"inv_sqrt": {}, "none": {"attention_scale": "none"}, "inv": {"attention_scale": "inv"},
           "none_qlr_half": {"attention_scale": "none", "query_init_scale": head_dim ** -0.5},
           "none_qlr_full": {"attention_scale": "none", "query_init_scale": head_dim ** -0.5},
+          "inv_sqrt_qup_half": {"query_init_scale": head_dim ** 0.5},
+          "inv_sqrt_qup_full": {"query_init_scale": head_dim ** 0.5},
           "qk_norm_learned": {"head_variant": "qk_norm_learned",
                               "head_variant_options": {"length": length}}}[arm]
 
 
 def query_rate(arm: str, head_dim: int) -> float:
   """The factor on W_Q's learning rate (experiments/optim.py, query_lr_scale)."""
-  return {"none_qlr_half": head_dim ** -0.5, "none_qlr_full": 1.0 / head_dim}.get(arm, 1.0)
+  return {"none_qlr_half": head_dim ** -0.5, "none_qlr_full": 1.0 / head_dim,
+          "inv_sqrt_qup_half": head_dim ** 0.5, "inv_sqrt_qup_full": float(head_dim)}.get(arm, 1.0)
 
 
 def name(arm: str, head_dim: int) -> str:
@@ -123,7 +139,7 @@ def design(mode):
   if mode == "accelerator":
     return "adam", ACCELERATOR_HEAD_DIMS, ACCELERATOR_STEPS
   base, _, head_dim = mode.split("_lr")[0].partition("_dk")
-  return base, (int(head_dim),) if head_dim else HEAD_DIMS[base], STEPS
+  return base, (int(head_dim),) if head_dim else HEAD_DIMS[base], DESIGN_STEPS.get(base, STEPS)
 
 
 def learning_rates(mode) -> tuple[float, ...]:
@@ -141,15 +157,16 @@ def get_config(mode="adam"):
   sweep = sweep_config(
       "quick" if mode == "quick" else None,
       steps=steps, eval_every=EVAL_EVERY,
-      warmup=60, base=mqar, baseline=name("inv_sqrt", head_dims[0]), test="time_to_solve",
-      bracket=0 if base == "mup" else 2,
-      contrasts=((name(arm, d), name("inv_sqrt", d)) for d in head_dims for arm in arms[1:]),
+      warmup=60, base=mqar, baseline=name(arms[0], head_dims[0]), test="time_to_solve",
+      bracket=BRACKET.get(base, 2),
+      contrasts=((name(arm, d), name(arms[0], d)) for d in head_dims for arm in arms[1:]),
       variants=(variant(arm, d, length) for d in head_dims for arm in arms),
       seeds=NUM_SEEDS, learning_rates=learning_rates(mode),
       predictions=f"configs/ablations/scale_optimiser.py:{mode}")
   sweep.train.grad_clip_norm = 0.0
   sweep.train.optimizer = OPTIMIZER.get(base, "adamw")
   sweep.train.momentum = 0.9
+  sweep.train.weight_decay = WEIGHT_DECAY.get(base, sweep.train.weight_decay)
   sweep.train.query_lr_scale = 1.0
   return sweep
 
@@ -169,12 +186,23 @@ def predictions(mode="adam") -> dict:
   - S1 (the exact reparametrisation under SGD): none_qlr_full within MARGIN of inv_sqrt at both.
   - S2 (initialisation and rate do not commute under SGD: Adam's control is wrong here):
     none_qlr_half above inv_sqrt at d_k 64.
+  sgd_unscaled (declared after sgd_dk16, where no arm learned, and a pilot of one seed range:
+  under SGD the paper's arm stayed at the plateau at every rate from 1e-3 to 0.2 over 4000
+  steps, while the unscaled model at 3e-3 reached 0.9 in 5 of 7 seeds within 2400; so the
+  baseline is the arm that learns, none, and the controls reparametrise the paper's arm into
+  it; weight decay 0, which makes U1 exact up to rounding):
+  - U1 (the exact reparametrisation under SGD): inv_sqrt_qup_full (W_Q initialised x d_k^1/2,
+    its rate x d_k) within MARGIN of none at d_k 16 and 64.
+  - U2 (initialisation and rate do not commute under SGD): inv_sqrt_qup_half (W_Q initialised
+    x d_k^1/2, its rate x d_k^1/2: Adam's control) above none at d_k 16 and 64.
+  - U3 (the pilot's finding, now tested): inv_sqrt above none at d_k 16 and 64.
   mup (Yang et al. 2022):
   - M1 (1/d_k trains as well at its own best rate): inv within MARGIN of inv_sqrt at d_k 16
     and 64.
   - M2, M3 (the rate transfer, by the module docstring's Friedman rule, at alpha unadjusted):
     1/d_k's best rate transfers across d_k 16, 64 and 256 (M2) and 1/sqrt(d_k)'s does not (M3).
-  Every mode, the design D: inv_sqrt reaches 0.95 in every seed, every chosen rate inside the
+  Every mode, the design D: the baseline (inv_sqrt; none in sgd_unscaled) reaches 0.95 in
+  every seed, every chosen rate inside the
   rates tried (adam, sgd); Wortsman et al.'s threshold is read descriptively on the page.
   """
   base, head_dims, steps = design(mode)
@@ -182,14 +210,16 @@ def predictions(mode="adam") -> dict:
   large = head_dims[-1] if mode == "accelerator" else max(SPLITS.get(base, head_dims)[:2])
   both = tuple(sorted(set(head_dims) & set(SPLITS["mup"][:2]))) if base == "mup" else head_dims
   at = ", ".join(map(str, both))
-  the_design = tuple(("reaches", name("inv_sqrt", d), 0.95, {"measure": "accuracy"})
+  baseline = ARMS[base][0]
+  the_design = tuple(("reaches", name(baseline, d), 0.95, {"measure": "accuracy"})
                  for d in head_dims) + ((("rates_inside",),) if base != "mup" else ())
 
   def within(arm, dims):
-    return tuple(("within", name(arm, d), name("inv_sqrt", d), MARGIN) for d in dims)
+    return tuple(("within", name(arm, d), name(baseline, d), MARGIN) for d in dims)
 
-  def above(arm):
-    return (("above", name(arm, large), name("inv_sqrt", large)),)
+  def above(arm, dims=None):
+    return tuple(("above", name(arm, d), name(baseline, d))
+                 for d in (dims or ((large,) if large in head_dims else ())))
 
   has_large = large in head_dims
   rows = {"adam": (("A1", f"d_k {at}", within("none_qlr_half", both)),)
@@ -197,6 +227,9 @@ def predictions(mode="adam") -> dict:
                   + (("A3", f"d_k {at}", within("qk_norm_learned", both)),),
           "sgd": (("S1", f"d_k {at}", within("none_qlr_full", both)),)
                  + ((("S2", f"d_k {large}", above("none_qlr_half")),) if has_large else ()),
+          "sgd_unscaled": (("U1", f"d_k {at}", within("inv_sqrt_qup_full", both)),
+                           ("U2", f"d_k {at}", above("inv_sqrt_qup_half", both)),
+                           ("U3", f"d_k {at}", above("inv_sqrt", both))),
           "mup": ((("M1", f"d_k {at}", within("inv", both)),) if both else ())
                  + tuple((label, "d_k " + ", ".join(map(str, SPLITS["mup"])),
                           (("rate_transfers", tuple(name(arm, d) for d in SPLITS["mup"]),
