@@ -108,12 +108,13 @@ def test_each_mode_of_the_study_is_valid_and_powered_and_its_controls_reparametr
   assert config.train.optimizer == ("sgd" if mode.startswith("sgd") else "adamw")
 
 
-def test_the_rate_splits_of_a_d_k_train_its_whole_grid_once_and_declare_one_design():
+@pytest.mark.parametrize("split", ["mup_dk256", "sgd_unscaled_dk64"])
+def test_the_rate_splits_of_a_d_k_train_its_whole_grid_once_and_declare_one_design(split):
   from configs.ablations import scale_optimiser
   from experiments import verdicts
-  whole = scale_optimiser.get_config("mup_dk256")
-  parts = [scale_optimiser.get_config(f"mup_dk256_lr{rate}")
-           for rate in scale_optimiser.RATE_SPLITS["mup_dk256"]]
+  whole = scale_optimiser.get_config(split)
+  parts = [scale_optimiser.get_config(f"{split}_lr{rate}")
+           for rate in scale_optimiser.RATE_SPLITS[split]]
   assert sorted(r for part in parts for r in part.grid.learning_rate) == sorted(
       whole.grid.learning_rate)
   assert {verdicts.Design.of_sweep(c, "accuracy") for c in parts} == {

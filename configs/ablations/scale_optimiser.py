@@ -42,8 +42,8 @@ seeds and test cannot reach alpha):
   qk_norm_learned at d_k 16 and 64;
 - ``sgd`` (SGD with momentum 0.9, rates 1e-2, 3e-2, 1e-1 bracketed): inv_sqrt, none,
   none_qlr_half, none_qlr_full at d_k 16 and 64;
-- ``sgd_unscaled`` (SGD with momentum 0.9, rates 1e-3, 3e-3, 1e-2, one more past an edge; 3000
-  steps; weight decay 0): none (the baseline: the one arm that learned under SGD),
+- ``sgd_unscaled`` (SGD with momentum 0.9, rates 1e-3, 3e-3, 1e-2, not bracketed, so that it
+  runs as rate splits; 3000 steps; weight decay 0): none (the baseline: the one arm that learned under SGD),
   inv_sqrt, inv_sqrt_qup_half, inv_sqrt_qup_full at d_k 16 and 64;
 - ``mup`` (AdamW, rates 1e-4 .. 1e-2 in half decades, not bracketed: the position of the best
   rate in the grid is the measure): inv_sqrt and muP's 1/d_k (``inv``, Yang et al. 2022) at d_k
@@ -53,7 +53,8 @@ seeds and test cannot reach alpha):
   replicas, ran at about 3 steps a second under load: about 7 minutes an arm), so the CPU study
   runs as these splits, each split's predictions the rows at its d_k;
 - ``mup_dk256_lr1e-4``, ..., ``mup_dk256_lr1e-2`` (RATE_SPLITS): d_k 256 at one rate each (its
-  projections are four times d_k 64's, and d_k 64 took most of a half hour at three rates);
+  projections are four times d_k 64's, and d_k 64 took most of a half hour at three rates); and
+  ``sgd_unscaled_dk16_lr1e-3``, ..., ``sgd_unscaled_dk64_lr1e-2`` (four arms of 3000 steps);
   then ``python -m experiments.sweep_report --merge=<dir>/mup_dk256/results.csv --from_csv
   <each part's results.csv>`` writes the one results.csv (and report) that findings reads;
 - ``accelerator``: the adam mode's arms on one GPU, d_k 64, 256 and 1024, 2000 steps;
@@ -81,7 +82,8 @@ from configs.ablations import check_mode, sweep_config
 
 SPLITS = {"adam": (16, 64), "sgd": (16, 64), "sgd_unscaled": (16, 64), "mup": (16, 64, 256)}
 #: a d_k too slow for one half-hour sweep: its grid split further, a rate per sweep
-RATE_SPLITS = {"mup_dk256": ("1e-4", "3e-4", "1e-3", "3e-3", "1e-2")}
+RATE_SPLITS = {"mup_dk256": ("1e-4", "3e-4", "1e-3", "3e-3", "1e-2"),
+               **{f"sgd_unscaled_dk{d}": ("1e-3", "3e-3", "1e-2") for d in (16, 64)}}
 #: each design whole, or one d_k of it ("adam_dk64"): one d_k is one sweep of at most 30 minutes,
 #: or one rate of it ("mup_dk256_lr3e-4"), the parts merged into one results.csv after
 MODES = ("adam", "sgd", "sgd_unscaled", "mup", "quick", "accelerator") + tuple(
@@ -101,7 +103,7 @@ STEPS, EVAL_EVERY, NUM_SEEDS = 1200, 100, 10
 #: a design's own steps, weight decay and rates added past the grid's edge (bracket), where not
 #: STEPS, the config's 0.01 and 2
 DESIGN_STEPS, WEIGHT_DECAY, BRACKET = {"sgd_unscaled": 3000}, {"sgd_unscaled": 0.0}, {
-    "mup": 0, "sgd_unscaled": 1}
+    "mup": 0, "sgd_unscaled": 0}
 ACCELERATOR_HEAD_DIMS, ACCELERATOR_STEPS = (64, 256, 1024), 2000
 MARGIN = 100  # steps: one evaluation interval, the resolution of the measure
 
