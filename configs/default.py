@@ -57,7 +57,7 @@ def get_config():
   config.learning_rate = 1e-3              # peak learning rate
   config.schedule = "warmup_cosine"        # constant | warmup_cosine | noam (inverse sqrt)
   config.warmup_steps = 100                # linear warmup steps
-  config.weight_decay = 0.01               # AdamW decoupled weight decay
+  config.weight_decay = 0.01               # AdamW: decoupled; SGD: coupled (in the gradient)
   config.grad_clip_norm = 1.0              # global-norm clipping; 0 disables
   config.optimizer = "adamw"               # adamw | sgd (with momentum; experiments/optim.py)
   config.momentum = 0.9                    # sgd's momentum; 0 disables

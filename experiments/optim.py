@@ -85,8 +85,7 @@ def _query_multiplier(path, leaf, factor):
 
 def scale_query_updates(factor):
   """An optax transformation multiplying W_Q's updates (its kernel's and bias's) by ``factor``
-  (after the optimiser's learning rate: W_Q's rate times factor, its decoupled weight decay
-  included).
+  (after the optimiser's learning rate: W_Q's rate times factor, its weight decay included).
 
   >>> import jax.numpy as jnp
   >>> params = {"query": {"kernel": jnp.ones((2, 1, 2))}, "key": {"kernel": jnp.ones((2, 1, 2))}}
@@ -105,7 +104,8 @@ def scale_query_updates(factor):
 
 def optimizer(config):
   """``config.optimizer`` ("adamw", the default, or "sgd": SGD with ``config.momentum``, 0.9 by
-  default, and decoupled weight decay) after optional global-norm clipping, W_Q's updates times
+  default, and coupled weight decay: weight_decay x W added to the gradient, carried by the
+  momentum) after optional global-norm clipping, W_Q's updates times
   ``query_rate_factor(config)``, with learning_rate and weight_decay injected
   (optax.inject_hyperparams): the train step sets both from the replica's hparams."""
   name = config.get("optimizer", "adamw")

@@ -67,6 +67,7 @@ STUDIES = {
     "scale_optimiser/sgd_unscaled_dk16/results.csv": ("scale_optimiser", "sgd_unscaled_dk16"),
     "scale_optimiser/sgd_pilot_inv_sqrt/results.csv": ("scale_optimiser", "sgd_dk16"),
     "scale_optimiser/sgd_pilot_none/results.csv": ("scale_optimiser", "sgd_dk16"),
+    "scale_optimiser/sgd_pilot_high/results.csv": ("scale_optimiser", "sgd_dk16"),
     "heads_width/farthest_point/results.csv": ("heads_width", "farthest_point"),
 }
 # A superseded run's rows kept beside a study -> its comparisons.csv (no report, no figures)

@@ -13,15 +13,15 @@ what their papers say?
   python -m experiments.sweep --config=configs/ablations/scale_optimiser.py:quick --workdir=/tmp/so
 
 The model and task are configs/ablations/scaling_init.py's (MQAR, configs/mqar.py: 2 layers, 4
-heads, RoPE, residual stream 64, d_k set by model.head_dim), 1200 steps, gradient clipping off
-(a global-norm clip is not invariant to reparametrising W_Q, so it would break the positive
-controls). The logit scale s multiplies q.k; writing W_Q = s W_Q' turns it into an unscaled model
-whose W_Q starts s times smaller and, under Adam (updates of about the rate per entry whatever the
-gradient's scale), learns at s times the rate; under SGD, where the update is the gradient times
-the rate, at s^2 times the rate (the gradient of W_Q' is s times W_Q's and its update reaches W_Q
-times s again). So the arms, at d_k 16 and 64:
+heads, RoPE, residual stream 64, d_k set by model.head_dim), 1200 steps (sgd_unscaled 3000),
+gradient clipping off (a global-norm clip is not invariant to reparametrising W_Q, so it would break
+the positive controls). The logit scale s multiplies q.k; writing W_Q = s W_Q' turns it into an
+unscaled model whose W_Q starts s times smaller and, under Adam (updates of about the rate per entry
+whatever the gradient's scale), learns at s times the rate; under SGD, where the update is the
+gradient times the rate, at s^2 times the rate (the gradient of W_Q' is s times W_Q's and its update
+reaches W_Q times s again). So the arms, at d_k 16 and 64:
 
-- ``inv_sqrt``: q.k / sqrt(d_k), the paper's (each group's baseline);
+- ``inv_sqrt``: q.k / sqrt(d_k), the paper's (the baseline of adam, sgd and mup);
 - ``none``: q.k, unscaled (W_Q's initial values and its rate both s^-1 times the paper's);
 - ``none_qlr_half``: unscaled, W_Q initialised x d_k^-1/2 and its rate x d_k^-1/2
   (config.query_lr_scale): under Adam the paper's arm up to Adam's epsilon and weight decay (a
@@ -43,15 +43,16 @@ seeds and test cannot reach alpha):
 - ``sgd`` (SGD with momentum 0.9, rates 1e-2, 3e-2, 1e-1 bracketed): inv_sqrt, none,
   none_qlr_half, none_qlr_full at d_k 16 and 64;
 - ``sgd_unscaled`` (SGD with momentum 0.9, rates 1e-3, 3e-3, 1e-2, not bracketed, so that it
-  runs as rate splits; 3000 steps; weight decay 0): none (the baseline: the one arm that learned under SGD),
+  runs as rate splits; 3000 steps; weight decay 0): none (the baseline: the one arm that
+  learned under SGD),
   inv_sqrt, inv_sqrt_qup_half, inv_sqrt_qup_full at d_k 16 and 64;
 - ``mup`` (AdamW, rates 1e-4 .. 1e-2 in half decades, not bracketed: the position of the best
   rate in the grid is the measure): inv_sqrt and muP's 1/d_k (``inv``, Yang et al. 2022) at d_k
   16, 64 and 256;
-- ``adam_dk16``, ``adam_dk64``, ``sgd_dk16``, ``sgd_unscaled_dk16``, ..., ``mup_dk256``: one d_k of a mode, one sweep
-  each: a whole mode is more than 30 minutes on the 2 shared cores (one arm of adam at d_k 64, 30
-  replicas, ran at about 3 steps a second under load: about 7 minutes an arm), so the CPU study
-  runs as these splits, each split's predictions the rows at its d_k;
+- ``adam_dk16``, ``adam_dk64``, ``sgd_dk16``, ``sgd_unscaled_dk16``, ..., ``mup_dk256``: one d_k of
+  a mode, one sweep each: a whole mode is more than 30 minutes on the 2 shared cores (one arm of
+  adam at d_k 64, 30 replicas, ran at about 3 steps a second under load: about 7 minutes an arm), so
+  the CPU study runs as these splits, each split's predictions the rows at its d_k;
 - ``mup_dk256_lr1e-4``, ..., ``mup_dk256_lr1e-2`` (RATE_SPLITS): d_k 256 at one rate each (its
   projections are four times d_k 64's, and d_k 64 took most of a half hour at three rates); and
   ``sgd_unscaled_dk16_lr1e-3``, ..., ``sgd_unscaled_dk64_lr1e-2`` (four arms of 3000 steps);
@@ -205,7 +206,8 @@ def predictions(mode="adam") -> dict:
     1/d_k's best rate transfers across d_k 16, 64 and 256 (M2) and 1/sqrt(d_k)'s does not (M3).
   Every mode, the design D: the baseline (inv_sqrt; none in sgd_unscaled) reaches 0.95 in
   every seed, every chosen rate inside the
-  rates tried (adam, sgd); Wortsman et al.'s threshold is read descriptively on the page.
+  rates tried (adam, sgd, sgd_unscaled: the code checks every design but mup's, as it did when
+  sgd_unscaled was declared); Wortsman et al.'s threshold is read descriptively on the page.
   """
   base, head_dims, steps = design(mode)
   # the d_k of A2 and S2: 64 (1024 on the accelerator), in the split that holds it
