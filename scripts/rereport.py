@@ -65,6 +65,7 @@ STUDIES = {
     "scale_optimiser/mup_dk64/results.csv": ("scale_optimiser", "mup_dk64"),
     "scale_optimiser/mup_dk256/results.csv": ("scale_optimiser", "mup_dk256"),
     "scale_optimiser/sgd_unscaled_dk16/results.csv": ("scale_optimiser", "sgd_unscaled_dk16"),
+    "scale_optimiser/sgd_unscaled_dk64/results.csv": ("scale_optimiser", "sgd_unscaled_dk64"),
     "scale_optimiser/sgd_pilot_inv_sqrt/results.csv": ("scale_optimiser", "sgd_dk16"),
     "scale_optimiser/sgd_pilot_none/results.csv": ("scale_optimiser", "sgd_dk16"),
     "scale_optimiser/sgd_pilot_high/results.csv": ("scale_optimiser", "sgd_dk16"),

@@ -29,7 +29,7 @@ TABLES = [
     ("scale_optimiser.py:sgd", "scale_optimiser/predictions_sgd.md",
      "scale_optimiser/sgd_dk16/results.csv"),
     ("scale_optimiser.py:sgd_unscaled", "scale_optimiser/predictions_sgd_unscaled.md",
-     "scale_optimiser/sgd_unscaled_dk16/results.csv"),
+     "scale_optimiser/sgd_unscaled_dk16/results.csv;scale_optimiser/sgd_unscaled_dk64/results.csv"),
     ("scale_optimiser.py:mup", "scale_optimiser/predictions_mup.md",
      "scale_optimiser/mup_dk16/results.csv;scale_optimiser/mup_dk64/results.csv;"
      "scale_optimiser/mup_dk256/results.csv"),
