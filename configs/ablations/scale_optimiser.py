@@ -44,8 +44,7 @@ seeds and test cannot reach alpha):
   none_qlr_half, none_qlr_full at d_k 16 and 64;
 - ``sgd_unscaled`` (SGD with momentum 0.9, rates 1e-3, 3e-3, 1e-2, not bracketed, so that it
   runs as rate splits; 3000 steps; weight decay 0): none (the baseline: the one arm that
-  learned under SGD),
-  inv_sqrt, inv_sqrt_qup_half, inv_sqrt_qup_full at d_k 16 and 64;
+  learned under SGD), inv_sqrt, inv_sqrt_qup_half, inv_sqrt_qup_full at d_k 16 and 64;
 - ``mup`` (AdamW, rates 1e-4 .. 1e-2 in half decades, not bracketed: the position of the best
   rate in the grid is the measure): inv_sqrt and muP's 1/d_k (``inv``, Yang et al. 2022) at d_k
   16, 64 and 256;
@@ -205,9 +204,8 @@ def predictions(mode="adam") -> dict:
   - M2, M3 (the rate transfer, by the module docstring's Friedman rule, at alpha unadjusted):
     1/d_k's best rate transfers across d_k 16, 64 and 256 (M2) and 1/sqrt(d_k)'s does not (M3).
   Every mode, the design D: the baseline (inv_sqrt; none in sgd_unscaled) reaches 0.95 in
-  every seed, every chosen rate inside the
-  rates tried (adam, sgd, sgd_unscaled: the code checks every design but mup's, as it did when
-  sgd_unscaled was declared); Wortsman et al.'s threshold is read descriptively on the page.
+  every seed, every chosen rate inside the rates tried (adam, sgd, sgd_unscaled: the code
+  checks every design but mup's, as it did when sgd_unscaled was declared); Wortsman et al.'s threshold is read descriptively on the page.
   """
   base, head_dims, steps = design(mode)
   # the d_k of A2 and S2: 64 (1024 on the accelerator), in the split that holds it
