@@ -130,6 +130,7 @@ def _trained_arms(mode, arms, steps=5):
   trained = {}
   for arm in arms:
     config = sweep_config.train.copy_and_resolve_references()
+    config.task_options.num_train, config.task_options.num_test = 64, 32  # one batch is used
     overrides = variants[f"dk16_{arm}"]
     config.update_from_flattened_dict({"query_lr_scale": overrides["query_lr_scale"], **{
         f"model.{k}": v for k, v in overrides["model"].items()}})
