@@ -219,9 +219,8 @@ def predictions(mode="adam") -> dict:
   def within(arm, dims):
     return tuple(("within", name(arm, d), name(baseline, d), MARGIN) for d in dims)
 
-  def above(arm, dims=None):
-    return tuple(("above", name(arm, d), name(baseline, d))
-                 for d in (dims or ((large,) if large in head_dims else ())))
+  def above(arm, dims=(large,)):
+    return tuple(("above", name(arm, d), name(baseline, d)) for d in dims)
 
   has_large = large in head_dims
   rows = {"adam": (("A1", f"d_k {at}", within("none_qlr_half", both)),)
